@@ -1,0 +1,219 @@
+/* mplane: the TCP transport's shared state (net/socket/).
+ *
+ * A connection is one control socket plus MPLANE_SOCKET_STREAMS data streams, opened together and
+ * matched by a 64-bit nonce. The receiver drives: each irecv posts its buffers into slots and
+ * sends a clear-to-send (CTS) record on the control socket naming slot, tag and size; the sender
+ * only writes to a slot it was offered, so a short receive buffer is caught before any byte moves.
+ * Data travels in self-describing chunks (slot, offset, length, total) on any stream, written
+ * straight into the posted buffer by the receiver's helper threads. */
+#ifndef MPLANE_NET_SOCKET_H
+#define MPLANE_NET_SOCKET_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "../../plugin/config.h"
+#include "../handle.h"
+#include "../transport.h"
+
+#define MPS_MAX_STREAMS 16
+#define MPS_MAX_RECVS 8
+#define MPS_MAX_GROUPS NCCL_NET_MAX_REQUESTS             /* receive requests in flight */
+#define MPS_MAX_SLOTS (MPS_MAX_GROUPS * MPS_MAX_RECVS)   /* = sends in flight */
+#define MPS_MAX_DEVS 32
+
+/* ---- wire formats (little endian; both ends are x86-64/arm64 little endian hosts) ---- */
+enum mps_msg_type { MPS_HELLO = 1, MPS_ACK = 2, MPS_NACK = 3, MPS_CTS = 4 };
+
+/* First bytes on every new socket, connector -> acceptor. */
+struct mps_hello {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;         /* MPS_HELLO */
+  uint64_t node_id;
+  uint64_t nonce;        /* same for the sockets of one connection */
+  int32_t plane;
+  uint16_t stream;       /* 0 = control, 1.. = data stream index + 1 */
+  uint16_t nstreams;
+  uint32_t sl;           /* service level / DSCP class requested */
+  uint32_t reserved[5];
+};
+
+/* Control records, receiver -> sender, fixed size. */
+struct mps_ctrl {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;         /* MPS_ACK, MPS_NACK, MPS_CTS */
+  uint32_t n;            /* CTS: entries used */
+  uint32_t reserved;
+  uint64_t seq;          /* CTS: receive sequence number */
+  struct {
+    uint32_t slot;
+    int32_t tag;
+    uint64_t size;
+  } e[MPS_MAX_RECVS];
+};
+
+#define MPS_CHUNK_TRUNCATED 0x1 /* sender's message does not fit: no payload follows */
+
+/* Header of every data chunk; payload of `len` bytes follows. */
+struct mps_chunk {
+  uint32_t slot;
+  uint32_t flags;
+  uint64_t offset;
+  uint64_t len;
+  uint64_t total;
+};
+
+/* ---- devices ---- */
+struct mps_dev {
+  char ifname[64];
+  union {
+    struct sockaddr sa;
+    struct sockaddr_in sin;
+    struct sockaddr_in6 sin6;
+  } addr;
+  socklen_t addrlen;
+  struct mplane_dev_props props;
+};
+
+int mps_dev_count(void);
+const struct mps_dev *mps_dev_get(int dev);
+ncclResult_t mps_iface_discover(const struct mplane_config *cfg);
+const struct mplane_config *mps_config(void);
+/* 1 if ifname is selected by an NCCL_SOCKET_IFNAME-style spec ("" = automatic choice). */
+int mps_iface_match(const char *spec, const char *ifname, int is_loopback);
+void mps_addr_str(const struct sockaddr *sa, char *buf, size_t len);
+
+/* ---- error state shared by a comm's threads and the proxy thread ---- */
+struct mps_error {
+  int state; /* 0 ok, else an ncclResult_t, set once (atomic) */
+  int warned;
+  char msg[256];
+};
+void mps_error_set(struct mps_error *e, ncclResult_t res, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The error (with a WARN the first time) or ncclSuccess. */
+ncclResult_t mps_error_check(struct mps_error *e);
+
+/* Requests carry a kind in their first word so test() can tell sends from receives. */
+#define MPS_REQ_SEND 0x53454e44u
+#define MPS_REQ_RECV 0x52454356u
+
+/* ---- send side ---- */
+struct mps_send_req;
+
+struct mps_task {
+  struct mps_send_req *req;
+  int fd;
+  struct mps_chunk hdr;
+  const char *data;
+};
+
+struct mps_queue {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct mps_task *tasks;
+  unsigned cap, head, tail; /* cap is a power of two; head == tail: empty */
+};
+
+struct mps_send_comm;
+struct mps_recv_comm;
+
+struct mps_send_req {
+  uint32_t kind; /* MPS_REQ_SEND */
+  struct mps_send_comm *comm;
+  int used;
+  size_t size;
+  int nchunks;
+  int chunks_done; /* atomic */
+};
+
+struct mps_cts_group {
+  uint64_t seq;
+  int n, used;
+  struct {
+    uint32_t slot;
+    int32_t tag;
+    uint64_t size;
+    int taken;
+  } e[MPS_MAX_RECVS];
+};
+
+struct mps_send_comm {
+  int ctrl_fd;
+  int nstreams, nthreads;
+  int fds[MPS_MAX_STREAMS];
+  char peer[80];
+  int acked;                       /* the acceptor's ACK has arrived */
+  size_t split_bytes;
+  unsigned rr;                     /* stream of the next unsplit message */
+  struct mps_cts_group cts[MPS_MAX_GROUPS];
+  unsigned cts_head, cts_tail;     /* ring of offered receive groups */
+  char ctrl_buf[sizeof(struct mps_ctrl)];
+  size_t ctrl_have;
+  struct mps_send_req reqs[MPS_MAX_SLOTS];
+  int stop;
+  struct mps_queue queues[MPS_MAX_STREAMS];
+  pthread_t threads[MPS_MAX_STREAMS];
+  int threads_started;
+  struct mps_error err;
+};
+
+/* ---- receive side ---- */
+enum mps_slot_state { MPS_SLOT_FREE = 0, MPS_SLOT_POSTED, MPS_SLOT_DONE, MPS_SLOT_TRUNCATED, MPS_SLOT_BAD };
+
+struct mps_slot {
+  char *buf;
+  uint64_t cap;
+  uint64_t received; /* atomic */
+  uint64_t total;    /* atomic, from the chunks */
+  int state;         /* atomic, enum mps_slot_state */
+};
+
+struct mps_recv_req {
+  uint32_t kind; /* MPS_REQ_RECV */
+  struct mps_recv_comm *comm;
+  int used;
+  int n;
+  uint32_t slots[MPS_MAX_RECVS];
+  int tags[MPS_MAX_RECVS];
+};
+
+struct mps_recv_comm {
+  int ctrl_fd;
+  int nstreams, nthreads;
+  int fds[MPS_MAX_STREAMS];
+  char peer[80];
+  uint64_t seq;
+  struct mps_slot slots[MPS_MAX_SLOTS];
+  uint32_t free_slots[MPS_MAX_SLOTS];
+  int nfree;
+  struct mps_recv_req reqs[MPS_MAX_GROUPS];
+  char out_buf[MPS_MAX_GROUPS * sizeof(struct mps_ctrl)]; /* CTS records not yet written */
+  size_t out_len;
+  int stop; /* atomic */
+  pthread_t threads[MPS_MAX_STREAMS];
+  int threads_started;
+  struct mps_error err;
+};
+
+/* ---- connection establishment (socket_conn.c) ---- */
+ncclResult_t mps_listen(int dev, void *handle, void **listen_comm);
+ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm);
+ncclResult_t mps_accept(void *listen_comm, void **recv_comm);
+ncclResult_t mps_close_listen(void *listen_comm);
+
+/* ---- data path (socket_data.c) ---- */
+ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg);
+ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c);
+ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
+ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                       void **request);
+ncclResult_t mps_test(void *request, int *done, int *sizes);
+ncclResult_t mps_close_send(void *send_comm);
+ncclResult_t mps_close_recv(void *recv_comm);
+
+#endif

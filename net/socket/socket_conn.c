@@ -1,0 +1,388 @@
+/* mplane: socket connection establishment. connect and accept never block: each call advances a
+ * small state machine and returns a NULL comm until the connection is whole. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../plugin/log.h"
+#include "socket.h"
+
+#define MPS_PENDING_MAX 64          /* half-open incoming sockets per listen comm */
+#define MPS_HELLO_TIMEOUT_S 30      /* an incoming socket must say hello within this */
+#define MPS_STAGE_OFFSET 120        /* where connect keeps its state inside NCCL's handle buffer */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int set_nonblocking(int fd, int on) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0) return -1;
+  return fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+}
+
+/* Options every mplane TCP socket carries: no Nagle, and keepalives so a peer host that vanishes
+ * without a FIN is noticed in about a minute instead of never. */
+static void tune_socket(int fd) {
+  int one = 1, idle = 30, intvl = 5, cnt = 6;
+  unsigned user_timeout_ms = 60000;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+}
+
+/* ------------------------------------------------------------------ listen */
+
+struct mps_pending {
+  int fd;
+  double since;
+  struct mps_hello hello;
+  size_t have;
+  char peer[80];
+};
+
+struct mps_listen_comm {
+  int fd;
+  int dev;
+  int npending;
+  struct mps_pending pending[MPS_PENDING_MAX];
+};
+
+ncclResult_t mps_listen(int dev, void *handle, void **listen_comm) {
+  const struct mps_dev *d = mps_dev_get(dev);
+  if (!d) return ncclInvalidArgument;
+  int fd = socket(d->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    MP_WARN("socket: listen on %s: socket() failed: %m", d->ifname);
+    return ncclSystemError;
+  }
+  struct mps_dev bind_addr = *d;
+  if (bind_addr.addr.sa.sa_family == AF_INET) bind_addr.addr.sin.sin_port = 0;
+  else bind_addr.addr.sin6.sin6_port = 0;
+  char where[80];
+  mps_addr_str(&d->addr.sa, where, sizeof(where));
+  if (bind(fd, &bind_addr.addr.sa, d->addrlen) != 0 || listen(fd, 1024) != 0) {
+    MP_WARN("socket: listen on %s (%s) failed: %m", d->ifname, where);
+    close(fd);
+    return ncclSystemError;
+  }
+  socklen_t len = d->addrlen;
+  getsockname(fd, &bind_addr.addr.sa, &len);
+  set_nonblocking(fd, 1);
+
+  struct mplane_handle h = {.version = MPLANE_PROTOCOL_VERSION, .transport = MPLANE_HANDLE_SOCKET,
+                            .plane = (int8_t)d->props.plane, .node_id = mplane_node_id()};
+  h.payload_len = (uint8_t)len;
+  memcpy(h.payload, &bind_addr.addr, len);
+  ncclResult_t res = mplane_handle_encode(&h, handle);
+  if (res != ncclSuccess) {
+    close(fd);
+    return res;
+  }
+  struct mps_listen_comm *lc = calloc(1, sizeof(*lc));
+  if (!lc) {
+    close(fd);
+    return ncclSystemError;
+  }
+  lc->fd = fd;
+  lc->dev = dev;
+  *listen_comm = lc;
+  mps_addr_str(&bind_addr.addr.sa, where, sizeof(where));
+  MP_TRACE(NCCL_NET, "socket: listening on %s (%s)", d->ifname, where);
+  return ncclSuccess;
+}
+
+ncclResult_t mps_close_listen(void *listen_comm) {
+  struct mps_listen_comm *lc = listen_comm;
+  if (!lc) return ncclSuccess;
+  for (int i = 0; i < lc->npending; i++) close(lc->pending[i].fd);
+  close(lc->fd);
+  free(lc);
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ connect */
+
+struct mps_connect_stage {
+  int nsock;                   /* control + data streams */
+  int fds[MPS_MAX_STREAMS + 1];
+  int connected[MPS_MAX_STREAMS + 1];
+  size_t hello_sent[MPS_MAX_STREAMS + 1];
+  struct mps_hello hello;
+  double deadline;
+  char peer[80];
+};
+
+static void stage_free(struct mps_connect_stage *st) {
+  for (int i = 0; i < st->nsock; i++)
+    if (st->fds[i] >= 0) close(st->fds[i]);
+  free(st);
+}
+
+static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, const struct mplane_handle *h,
+                               struct mps_connect_stage **out) {
+  const struct mplane_config *cfg = mps_config();
+  const struct mps_dev *d = mps_dev_get(dev);
+  struct mps_connect_stage *st = calloc(1, sizeof(*st));
+  if (!st) return ncclSystemError;
+  union { struct sockaddr sa; struct sockaddr_in6 sin6; } peer;
+  memset(&peer, 0, sizeof(peer));
+  memcpy(&peer, h->payload, h->payload_len < sizeof(peer) ? h->payload_len : sizeof(peer));
+  mps_addr_str(&peer.sa, st->peer, sizeof(st->peer));
+  if (peer.sa.sa_family != d->addr.sa.sa_family) {
+    MP_WARN("socket: cannot connect %s (%s) to peer %s: address families differ", d->ifname,
+            d->addr.sa.sa_family == AF_INET ? "IPv4" : "IPv6", st->peer);
+    free(st);
+    return ncclInvalidUsage;
+  }
+  uint64_t nonce = 0;
+  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = (uint64_t)now_s() ^ (uint64_t)(uintptr_t)st;
+  st->nsock = cfg->socket_streams + 1;
+  st->deadline = now_s() + cfg->connect_timeout_s;
+  st->hello = (struct mps_hello){.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION,
+                                 .type = MPS_HELLO, .node_id = mplane_node_id(), .nonce = nonce,
+                                 .plane = d->props.plane, .nstreams = (uint16_t)cfg->socket_streams,
+                                 .sl = (uint32_t)opts->service_level};
+  for (int i = 0; i < st->nsock; i++) st->fds[i] = -1;
+  for (int i = 0; i < st->nsock; i++) {
+    int fd = socket(d->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) goto fail;
+    st->fds[i] = fd;
+    tune_socket(fd);
+    /* Leave from this device's own address, so the bytes stay on its plane. */
+    struct mps_dev src = *d;
+    if (src.addr.sa.sa_family == AF_INET) src.addr.sin.sin_port = 0;
+    else src.addr.sin6.sin6_port = 0;
+    if (bind(fd, &src.addr.sa, d->addrlen) != 0) goto fail;
+    set_nonblocking(fd, 1);
+    if (connect(fd, &peer.sa, h->payload_len) != 0 && errno != EINPROGRESS) goto fail;
+  }
+  *out = st;
+  return ncclSuccess;
+fail:
+  MP_WARN("socket: connect from %s to peer %s failed: %m", d->ifname, st->peer);
+  stage_free(st);
+  return ncclRemoteError;
+}
+
+/* Advance every socket: finish the TCP connect, then write its hello. 1 when all are done. */
+static ncclResult_t stage_progress(struct mps_connect_stage *st, int *all_done) {
+  int done = 0;
+  for (int i = 0; i < st->nsock; i++) {
+    int fd = st->fds[i];
+    if (!st->connected[i]) {
+      struct pollfd p = {.fd = fd, .events = POLLOUT};
+      if (poll(&p, 1, 0) <= 0) continue;
+      int soerr = 0;
+      socklen_t len = sizeof(soerr);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
+      if (soerr != 0) {
+        MP_WARN("socket: connect to peer %s failed: %s", st->peer, strerror(soerr));
+        return ncclRemoteError;
+      }
+      st->connected[i] = 1;
+    }
+    if (st->hello_sent[i] < sizeof(struct mps_hello)) {
+      struct mps_hello hello = st->hello;
+      hello.stream = (uint16_t)i;
+      ssize_t w = send(fd, (char *)&hello + st->hello_sent[i], sizeof(hello) - st->hello_sent[i], MSG_NOSIGNAL);
+      if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        MP_WARN("socket: handshake with peer %s failed: %m", st->peer);
+        return ncclRemoteError;
+      }
+      if (w > 0) st->hello_sent[i] += (size_t)w;
+    }
+    if (st->hello_sent[i] == sizeof(struct mps_hello)) done++;
+  }
+  *all_done = done == st->nsock;
+  return ncclSuccess;
+}
+
+ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm) {
+  *send_comm = NULL;
+  struct mps_connect_stage *st = NULL;
+  memcpy(&st, (char *)handle + MPS_STAGE_OFFSET, sizeof(st));
+  if (st == NULL) {
+    struct mplane_handle h;
+    char why[256];
+    ncclResult_t res = mplane_handle_decode(handle, &h, why, sizeof(why));
+    if (res != ncclSuccess) {
+      MP_WARN("socket: connect: %s", why);
+      return res;
+    }
+    if (h.transport != MPLANE_HANDLE_SOCKET) {
+      MP_WARN("socket: connect: peer listens on the IB transport, this rank runs sockets: set the same "
+              "MPLANE_TRANSPORT on every node");
+      return ncclInvalidUsage;
+    }
+    if (!mps_dev_get(dev)) return ncclInvalidArgument;
+    MP_CHECK(stage_open(dev, opts, &h, &st));
+    memcpy((char *)handle + MPS_STAGE_OFFSET, &st, sizeof(st));
+  }
+  int all_done = 0;
+  ncclResult_t res = stage_progress(st, &all_done);
+  if (res == ncclSuccess && !all_done && now_s() > st->deadline) {
+    MP_WARN("socket: no connection to peer %s within %d s (MPLANE_CONNECT_TIMEOUT): is it reachable from this "
+            "interface, and on the same plane?", st->peer, mps_config()->connect_timeout_s);
+    res = ncclRemoteError;
+  }
+  if (res != ncclSuccess || !all_done) {
+    if (res != ncclSuccess) {
+      stage_free(st);
+      memset((char *)handle + MPS_STAGE_OFFSET, 0, sizeof(st));
+    }
+    return res;
+  }
+  /* Whole: hand the sockets to a send comm. */
+  struct mps_send_comm *c = calloc(1, sizeof(*c));
+  if (!c) return ncclSystemError;
+  c->ctrl_fd = st->fds[0];
+  c->nstreams = st->nsock - 1;
+  for (int i = 0; i < c->nstreams; i++) c->fds[i] = st->fds[i + 1];
+  snprintf(c->peer, sizeof(c->peer), "%s", st->peer);
+  free(st); /* fds now belong to c */
+  memset((char *)handle + MPS_STAGE_OFFSET, 0, sizeof(st));
+  res = mps_send_comm_start(c, mps_config());
+  if (res != ncclSuccess) {
+    mps_close_send(c);
+    return res;
+  }
+  *send_comm = c;
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ accept */
+
+static void pending_drop(struct mps_listen_comm *lc, int i) {
+  close(lc->pending[i].fd);
+  lc->pending[i] = lc->pending[--lc->npending];
+}
+
+static void send_ctrl_now(int fd, uint16_t type) {
+  struct mps_ctrl m = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = type};
+  /* Tiny and first on a fresh socket: fits in the send buffer, so this never blocks. */
+  if (send(fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(m))
+    MP_TRACE(NCCL_NET, "socket: could not send control record %u", type);
+}
+
+/* Read what has arrived of each pending socket's hello; refuse strangers. */
+static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
+  double now = now_s();
+  for (int i = 0; i < lc->npending;) {
+    struct mps_pending *p = &lc->pending[i];
+    if (p->have < sizeof(p->hello)) {
+      ssize_t r = recv(p->fd, (char *)&p->hello + p->have, sizeof(p->hello) - p->have, MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        MP_INFO(NCCL_NET, "socket: connection from %s closed before its handshake", p->peer);
+        pending_drop(lc, i);
+        continue;
+      }
+      if (r > 0) p->have += (size_t)r;
+      if (p->have >= sizeof(p->hello.magic) && p->hello.magic != MPLANE_HANDLE_MAGIC) {
+        MP_WARN("socket: connection from %s is not mplane (first bytes 0x%08x); dropped", p->peer, p->hello.magic);
+        pending_drop(lc, i);
+        continue;
+      }
+      if (p->have < sizeof(p->hello)) {
+        if (now - p->since > MPS_HELLO_TIMEOUT_S) {
+          MP_WARN("socket: connection from %s sent no handshake in %d s; dropped", p->peer, MPS_HELLO_TIMEOUT_S);
+          pending_drop(lc, i);
+          continue;
+        }
+        i++;
+        continue;
+      }
+      if (p->hello.version != MPLANE_PROTOCOL_VERSION || p->hello.type != MPS_HELLO ||
+          p->hello.nstreams < 1 || p->hello.nstreams > MPS_MAX_STREAMS || p->hello.stream > p->hello.nstreams) {
+        MP_WARN("socket: peer %s speaks mplane protocol version %u (nstreams %u), this library speaks %u: use "
+                "the same mplane build on every node", p->peer, p->hello.version, p->hello.nstreams,
+                MPLANE_PROTOCOL_VERSION);
+        send_ctrl_now(p->fd, MPS_NACK);
+        pending_drop(lc, i);
+        return ncclInvalidUsage;
+      }
+    }
+    i++;
+  }
+  return ncclSuccess;
+}
+
+/* If every socket of one connection (same nonce) has said hello, build its recv comm. */
+static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv_comm **out) {
+  for (int i = 0; i < lc->npending; i++) {
+    struct mps_pending *ctrl = &lc->pending[i];
+    if (ctrl->have < sizeof(ctrl->hello) || ctrl->hello.stream != 0) continue;
+    int n = ctrl->hello.nstreams, found = 0;
+    int idx[MPS_MAX_STREAMS + 1];
+    for (int s = 0; s <= n; s++) idx[s] = -1;
+    for (int j = 0; j < lc->npending; j++) {
+      struct mps_pending *p = &lc->pending[j];
+      if (p->have == sizeof(p->hello) && p->hello.nonce == ctrl->hello.nonce && idx[p->hello.stream] < 0) {
+        idx[p->hello.stream] = j;
+        found++;
+      }
+    }
+    if (found != n + 1) continue;
+    struct mps_recv_comm *c = calloc(1, sizeof(*c));
+    if (!c) return ncclSystemError;
+    c->nstreams = n;
+    c->ctrl_fd = lc->pending[idx[0]].fd;
+    for (int s = 0; s < n; s++) c->fds[s] = lc->pending[idx[s + 1]].fd;
+    snprintf(c->peer, sizeof(c->peer), "%s", ctrl->peer);
+    /* Keep the pending sockets that belong to other connections. */
+    int used[MPS_PENDING_MAX] = {0};
+    for (int s = 0; s <= n; s++) used[idx[s]] = 1;
+    int kept = 0;
+    for (int j = 0; j < lc->npending; j++)
+      if (!used[j]) lc->pending[kept++] = lc->pending[j];
+    lc->npending = kept;
+    *out = c;
+    return ncclSuccess;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
+  struct mps_listen_comm *lc = listen_comm;
+  *recv_comm = NULL;
+  while (lc->npending < MPS_PENDING_MAX) {
+    union { struct sockaddr sa; struct sockaddr_in6 sin6; } from;
+    socklen_t len = sizeof(from);
+    int fd = accept4(lc->fd, &from.sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+      MP_WARN("socket: accept failed: %m");
+      return ncclSystemError;
+    }
+    tune_socket(fd);
+    struct mps_pending *p = &lc->pending[lc->npending++];
+    memset(p, 0, sizeof(*p));
+    p->fd = fd;
+    p->since = now_s();
+    mps_addr_str(&from.sa, p->peer, sizeof(p->peer));
+  }
+  MP_CHECK(pending_progress(lc));
+  struct mps_recv_comm *c = NULL;
+  MP_CHECK(pending_assemble(lc, &c));
+  if (!c) return ncclSuccess;
+  send_ctrl_now(c->ctrl_fd, MPS_ACK);
+  ncclResult_t res = mps_recv_comm_start(c);
+  if (res != ncclSuccess) {
+    mps_close_recv(c);
+    return res;
+  }
+  *recv_comm = c;
+  return ncclSuccess;
+}

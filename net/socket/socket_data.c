@@ -1,0 +1,538 @@
+/* mplane: the socket data path. The proxy thread posts work and polls; helper threads move bytes
+ * with blocking I/O on the data streams (see socket.h for the protocol). */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "../../plugin/log.h"
+#include "socket.h"
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
+
+/* ------------------------------------------------------------------ errors */
+
+void mps_error_set(struct mps_error *e, ncclResult_t res, const char *fmt, ...) {
+  int expected = 0;
+  /* Claim the slot first so exactly one thread writes the message. */
+  if (!__atomic_compare_exchange_n(&e->state, &expected, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+  va_end(ap);
+  STORE(&e->state, (int)res);
+}
+
+ncclResult_t mps_error_check(struct mps_error *e) {
+  int st = LOAD(&e->state);
+  if (st <= 0) return ncclSuccess; /* -1: being written; report on the next poll */
+  if (!e->warned) {
+    e->warned = 1;
+    MP_WARN("socket: %s", e->msg);
+  }
+  return (ncclResult_t)st;
+}
+
+/* ------------------------------------------------------------------ blocking I/O helpers */
+
+static int write_full(int fd, const void *hdr, size_t hlen, const void *data, size_t dlen) {
+  struct iovec iov[2] = {{(void *)hdr, hlen}, {(void *)data, dlen}};
+  int iovcnt = dlen ? 2 : 1;
+  struct iovec *v = iov;
+  while (iovcnt > 0) {
+    struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)iovcnt};
+    ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    while (iovcnt > 0 && (size_t)w >= v->iov_len) {
+      w -= (ssize_t)v->iov_len;
+      v++;
+      iovcnt--;
+    }
+    if (iovcnt > 0) {
+      v->iov_base = (char *)v->iov_base + w;
+      v->iov_len -= (size_t)w;
+    }
+  }
+  return 0;
+}
+
+/* 1 on success, 0 on orderly close before any byte, -1 on error or close mid-record. */
+static int read_full(int fd, void *buf, size_t len) {
+  size_t have = 0;
+  while (have < len) {
+    ssize_t r = recv(fd, (char *)buf + have, len - have, MSG_WAITALL);
+    if (r == 0) return have == 0 ? 0 : -1;
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    have += (size_t)r;
+  }
+  return 1;
+}
+
+static void set_blocking(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+}
+
+/* ------------------------------------------------------------------ send side */
+
+static void queue_init(struct mps_queue *q, unsigned cap) {
+  pthread_mutex_init(&q->lock, NULL);
+  pthread_cond_init(&q->cond, NULL);
+  q->cap = cap;
+  q->tasks = calloc(cap, sizeof(*q->tasks));
+}
+
+struct send_thread_arg {
+  struct mps_send_comm *comm;
+  int index;
+};
+
+static void *send_thread(void *argp) {
+  struct send_thread_arg arg = *(struct send_thread_arg *)argp;
+  free(argp);
+  struct mps_send_comm *c = arg.comm;
+  struct mps_queue *q = &c->queues[arg.index];
+  for (;;) {
+    pthread_mutex_lock(&q->lock);
+    while (q->head == q->tail && !LOAD(&c->stop)) pthread_cond_wait(&q->cond, &q->lock);
+    if (q->head == q->tail) {
+      pthread_mutex_unlock(&q->lock);
+      return NULL;
+    }
+    struct mps_task t = q->tasks[q->head & (q->cap - 1)];
+    pthread_mutex_unlock(&q->lock);
+    /* Once the comm failed, drop the work: test() reports the error. */
+    if (LOAD(&c->err.state) == 0 && write_full(t.fd, &t.hdr, sizeof(t.hdr), t.data, t.hdr.len) != 0)
+      mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s (peer closed or died?)", c->peer,
+                    strerror(errno));
+    pthread_mutex_lock(&q->lock);
+    q->head++;
+    pthread_mutex_unlock(&q->lock);
+    ADD(&t.req->chunks_done, 1);
+  }
+}
+
+ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg) {
+  c->split_bytes = (size_t)cfg->socket_split_bytes;
+  c->nthreads = cfg->socket_threads < c->nstreams ? cfg->socket_threads : c->nstreams;
+  for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
+  /* Worst case per thread: every slot's message split over all streams, all on this thread. */
+  unsigned per_thread = (unsigned)(MPS_MAX_SLOTS * ((c->nstreams + c->nthreads - 1) / c->nthreads));
+  unsigned cap = 1;
+  while (cap < per_thread + 1) cap <<= 1;
+  for (int i = 0; i < MPS_MAX_SLOTS; i++) {
+    c->reqs[i].kind = MPS_REQ_SEND;
+    c->reqs[i].comm = c;
+  }
+  for (int t = 0; t < c->nthreads; t++) {
+    queue_init(&c->queues[t], cap);
+    if (!c->queues[t].tasks) return ncclSystemError;
+  }
+  for (int t = 0; t < c->nthreads; t++) {
+    struct send_thread_arg *a = malloc(sizeof(*a));
+    if (!a) return ncclSystemError;
+    a->comm = c;
+    a->index = t;
+    if (pthread_create(&c->threads[t], NULL, send_thread, a) != 0) {
+      free(a);
+      MP_WARN("socket: cannot start send thread: %m");
+      return ncclSystemError;
+    }
+    c->threads_started = t + 1;
+  }
+  return ncclSuccess;
+}
+
+/* Read every complete control record that has arrived (ACK, NACK, CTS). Never blocks. */
+static ncclResult_t send_poll_ctrl(struct mps_send_comm *c) {
+  for (;;) {
+    ssize_t r = recv(c->ctrl_fd, c->ctrl_buf + c->ctrl_have, sizeof(c->ctrl_buf) - c->ctrl_have, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
+    if (r <= 0) {
+      mps_error_set(&c->err, ncclRemoteError, "peer %s closed the connection%s%s", c->peer, r < 0 ? ": " : "",
+                    r < 0 ? strerror(errno) : " (process exited or closed its comm?)");
+      return mps_error_check(&c->err);
+    }
+    c->ctrl_have += (size_t)r;
+    if (c->ctrl_have < sizeof(c->ctrl_buf)) continue;
+    c->ctrl_have = 0;
+    struct mps_ctrl m;
+    memcpy(&m, c->ctrl_buf, sizeof(m));
+    if (m.magic != MPLANE_HANDLE_MAGIC) {
+      mps_error_set(&c->err, ncclRemoteError, "peer %s is not mplane (control magic 0x%08x)", c->peer, m.magic);
+      return mps_error_check(&c->err);
+    }
+    if (m.type == MPS_NACK || m.version != MPLANE_PROTOCOL_VERSION) {
+      mps_error_set(&c->err, ncclInvalidUsage, "peer %s refused the connection: it speaks mplane protocol "
+                    "version %u, this library speaks %u", c->peer, m.version, MPLANE_PROTOCOL_VERSION);
+      return mps_error_check(&c->err);
+    }
+    if (m.type == MPS_ACK) {
+      c->acked = 1;
+      continue;
+    }
+    if (m.type != MPS_CTS || m.n < 1 || m.n > MPS_MAX_RECVS || c->cts_tail - c->cts_head >= MPS_MAX_GROUPS) {
+      mps_error_set(&c->err, ncclInternalError, "bad control record from peer %s (type %u, n %u)", c->peer,
+                    m.type, m.n);
+      return mps_error_check(&c->err);
+    }
+    struct mps_cts_group *g = &c->cts[c->cts_tail % MPS_MAX_GROUPS];
+    memset(g, 0, sizeof(*g));
+    g->seq = m.seq;
+    g->n = (int)m.n;
+    for (uint32_t i = 0; i < m.n; i++) {
+      g->e[i].slot = m.e[i].slot;
+      g->e[i].tag = m.e[i].tag;
+      g->e[i].size = m.e[i].size;
+    }
+    c->cts_tail++;
+  }
+}
+
+static struct mps_send_req *send_req_alloc(struct mps_send_comm *c) {
+  for (int i = 0; i < MPS_MAX_SLOTS; i++)
+    if (!c->reqs[i].used) {
+      c->reqs[i].used = 1;
+      return &c->reqs[i];
+    }
+  return NULL;
+}
+
+static void push_task(struct mps_send_comm *c, int stream, const struct mps_task *t) {
+  struct mps_queue *q = &c->queues[stream % c->nthreads];
+  pthread_mutex_lock(&q->lock);
+  q->tasks[q->tail & (q->cap - 1)] = *t;
+  q->tail++;
+  pthread_cond_signal(&q->cond);
+  pthread_mutex_unlock(&q->lock);
+}
+
+ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
+  struct mps_send_comm *c = send_comm;
+  (void)mhandle;
+  *request = NULL;
+  MP_CHECK(mps_error_check(&c->err));
+  MP_CHECK(send_poll_ctrl(c));
+  if (c->cts_head == c->cts_tail) return ncclSuccess; /* receiver has not posted yet: NCCL retries */
+  struct mps_cts_group *g = &c->cts[c->cts_head % MPS_MAX_GROUPS];
+  int k = -1;
+  for (int i = 0; i < g->n; i++)
+    if (!g->e[i].taken && g->e[i].tag == tag) {
+      k = i;
+      break;
+    }
+  if (k < 0) {
+    MP_WARN("socket: send with tag %d to peer %s matches no posted receive (receive %llu offers %d buffers)", tag,
+            c->peer, (unsigned long long)g->seq, g->n);
+    return ncclInvalidUsage;
+  }
+  struct mps_send_req *req = send_req_alloc(c);
+  if (!req) return ncclSuccess; /* cannot happen while offers <= slots; be polite anyway */
+  g->e[k].taken = 1;
+  if (++g->used == g->n) c->cts_head++;
+
+  struct mps_task t = {.req = req};
+  t.hdr.slot = g->e[k].slot;
+  t.hdr.total = size;
+  req->size = size;
+  __atomic_store_n(&req->chunks_done, 0, __ATOMIC_RELAXED);
+  if (size > g->e[k].size) {
+    /* Tell the receiver (its test fails too) but move no payload: nothing lands past its buffer. */
+    t.hdr.flags = MPS_CHUNK_TRUNCATED;
+    req->nchunks = 1;
+    push_task(c, (int)(c->rr++ % (unsigned)c->nstreams), &t);
+    MP_WARN("socket: send of %zu bytes (tag %d) to peer %s, but its receive buffer holds %llu bytes", size, tag,
+            c->peer, (unsigned long long)g->e[k].size);
+    req->used = 0; /* the task still points at req; chunks_done is ignored from here on */
+    return ncclInvalidUsage;
+  }
+  if (size < c->split_bytes || c->nstreams == 1) {
+    int s = (int)(c->rr++ % (unsigned)c->nstreams);
+    req->nchunks = 1;
+    t.fd = c->fds[s];
+    t.hdr.len = size;
+    t.data = data;
+    push_task(c, s, &t);
+  } else {
+    /* Split evenly over all streams, in 4 KiB multiples so receivers copy aligned pages. */
+    size_t per = (size + (size_t)c->nstreams - 1) / (size_t)c->nstreams;
+    per = (per + 4095) & ~(size_t)4095;
+    int n = (int)((size + per - 1) / per);
+    req->nchunks = n;
+    unsigned first = c->rr++;
+    for (int i = 0; i < n; i++) {
+      int s = (int)((first + (unsigned)i) % (unsigned)c->nstreams);
+      size_t off = (size_t)i * per;
+      t.fd = c->fds[s];
+      t.hdr.offset = off;
+      t.hdr.len = size - off < per ? size - off : per;
+      t.data = (const char *)data + off;
+      push_task(c, s, &t);
+    }
+  }
+  *request = req;
+  return ncclSuccess;
+}
+
+static ncclResult_t send_test(struct mps_send_req *req, int *done, int *sizes) {
+  struct mps_send_comm *c = req->comm;
+  *done = 0;
+  if (LOAD(&req->chunks_done) == req->nchunks) {
+    /* All bytes are in the kernel; a later failure shows on the next request. */
+    MP_CHECK(mps_error_check(&c->err));
+    *done = 1;
+    if (sizes) sizes[0] = (int)req->size;
+    req->used = 0;
+    return ncclSuccess;
+  }
+  MP_CHECK(mps_error_check(&c->err));
+  /* Watch the control socket too: it is where a dead receiver shows first. */
+  return send_poll_ctrl(c);
+}
+
+ncclResult_t mps_close_send(void *send_comm) {
+  struct mps_send_comm *c = send_comm;
+  if (!c) return ncclSuccess;
+  STORE(&c->stop, 1);
+  for (int t = 0; t < c->threads_started; t++) {
+    pthread_mutex_lock(&c->queues[t].lock);
+    pthread_cond_broadcast(&c->queues[t].cond);
+    pthread_mutex_unlock(&c->queues[t].lock);
+  }
+  /* If the peer is gone a thread may sit in send(): shutting the streams down frees it. */
+  if (LOAD(&c->err.state) != 0)
+    for (int i = 0; i < c->nstreams; i++) shutdown(c->fds[i], SHUT_RDWR);
+  for (int t = 0; t < c->threads_started; t++) pthread_join(c->threads[t], NULL);
+  for (int t = 0; t < c->nthreads; t++) {
+    if (!c->queues[t].tasks) continue;
+    pthread_mutex_destroy(&c->queues[t].lock);
+    pthread_cond_destroy(&c->queues[t].cond);
+    free(c->queues[t].tasks);
+  }
+  for (int i = 0; i < c->nstreams; i++) close(c->fds[i]);
+  close(c->ctrl_fd);
+  free(c);
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ receive side */
+
+struct recv_thread_arg {
+  struct mps_recv_comm *comm;
+  int index;
+};
+
+/* Receive one chunk from fd into its slot. 0 ok, -1 the stream is finished (error set if it was
+ * not an orderly close at a record boundary during shutdown). */
+static int recv_chunk(struct mps_recv_comm *c, int fd) {
+  struct mps_chunk h;
+  int r = read_full(fd, &h, sizeof(h));
+  if (r <= 0) {
+    if (!LOAD(&c->stop))
+      mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream%s (process exited or killed?)",
+                    c->peer, r < 0 ? " mid-message" : "");
+    return -1;
+  }
+  if (h.slot >= MPS_MAX_SLOTS) {
+    mps_error_set(&c->err, ncclInternalError, "peer %s sent data for slot %u which does not exist", c->peer,
+                  h.slot);
+    return -1;
+  }
+  struct mps_slot *s = &c->slots[h.slot];
+  if (LOAD(&s->state) != MPS_SLOT_POSTED) {
+    mps_error_set(&c->err, ncclInternalError, "peer %s sent data for slot %u which is not posted", c->peer,
+                  h.slot);
+    return -1;
+  }
+  if (h.flags & MPS_CHUNK_TRUNCATED) {
+    STORE(&s->total, h.total);
+    STORE(&s->state, MPS_SLOT_TRUNCATED);
+    return 0;
+  }
+  if (h.total > s->cap || h.offset > s->cap || h.len > s->cap - h.offset) {
+    mps_error_set(&c->err, ncclInternalError, "peer %s sent %llu bytes at offset %llu (total %llu) into a %llu "
+                  "byte buffer", c->peer, (unsigned long long)h.len, (unsigned long long)h.offset,
+                  (unsigned long long)h.total, (unsigned long long)s->cap);
+    return -1;
+  }
+  if (h.len && read_full(fd, s->buf + h.offset, h.len) != 1) {
+    if (!LOAD(&c->stop))
+      mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream mid-message (%s)", c->peer,
+                    errno ? strerror(errno) : "end of stream");
+    return -1;
+  }
+  STORE(&s->total, h.total);
+  if (ADD(&s->received, h.len) == h.total) STORE(&s->state, MPS_SLOT_DONE);
+  return 0;
+}
+
+static void *recv_thread(void *argp) {
+  struct recv_thread_arg arg = *(struct recv_thread_arg *)argp;
+  free(argp);
+  struct mps_recv_comm *c = arg.comm;
+  struct pollfd pfds[MPS_MAX_STREAMS];
+  int n = 0;
+  for (int s = arg.index; s < c->nstreams; s += c->nthreads) pfds[n++] = (struct pollfd){.fd = c->fds[s], .events = POLLIN};
+  if (n == 1) {
+    while (recv_chunk(c, pfds[0].fd) == 0) {}
+    return NULL;
+  }
+  int open = n;
+  while (open > 0 && !LOAD(&c->stop)) {
+    if (poll(pfds, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < n; i++) {
+      if (pfds[i].fd < 0 || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      if (recv_chunk(c, pfds[i].fd) != 0) {
+        pfds[i].fd = -1;
+        open--;
+      }
+    }
+  }
+  return NULL;
+}
+
+ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c) {
+  const struct mplane_config *cfg = mps_config();
+  c->nthreads = cfg->socket_threads < c->nstreams ? cfg->socket_threads : c->nstreams;
+  for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
+  c->nfree = 0;
+  for (int i = MPS_MAX_SLOTS - 1; i >= 0; i--) c->free_slots[c->nfree++] = (uint32_t)i;
+  for (int i = 0; i < MPS_MAX_GROUPS; i++) {
+    c->reqs[i].kind = MPS_REQ_RECV;
+    c->reqs[i].comm = c;
+  }
+  for (int t = 0; t < c->nthreads; t++) {
+    struct recv_thread_arg *a = malloc(sizeof(*a));
+    if (!a) return ncclSystemError;
+    a->comm = c;
+    a->index = t;
+    if (pthread_create(&c->threads[t], NULL, recv_thread, a) != 0) {
+      free(a);
+      MP_WARN("socket: cannot start receive thread: %m");
+      return ncclSystemError;
+    }
+    c->threads_started = t + 1;
+  }
+  return ncclSuccess;
+}
+
+/* Write queued CTS records; never blocks (the rest waits for the next call). */
+static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c) {
+  while (c->out_len > 0) {
+    ssize_t w = send(c->ctrl_fd, c->out_buf, c->out_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ncclSuccess;
+      mps_error_set(&c->err, ncclRemoteError, "peer %s closed the control connection: %s", c->peer,
+                    strerror(errno));
+      return mps_error_check(&c->err);
+    }
+    memmove(c->out_buf, c->out_buf + w, c->out_len - (size_t)w);
+    c->out_len -= (size_t)w;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                       void **request) {
+  struct mps_recv_comm *c = recv_comm;
+  (void)mhandles;
+  *request = NULL;
+  if (n < 1 || n > MPS_MAX_RECVS) {
+    MP_WARN("socket: irecv of %d buffers; at most %d", n, MPS_MAX_RECVS);
+    return ncclInvalidArgument;
+  }
+  MP_CHECK(mps_error_check(&c->err));
+  MP_CHECK(recv_flush_ctrl(c));
+  struct mps_recv_req *req = NULL;
+  for (int i = 0; i < MPS_MAX_GROUPS && !req; i++)
+    if (!c->reqs[i].used) req = &c->reqs[i];
+  if (!req || c->nfree < n || c->out_len + sizeof(struct mps_ctrl) > sizeof(c->out_buf)) return ncclSuccess;
+  req->used = 1;
+  req->n = n;
+  struct mps_ctrl m = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = MPS_CTS,
+                       .n = (uint32_t)n, .seq = c->seq++};
+  for (int i = 0; i < n; i++) {
+    uint32_t id = c->free_slots[--c->nfree];
+    struct mps_slot *s = &c->slots[id];
+    s->buf = data[i];
+    s->cap = sizes[i];
+    __atomic_store_n(&s->received, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->total, 0, __ATOMIC_RELAXED);
+    STORE(&s->state, MPS_SLOT_POSTED); /* before the CTS leaves: a chunk may follow at once */
+    req->slots[i] = id;
+    req->tags[i] = tags[i];
+    m.e[i].slot = id;
+    m.e[i].tag = tags[i];
+    m.e[i].size = sizes[i];
+  }
+  memcpy(c->out_buf + c->out_len, &m, sizeof(m));
+  c->out_len += sizeof(m);
+  MP_CHECK(recv_flush_ctrl(c));
+  *request = req;
+  return ncclSuccess;
+}
+
+static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
+  struct mps_recv_comm *c = req->comm;
+  *done = 0;
+  MP_CHECK(recv_flush_ctrl(c));
+  int complete = 0;
+  for (int i = 0; i < req->n; i++) {
+    struct mps_slot *s = &c->slots[req->slots[i]];
+    int st = LOAD(&s->state);
+    if (st == MPS_SLOT_TRUNCATED) {
+      MP_WARN("socket: peer %s sent %llu bytes (tag %d) into a receive buffer of %llu bytes; nothing was written",
+              c->peer, (unsigned long long)LOAD(&s->total), req->tags[i], (unsigned long long)s->cap);
+      s->state = MPS_SLOT_BAD; /* report once */
+      return ncclInvalidUsage;
+    }
+    if (st == MPS_SLOT_BAD) return ncclInvalidUsage;
+    complete += st == MPS_SLOT_DONE;
+  }
+  if (complete < req->n) return mps_error_check(&c->err);
+  for (int i = 0; i < req->n; i++) {
+    struct mps_slot *s = &c->slots[req->slots[i]];
+    if (sizes) sizes[i] = (int)s->total;
+    s->state = MPS_SLOT_FREE;
+    c->free_slots[c->nfree++] = req->slots[i];
+  }
+  req->used = 0;
+  *done = 1;
+  return ncclSuccess;
+}
+
+ncclResult_t mps_close_recv(void *recv_comm) {
+  struct mps_recv_comm *c = recv_comm;
+  if (!c) return ncclSuccess;
+  STORE(&c->stop, 1);
+  for (int i = 0; i < c->nstreams; i++) shutdown(c->fds[i], SHUT_RDWR); /* wakes threads in recv/poll */
+  for (int t = 0; t < c->threads_started; t++) pthread_join(c->threads[t], NULL);
+  for (int i = 0; i < c->nstreams; i++) close(c->fds[i]);
+  close(c->ctrl_fd);
+  free(c);
+  return ncclSuccess;
+}
+
+ncclResult_t mps_test(void *request, int *done, int *sizes) {
+  uint32_t kind = *(uint32_t *)request;
+  if (kind == MPS_REQ_SEND) return send_test(request, done, sizes);
+  if (kind == MPS_REQ_RECV) return recv_test(request, done, sizes);
+  MP_WARN("socket: test on something that is not an mplane request");
+  return ncclInvalidArgument;
+}

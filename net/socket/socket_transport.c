@@ -1,0 +1,86 @@
+/* mplane: the socket transport's ops table (net/transport.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../plugin/log.h"
+#include "socket.h"
+
+static const struct mplane_config *socket_cfg;
+
+static ncclResult_t socket_init(const struct mplane_config *cfg) {
+  socket_cfg = cfg;
+  return mps_iface_discover(cfg);
+}
+
+static ncclResult_t socket_devices(int *ndev) {
+  *ndev = mps_dev_count();
+  return ncclSuccess;
+}
+
+static ncclResult_t socket_get_properties(int dev, struct mplane_dev_props *props) {
+  const struct mps_dev *d = mps_dev_get(dev);
+  if (!d) return ncclInvalidArgument;
+  *props = d->props;
+  return ncclSuccess;
+}
+
+/* Host memory needs no registration for TCP; the handle only records what NCCL told us. */
+struct mps_mr {
+  void *data;
+  size_t size;
+  int type;
+};
+
+static ncclResult_t socket_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
+  (void)comm;
+  if (type != NCCL_PTR_HOST) {
+    MP_WARN("socket: regMr of memory type %d; the socket transport carries host memory only (ptrSupport HOST)",
+            type);
+    return ncclInvalidUsage;
+  }
+  struct mps_mr *mr = malloc(sizeof(*mr));
+  if (!mr) return ncclSystemError;
+  mr->data = data;
+  mr->size = size;
+  mr->type = type;
+  *mhandle = mr;
+  return ncclSuccess;
+}
+
+static ncclResult_t socket_dereg_mr(void *comm, void *mhandle) {
+  (void)comm;
+  free(mhandle);
+  return ncclSuccess;
+}
+
+static ncclResult_t socket_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request) {
+  /* Host memory is coherent: nothing to flush, and NCCL accepts a NULL request for that. */
+  (void)recv_comm; (void)n; (void)data; (void)sizes; (void)mhandles;
+  *request = NULL;
+  return ncclSuccess;
+}
+
+static void socket_finalize(void) {}
+
+const struct mplane_config *mps_config(void) { return socket_cfg; }
+
+const struct mplane_transport_ops mplane_socket_ops = {
+    .name = "socket",
+    .init = socket_init,
+    .devices = socket_devices,
+    .get_properties = socket_get_properties,
+    .listen = mps_listen,
+    .connect = mps_connect,
+    .accept = mps_accept,
+    .reg_mr = socket_reg_mr,
+    .reg_mr_dmabuf = NULL,
+    .dereg_mr = socket_dereg_mr,
+    .isend = mps_isend,
+    .irecv = mps_irecv,
+    .iflush = socket_iflush,
+    .test = mps_test,
+    .close_send = mps_close_send,
+    .close_recv = mps_close_recv,
+    .close_listen = mps_close_listen,
+    .finalize = socket_finalize,
+};

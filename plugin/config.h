@@ -1,0 +1,58 @@
+/* mplane: every MPLANE_* environment variable, parsed in one place.
+ *
+ * Each variable is one row of the table in config.c: name, kind, default, accepted form and a
+ * one-line meaning. The README's configuration table is written from the same rows
+ * (`mplane-config --markdown`). A value that does not parse makes mplane_config_load() fail with a
+ * message naming the variable, the value and the accepted form. */
+#ifndef MPLANE_CONFIG_H
+#define MPLANE_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include "nccl/err.h"
+
+enum mplane_transport_choice { MPLANE_TRANSPORT_AUTO = 0, MPLANE_TRANSPORT_IB, MPLANE_TRANSPORT_SOCKET };
+enum mplane_relay_mode { MPLANE_RELAY_AUTO = 0, MPLANE_RELAY_NVLINK, MPLANE_RELAY_PCIE, MPLANE_RELAY_HOST,
+                         MPLANE_RELAY_OFF };
+
+#define MPLANE_CONFIG_STR 256
+
+struct mplane_config {
+  int transport;                             /* enum mplane_transport_choice */
+  char socket_ifname[MPLANE_CONFIG_STR];     /* NCCL_SOCKET_IFNAME grammar; "" = automatic */
+  int socket_streams;                        /* TCP data streams per connection */
+  int socket_threads;                        /* helper threads per connection */
+  long socket_split_bytes;                   /* messages at least this big are split across streams */
+  int connect_timeout_s;                     /* handshake deadline */
+  char planes[1024];                         /* MPLANE_PLANES, parsed by topo/ */
+  char topo_file[MPLANE_CONFIG_STR];         /* hwloc XML instead of live discovery */
+  int nccl_topo;                             /* write NCCL_TOPO_FILE for NCCL */
+  int relay;                                 /* enum mplane_relay_mode */
+  char tc_map[MPLANE_CONFIG_STR];            /* traffic class -> service level map */
+  char stats_file[MPLANE_CONFIG_STR];        /* JSON counters at close */
+  char ib_hca[MPLANE_CONFIG_STR];            /* NCCL_IB_HCA grammar */
+  int ib_gid_index;                          /* -1 = automatic (RoCE v2, IPv4-mapped first) */
+  int ib_sl;                                 /* default service level */
+  int ib_timeout;                            /* ibv local ack timeout exponent */
+  int ib_retry_cnt;
+  int ib_qps;                                /* QPs per connection */
+  char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
+  char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */
+};
+
+/* Read the environment into cfg (defaults first). On a bad value returns ncclInvalidArgument and
+ * writes "MPLANE_X='value' is not valid: expected <form>" into err. */
+ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t errlen);
+
+/* The process-wide configuration, loaded by the first call (thread-safe). NULL plus a WARN if the
+ * environment is invalid; callers fail init then. */
+const struct mplane_config *mplane_config_get(void);
+
+/* Print every variable with its default, form and meaning: plain text or a Markdown table. */
+void mplane_config_describe(FILE *out, int markdown);
+
+/* Parse helpers shared with other grammars (tc map, planes, tuner table): a whole-string
+ * decimal integer within [lo, hi]. Returns 0 on success. */
+int mplane_parse_long(const char *s, long lo, long hi, long *out);
+
+#endif

@@ -1,0 +1,25 @@
+/* mplane: NCCL plugin ABI, device-offload handle (we offer none: HOST type). */
+#ifndef MPLANE_NCCL_NET_DEVICE_H
+#define MPLANE_NCCL_NET_DEVICE_H
+
+#include <stddef.h>
+
+typedef enum {
+  NCCL_NET_DEVICE_HOST = 0,
+  NCCL_NET_DEVICE_UNPACK = 1,
+} ncclNetDeviceType;
+
+typedef struct {
+  ncclNetDeviceType netDeviceType;
+  int netDeviceVersion;
+  void *handle;
+  size_t size;
+  int needsProxyProgress;
+} ncclNetDeviceHandle_v8_t;
+
+typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v9_t;
+typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v10_t;
+typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v11_t;
+typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v12_t;
+
+#endif

@@ -1,0 +1,45 @@
+/* mplane: ncclNet_v12 (NCCL 2.30), the newest table: reports planeId and railId. */
+#include "net_core.h"
+#include "net_adapters.h"
+
+static ncclResult_t v12_get_properties(int dev, ncclNetProperties_v12_t *out) {
+  const struct mplane_dev_props *p;
+  ncclResult_t res = mplane_net_get_properties(dev, &p);
+  if (res != ncclSuccess) return res;
+  MPLANE_FILL_PROPS_COMMON(out, p);
+  out->forceFlush = p->force_flush;
+  out->vProps.ndevs = 1;
+  out->vProps.devs[0] = dev;
+  out->maxP2pBytes = p->max_p2p_bytes;
+  out->maxCollBytes = p->max_coll_bytes;
+  out->maxMultiRequestSize = 1;
+  out->railId = (int16_t)(p->rail >= 0 ? p->rail : NCCL_NET_ID_UNDEF);
+  out->planeId = (int16_t)(p->plane >= 0 ? p->plane : NCCL_NET_ID_UNDEF);
+  return ncclSuccess;
+}
+
+
+__attribute__((visibility("default"))) const ncclNet_v12_t ncclNetPlugin_v12 = {
+    .name = "mplane",
+    .init = mplane_adapter_init_ctx,
+    .devices = mplane_net_devices,
+    .getProperties = v12_get_properties,
+    .listen = mplane_adapter_listen_ctx,
+    .connect = mplane_adapter_connect_ctx,
+    .accept = mplane_adapter_accept,
+    .regMr = mplane_net_reg_mr,
+    .regMrDmaBuf = mplane_net_reg_mr_dmabuf,
+    .deregMr = mplane_net_dereg_mr,
+    .isend = mplane_adapter_isend_ph,
+    .irecv = mplane_adapter_irecv_ph,
+    .iflush = mplane_net_iflush,
+    .test = mplane_net_test,
+    .closeSend = mplane_net_close_send,
+    .closeRecv = mplane_net_close_recv,
+    .closeListen = mplane_net_close_listen,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
+    .makeVDevice = NULL, /* NULL: NCCL uses physical NICs; we never merge planes */
+    .finalize = mplane_adapter_finalize,
+    .setNetAttr = mplane_adapter_set_attr,
+};
