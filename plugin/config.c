@@ -70,6 +70,8 @@ static const struct row rows[] = {
      "queue pairs per connection; large messages are striped across them"},
     {"MPLANE_IBVERBS_LIB", K_STR, STR(ibverbs_lib), "libibverbs.so.1", 0, 0, NULL, "a library name or path",
      "the libibverbs to dlopen (tests point it at the software verbs double)"},
+    {"MPLANE_DEBUG", K_INT, OFF(debug), 0, "0", 0, 2, NULL, "0, 1 (INFO) or 2 (INFO and TRACE)",
+     "mplane's own messages on stderr when NCCL's logger is not in use (tools, tests)"},
     {"MPLANE_TUNER_CONFIG", K_STR, STR(tuner_config), "", 0, 0, NULL, "a path to a CSV tuner table",
      "tuner table; without one the tuner changes nothing"},
 };
@@ -190,14 +192,26 @@ const struct mplane_config *mplane_config_get(void) {
   return global_config_ok ? &global_config : NULL;
 }
 
+/* A Markdown table cell: '|' would end the cell, so it is escaped. */
+static void md_cell(FILE *out, const char *text) {
+  for (const char *c = text; *c; c++) {
+    if (*c == '|') fputc('\\', out);
+    fputc(*c, out);
+  }
+}
+
 void mplane_config_describe(FILE *out, int markdown) {
   if (markdown) fprintf(out, "| variable | default | accepted | meaning |\n| --- | --- | --- | --- |\n");
   for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
     const struct row *r = &rows[i];
     const char *d = *r->dflt ? r->dflt : "(unset)";
-    if (markdown)
-      fprintf(out, "| `%s` | `%s` | %s | %s |\n", r->name, d, r->form, r->meaning);
-    else
+    if (markdown) {
+      fprintf(out, "| `%s` | `%s` | ", r->name, d);
+      md_cell(out, r->form);
+      fputs(" | ", out);
+      md_cell(out, r->meaning);
+      fputs(" |\n", out);
+    } else
       fprintf(out, "%-26s default %-12s %s\n%26s accepted: %s\n", r->name, d, r->meaning, "", r->form);
   }
 }

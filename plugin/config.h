@@ -38,6 +38,7 @@ struct mplane_config {
   int ib_qps;                                /* QPs per connection */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */
+  int debug;                                 /* MPLANE_DEBUG; log.c reads it directly (before config) */
 };
 
 /* Read the environment into cfg (defaults first). On a bad value returns ncclInvalidArgument and

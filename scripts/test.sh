@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run mplane's whole test suite (what CI runs): builds first if needed.
+# Suites: unit, abi, topo, tuner, ib, ep, fabric (needs root), gpu (skips without a GPU).
+# Benchmarks are a separate suite: meson test -C build --suite bench
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --build
+meson test -C build --no-suite bench --print-errorlogs "$@"

@@ -1,0 +1,289 @@
+/* mplane-netbench: what the plugin sees on this machine, and how fast it moves bytes.
+ *
+ *   mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S] [--raw-streams N] [--devices-only]
+ *
+ * Prints the devices the plugin discovers (NCCL's view: name, plane, speed, PCI path), then runs a
+ * two-process bandwidth check through the plugin's ncclNet_v11 table on device 0, driven the way
+ * NCCL's proxy drives it (a window of isend/irecv in flight, test polling), with every byte checked
+ * in the first and last rounds. With --raw-streams N it also measures a plain N-stream TCP transfer
+ * between the same two processes over the same address: the ceiling the plugin is judged against.
+ * Exit status is non-zero on any error or wrong byte. */
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "plugin/nccl/net.h"
+
+struct opts {
+  const char *plugin;
+  size_t size;
+  int window;
+  double seconds;
+  int raw_streams;
+  int devices_only;
+};
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void die(const char *what) {
+  fprintf(stderr, "mplane-netbench: %s\n", what);
+  exit(1);
+}
+
+#define NCHECK(call)                                                            \
+  do {                                                                          \
+    ncclResult_t r_ = (call);                                                   \
+    if (r_ != ncclSuccess) {                                                    \
+      fprintf(stderr, "mplane-netbench: %s failed (%d)\n", #call, (int)r_);   \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+static void logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...) {
+  (void)flags; (void)file; (void)line;
+  if (level != NCCL_LOG_WARN && !getenv("MPLANE_DEBUG")) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+static void fill(char *buf, size_t n, unsigned round) {
+  for (size_t i = 0; i < n; i++) buf[i] = (char)((i * 131u) ^ (round * 29u));
+}
+
+static int check(const char *buf, size_t n, unsigned round) {
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != (char)((i * 131u) ^ (round * 29u))) return -1;
+  return 0;
+}
+
+static void print_devices(ncclNet_v11_t *net) {
+  int n = 0;
+  NCHECK(net->devices(&n));
+  printf("%d device%s through %s:\n", n, n == 1 ? "" : "s", net->name);
+  for (int d = 0; d < n; d++) {
+    ncclNetProperties_v11_t p;
+    NCHECK(net->getProperties(d, &p));
+    printf("  dev %d  %-12s speed %6d Mb/s  ptr %s%s  maxRecvs %d  pci %s\n", d, p.name, p.speed,
+           (p.ptrSupport & NCCL_PTR_HOST) ? "host" : "", (p.ptrSupport & NCCL_PTR_CUDA) ? "+cuda" : "", p.maxRecvs,
+           p.pciPath ? p.pciPath : "(none)");
+  }
+}
+
+/* Rounds: each round moves `window` messages of `size` bytes. Both sides agree on the count. */
+static long plugin_side(ncclNet_v11_t *net, void *ctx, void *comm, int sender, const struct opts *o, long rounds,
+                        double *secs) {
+  char **bufs = calloc((size_t)o->window, sizeof(char *));
+  for (int i = 0; i < o->window; i++)
+    if (posix_memalign((void **)&bufs[i], 4096, o->size ? o->size : 1)) die("out of memory");
+  void *mh[64];
+  for (int i = 0; i < o->window; i++) NCHECK(net->regMr(comm, bufs[i], o->size, NCCL_PTR_HOST, &mh[i]));
+  double t0 = now_s();
+  for (long r = 0; r < rounds; r++) {
+    int verify = r == 0 || r == rounds - 1;
+    void *req[64] = {0};
+    for (int i = 0; i < o->window; i++) {
+      if (sender && verify) fill(bufs[i], o->size, (unsigned)(r * 64 + i));
+      int tag = i;
+      while (req[i] == NULL) {
+        if (req[i] == NULL) sched_yield();
+        if (sender) NCHECK(net->isend(comm, bufs[i], o->size, tag, mh[i], NULL, &req[i]));
+        else {
+          void *d = bufs[i];
+          size_t sz = o->size;
+          NCHECK(net->irecv(comm, 1, &d, &sz, &tag, &mh[i], NULL, &req[i]));
+        }
+      }
+    }
+    for (int i = 0; i < o->window; i++) {
+      int done = 0, sz = -1;
+      /* Like NCCL's proxy: poll, and yield the core when nothing progressed. */
+      while (!done) {
+        NCHECK(net->test(req[i], &done, &sz));
+        if (!done) sched_yield();
+      }
+      if ((size_t)sz != o->size) die("wrong size reported by test()");
+      if (!sender && verify && check(bufs[i], o->size, (unsigned)(r * 64 + i))) die("wrong bytes received");
+    }
+  }
+  *secs = now_s() - t0;
+  for (int i = 0; i < o->window; i++) {
+    net->deregMr(comm, mh[i]);
+    free(bufs[i]);
+  }
+  free(bufs);
+  (void)ctx;
+  return rounds;
+}
+
+/* ---- raw TCP ceiling: N plain streams, one thread each, same address ---- */
+struct raw_arg {
+  int fd;
+  size_t bytes;
+  int sender;
+  size_t chunk;
+};
+
+static void *raw_thread(void *p) {
+  struct raw_arg *a = p;
+  char *buf = malloc(a->chunk);
+  memset(buf, 1, a->chunk);
+  size_t left = a->bytes;
+  while (left > 0) {
+    size_t n = left < a->chunk ? left : a->chunk;
+    ssize_t r = a->sender ? send(a->fd, buf, n, MSG_NOSIGNAL) : recv(a->fd, buf, n, MSG_WAITALL);
+    if (r <= 0) {
+      if (errno == EINTR) continue;
+      die("raw TCP transfer failed");
+    }
+    left -= (size_t)r;
+  }
+  free(buf);
+  return NULL;
+}
+
+static double raw_tcp(int streams, size_t total, const char *ip) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  socklen_t len = sizeof(a);
+  if (bind(lfd, (struct sockaddr *)&a, len) || listen(lfd, 64)) die("raw TCP listen failed");
+  getsockname(lfd, (struct sockaddr *)&a, &len);
+  size_t per = total / (size_t)streams;
+  pid_t pid = fork();
+  if (pid == 0) {
+    pthread_t th[64];
+    struct raw_arg args[64];
+    for (int i = 0; i < streams; i++) {
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      if (connect(fd, (struct sockaddr *)&a, len)) die("raw TCP connect failed");
+      args[i] = (struct raw_arg){fd, per, 1, 1 << 20};
+    }
+    for (int i = 0; i < streams; i++) pthread_create(&th[i], NULL, raw_thread, &args[i]);
+    for (int i = 0; i < streams; i++) pthread_join(th[i], NULL);
+    _exit(0);
+  }
+  pthread_t th[64];
+  struct raw_arg args[64];
+  for (int i = 0; i < streams; i++) args[i] = (struct raw_arg){accept(lfd, NULL, NULL), per, 0, 1 << 20};
+  double t0 = now_s();
+  for (int i = 0; i < streams; i++) pthread_create(&th[i], NULL, raw_thread, &args[i]);
+  for (int i = 0; i < streams; i++) pthread_join(th[i], NULL);
+  double t = now_s() - t0;
+  int st;
+  waitpid(pid, &st, 0);
+  for (int i = 0; i < streams; i++) close(args[i].fd);
+  close(lfd);
+  return (double)per * streams / t / 1e9;
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S] "
+                  "[--raw-streams N] [--devices-only]\n");
+  exit(2);
+}
+
+static void parse(int argc, char **argv, struct opts *o) {
+  static const struct option longopts[] = {{"plugin", 1, 0, 'p'},      {"size", 1, 0, 's'},
+                                           {"window", 1, 0, 'w'},      {"seconds", 1, 0, 't'},
+                                           {"raw-streams", 1, 0, 'r'}, {"devices-only", 0, 0, 'd'},
+                                           {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "p:s:w:t:r:dh", longopts, NULL)) != -1) {
+    switch (c) {
+      case 'p': o->plugin = optarg; break;
+      case 's': o->size = strtoull(optarg, NULL, 0); break;
+      case 'w': o->window = atoi(optarg); break;
+      case 't': o->seconds = atof(optarg); break;
+      case 'r': o->raw_streams = atoi(optarg); break;
+      case 'd': o->devices_only = 1; break;
+      default: usage();
+    }
+  }
+  if (o->window < 1 || o->window > 32) die("--window must be 1..32");
+}
+
+int main(int argc, char **argv) {
+  struct opts o = {.plugin = "libnccl-net-mplane.so", .size = 4 << 20, .window = 8, .seconds = 3};
+  parse(argc, argv, &o);
+  void *lib = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    fprintf(stderr, "mplane-netbench: cannot load %s: %s\n", o.plugin, dlerror());
+    return 1;
+  }
+  ncclNet_v11_t *net = dlsym(lib, "ncclNetPlugin_v11");
+  if (!net) die("plugin exports no ncclNetPlugin_v11");
+  void *ctx = NULL;
+  ncclNetCommConfig_v11_t cfg = {NCCL_NET_TRAFFIC_CLASS_UNDEF};
+  NCHECK(net->init(&ctx, 1, &cfg, logger, NULL));
+  print_devices(net);
+  if (o.devices_only) return 0;
+
+  ncclNetProperties_v11_t p0;
+  NCHECK(net->getProperties(0, &p0));
+  int pipefd[2], backfd[2];
+  if (pipe(pipefd) || pipe(backfd)) die("pipe failed");
+  /* Calibrate rounds from a time budget: the receiver decides and tells the sender. */
+  pid_t pid = fork();
+  if (pid == 0) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE] = {0};
+    long rounds;
+    if (read(pipefd[0], handle, sizeof(handle)) != sizeof(handle)) _exit(1);
+    if (read(pipefd[0], &rounds, sizeof(rounds)) != sizeof(rounds)) _exit(1);
+    void *send_comm = NULL;
+    while (!send_comm) NCHECK(net->connect(ctx, 0, handle, &send_comm, NULL));
+    double secs;
+    plugin_side(net, ctx, send_comm, 1, &o, rounds, &secs);
+    NCHECK(net->closeSend(send_comm));
+    _exit(0);
+  }
+  char handle[NCCL_NET_HANDLE_MAXSIZE] = {0};
+  void *listen_comm = NULL, *recv_comm = NULL;
+  NCHECK(net->listen(ctx, 0, handle, &listen_comm));
+  size_t per_round = o.size * (size_t)o.window;
+  long rounds = (long)(o.seconds * 4e9 / (double)(per_round ? per_round : 1)) + 2; /* ~4 GB/s guess */
+  if (rounds > 100000) rounds = 100000;
+  if (write(pipefd[1], handle, sizeof(handle)) != sizeof(handle) ||
+      write(pipefd[1], &rounds, sizeof(rounds)) != sizeof(rounds))
+    die("pipe write failed");
+  while (!recv_comm) NCHECK(net->accept(listen_comm, &recv_comm, NULL));
+  double secs;
+  plugin_side(net, ctx, recv_comm, 0, &o, rounds, &secs);
+  int st;
+  waitpid(pid, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) die("sender process failed");
+  NCHECK(net->closeRecv(recv_comm));
+  NCHECK(net->closeListen(listen_comm));
+  double gbs = (double)per_round * rounds / secs / 1e9;
+  printf("plugin   %-10s %zu-byte messages, %d in flight: %.2f GB/s (%ld rounds, %.2f s, bytes checked)\n",
+         p0.name, o.size, o.window, gbs, rounds, secs);
+  if (o.raw_streams > 0) {
+    const char *ip = "127.0.0.1";
+    double raw = raw_tcp(o.raw_streams, (size_t)(gbs * 1e9 * o.seconds) + (64u << 20), ip);
+    printf("raw-tcp  %-10s %d streams: %.2f GB/s\n", ip, o.raw_streams, raw);
+    printf("ratio    plugin / raw TCP = %.0f%%\n", 100.0 * gbs / raw);
+  }
+  return 0;
+}
