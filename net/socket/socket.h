@@ -155,6 +155,7 @@ struct mps_send_comm {
   char ctrl_buf[sizeof(struct mps_ctrl)];
   size_t ctrl_have;
   struct mps_send_req reqs[MPS_MAX_SLOTS];
+  struct mps_send_req trunc_req; /* owner of "does not fit" notices: never handed to NCCL or reused */
   int stop;
   struct mps_queue queues[MPS_MAX_STREAMS];
   pthread_t threads[MPS_MAX_STREAMS];

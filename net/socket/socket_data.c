@@ -251,12 +251,14 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   __atomic_store_n(&req->chunks_done, 0, __ATOMIC_RELAXED);
   if (size > g->e[k].size) {
     /* Tell the receiver (its test fails too) but move no payload: nothing lands past its buffer. */
+    req->used = 0;
+    t.req = &c->trunc_req;
     t.hdr.flags = MPS_CHUNK_TRUNCATED;
-    req->nchunks = 1;
-    push_task(c, (int)(c->rr++ % (unsigned)c->nstreams), &t);
+    int s = (int)(c->rr++ % (unsigned)c->nstreams);
+    t.fd = c->fds[s];
+    push_task(c, s, &t);
     MP_WARN("socket: send of %zu bytes (tag %d) to peer %s, but its receive buffer holds %llu bytes", size, tag,
             c->peer, (unsigned long long)g->e[k].size);
-    req->used = 0; /* the task still points at req; chunks_done is ignored from here on */
     return ncclInvalidUsage;
   }
   if (size < c->split_bytes || c->nstreams == 1) {
