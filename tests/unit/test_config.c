@@ -1,0 +1,449 @@
+/* Unit tests: MPLANE_* configuration parsing (plugin/config.c).
+ *
+ * Every row of the config table is exercised: its default, values it must accept (stored exactly),
+ * values it must refuse (ncclInvalidArgument with a message that names the variable, the value and
+ * the accepted form). The list of rows is read back from mplane_config_describe(), so a row added
+ * later is at least checked generically (default loads, an absurd value is refused with a proper
+ * message) and the test prints a reminder to give it cases of its own below. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "plugin/config.h"
+
+/* ------------------------------------------------------------------ the table, as described */
+
+#define MAX_ROWS 128
+
+struct described {
+  char name[64];
+  char dflt[1100];
+  char form[512];
+};
+
+static struct described rows[MAX_ROWS];
+static int nrows;
+
+/* Copy one Markdown cell, dropping the backticks around code and the '\' before an escaped '|'. */
+static const char *md_cell(const char *p, char *out, size_t outlen) {
+  size_t n = 0;
+  while (*p == ' ') p++;
+  for (; *p && !(*p == '|' && p[-1] != '\\'); p++) {
+    if (*p == '\\' && p[1] == '|') continue;
+    if (*p == '`') continue;
+    if (n + 1 < outlen) out[n++] = *p;
+  }
+  while (n > 0 && out[n - 1] == ' ') n--;
+  out[n] = 0;
+  return *p == '|' ? p + 1 : p;
+}
+
+static void load_described_rows(void) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  assert_non_null(f);
+  mplane_config_describe(f, 1);
+  fclose(f);
+  nrows = 0;
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    if (strncmp(line, "| `MPLANE_", 10) != 0) continue;
+    assert_true(nrows < MAX_ROWS);
+    struct described *r = &rows[nrows++];
+    const char *p = md_cell(line + 1, r->name, sizeof(r->name));
+    p = md_cell(p, r->dflt, sizeof(r->dflt));
+    p = md_cell(p, r->form, sizeof(r->form));
+    if (strcmp(r->dflt, "(unset)") == 0) r->dflt[0] = 0;
+  }
+  free(text);
+}
+
+static const struct described *row_named(const char *name) {
+  for (int i = 0; i < nrows; i++)
+    if (strcmp(rows[i].name, name) == 0) return &rows[i];
+  return NULL;
+}
+
+static void clear_env(void) {
+  for (int i = 0; i < nrows; i++) unsetenv(rows[i].name);
+}
+
+static int setup(void **state) {
+  (void)state;
+  if (nrows == 0) load_described_rows();
+  clear_env();
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  clear_env();
+  return 0;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static char err[8192];
+
+static ncclResult_t load_with(const char *name, const char *value, struct mplane_config *cfg) {
+  clear_env();
+  if (value) setenv(name, value, 1);
+  err[0] = 0;
+  ncclResult_t res = mplane_config_load(cfg, err, sizeof(err));
+  unsetenv(name);
+  return res;
+}
+
+/* The value must be refused, and the message must name the variable, the value and the form. */
+static void expect_refused(const char *name, const char *value) {
+  struct mplane_config cfg;
+  ncclResult_t res = load_with(name, value, &cfg);
+  if (res != ncclInvalidArgument) fail_msg("%s='%s' was accepted (result %d), expected ncclInvalidArgument", name, value, res);
+  const struct described *r = row_named(name);
+  assert_non_null(r);
+  char quoted[4200];
+  snprintf(quoted, sizeof(quoted), "'%s'", value);
+  if (!strstr(err, name)) fail_msg("message for %s='%s' does not name the variable: %s", name, value, err);
+  if (!strstr(err, quoted)) fail_msg("message for %s='%s' does not show the value: %s", name, value, err);
+  if (!strstr(err, r->form)) fail_msg("message for %s='%s' does not give the accepted form '%s': %s", name, value, r->form, err);
+}
+
+static void expect_int(const char *name, const char *value, size_t off, int want) {
+  struct mplane_config cfg;
+  ncclResult_t res = load_with(name, value, &cfg);
+  if (res != ncclSuccess) fail_msg("%s='%s' refused: %s", name, value, err);
+  int got = *(int *)((char *)&cfg + off);
+  if (got != want) fail_msg("%s='%s' stored %d, expected %d", name, value, got, want);
+}
+
+static void expect_long(const char *name, const char *value, size_t off, long want) {
+  struct mplane_config cfg;
+  ncclResult_t res = load_with(name, value, &cfg);
+  if (res != ncclSuccess) fail_msg("%s='%s' refused: %s", name, value, err);
+  long got = *(long *)((char *)&cfg + off);
+  if (got != want) fail_msg("%s='%s' stored %ld, expected %ld", name, value, got, want);
+}
+
+static void expect_str(const char *name, const char *value, size_t off) {
+  struct mplane_config cfg;
+  ncclResult_t res = load_with(name, value, &cfg);
+  if (res != ncclSuccess) fail_msg("%s='%s' refused: %s", name, value, err);
+  const char *got = (char *)&cfg + off;
+  if (strcmp(got, value) != 0) fail_msg("%s='%s' stored '%s'", name, value, got);
+}
+
+/* ------------------------------------------------------------------ rows, by kind */
+
+struct int_row {
+  const char *name;
+  size_t off;
+  long lo, hi;
+  long dflt;
+};
+
+#define F(f) offsetof(struct mplane_config, f)
+
+static const struct int_row int_rows[] = {
+    {"MPLANE_SOCKET_STREAMS", F(socket_streams), 1, 16, 4},
+    {"MPLANE_SOCKET_THREADS", F(socket_threads), 1, 16, 4},
+    {"MPLANE_CONNECT_TIMEOUT", F(connect_timeout_s), 1, 3600, 120},
+    {"MPLANE_IB_GID_INDEX", F(ib_gid_index), -1, 255, -1},
+    {"MPLANE_IB_SL", F(ib_sl), 0, 15, 0},
+    {"MPLANE_IB_TIMEOUT", F(ib_timeout), 1, 31, 20},
+    {"MPLANE_IB_RETRY_CNT", F(ib_retry_cnt), 0, 7, 7},
+    {"MPLANE_IB_QPS", F(ib_qps), 1, 16, 2},
+    {"MPLANE_DEBUG", F(debug), 0, 2, 0},
+    /* booleans are integers 0..1 */
+    {"MPLANE_NCCL_TOPO", F(nccl_topo), 0, 1, 1},
+};
+
+struct str_row {
+  const char *name;
+  size_t off, cap;
+  const char *dflt;
+  const char *good;
+};
+
+#define S(f) F(f), sizeof(((struct mplane_config *)0)->f)
+
+static const struct str_row str_rows[] = {
+    {"MPLANE_SOCKET_IFNAME", S(socket_ifname), "", "^docker,=eth0,ib"},
+    {"MPLANE_PLANES", S(planes), "", "mlx5_0=0,mlx5_1=1,mlx5_2=2"},
+    {"MPLANE_TOPO_FILE", S(topo_file), "", "/tmp/node.xml"},
+    {"MPLANE_TC_MAP", S(tc_map), "default=0,collective=0,alltoall=3,lowlat=5,storage=1", "default=1,alltoall=4"},
+    {"MPLANE_STATS_FILE", S(stats_file), "", "/tmp/mplane-%p.json"},
+    {"MPLANE_IB_HCA", S(ib_hca), "", "mlx5_0:1,mlx5_1"},
+    {"MPLANE_IBVERBS_LIB", S(ibverbs_lib), "libibverbs.so.1", "/opt/softverbs/libibverbs.so"},
+    {"MPLANE_TUNER_CONFIG", S(tuner_config), "", "/etc/mplane/tuner.csv"},
+};
+
+struct enum_row {
+  const char *name;
+  size_t off;
+  const char *choices[8]; /* index = stored value */
+};
+
+static const struct enum_row enum_rows[] = {
+    {"MPLANE_TRANSPORT", F(transport), {"auto", "ib", "socket"}},
+    {"MPLANE_RELAY", F(relay), {"auto", "nvlink", "pcie", "host", "off"}},
+};
+
+static const char *size_rows[] = {"MPLANE_SOCKET_SPLIT_BYTES"};
+
+static int known_row(const char *name) {
+  for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++)
+    if (!strcmp(int_rows[i].name, name)) return 1;
+  for (size_t i = 0; i < sizeof(str_rows) / sizeof(str_rows[0]); i++)
+    if (!strcmp(str_rows[i].name, name)) return 1;
+  for (size_t i = 0; i < sizeof(enum_rows) / sizeof(enum_rows[0]); i++)
+    if (!strcmp(enum_rows[i].name, name)) return 1;
+  for (size_t i = 0; i < sizeof(size_rows) / sizeof(size_rows[0]); i++)
+    if (!strcmp(size_rows[i], name)) return 1;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void test_table_is_described(void **state) {
+  (void)state;
+  assert_true(nrows >= 20);
+  for (int i = 0; i < nrows; i++) {
+    assert_true(strlen(rows[i].form) > 0);
+    for (int j = 0; j < i; j++)
+      if (!strcmp(rows[i].name, rows[j].name)) fail_msg("%s appears twice in the config table", rows[i].name);
+  }
+  /* Every row this file knows must still exist (a renamed variable breaks users). */
+  for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++)
+    if (!row_named(int_rows[i].name)) fail_msg("%s is no longer in the config table", int_rows[i].name);
+  for (size_t i = 0; i < sizeof(str_rows) / sizeof(str_rows[0]); i++)
+    if (!row_named(str_rows[i].name)) fail_msg("%s is no longer in the config table", str_rows[i].name);
+  for (size_t i = 0; i < sizeof(enum_rows) / sizeof(enum_rows[0]); i++)
+    if (!row_named(enum_rows[i].name)) fail_msg("%s is no longer in the config table", enum_rows[i].name);
+  for (int i = 0; i < nrows; i++)
+    if (!known_row(rows[i].name))
+      print_message("note: %s has only generic checks; add its cases to tests/unit/test_config.c\n", rows[i].name);
+}
+
+static void test_defaults(void **state) {
+  (void)state;
+  struct mplane_config cfg;
+  clear_env();
+  memset(&cfg, 0x5a, sizeof(cfg));
+  if (mplane_config_load(&cfg, err, sizeof(err)) != ncclSuccess) fail_msg("defaults do not load: %s", err);
+  assert_int_equal(cfg.transport, MPLANE_TRANSPORT_AUTO);
+  assert_int_equal(cfg.relay, MPLANE_RELAY_AUTO);
+  assert_int_equal(cfg.socket_split_bytes, 256 * 1024);
+  for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++) {
+    int got = *(int *)((char *)&cfg + int_rows[i].off);
+    if (got != int_rows[i].dflt) fail_msg("%s default is %d, expected %ld", int_rows[i].name, got, int_rows[i].dflt);
+  }
+  for (size_t i = 0; i < sizeof(str_rows) / sizeof(str_rows[0]); i++) {
+    const char *got = (char *)&cfg + str_rows[i].off;
+    if (strcmp(got, str_rows[i].dflt)) fail_msg("%s default is '%s', expected '%s'", str_rows[i].name, got, str_rows[i].dflt);
+  }
+}
+
+/* The documented default (what the README shows) is what an empty environment gives, and it
+ * parses when given explicitly. */
+static void test_described_defaults_parse(void **state) {
+  (void)state;
+  for (int i = 0; i < nrows; i++) {
+    struct mplane_config a, b;
+    clear_env();
+    assert_int_equal(mplane_config_load(&a, err, sizeof(err)), ncclSuccess);
+    if (load_with(rows[i].name, rows[i].dflt, &b) != ncclSuccess)
+      fail_msg("%s: its documented default '%s' is refused: %s", rows[i].name, rows[i].dflt, err);
+    if (memcmp(&a, &b, sizeof(a)) != 0)
+      fail_msg("%s='%s' (the documented default) differs from leaving it unset", rows[i].name, rows[i].dflt);
+  }
+}
+
+/* Any row, even one added after this file: an absurd value is refused with a full message. */
+static void test_every_row_refuses_garbage(void **state) {
+  (void)state;
+  char big[4000];
+  memset(big, 'z', sizeof(big) - 1);
+  big[sizeof(big) - 1] = 0;
+  for (int i = 0; i < nrows; i++) expect_refused(rows[i].name, big);
+}
+
+static void test_int_rows(void **state) {
+  (void)state;
+  char v[64];
+  for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++) {
+    const struct int_row *r = &int_rows[i];
+    snprintf(v, sizeof(v), "%ld", r->lo);
+    expect_int(r->name, v, r->off, (int)r->lo);
+    snprintf(v, sizeof(v), "%ld", r->hi);
+    expect_int(r->name, v, r->off, (int)r->hi);
+    snprintf(v, sizeof(v), "%ld", (r->lo + r->hi) / 2);
+    expect_int(r->name, v, r->off, (int)((r->lo + r->hi) / 2));
+    snprintf(v, sizeof(v), "%ld", r->lo - 1);
+    expect_refused(r->name, v);
+    snprintf(v, sizeof(v), "%ld", r->hi + 1);
+    expect_refused(r->name, v);
+    const char *bad[] = {"abc", "", "1.5", "4x", "0x1", "1e1", "99999999999999999999", "-99999999999999999999",
+                         "yes", "true", "4 "};
+    for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) expect_refused(r->name, bad[b]);
+  }
+}
+
+static void test_streams_form_is_explicit(void **state) {
+  (void)state;
+  /* The brief's example, word for word: the WARN a user sees. */
+  expect_refused("MPLANE_SOCKET_STREAMS", "abc");
+  assert_non_null(strstr(err, "MPLANE_SOCKET_STREAMS"));
+  assert_non_null(strstr(err, "'abc'"));
+  assert_non_null(strstr(err, "an integer from 1 to 16"));
+}
+
+static void test_size_row(void **state) {
+  (void)state;
+  const char *n = "MPLANE_SOCKET_SPLIT_BYTES";
+  size_t off = F(socket_split_bytes);
+  expect_long(n, "1", off, 1);
+  expect_long(n, "4096", off, 4096);
+  expect_long(n, "4K", off, 4096);
+  expect_long(n, "4k", off, 4096);
+  expect_long(n, "3M", off, 3L << 20);
+  expect_long(n, "3m", off, 3L << 20);
+  expect_long(n, "1G", off, 1L << 30);
+  expect_long(n, "1g", off, 1L << 30);
+  expect_long(n, "1024M", off, 1L << 30);
+  expect_long(n, "1073741824", off, 1L << 30);
+  const char *bad[] = {"0", "0K", "2G", "1025M", "1073741825", "1T", "4KB", "4 K", "K", "-1", "-4K", "1.5M", "",
+                       "abc", "4KK", "99999999999999999999G", "9223372036854775807K"};
+  for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) expect_refused(n, bad[b]);
+}
+
+static void test_enum_rows(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof(enum_rows) / sizeof(enum_rows[0]); i++) {
+    const struct enum_row *r = &enum_rows[i];
+    for (int c = 0; r->choices[c]; c++) {
+      char up[32], mixed[32];
+      size_t len = strlen(r->choices[c]);
+      for (size_t k = 0; k <= len; k++) {
+        up[k] = (char)(r->choices[c][k] >= 'a' && r->choices[c][k] <= 'z' ? r->choices[c][k] - 32 : r->choices[c][k]);
+        mixed[k] = k % 2 ? up[k] : r->choices[c][k];
+      }
+      expect_int(r->name, r->choices[c], r->off, c);
+      expect_int(r->name, up, r->off, c);
+      expect_int(r->name, mixed, r->off, c);
+      /* a prefix or an extension of a choice is not that choice */
+      char longer[40];
+      snprintf(longer, sizeof(longer), "%sx", r->choices[c]);
+      expect_refused(r->name, longer);
+      if (len > 1) {
+        char shorter[32];
+        snprintf(shorter, sizeof(shorter), "%.*s", (int)(len - 1), r->choices[c]);
+        int is_other_choice = 0;
+        for (int o = 0; r->choices[o]; o++) is_other_choice |= !strcmp(r->choices[o], shorter);
+        if (!is_other_choice) expect_refused(r->name, shorter);
+      }
+    }
+    const char *bad[] = {"", "tcp", "0", "1", " auto", "auto ", "auto,ib"};
+    for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) expect_refused(r->name, bad[b]);
+  }
+}
+
+static void test_str_rows(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof(str_rows) / sizeof(str_rows[0]); i++) {
+    const struct str_row *r = &str_rows[i];
+    expect_str(r->name, r->good, r->off);
+    expect_str(r->name, "", r->off);
+    /* The longest value that fits, and one byte more. */
+    char *v = malloc(r->cap + 1);
+    assert_non_null(v);
+    memset(v, 'a', r->cap);
+    v[r->cap - 1] = 0;
+    expect_str(r->name, v, r->off);
+    v[r->cap - 1] = 'a';
+    v[r->cap] = 0;
+    expect_refused(r->name, v);
+    free(v);
+  }
+}
+
+/* The first bad variable fails the load even when others are good; a good one alone still loads. */
+static void test_one_bad_among_good(void **state) {
+  (void)state;
+  struct mplane_config cfg;
+  clear_env();
+  setenv("MPLANE_SOCKET_STREAMS", "8", 1);
+  setenv("MPLANE_TRANSPORT", "socket", 1);
+  setenv("MPLANE_IB_SL", "16", 1);
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclInvalidArgument);
+  assert_non_null(strstr(err, "MPLANE_IB_SL"));
+  assert_non_null(strstr(err, "'16'"));
+  unsetenv("MPLANE_IB_SL");
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.socket_streams, 8);
+  assert_int_equal(cfg.transport, MPLANE_TRANSPORT_SOCKET);
+}
+
+/* A short error buffer truncates the message but never overflows it. */
+static void test_short_error_buffer(void **state) {
+  (void)state;
+  struct mplane_config cfg;
+  char small[24];
+  memset(small, 0x7f, sizeof(small));
+  clear_env();
+  setenv("MPLANE_SOCKET_STREAMS", "abcdefghijklmnopqrstuvwxyz", 1);
+  assert_int_equal(mplane_config_load(&cfg, small, 16), ncclInvalidArgument);
+  assert_int_equal(strlen(small), 15);
+  for (size_t i = 16; i < sizeof(small); i++) assert_int_equal((unsigned char)small[i], 0x7f);
+}
+
+static void test_parse_long(void **state) {
+  (void)state;
+  long v = 0;
+  assert_int_equal(mplane_parse_long("42", 0, 100, &v), 0);
+  assert_int_equal(v, 42);
+  assert_int_equal(mplane_parse_long("-3", -5, 5, &v), 0);
+  assert_int_equal(v, -3);
+  v = 7;
+  assert_int_not_equal(mplane_parse_long("101", 0, 100, &v), 0);
+  assert_int_not_equal(mplane_parse_long("", 0, 100, &v), 0);
+  assert_int_not_equal(mplane_parse_long(NULL, 0, 100, &v), 0);
+  assert_int_not_equal(mplane_parse_long("12a", 0, 100, &v), 0);
+  assert_int_equal(v, 7); /* untouched on failure */
+}
+
+static void test_describe_plain(void **state) {
+  (void)state;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  mplane_config_describe(f, 0);
+  fclose(f);
+  for (int i = 0; i < nrows; i++)
+    if (!strstr(text, rows[i].name)) fail_msg("plain description lacks %s", rows[i].name);
+  free(text);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_table_is_described, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_described_defaults_parse, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_every_row_refuses_garbage, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_int_rows, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_streams_form_is_explicit, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_size_row, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_enum_rows, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_str_rows, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_one_bad_among_good, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_short_error_buffer, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_parse_long, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_describe_plain, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
