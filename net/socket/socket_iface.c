@@ -34,18 +34,26 @@ void mps_addr_str(const struct sockaddr *sa, char *buf, size_t len) {
   }
 }
 
-/* One comma-separated token of NCCL_SOCKET_IFNAME: "=eth0" exact, "eth" prefix. */
-static int token_matches(const char *tok, size_t toklen, const char *ifname) {
-  if (toklen > 0 && tok[0] == '=') return strlen(ifname) == toklen - 1 && strncmp(ifname, tok + 1, toklen - 1) == 0;
+/* One comma-separated token of NCCL_SOCKET_IFNAME: "=eth0" (or any token of an exact list) exact,
+ * "eth" prefix. */
+static int token_matches(const char *tok, size_t toklen, const char *ifname, int exact) {
+  if (toklen > 0 && tok[0] == '=') {
+    tok++;
+    toklen--;
+    exact = 1;
+  }
+  if (exact) return strlen(ifname) == toklen && strncmp(ifname, tok, toklen) == 0;
   return toklen > 0 && strncmp(ifname, tok, toklen) == 0;
 }
 
+/* As in NCCL, a leading '=' makes the whole list exact: "=eth0,eth1" selects eth0 and eth1 only. */
 static int list_matches(const char *list, const char *ifname) {
-  const char *p = list;
+  int exact = list[0] == '=';
+  const char *p = list + exact;
   while (*p) {
     const char *comma = strchr(p, ',');
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    if (token_matches(p, len, ifname)) return 1;
+    if (len > 0 && token_matches(p, len, ifname, exact)) return 1;
     if (!comma) break;
     p = comma + 1;
   }
