@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "log.h"
+#include "../net/tc.h"
 
 enum kind { K_INT, K_SIZE, K_BOOL, K_ENUM, K_STR };
 
@@ -53,7 +54,7 @@ static const struct row rows[] = {
      "auto, nvlink, pcie, host or off", "how cross-plane connections are relayed (off: they fail)"},
     {"MPLANE_TC_MAP", K_STR, STR(tc_map), "default=0,collective=0,alltoall=3,lowlat=5,storage=1", 0, 0, NULL,
      "class=SL pairs, classes default|collective|alltoall|lowlat|storage, SL 0..15",
-     "traffic class to service level (IB SL, RoCE/IP traffic class)"},
+     "traffic class to service level (IB SL, RoCE/IP traffic class)", mplane_tc_validate},
     {"MPLANE_STATS_FILE", K_STR, STR(stats_file), "", 0, 0, NULL, "a path; %p expands to the process id",
      "write per-plane and per-class counters as JSON at close"},
     {"MPLANE_IB_HCA", K_STR, STR(ib_hca), "", 0, 0, NULL, "NCCL_IB_HCA grammar, e.g. mlx5_0:1,mlx5_1",

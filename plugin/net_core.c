@@ -7,6 +7,10 @@
 
 #include "config.h"
 #include "log.h"
+#include "../net/handle.h"
+#include "../net/relay.h"
+#include "../net/stats.h"
+#include "../net/tc.h"
 
 #define MPLANE_MAX_DEVS 64
 
@@ -33,6 +37,12 @@ static ncclResult_t try_transport(const struct mplane_transport_ops *ops, const 
   for (int d = 0; d < n; d++) {
     res = ops->get_properties(d, &g.props[d]);
     if (res != ncclSuccess) return res;
+  }
+  char why[256];
+  if (mplane_planes_apply(cfg->planes, g.props, n, why, sizeof(why)) != 0) { /* net/relay.c */
+    MP_WARN("MPLANE_PLANES='%s' is not valid: %s; expected NIC=plane pairs, e.g. mlx5_0=0,mlx5_1=1", cfg->planes,
+            why);
+    return ncclInvalidArgument;
   }
   g.ndev = n;
   g.ops = ops;
@@ -114,7 +124,19 @@ ncclResult_t mplane_net_listen(struct mplane_net_ctx *ctx, int dev, void *handle
     MP_WARN("listen: device %d does not exist (%d devices)", dev, g.ndev);
     return ncclInvalidArgument;
   }
-  return g.ops->listen(dev, handle, listen_comm);
+  ncclResult_t res = g.ops->listen(dev, handle, listen_comm);
+  if (res != ncclSuccess) return res;
+  /* The handle carries the plane net_core resolved (MPLANE_PLANES, topo/), not only the transport's guess. */
+  struct mplane_handle h;
+  char why[256];
+  if (mplane_handle_decode(handle, &h, why, sizeof(why)) == ncclSuccess && h.plane != g.props[dev].plane) {
+    h.plane = (int8_t)g.props[dev].plane;
+    mplane_handle_encode(&h, handle);
+  }
+  mplane_stats_listen(*listen_comm, dev,
+                      mplane_tc_resolve(ctx ? ctx->traffic_class : NCCL_NET_TRAFFIC_CLASS_UNDEF,
+                                        ctx && ctx->has_attr ? &ctx->attr : NULL));
+  return ncclSuccess;
 }
 
 ncclResult_t mplane_net_connect(struct mplane_net_ctx *ctx, int traffic_class, int dev, void *handle,
@@ -125,10 +147,38 @@ ncclResult_t mplane_net_connect(struct mplane_net_ctx *ctx, int traffic_class, i
   }
   struct mplane_comm_opts opts = {.traffic_class = traffic_class, .service_level = 0};
   if (opts.traffic_class == NCCL_NET_TRAFFIC_CLASS_UNDEF && ctx) opts.traffic_class = ctx->traffic_class;
-  return g.ops->connect(dev, &opts, handle, send_comm);
+  /* Traffic class and SL (net/tc.c); plane and relay NIC (net/relay.c). */
+  opts.tc_class = mplane_tc_resolve(opts.traffic_class, ctx && ctx->has_attr ? &ctx->attr : NULL);
+  opts.service_level = mplane_tc_sl(opts.tc_class);
+  opts.adaptive_routing = mplane_tc_adaptive_routing(opts.tc_class);
+  struct mplane_handle h;
+  char why[256];
+  struct mplane_relay_choice via = {.dev = dev, .local_plane = g.props[dev].plane, .peer_plane = -1};
+  if (mplane_handle_decode(handle, &h, why, sizeof(why)) == ncclSuccess)
+    MP_CHECK(mplane_relay_pick(g.props, g.ndev, dev, h.plane, mplane_config_get()->relay, &via));
+  ncclResult_t res = g.ops->connect(via.dev, &opts, handle, send_comm);
+  if (res != ncclSuccess || *send_comm == NULL) return res;
+  const struct mplane_dev_props *p = &g.props[via.dev];
+  if (via.relayed)
+    MP_INFO(NCCL_NET, "connect: dev %d (%s, plane %d) to a peer on plane %d is carried by dev %d (%s, plane %d), "
+            "the relay NIC", dev, g.props[dev].name, via.local_plane, via.peer_plane, via.dev, p->name, p->plane);
+  struct mplane_stats_comm_info si = {.is_send = 1, .dev = via.dev, .dev_name = p->name, .plane = p->plane,
+                                      .from_plane = via.local_plane, .cls = opts.tc_class,
+                                      .sl = opts.service_level, .relayed = via.relayed};
+  mplane_stats_comm_open(*send_comm, &si);
+  return ncclSuccess;
 }
 
-ncclResult_t mplane_net_accept(void *listen_comm, void **recv_comm) { return g.ops->accept(listen_comm, recv_comm); }
+ncclResult_t mplane_net_accept(void *listen_comm, void **recv_comm) {
+  ncclResult_t res = g.ops->accept(listen_comm, recv_comm);
+  int dev = -1, cls = MPLANE_TC_DEFAULT;
+  if (res != ncclSuccess || *recv_comm == NULL || mplane_stats_listen_get(listen_comm, &dev, &cls) != 0) return res;
+  struct mplane_stats_comm_info si = {.is_send = 0, .dev = dev, .dev_name = g.props[dev].name,
+                                      .plane = g.props[dev].plane, .from_plane = g.props[dev].plane, .cls = cls,
+                                      .sl = mplane_tc_sl(cls)};
+  mplane_stats_comm_open(*recv_comm, &si);
+  return ncclSuccess;
+}
 
 ncclResult_t mplane_net_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
   return g.ops->reg_mr(comm, data, size, type, mhandle);
@@ -146,23 +196,42 @@ ncclResult_t mplane_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int t
 ncclResult_t mplane_net_dereg_mr(void *comm, void *mhandle) { return g.ops->dereg_mr(comm, mhandle); }
 
 ncclResult_t mplane_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
-  return g.ops->isend(send_comm, data, size, tag, mhandle, request);
+  ncclResult_t res = g.ops->isend(send_comm, data, size, tag, mhandle, request);
+  if (res == ncclSuccess && *request) mplane_stats_request(send_comm, *request, size, 0);
+  return res;
 }
 
 ncclResult_t mplane_net_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
                               void **request) {
-  return g.ops->irecv(recv_comm, n, data, sizes, tags, mhandles, request);
+  ncclResult_t res = g.ops->irecv(recv_comm, n, data, sizes, tags, mhandles, request);
+  if (res == ncclSuccess && *request) mplane_stats_request(recv_comm, *request, 0, n);
+  return res;
 }
 
 ncclResult_t mplane_net_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request) {
   return g.ops->iflush(recv_comm, n, data, sizes, mhandles, request);
 }
 
-ncclResult_t mplane_net_test(void *request, int *done, int *sizes) { return g.ops->test(request, done, sizes); }
+ncclResult_t mplane_net_test(void *request, int *done, int *sizes) {
+  int local[NCCL_NET_MAX_REQUESTS];
+  int *s = sizes ? sizes : local;
+  ncclResult_t res = g.ops->test(request, done, s);
+  if (res == ncclSuccess && *done) mplane_stats_request_done(request, s); /* net/stats.c */
+  return res;
+}
 
-ncclResult_t mplane_net_close_send(void *send_comm) { return g.ops->close_send(send_comm); }
-ncclResult_t mplane_net_close_recv(void *recv_comm) { return g.ops->close_recv(recv_comm); }
-ncclResult_t mplane_net_close_listen(void *listen_comm) { return g.ops->close_listen(listen_comm); }
+ncclResult_t mplane_net_close_send(void *send_comm) {
+  mplane_stats_comm_close(send_comm);
+  return g.ops->close_send(send_comm);
+}
+ncclResult_t mplane_net_close_recv(void *recv_comm) {
+  mplane_stats_comm_close(recv_comm);
+  return g.ops->close_recv(recv_comm);
+}
+ncclResult_t mplane_net_close_listen(void *listen_comm) {
+  mplane_stats_listen_close(listen_comm);
+  return g.ops->close_listen(listen_comm);
+}
 
 ncclResult_t mplane_net_set_attr(struct mplane_net_ctx *ctx, const ncclNetAttr_v11_t *attr) {
   if (!ctx || !attr) return ncclInvalidArgument;

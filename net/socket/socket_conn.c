@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../../plugin/log.h"
+#include "../tc.h"
 #include "socket.h"
 
 #define MPS_PENDING_MAX 64          /* half-open incoming sockets per listen comm */
@@ -161,6 +162,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
     if (fd < 0) goto fail;
     st->fds[i] = fd;
     tune_socket(fd);
+    mplane_tc_mark_socket_or_log(fd, opts->service_level, d->ifname); /* DSCP + priority of the class */
     /* Leave from this device's own address, so the bytes stay on its plane. */
     struct mps_dev src = *d;
     if (src.addr.sa.sa_family == AF_INET) src.addr.sin.sin_port = 0;
@@ -341,6 +343,9 @@ static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv
     c->ctrl_fd = lc->pending[idx[0]].fd;
     for (int s = 0; s < n; s++) c->fds[s] = lc->pending[idx[s + 1]].fd;
     snprintf(c->peer, sizeof(c->peer), "%s", ctrl->peer);
+    /* Our side of the connection (ACKs, CTS) rides the class the connector asked for. */
+    mplane_tc_mark_socket_or_log(c->ctrl_fd, (int)ctrl->hello.sl, c->peer);
+    for (int s = 0; s < n; s++) mplane_tc_mark_socket_or_log(c->fds[s], (int)ctrl->hello.sl, c->peer);
     /* Keep the pending sockets that belong to other connections. */
     int used[MPS_PENDING_MAX] = {0};
     for (int s = 0; s <= n; s++) used[idx[s]] = 1;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../../plugin/log.h"
+#include "../relay.h"
 #include "socket.h"
 
 static struct mps_dev devs[MPS_MAX_DEVS];
@@ -124,6 +125,7 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
     return ncclSystemError;
   }
   ndevs = 0;
+  struct sockaddr_storage masks[MPS_MAX_DEVS]; /* for planes from subnets (net/relay.c) */
   /* IPv4 first, then IPv6, one device per interface: the order is stable across ranks. */
   for (int pass = 0; pass < 2; pass++) {
     int family = pass == 0 ? AF_INET : AF_INET6;
@@ -145,10 +147,22 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
       d->addrlen = family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
       memcpy(&d->addr, a->ifa_addr, d->addrlen);
       fill_props(d, ndevs);
+      memset(&masks[ndevs], 0, sizeof(masks[ndevs]));
+      if (a->ifa_netmask) memcpy(&masks[ndevs], a->ifa_netmask, d->addrlen);
       ndevs++;
     }
   }
   freeifaddrs(ifas);
+  /* Different planes are different subnets: where they say so, that is the plane (else PCI order). */
+  const struct sockaddr *addrs[MPS_MAX_DEVS], *maskp[MPS_MAX_DEVS];
+  int planes[MPS_MAX_DEVS];
+  for (int i = 0; i < ndevs; i++) {
+    addrs[i] = &devs[i].addr.sa;
+    maskp[i] = (const struct sockaddr *)&masks[i];
+  }
+  mplane_planes_from_subnets(ndevs, addrs, maskp, planes);
+  for (int i = 0; i < ndevs; i++)
+    if (planes[i] >= 0) devs[i].props.plane = planes[i];
   if (ndevs == 0) {
     MP_WARN("socket: no interface matches MPLANE_SOCKET_IFNAME='%s' (loopback is used only when named, "
             "e.g. MPLANE_SOCKET_IFNAME=lo)", cfg->socket_ifname);

@@ -1,0 +1,98 @@
+/* mplane: plane-aware connect and the cross-plane relay.
+ *
+ * Planes share no switch, so a connection from a local NIC on plane a to a peer listening on plane
+ * b != a can only be carried by this node's NIC on plane b (the relay NIC). Host buffers go
+ * straight out of it. GPU buffers are first moved by a CUDA copy engine (no SMs: copies only,
+ * never a kernel) into a staging buffer on the GPU beside the relay NIC and sent from there: the
+ * relay copy engine below. CUDA is opened with dlopen at run time; the plugin never links it.
+ * MPLANE_RELAY=auto|nvlink|pcie|host|off chooses how (off: a cross-plane connect fails). */
+#ifndef MPLANE_NET_RELAY_H
+#define MPLANE_NET_RELAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "../plugin/nccl/err.h"
+#include "transport.h"
+
+/* ---------------------------------------------------------------- planes of devices */
+
+/* Plane of an IPv4 address in the emulated fabric's range: 198.18.p.x -> p (198.18.0.0/16, p < 128).
+ * -1 for any other address. */
+int mplane_plane_from_fabric_ip(const struct sockaddr *addr);
+
+/* Planes of n interfaces from their IP subnets (different planes are different subnets): the
+ * fabric range gives its third octet; otherwise, when the interfaces are in at least two subnets,
+ * each interface's plane is the rank of its subnet among the distinct subnets, sorted by address.
+ * Writes -1 where the subnets say nothing (one subnet for all, unknown family). */
+void mplane_planes_from_subnets(int n, const struct sockaddr *const *addrs, const struct sockaddr *const *masks,
+                                int *planes);
+
+/* Apply MPLANE_PLANES ("name=plane,...", names as the transport reports them, "mlx5_0" also
+ * matching "mlx5_0:1") to props. Devices it does not name keep their plane. 0 on success, else -1
+ * with a reason (entry, column) in why. */
+int mplane_planes_apply(const char *spec, struct mplane_dev_props *props, int ndev, char *why, size_t whylen);
+
+/* ---------------------------------------------------------------- the relay decision */
+
+struct mplane_relay_choice {
+  int dev;          /* device that carries the connection */
+  int relayed;      /* 1 when dev differs from the one NCCL asked for because of planes */
+  int local_plane;  /* plane of the device NCCL asked for */
+  int peer_plane;   /* plane of the peer's listen handle */
+};
+
+/* Pick the device for a connect from dev to a peer on peer_plane. Same plane (or a plane unknown on
+ * either side): dev itself. Cross-plane: the first local device on peer_plane (relay_mode != off);
+ * with MPLANE_RELAY=off, or with no local device on that plane, ncclInvalidUsage and a WARN that
+ * names both planes and how to enable relaying. */
+ncclResult_t mplane_relay_pick(const struct mplane_dev_props *props, int ndev, int dev, int peer_plane,
+                               int relay_mode, struct mplane_relay_choice *out);
+
+/* ---------------------------------------------------------------- the CUDA relay copy engine */
+
+/* Load the CUDA driver (libcuda.so.1, or MPLANE_CUDA_LIB for tests) and initialise it. Returns the
+ * number of GPUs, 0 when there is no driver or no GPU (reason in why), never fails otherwise. */
+int mplane_cuda_load(char *why, size_t whylen);
+
+/* The CUDA device ordinal of a device pointer, -1 if ptr is host memory or CUDA is absent. */
+int mplane_cuda_pointer_device(const void *ptr);
+
+struct mplane_relay_engine;
+
+/* A copy engine moving data from GPU src_gpu into a staging buffer of staging_bytes on GPU
+ * staging_gpu, in chunks of chunk_bytes (0: 4 MiB), on a stream of its own (non-blocking, so
+ * NCCL's streams never wait on it). Peer access is enabled both ways where the GPUs allow it. */
+ncclResult_t mplane_relay_engine_create(int src_gpu, int staging_gpu, size_t staging_bytes, size_t chunk_bytes,
+                                        struct mplane_relay_engine **out);
+/* Device address of the staging buffer. */
+void *mplane_relay_engine_staging(struct mplane_relay_engine *e);
+size_t mplane_relay_engine_staging_bytes(struct mplane_relay_engine *e);
+/* Start copying bytes from src (on src_gpu) to staging + offset: one cuMemcpyPeerAsync and one event
+ * per chunk, all queued at once so the copy engine streams them back to back. Returns a ticket. */
+ncclResult_t mplane_relay_copy_start(struct mplane_relay_engine *e, size_t offset, const void *src, size_t bytes,
+                                     uint64_t *ticket);
+/* Same, for any direction: dst and src are device pointers on any GPUs (contexts found from them). */
+ncclResult_t mplane_relay_copy_start_ptr(struct mplane_relay_engine *e, void *dst, const void *src, size_t bytes,
+                                         uint64_t *ticket);
+/* Poll: *ready = bytes of that copy already landed (chunk granularity, in order), *done when all.
+ * Never blocks. */
+ncclResult_t mplane_relay_copy_poll(struct mplane_relay_engine *e, uint64_t ticket, size_t *ready, int *done);
+/* Block until everything queued on the engine has landed (tests and benchmarks only). */
+ncclResult_t mplane_relay_engine_sync(struct mplane_relay_engine *e);
+/* One plain cuMemcpyPeerAsync of the whole range on the engine's stream, no chunking: the baseline
+ * the relay copy is compared with. */
+ncclResult_t mplane_relay_plain_copy(struct mplane_relay_engine *e, void *dst, const void *src, size_t bytes);
+void mplane_relay_engine_destroy(struct mplane_relay_engine *e);
+
+/* Allocation and host<->device helpers for the relay test (driver API, primary contexts). */
+void *mplane_cuda_alloc(int gpu, size_t bytes);
+void mplane_cuda_free(int gpu, void *ptr);
+int mplane_cuda_memcpy_htod(int gpu, void *dst, const void *src, size_t bytes);
+int mplane_cuda_memcpy_dtoh(int gpu, void *dst, const void *src, size_t bytes);
+int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
+/* The PCI bus id of a GPU ("0000:19:00.0"), for choosing the GPU beside a NIC. 0 on success. */
+int mplane_cuda_pci_bus_id(int gpu, char *buf, int len);
+
+#endif

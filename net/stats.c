@@ -1,0 +1,373 @@
+/* mplane: traffic counters (see stats.h). */
+#include "stats.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../plugin/config.h"
+#include "../plugin/log.h"
+#include "handle.h"
+#include "tc.h"
+
+#define ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+
+struct comm_rec {
+  struct mplane_stats_comm_info info;
+  char dev_name[64];
+  char peer[96];
+  struct mplane_stats_counters c;
+};
+
+struct req_rec {
+  struct comm_rec *comm;
+  size_t send_bytes;
+  int is_send;
+  int nrecv;
+};
+
+/* ---- a small pointer-keyed hash map (linear probing, backward-shift delete), under one lock ---- */
+struct pmap_ent {
+  void *key;
+  void *val;
+};
+struct pmap {
+  struct pmap_ent *e;
+  size_t cap, n;
+};
+
+static size_t ptr_hash(const void *p) {
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return (size_t)x;
+}
+
+static int pmap_grow(struct pmap *m) {
+  size_t ncap = m->cap ? m->cap * 2 : 256;
+  struct pmap_ent *ne = calloc(ncap, sizeof(*ne));
+  if (!ne) return -1;
+  for (size_t i = 0; i < m->cap; i++) {
+    if (!m->e[i].key) continue;
+    size_t j = ptr_hash(m->e[i].key) & (ncap - 1);
+    while (ne[j].key) j = (j + 1) & (ncap - 1);
+    ne[j] = m->e[i];
+  }
+  free(m->e);
+  m->e = ne;
+  m->cap = ncap;
+  return 0;
+}
+
+static int pmap_put(struct pmap *m, void *key, void *val) {
+  if ((m->n + 1) * 2 > m->cap && pmap_grow(m) != 0) return -1;
+  size_t j = ptr_hash(key) & (m->cap - 1);
+  while (m->e[j].key && m->e[j].key != key) j = (j + 1) & (m->cap - 1);
+  if (!m->e[j].key) m->n++;
+  m->e[j].key = key;
+  m->e[j].val = val;
+  return 0;
+}
+
+static void *pmap_get(struct pmap *m, void *key) {
+  if (!m->cap) return NULL;
+  size_t j = ptr_hash(key) & (m->cap - 1);
+  while (m->e[j].key) {
+    if (m->e[j].key == key) return m->e[j].val;
+    j = (j + 1) & (m->cap - 1);
+  }
+  return NULL;
+}
+
+static void *pmap_del(struct pmap *m, void *key) {
+  if (!m->cap) return NULL;
+  size_t mask = m->cap - 1, j = ptr_hash(key) & mask;
+  while (m->e[j].key && m->e[j].key != key) j = (j + 1) & mask;
+  if (!m->e[j].key) return NULL;
+  void *val = m->e[j].val;
+  m->e[j].key = NULL;
+  m->n--;
+  /* Backward shift: move later entries of the cluster into the hole when that brings them closer. */
+  size_t hole = j, k = (j + 1) & mask;
+  while (m->e[k].key) {
+    size_t home = ptr_hash(m->e[k].key) & mask;
+    if (((k - home) & mask) >= ((k - hole) & mask)) {
+      m->e[hole] = m->e[k];
+      m->e[k].key = NULL;
+      hole = k;
+    }
+    k = (k + 1) & mask;
+  }
+  return val;
+}
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct pmap comms, reqs, listens;
+static struct mplane_stats_totals totals;
+
+struct listen_rec {
+  int dev, cls;
+};
+
+static struct mplane_stats_counters *plane_ctr(int plane) {
+  if (plane < 0 || plane >= MPLANE_STATS_MAX_PLANES) return NULL;
+  return &totals.plane[plane];
+}
+
+static struct mplane_stats_counters *class_ctr(int cls) {
+  if (cls < 0 || cls >= MPLANE_TC_NCLASSES) cls = MPLANE_TC_DEFAULT;
+  return &totals.cls[cls];
+}
+
+void mplane_stats_comm_open(void *comm, const struct mplane_stats_comm_info *info) {
+  if (!comm || !info) return;
+  struct comm_rec *r = calloc(1, sizeof(*r));
+  if (!r) return;
+  r->info = *info;
+  snprintf(r->dev_name, sizeof(r->dev_name), "%s", info->dev_name ? info->dev_name : "?");
+  snprintf(r->peer, sizeof(r->peer), "%s", info->peer ? info->peer : "");
+  r->info.dev_name = r->dev_name;
+  r->info.peer = r->peer;
+  pthread_mutex_lock(&lock);
+  struct comm_rec *old = pmap_get(&comms, comm);
+  if (pmap_put(&comms, comm, r) != 0) {
+    free(r);
+    r = NULL;
+  } else {
+    free(old);
+  }
+  pthread_mutex_unlock(&lock);
+  if (r) ADD(&totals.comms_opened, 1);
+}
+
+void mplane_stats_request(void *comm, void *request, size_t send_bytes, int nrecv) {
+  if (!comm || !request) return;
+  pthread_mutex_lock(&lock);
+  struct comm_rec *c = pmap_get(&comms, comm);
+  if (c) {
+    /* The request record lives in the map's value slot: bytes and direction packed with the comm. */
+    struct req_rec *rr = malloc(sizeof(*rr));
+    if (rr) {
+      rr->comm = c;
+      rr->send_bytes = send_bytes;
+      rr->is_send = c->info.is_send;
+      rr->nrecv = nrecv;
+      struct req_rec *old = pmap_get(&reqs, request);
+      if (pmap_put(&reqs, request, rr) != 0) free(rr);
+      else free(old);
+    }
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+static void account(struct comm_rec *c, int is_send, uint64_t bytes, uint64_t msgs) {
+  struct mplane_stats_counters *ctrs[3] = {&c->c, plane_ctr(c->info.plane), class_ctr(c->info.cls)};
+  for (int i = 0; i < 3; i++) {
+    struct mplane_stats_counters *k = ctrs[i];
+    if (!k) continue;
+    if (is_send) {
+      ADD(&k->tx_bytes, bytes);
+      ADD(&k->tx_msgs, msgs);
+      if (c->info.relayed) ADD(&k->relayed_bytes, bytes);
+    } else {
+      ADD(&k->rx_bytes, bytes);
+      ADD(&k->rx_msgs, msgs);
+    }
+  }
+}
+
+void mplane_stats_request_done(void *request, const int *sizes) {
+  if (!request) return;
+  pthread_mutex_lock(&lock);
+  struct req_rec *rr = pmap_del(&reqs, request);
+  if (rr) {
+    uint64_t bytes = rr->send_bytes, msgs = 1;
+    if (!rr->is_send) {
+      bytes = 0;
+      msgs = (uint64_t)rr->nrecv;
+      for (int i = 0; sizes && i < rr->nrecv; i++) bytes += (uint64_t)(sizes[i] > 0 ? sizes[i] : 0);
+    }
+    account(rr->comm, rr->is_send, bytes, msgs);
+    free(rr);
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+static void human(uint64_t b, char *buf, size_t len) {
+  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int i = 0;
+  while (v >= 1024 && i < 4) {
+    v /= 1024;
+    i++;
+  }
+  snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+}
+
+void mplane_stats_comm_close(void *comm) {
+  if (!comm) return;
+  pthread_mutex_lock(&lock);
+  struct comm_rec *c = pmap_del(&comms, comm);
+  if (c) {
+    /* Requests still in flight die with the comm. */
+    for (size_t i = 0; i < reqs.cap; i++) {
+      if (!reqs.e[i].key) continue;
+      struct req_rec *rr = reqs.e[i].val;
+      if (rr->comm == c) {
+        pmap_del(&reqs, reqs.e[i].key);
+        free(rr);
+        i--; /* backward shift may have moved an entry into slot i */
+      }
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  if (!c) return;
+  ADD(&totals.comms_closed, 1);
+  char bytes[32], rel[64] = "";
+  const struct mplane_stats_counters *k = &c->c;
+  human(c->info.is_send ? k->tx_bytes : k->rx_bytes, bytes, sizeof(bytes));
+  if (c->info.relayed) {
+    char rb[32];
+    human(k->relayed_bytes, rb, sizeof(rb));
+    snprintf(rel, sizeof(rel), " (relayed from plane %d: %s)", c->info.from_plane, rb);
+  }
+  MP_INFO(NCCL_NET, "stats: %s comm %s %s via %s plane %d class %s SL %d: %llu messages, %s%s",
+          c->info.is_send ? "send" : "recv", c->info.is_send ? "to" : "from", c->peer[0] ? c->peer : "peer",
+          c->dev_name, c->info.plane, mplane_tc_class_name(c->info.cls), c->info.sl,
+          (unsigned long long)(c->info.is_send ? k->tx_msgs : k->rx_msgs), bytes, rel);
+  free(c);
+  mplane_stats_flush();
+}
+
+void mplane_stats_listen(void *listen_comm, int dev, int cls) {
+  if (!listen_comm) return;
+  struct listen_rec *l = malloc(sizeof(*l));
+  if (!l) return;
+  l->dev = dev;
+  l->cls = cls;
+  pthread_mutex_lock(&lock);
+  struct listen_rec *old = pmap_get(&listens, listen_comm);
+  if (pmap_put(&listens, listen_comm, l) != 0) free(l);
+  else free(old);
+  pthread_mutex_unlock(&lock);
+}
+
+int mplane_stats_listen_get(void *listen_comm, int *dev, int *cls) {
+  pthread_mutex_lock(&lock);
+  struct listen_rec *l = pmap_get(&listens, listen_comm);
+  if (l) {
+    *dev = l->dev;
+    *cls = l->cls;
+  }
+  pthread_mutex_unlock(&lock);
+  return l ? 0 : -1;
+}
+
+void mplane_stats_listen_close(void *listen_comm) {
+  pthread_mutex_lock(&lock);
+  free(pmap_del(&listens, listen_comm));
+  pthread_mutex_unlock(&lock);
+}
+
+static void copy_ctr(struct mplane_stats_counters *d, const struct mplane_stats_counters *s) {
+  d->tx_bytes = LOAD(&s->tx_bytes);
+  d->tx_msgs = LOAD(&s->tx_msgs);
+  d->rx_bytes = LOAD(&s->rx_bytes);
+  d->rx_msgs = LOAD(&s->rx_msgs);
+  d->relayed_bytes = LOAD(&s->relayed_bytes);
+}
+
+void mplane_stats_snapshot(struct mplane_stats_totals *out) {
+  memset(out, 0, sizeof(*out));
+  for (int p = 0; p < MPLANE_STATS_MAX_PLANES; p++) copy_ctr(&out->plane[p], &totals.plane[p]);
+  for (int c = 0; c < 8; c++) copy_ctr(&out->cls[c], &totals.cls[c]);
+  out->comms_opened = LOAD(&totals.comms_opened);
+  out->comms_closed = LOAD(&totals.comms_closed);
+}
+
+static void json_ctr(FILE *f, const struct mplane_stats_counters *k) {
+  fprintf(f, "\"tx_bytes\": %llu, \"tx_msgs\": %llu, \"rx_bytes\": %llu, \"rx_msgs\": %llu, \"relayed_bytes\": %llu",
+          (unsigned long long)k->tx_bytes, (unsigned long long)k->tx_msgs, (unsigned long long)k->rx_bytes,
+          (unsigned long long)k->rx_msgs, (unsigned long long)k->relayed_bytes);
+}
+
+static int ctr_zero(const struct mplane_stats_counters *k) {
+  return !k->tx_bytes && !k->tx_msgs && !k->rx_bytes && !k->rx_msgs && !k->relayed_bytes;
+}
+
+void mplane_stats_write_json(FILE *f) {
+  struct mplane_stats_totals t;
+  mplane_stats_snapshot(&t);
+  fprintf(f, "{\n  \"pid\": %d,\n  \"node_id\": \"%016llx\",\n  \"comms_opened\": %llu,\n  \"comms_closed\": %llu,\n",
+          (int)getpid(), (unsigned long long)mplane_node_id(), (unsigned long long)t.comms_opened,
+          (unsigned long long)t.comms_closed);
+  fprintf(f, "  \"planes\": [");
+  int first = 1;
+  for (int p = 0; p < MPLANE_STATS_MAX_PLANES; p++) {
+    if (ctr_zero(&t.plane[p])) continue;
+    fprintf(f, "%s\n    {\"plane\": %d, ", first ? "" : ",", p);
+    json_ctr(f, &t.plane[p]);
+    fprintf(f, "}");
+    first = 0;
+  }
+  fprintf(f, "%s],\n  \"classes\": [", first ? "" : "\n  ");
+  for (int c = 0; c < MPLANE_TC_NCLASSES; c++) {
+    fprintf(f, "%s\n    {\"class\": \"%s\", \"sl\": %d, ", c ? "," : "", mplane_tc_class_name(c), mplane_tc_sl(c));
+    json_ctr(f, &t.cls[c]);
+    fprintf(f, "}");
+  }
+  fprintf(f, "\n  ]\n}\n");
+}
+
+int mplane_stats_expand_path(const char *pattern, char *out, size_t outlen) {
+  size_t o = 0;
+  for (const char *p = pattern; *p; p++) {
+    char tmp[32];
+    const char *ins = NULL;
+    char one[2] = {*p, 0};
+    if (*p == '%' && p[1] == 'p') {
+      snprintf(tmp, sizeof(tmp), "%d", (int)getpid());
+      ins = tmp;
+      p++;
+    } else if (*p == '%' && p[1] == '%') {
+      ins = "%";
+      p++;
+    } else {
+      ins = one;
+    }
+    size_t l = strlen(ins);
+    if (o + l >= outlen) return -1;
+    memcpy(out + o, ins, l);
+    o += l;
+  }
+  out[o] = 0;
+  return 0;
+}
+
+void mplane_stats_flush(void) {
+  const struct mplane_config *cfg = mplane_config_get();
+  if (!cfg || !cfg->stats_file[0]) return;
+  char path[4096], tmp[4200];
+  if (mplane_stats_expand_path(cfg->stats_file, path, sizeof(path)) != 0) return;
+  snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+  static pthread_mutex_t file_lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&file_lock);
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    static int warned;
+    if (!warned++) MP_WARN("MPLANE_STATS_FILE='%s': cannot write %s: %s", cfg->stats_file, tmp, strerror(errno));
+    pthread_mutex_unlock(&file_lock);
+    return;
+  }
+  mplane_stats_write_json(f);
+  int bad = ferror(f);
+  if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+    MP_WARN("MPLANE_STATS_FILE='%s': writing %s failed: %s", cfg->stats_file, path, strerror(errno));
+    unlink(tmp);
+  }
+  pthread_mutex_unlock(&file_lock);
+}

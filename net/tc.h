@@ -1,0 +1,96 @@
+/* mplane: traffic classes -> service levels (IB SL, IP DSCP and socket priority).
+ *
+ * A connection belongs to one of five classes. Its class comes from, strongest first:
+ *   1. the communicator's trafficClass (ncclConfig_t.trafficClass, net v10 connect config or
+ *      v11+ init config), read as a class index (see mplane_tc_class_from_nccl);
+ *   2. the hints NCCL 2.28+ passes through setNetAttr (net v11+) before it connects: op, algo and
+ *      proto bit masks (mplane_tc_class_from_attr);
+ *   3. otherwise `default`.
+ * MPLANE_TC_MAP maps each class to a service level 0..15, with an optional adaptive-routing flag:
+ *     default=0,collective=0,alltoall=3,lowlat=5:ar,storage=1
+ * Classes the map does not name take the SL of `default` (MPLANE_IB_SL when `default` is absent).
+ * Adaptive routing is on for `lowlat` and off for every other class unless the map says
+ * otherwise (":ar" / ":noar").
+ *
+ * On IP (the socket transport, RoCE) an SL becomes a DSCP: SL 0..7 -> CS0..CS7 (DSCP 8*SL),
+ * SL 8..15 -> DSCP 8*(SL-8)+4, so DSCP>>3 == (SL & 7) == the 802.1p priority switches derive;
+ * the socket priority (SO_PRIORITY) is SL & 7. */
+#ifndef MPLANE_NET_TC_H
+#define MPLANE_NET_TC_H
+
+#include <stddef.h>
+#include "../plugin/nccl/net.h"
+
+enum mplane_tc_class {
+  MPLANE_TC_DEFAULT = 0,
+  MPLANE_TC_COLLECTIVE = 1,
+  MPLANE_TC_ALLTOALL = 2,
+  MPLANE_TC_LOWLAT = 3,
+  MPLANE_TC_STORAGE = 4,
+  MPLANE_TC_NCLASSES = 5
+};
+
+#define MPLANE_TC_SL_MAX 15
+
+struct mplane_tc_map {
+  int sl[MPLANE_TC_NCLASSES];
+  int ar[MPLANE_TC_NCLASSES]; /* adaptive routing on (1) / off (0) */
+  int named[MPLANE_TC_NCLASSES];
+};
+
+/* "default", "collective", ... ; "?" for a value out of range. */
+const char *mplane_tc_class_name(int cls);
+/* Class index of a name (case-insensitive), -1 if unknown. */
+int mplane_tc_class_by_name(const char *name, size_t len);
+
+/* Parse a MPLANE_TC_MAP value. default_sl is the SL of classes the map leaves out when it leaves
+ * out `default` too. 0 on success, else -1 with a reason in why (names the entry and column). */
+int mplane_tc_map_parse(const char *value, int default_sl, struct mplane_tc_map *out, char *why, size_t whylen);
+
+/* The validate callback of the MPLANE_TC_MAP row in plugin/config.c. */
+int mplane_tc_validate(const char *value, char *why, size_t whylen);
+
+/* The process-wide map, parsed once from the configuration (the built-in default if none). */
+const struct mplane_tc_map *mplane_tc_map_get(void);
+
+/* ncclConfig_t.trafficClass -> class. Values 0..4 are class indices (0 default, 1 collective,
+ * 2 alltoall, 3 lowlat, 4 storage); NCCL_NET_TRAFFIC_CLASS_UNDEF (-1) means "no class" and gives -1;
+ * any other value gives -1 and sets *invalid (callers WARN once). */
+int mplane_tc_class_from_nccl(int traffic_class, int *invalid);
+
+/* setNetAttr hints -> class, -1 when they say nothing. op/algo/proto are NCCL's bit masks
+ * (BIT(ncclFunc_t), BIT(NCCL_ALGO_*), BIT(NCCL_PROTO_*)), all ones when undefined:
+ *   proto exactly LL                                  -> lowlat
+ *   op only point-to-point (Send, Recv, SendRecv, AlltoAll, Scatter, Gather, signals) -> alltoall
+ *   op with any collective (Broadcast, Reduce, AllGather(V), ReduceScatter, AllReduce) -> collective */
+int mplane_tc_class_from_attr(const ncclNetAttr_v11_t *attr);
+
+/* The class of a connection: the communicator's class when valid, else the hints, else default. */
+int mplane_tc_resolve(int nccl_traffic_class, const ncclNetAttr_v11_t *attr_or_null);
+
+int mplane_tc_sl(int cls);
+int mplane_tc_adaptive_routing(int cls);
+/* IP DSCP (6 bits) and socket priority of an SL (see above). */
+int mplane_tc_dscp(int sl);
+int mplane_tc_priority(int sl);
+
+/* Mark a TCP socket with the SL's DSCP (IP_TOS / IPV6_TCLASS) and SO_PRIORITY. 0 on success; -1
+ * with errno and a reason in why if the kernel refused either. */
+int mplane_tc_mark_socket(int fd, int sl, char *why, size_t whylen);
+
+/* The same, for the socket transport: on failure logs one INFO per process (naming what) and goes on
+ * unmarked; the connection still works. */
+void mplane_tc_mark_socket_or_log(int fd, int sl, const char *what);
+
+/* ncclFunc_t / NCCL_ALGO_* / NCCL_PROTO_* values as of NCCL 2.28 (facts of the ABI, for the masks). */
+enum {
+  MPLANE_NCCL_FUNC_BROADCAST = 0, MPLANE_NCCL_FUNC_REDUCE = 1, MPLANE_NCCL_FUNC_ALLGATHER = 2,
+  MPLANE_NCCL_FUNC_REDUCESCATTER = 3, MPLANE_NCCL_FUNC_ALLREDUCE = 4, MPLANE_NCCL_FUNC_SENDRECV = 5,
+  MPLANE_NCCL_FUNC_SEND = 6, MPLANE_NCCL_FUNC_RECV = 7, MPLANE_NCCL_FUNC_ALLTOALL = 8,
+  MPLANE_NCCL_FUNC_SCATTER = 9, MPLANE_NCCL_FUNC_GATHER = 10, MPLANE_NCCL_FUNC_ALLGATHERV = 11,
+  MPLANE_NCCL_FUNC_PUTSIGNAL = 12, MPLANE_NCCL_FUNC_SIGNAL = 13, MPLANE_NCCL_FUNC_WAITSIGNAL = 14,
+};
+enum { MPLANE_NCCL_PROTO_LL = 0, MPLANE_NCCL_PROTO_LL128 = 1, MPLANE_NCCL_PROTO_SIMPLE = 2 };
+#define MPLANE_NCCL_ATTR_UNDEF 0xffffffffu
+
+#endif
