@@ -1,0 +1,24 @@
+/* softverbs: a software double of libibverbs for tests (see README.md in this folder).
+ *
+ * Environment:
+ *   SOFTVERBS_DEVICES  devices, comma separated: NAME[:ib|:roce][:ports=N][:down=P][:ip=A.B.C.D][:subnet=N]
+ *                      default "mlx5_0:ib,mlx5_1:ib". subnet is the fabric (plane): QPs of different
+ *                      subnets cannot reach each other, as on a multi-plane cluster.
+ *   SOFTVERBS_RECORD   a file; every QP's attributes are appended at RTR and RTS (one line each,
+ *                      key=value), and its operation counters when it is destroyed.
+ *   SOFTVERBS_FAULTS   comma separated: err_wr=N (the Nth send work request of this process completes
+ *                      with err_status, default IBV_WC_RETRY_EXC_ERR=12), port_down_after=N (after N send
+ *                      work requests the port goes down: IBV_EVENT_PORT_ERR, every QP on it fails),
+ *                      qp_fatal_after=N (IBV_EVENT_QP_FATAL on the QP of the Nth send WR), dev=NAME
+ *                      (count only work requests on that device).
+ *   SOFTVERBS_DMABUF   1: ibv_reg_dmabuf_mr is supported (maps the fd; a memfd works).
+ *   SOFTVERBS_NS       namespace for QP addresses (default: the uid), so parallel runs stay apart.
+ */
+#ifndef SOFTVERBS_H
+#define SOFTVERBS_H
+
+#define SV_RECORD_ENV "SOFTVERBS_RECORD"
+#define SV_DEVICES_ENV "SOFTVERBS_DEVICES"
+#define SV_FAULTS_ENV "SOFTVERBS_FAULTS"
+
+#endif
