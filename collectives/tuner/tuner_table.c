@@ -201,7 +201,8 @@ static ncclResult_t parse_row(struct parser *p, const char *line, size_t len, co
   char shownbuf[48];
   int n = split(line, len, f, NUM_COLS + 1);
   if (n != NUM_COLS) {
-    if (n < 0) return fail(p, f[NUM_COLS].col, "more than %d fields (collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks)", NUM_COLS);
+    if (n < 0 || n > NUM_COLS)
+      return fail(p, f[NUM_COLS].col, "more than %d fields: expected the header's %d columns", NUM_COLS, NUM_COLS);
     return fail(p, (int)len + 1, "%d fields where the header has %d", n, NUM_COLS);
   }
   const struct field *fc = &f[colmap[COL_COLL]];
