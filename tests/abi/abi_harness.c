@@ -1,0 +1,1450 @@
+/* mplane ABI harness: dlopens the built plugin and drives its ncclNet tables the way NCCL's proxy
+ * thread does, between two processes over the network (loopback by default), checking every byte.
+ *
+ * Command line
+ *
+ *   abi-harness [--plugin PATH] [--version N] [--dev D] [--list] SCENARIO... | all
+ *
+ *   --plugin PATH   the plugin .so to dlopen (default: $MPLANE_ABI_PLUGIN, else
+ *                   "libnccl-net-mplane.so" from the library search path)
+ *   --version N     ncclNet table the generic scenarios drive: 8, 9, 10, 11 (default) or 12
+ *   --dev D         device index to use (default: $MPLANE_ABI_DEV, else 0)
+ *   --list          print the scenarios and exit
+ *
+ * Each scenario runs in a fresh process (the plugin's configuration is process-wide) and, where it
+ * needs a peer, forks one: the 128-byte listen handles travel over a socketpair, as NCCL's
+ * bootstrap would carry them. Exit status: 0 pass, 1 fail, 77 skipped (meson's skip code).
+ *
+ * Environment
+ *
+ *   MPLANE_SOCKET_IFNAME  set to "lo" unless already set (the socket transport then uses loopback)
+ *   MPLANE_TRANSPORT, MPLANE_IBVERBS_LIB, ...  passed through untouched: the harness is transport
+ *                         agnostic, e.g. MPLANE_TRANSPORT=ib MPLANE_IBVERBS_LIB=.../libsoftverbs.so
+ *   MPLANE_ABI_PEER_ADDR  text the WARN about a dead peer must contain (default: the IP address of
+ *                         the listen handle when the transport is the socket one, else "peer")
+ *   MPLANE_ABI_TIMEOUT    seconds before a scenario is declared hung (default 90)
+ *   MPLANE_ABI_VERBOSE=1  echo every plugin log line, not only WARNs
+ *
+ * Only the fake-peer scenarios speak TCP themselves; they skip (77) on other transports.
+ */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "abi.h"
+#include "net/handle.h"
+#include "net/socket/socket.h" /* wire structs, for the fake-peer scenarios only */
+
+#define HANDLE_SIZE NCCL_NET_HANDLE_MAXSIZE
+#define MAX_INFLIGHT NCCL_NET_MAX_REQUESTS
+#define CALL_LIMIT_S 2.0 /* no call may block NCCL's proxy thread longer than this */
+
+struct opts {
+  const char *plugin;
+  int version;
+  int dev;
+};
+
+static struct opts g_opts;
+
+/* ------------------------------------------------------------------ timeouts */
+
+static char alarm_msg[256];
+
+static void on_alarm(int sig) {
+  (void)sig;
+  ssize_t w = write(2, alarm_msg, strlen(alarm_msg));
+  (void)w;
+  _exit(1);
+}
+
+static void arm_alarm(void) {
+  const char *t = getenv("MPLANE_ABI_TIMEOUT");
+  int secs = t && atoi(t) > 0 ? atoi(t) : 90;
+  snprintf(alarm_msg, sizeof(alarm_msg), "abi[%s rank %d pid %d]: FAIL: timed out after %d s (a hang)\n",
+           abi_scenario, abi_rank, (int)getpid(), secs);
+  signal(SIGALRM, on_alarm);
+  alarm((unsigned)secs);
+}
+
+/* ------------------------------------------------------------------ two processes */
+
+struct pair {
+  int fd;      /* socketpair end */
+  pid_t child; /* rank 0 only */
+};
+
+/* Fork the peer. Returns this process's rank: 0 the parent, 1 the child. */
+static int pair_fork(struct pair *pp) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) abi_fail("socketpair: %s", strerror(errno));
+  fflush(NULL);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) abi_fail("fork: %s", strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    close(sv[0]);
+    pp->fd = sv[1];
+    pp->child = 0;
+    abi_rank = 1;
+    arm_alarm();
+    return 1;
+  }
+  close(sv[1]);
+  pp->fd = sv[0];
+  pp->child = pid;
+  abi_rank = 0;
+  return 0;
+}
+
+static void chan_send(int fd, const void *buf, size_t len) {
+  size_t off = 0;
+  while (off < len) {
+    ssize_t w = send(fd, (const char *)buf + off, len - off, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) abi_fail("peer channel: send: %s (peer process died?)", strerror(errno));
+    off += (size_t)w;
+  }
+}
+
+static void chan_recv(int fd, void *buf, size_t len) {
+  size_t off = 0;
+  double deadline = abi_now() + 60;
+  while (off < len) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r = poll(&p, 1, 1000);
+    if (r < 0 && errno == EINTR) continue;
+    if (abi_now() > deadline) abi_fail("peer channel: nothing from the peer in 60 s");
+    if (r <= 0) continue;
+    ssize_t n = recv(fd, (char *)buf + off, len - off, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) abi_fail("peer channel: the peer process went away");
+    off += (size_t)n;
+  }
+}
+
+static void barrier(int fd) {
+  char c = 'b';
+  chan_send(fd, &c, 1);
+  chan_recv(fd, &c, 1);
+}
+
+/* Rank 1 exits here; rank 0 collects its status. */
+static int pair_finish(struct pair *pp, int rank) {
+  if (rank == 1) {
+    fflush(NULL);
+    _exit(0);
+  }
+  int st = 0;
+  while (waitpid(pp->child, &st, 0) < 0 && errno == EINTR) {}
+  close(pp->fd);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+  if (WIFSIGNALED(st)) abi_fail("peer process died of signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+  abi_fail("peer process failed (exit %d)", WEXITSTATUS(st));
+}
+
+/* ------------------------------------------------------------------ data pattern */
+
+/* 8 bytes per word, a function of (offset, message): a chunk put at the wrong offset, a message
+ * delivered into the wrong buffer, a stale byte or a lost tail all show. */
+static inline uint64_t pattern_word(uint64_t word, uint32_t msg) {
+  uint64_t x = word * 0x9E3779B97F4A7C15ull + (uint64_t)msg * 0xD6E8FEB86659FD93ull + 0x632BE59BD9B4E019ull;
+  x ^= x >> 32;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 29;
+  return x;
+}
+
+static void fill(void *buf, size_t n, uint32_t msg) {
+  uint8_t *b = buf;
+  size_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    uint64_t w = pattern_word(k / 8, msg);
+    memcpy(b + k, &w, 8);
+  }
+  if (k < n) {
+    uint64_t w = pattern_word(k / 8, msg);
+    memcpy(b + k, &w, n - k);
+  }
+}
+
+/* Offset of the first wrong byte, or -1. */
+static long check(const void *buf, size_t n, uint32_t msg) {
+  const uint8_t *b = buf;
+  for (size_t k = 0; k < n; k += 8) {
+    uint64_t w = pattern_word(k / 8, msg);
+    size_t len = n - k < 8 ? n - k : 8;
+    if (memcmp(b + k, &w, len) != 0) {
+      for (size_t i = 0; i < len; i++)
+        if (b[k + i] != ((uint8_t *)&w)[i]) return (long)(k + i);
+    }
+  }
+  return -1;
+}
+
+#define GUARD_BYTE 0xa5
+
+/* A page-aligned buffer of size bytes followed by guard bytes set to GUARD_BYTE. */
+static void *alloc_buf(size_t size, size_t guard) {
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, size + guard + 1)) abi_fail("out of memory (%zu bytes)", size + guard);
+  memset(p, GUARD_BYTE, size + guard + 1);
+  return p;
+}
+
+static long check_guard(const void *buf, size_t from, size_t to) {
+  const uint8_t *b = buf;
+  for (size_t i = from; i < to; i++)
+    if (b[i] != GUARD_BYTE) return (long)i;
+  return -1;
+}
+
+/* ------------------------------------------------------------------ one process's plugin */
+
+struct node {
+  struct abi_net net;
+  void *ctx;
+  int ndev, dev;
+  struct abi_props props;
+};
+
+static void check_props(const struct abi_props *p, int dev, int version) {
+  if (!p->name || !*p->name) abi_fail("dev %d: empty name", dev);
+  for (const char *c = p->name; *c; c++)
+    if (*c < 0x20 || *c > 0x7e || c - p->name > 255) abi_fail("dev %d: name is not printable text", dev);
+  if (p->pci_path && p->pci_path[0] != '/') abi_fail("dev %d: pciPath '%s' is not an absolute path", dev, p->pci_path);
+  if (!(p->ptr_support & NCCL_PTR_HOST)) abi_fail("dev %d (%s): ptrSupport 0x%x lacks NCCL_PTR_HOST", dev, p->name, p->ptr_support);
+  if (p->ptr_support & ~(NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF))
+    abi_fail("dev %d (%s): ptrSupport 0x%x has unknown bits", dev, p->name, p->ptr_support);
+  if (p->max_recvs <= 1 || p->max_recvs > 64) abi_fail("dev %d (%s): maxRecvs %d, expected 2..64", dev, p->name, p->max_recvs);
+  if (p->speed <= 0 || p->speed > 100000000) abi_fail("dev %d (%s): speed %d Mb/s", dev, p->name, p->speed);
+  if (p->max_comms <= 0) abi_fail("dev %d (%s): maxComms %d", dev, p->name, p->max_comms);
+  if (!(p->latency >= 0 && p->latency < 1e6)) abi_fail("dev %d (%s): latency %f", dev, p->name, (double)p->latency);
+  if (p->reg_is_global != 0 && p->reg_is_global != 1) abi_fail("dev %d: regIsGlobal %d", dev, p->reg_is_global);
+  if (p->net_device_type != NCCL_NET_DEVICE_HOST) abi_fail("dev %d: netDeviceType %d, expected HOST", dev, p->net_device_type);
+  if (p->port < 0 || p->port > 255) abi_fail("dev %d: port %d", dev, p->port);
+  if (version >= 9) {
+    if (p->max_p2p_bytes == 0 || p->max_coll_bytes == 0) abi_fail("dev %d: maxP2pBytes %zu maxCollBytes %zu", dev, p->max_p2p_bytes, p->max_coll_bytes);
+    if (p->force_flush != 0 && p->force_flush != 1) abi_fail("dev %d: forceFlush %d", dev, p->force_flush);
+    if (p->vndevs != 1 || p->vdev0 != dev) abi_fail("dev %d: vProps {%d, %d}, expected one device, itself", dev, p->vndevs, p->vdev0);
+  }
+  if (version >= 11 && (p->max_multi_request_size < 1 || p->max_multi_request_size > 64))
+    abi_fail("dev %d: maxMultiRequestSize %d", dev, p->max_multi_request_size);
+  if (version >= 12) {
+    if (p->plane_id < -1 || p->plane_id > 127) abi_fail("dev %d: planeId %d, expected -1 (unknown) or 0..127", dev, p->plane_id);
+    if (p->rail_id < -1 || p->rail_id > 127) abi_fail("dev %d: railId %d, expected -1 (unknown) or 0..127", dev, p->rail_id);
+  }
+}
+
+static void node_open(struct node *nd, int version) {
+  memset(nd, 0, sizeof(*nd));
+  abi_net_open(&nd->net, g_opts.plugin, version);
+}
+
+static void node_up(struct node *nd, int version) {
+  node_open(nd, version);
+  size_t mark = abi_log_mark();
+  ncclResult_t res = abi_init(&nd->net, 0x1234 + (uint64_t)abi_rank, NCCL_NET_TRAFFIC_CLASS_UNDEF, &nd->ctx);
+  if (res != ncclSuccess) {
+    abi_log_dump(mark, "init failed");
+    abi_fail("v%d init failed (%d): is MPLANE_SOCKET_IFNAME/MPLANE_TRANSPORT right for this machine?", version, res);
+  }
+  if (abi_devices(&nd->net, &nd->ndev) != ncclSuccess || nd->ndev < 1) abi_fail("devices: %d devices", nd->ndev);
+  if (g_opts.dev >= nd->ndev) abi_fail("--dev %d but the plugin has %d devices", g_opts.dev, nd->ndev);
+  nd->dev = g_opts.dev;
+  if (abi_get_props(&nd->net, nd->dev, &nd->props) != ncclSuccess) abi_fail("getProperties(%d) failed", nd->dev);
+  check_props(&nd->props, nd->dev, version);
+}
+
+static void node_down(struct node *nd) {
+  if (abi_finalize(&nd->net, nd->ctx) != ncclSuccess) abi_fail("finalize failed");
+}
+
+/* ------------------------------------------------------------------ connections, as the proxy makes them */
+
+struct link {
+  void *lc, *sc, *rc;
+  unsigned char handle[HANDLE_SIZE];      /* ours, from listen */
+  unsigned char peer_handle[HANDLE_SIZE]; /* the peer's, as NCCL's bootstrap delivers it */
+  int connect_nulls, accept_nulls;
+};
+
+static void timed(double t0, const char *what) {
+  double dt = abi_now() - t0;
+  if (dt > CALL_LIMIT_S) abi_fail("%s took %.2f s: it blocks the proxy thread", what, dt);
+}
+
+/* Both directions at once, in one thread, calling connect and accept in turn until both are done,
+ * as NCCL's proxy progresses its connections. */
+static void link_up_with(struct node *nd, void *ctx, int fd, struct link *l) {
+  memset(l, 0, sizeof(*l));
+  memset(l->handle, 0, sizeof(l->handle));
+  ncclResult_t res = abi_listen(&nd->net, ctx, nd->dev, l->handle, &l->lc);
+  if (res != ncclSuccess || !l->lc) abi_fail("listen on dev %d failed (%d)", nd->dev, res);
+  chan_send(fd, l->handle, HANDLE_SIZE);
+  chan_recv(fd, l->peer_handle, HANDLE_SIZE);
+  double deadline = abi_now() + 30;
+  while (!l->sc || !l->rc) {
+    double t0;
+    if (!l->sc) {
+      t0 = abi_now();
+      res = abi_connect(&nd->net, ctx, nd->dev, l->peer_handle, &l->sc);
+      timed(t0, "connect");
+      if (res != ncclSuccess) abi_fail("connect failed (%d)", res);
+      if (!l->sc) l->connect_nulls++;
+    }
+    if (!l->rc) {
+      t0 = abi_now();
+      res = abi_accept(&nd->net, l->lc, &l->rc);
+      timed(t0, "accept");
+      if (res != ncclSuccess) abi_fail("accept failed (%d)", res);
+      if (!l->rc) l->accept_nulls++;
+    }
+    if (abi_now() > deadline) abi_fail("no connection after 30 s (connect %s, accept %s)", l->sc ? "done" : "pending", l->rc ? "done" : "pending");
+    if (!l->sc || !l->rc) sched_yield();
+  }
+}
+
+static void link_up(struct node *nd, int fd, struct link *l) { link_up_with(nd, nd->ctx, fd, l); }
+
+static void link_down(struct node *nd, struct link *l) {
+  double t0 = abi_now();
+  if (l->sc && abi_close_send(&nd->net, l->sc) != ncclSuccess) abi_fail("closeSend failed");
+  if (l->rc && abi_close_recv(&nd->net, l->rc) != ncclSuccess) abi_fail("closeRecv failed");
+  if (l->lc && abi_close_listen(&nd->net, l->lc) != ncclSuccess) abi_fail("closeListen failed");
+  timed(t0, "close");
+  l->sc = l->rc = l->lc = NULL;
+}
+
+/* ------------------------------------------------------------------ the request engine */
+
+#define OP_BUFS 8
+
+struct op {
+  int send;
+  int n;
+  void *data[OP_BUFS];
+  size_t size[OP_BUFS]; /* send: bytes to send; recv: buffer capacity */
+  int tag[OP_BUFS];
+  void *mh[OP_BUFS];
+  size_t expect[OP_BUFS]; /* recv: size test() must report */
+  uint32_t msg[OP_BUFS];  /* pattern id of the message in each buffer */
+  void *req;
+  int posted, done;
+  int got[OP_BUFS];
+};
+
+enum { RUN_POST_ALL_FIRST = 1 };
+
+struct run_stats {
+  int null_posts;   /* isend/irecv calls that returned no request (retried, as NCCL does) */
+  int max_sends, max_recvs;
+  ncclResult_t err; /* first error returned by isend/irecv/test */
+  int err_op;
+  double err_time;
+};
+
+/* Post ops in order (sends in order on the send comm, receives in order on the receive comm), at
+ * most NCCL_NET_MAX_REQUESTS receive requests and NCCL_NET_MAX_REQUESTS x maxRecvs send requests in
+ * flight, testing what is posted. With RUN_POST_ALL_FIRST nothing is tested until every op is
+ * posted (so all of them are in flight at once). Returns 0 when all are done; on the first error
+ * returns 1 with st->err set (the caller decides whether that was expected). */
+static int run_ops(struct node *nd, void *sc, void *rc, struct op *ops, int nops, int flags, double timeout_s,
+                   struct run_stats *st) {
+  memset(st, 0, sizeof(*st));
+  int send_cap = MAX_INFLIGHT * nd->props.max_recvs, recv_cap = MAX_INFLIGHT;
+  int inflight_send = 0, inflight_recv = 0, ndone = 0, nposted = 0;
+  double deadline = abi_now() + timeout_s;
+  while (ndone < nops) {
+    int progress = 0, send_blocked = 0, recv_blocked = 0, cap_blocked = 0;
+    for (int i = 0; i < nops; i++) {
+      struct op *o = &ops[i];
+      if (o->posted) continue;
+      if (o->send ? send_blocked : recv_blocked) continue;
+      if (o->send ? inflight_send >= send_cap : inflight_recv >= recv_cap) {
+        cap_blocked = 1;
+        if (o->send) send_blocked = 1;
+        else recv_blocked = 1;
+        continue;
+      }
+      double t0 = abi_now();
+      ncclResult_t res = o->send ? abi_isend(&nd->net, sc, o->data[0], o->size[0], o->tag[0], o->mh[0], &o->req)
+                                 : abi_irecv(&nd->net, rc, o->n, o->data, o->size, o->tag, o->mh, &o->req);
+      timed(t0, o->send ? "isend" : "irecv");
+      if (res != ncclSuccess) {
+        st->err = res;
+        st->err_op = i;
+        st->err_time = abi_now();
+        return 1;
+      }
+      if (!o->req) {
+        st->null_posts++;
+        if (o->send) send_blocked = 1;
+        else recv_blocked = 1;
+        continue;
+      }
+      o->posted = 1;
+      nposted++;
+      progress = 1;
+      if (o->send) {
+        if (++inflight_send > st->max_sends) st->max_sends = inflight_send;
+      } else if (++inflight_recv > st->max_recvs) {
+        st->max_recvs = inflight_recv;
+      }
+    }
+    if (!(flags & RUN_POST_ALL_FIRST) || nposted == nops || cap_blocked) {
+      for (int i = 0; i < nops; i++) {
+        struct op *o = &ops[i];
+        if (!o->posted || o->done) continue;
+        int done = 0;
+        for (int k = 0; k < OP_BUFS; k++) o->got[k] = -1;
+        double t0 = abi_now();
+        ncclResult_t res = abi_test(&nd->net, o->req, &done, o->got);
+        timed(t0, "test");
+        if (res != ncclSuccess) {
+          st->err = res;
+          st->err_op = i;
+          st->err_time = abi_now();
+          return 1;
+        }
+        if (!done) continue;
+        o->done = 1;
+        ndone++;
+        progress = 1;
+        if (o->send) inflight_send--;
+        else inflight_recv--;
+      }
+    }
+    if (abi_now() > deadline) {
+      int first = -1;
+      for (int i = 0; i < nops && first < 0; i++)
+        if (!ops[i].done) first = i;
+      abi_fail("requests not done after %.0f s: %d of %d done, %d posted; first pending: op %d (%s, %s)", timeout_s,
+               ndone, nops, nposted, first, ops[first].send ? "send" : "recv", ops[first].posted ? "posted" : "not posted");
+    }
+    if (!progress) sched_yield();
+  }
+  return 0;
+}
+
+/* After a successful run: every receive reported the sent sizes and holds the right bytes; the
+ * rest of each buffer and the guard behind it are untouched. */
+static void verify_recvs(struct op *ops, int nops, size_t guard) {
+  for (int i = 0; i < nops; i++) {
+    struct op *o = &ops[i];
+    if (o->send) continue;
+    for (int b = 0; b < o->n; b++) {
+      if (o->got[b] != (int)o->expect[b])
+        abi_fail("receive %d buffer %d (tag %d): test() reported %d bytes, %zu were sent", i, b, o->tag[b], o->got[b],
+                 o->expect[b]);
+      long bad = check(o->data[b], o->expect[b], o->msg[b]);
+      if (bad >= 0)
+        abi_fail("receive %d buffer %d (tag %d, %zu bytes): wrong byte at offset %ld (0x%02x)", i, b, o->tag[b],
+                 o->expect[b], bad, ((uint8_t *)o->data[b])[bad]);
+      bad = check_guard(o->data[b], o->expect[b], o->size[b] + guard);
+      if (bad >= 0)
+        abi_fail("receive %d buffer %d: byte %ld written past the %zu-byte message (buffer %zu + guard %zu)", i, b,
+                 bad, o->expect[b], o->size[b], guard);
+    }
+  }
+}
+
+static void fail_run(const char *what, struct run_stats *st, struct op *ops, size_t mark) {
+  abi_log_dump(mark, "the run failed");
+  abi_fail("%s: op %d (%s) failed with result %d", what, st->err_op, ops[st->err_op].send ? "send" : "recv", st->err);
+}
+
+/* Message ids: sender rank in the top bits, so the two directions never look alike. */
+static uint32_t msg_id(int sender, uint32_t index) { return ((uint32_t)sender << 28) ^ index; }
+
+/* A simple deterministic generator for sizes and shuffles (both ranks compute the same). */
+static uint64_t rng_state;
+static void rng_seed(uint64_t s) { rng_state = s * 2 + 1; }
+static uint32_t rng(void) {
+  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+  return (uint32_t)(rng_state >> 33);
+}
+static void shuffle(int *v, int n) {
+  for (int i = n - 1; i > 0; i--) {
+    int j = (int)(rng() % (uint32_t)(i + 1));
+    int t = v[i];
+    v[i] = v[j];
+    v[j] = t;
+  }
+}
+
+static void reg(struct node *nd, void *comm, void *data, size_t size, void **mh) {
+  *mh = NULL;
+  ncclResult_t res = abi_reg_mr(&nd->net, comm, data, size, NCCL_PTR_HOST, mh);
+  if (res != ncclSuccess) abi_fail("regMr(%zu bytes, HOST) failed (%d)", size, res);
+}
+
+static void dereg(struct node *nd, void *comm, void *mh) {
+  if (abi_dereg_mr(&nd->net, comm, mh) != ncclSuccess) abi_fail("deregMr failed");
+}
+
+/* ------------------------------------------------------------------ a generic exchange */
+
+/* One message each way per entry of sizes[] (a receive of n=1 per message, buffer = size + slack),
+ * sent in order; or, with group > 1, receives of `group` buffers with distinct tags whose sends are
+ * issued in a shuffled tag order within each group. Both ranks run the same call. */
+struct xfer_spec {
+  const size_t *sizes;
+  int count;
+  size_t slack;  /* extra receive capacity beyond the message */
+  int group;     /* buffers per receive (1 = plain) */
+  int flags;     /* RUN_* */
+  int iflush;    /* call iflush on every completed receive, as NCCL does when forceFlush/GDR */
+  int late_recv; /* rank 1 posts its receives 300 ms late: the peer's sends may get NULL and are retried */
+  uint32_t seed;
+};
+
+static void exchange(struct node *nd, struct link *l, int rank, int fd, const struct xfer_spec *x, const char *what) {
+  int nsend = x->count, group = x->group > 0 ? x->group : 1;
+  if (nsend % group) abi_fail("internal: %d messages in groups of %d", nsend, group);
+  int nrecv = nsend / group, nops = nsend + nrecv;
+  struct op *ops = calloc((size_t)nops, sizeof(*ops));
+  void **sbuf = calloc((size_t)nsend, sizeof(void *)), **rbuf = calloc((size_t)nsend, sizeof(void *));
+  void **smh = calloc((size_t)nsend, sizeof(void *)), **rmh = calloc((size_t)nsend, sizeof(void *));
+  const size_t guard = 64;
+  /* Tags: distinct within a group, not in order, not small integers only. */
+  int *tag = calloc((size_t)nsend, sizeof(int)), *order = calloc((size_t)nsend, sizeof(int));
+  rng_seed(x->seed);
+  for (int m = 0; m < nsend; m++) tag[m] = group > 1 ? (int)((m % group) * 7919 + 3) ^ (m / group % 5) : m;
+  for (int g = 0; g < nrecv; g++) {
+    for (int k = 0; k < group; k++) order[g * group + k] = g * group + k;
+    if (group > 1) shuffle(order + g * group, group);
+  }
+  for (int m = 0; m < nsend; m++) {
+    size_t sz = x->sizes[m];
+    sbuf[m] = alloc_buf(sz, guard);
+    rbuf[m] = alloc_buf(sz + x->slack, guard);
+    fill(sbuf[m], sz, msg_id(rank, (uint32_t)m));
+    reg(nd, l->sc, sbuf[m], sz ? sz : 1, &smh[m]);
+    reg(nd, l->rc, rbuf[m], sz + x->slack ? sz + x->slack : 1, &rmh[m]);
+  }
+  /* receives first in the list (each group is one request), then the sends in issue order */
+  int k = 0;
+  for (int g = 0; g < nrecv; g++) {
+    struct op *o = &ops[k++];
+    o->n = group;
+    for (int b = 0; b < group; b++) {
+      int m = g * group + b;
+      o->data[b] = rbuf[m];
+      o->size[b] = x->sizes[m] + x->slack;
+      o->tag[b] = tag[m];
+      o->mh[b] = rmh[m];
+      o->expect[b] = x->sizes[m];
+      o->msg[b] = msg_id(1 - rank, (uint32_t)m);
+    }
+  }
+  for (int s = 0; s < nsend; s++) {
+    int m = order[s];
+    struct op *o = &ops[k++];
+    o->send = 1;
+    o->n = 1;
+    o->data[0] = sbuf[m];
+    o->size[0] = x->sizes[m];
+    o->tag[0] = tag[m];
+    o->mh[0] = smh[m];
+  }
+  barrier(fd);
+  size_t mark = abi_log_mark();
+  struct run_stats st;
+  int rc;
+  /* a late receiver: the peer's sends find nothing posted for a while and must be retried */
+  if (x->late_recv && rank == 1) usleep(300000);
+  rc = run_ops(nd, l->sc, l->rc, ops, nops, x->flags, 60, &st);
+  if (rc) fail_run(what, &st, ops, mark);
+  verify_recvs(ops, nops, guard);
+  if (x->flags & RUN_POST_ALL_FIRST) {
+    if (st.max_recvs != nrecv || st.max_sends != nsend)
+      abi_fail("%s: only %d receives and %d sends were in flight at once, expected %d and %d", what, st.max_recvs,
+               st.max_sends, nrecv, nsend);
+  }
+  if (x->iflush) {
+    for (int i = 0; i < nrecv; i++) {
+      struct op *o = &ops[i];
+      int isz[OP_BUFS];
+      for (int b = 0; b < o->n; b++) isz[b] = o->got[b];
+      void *req = NULL;
+      if (abi_iflush(&nd->net, l->rc, o->n, o->data, isz, o->mh, &req) != ncclSuccess) abi_fail("iflush failed");
+      double deadline = abi_now() + 10;
+      for (int done = 0; req && !done;) {
+        if (abi_test(&nd->net, req, &done, NULL) != ncclSuccess) abi_fail("test of an iflush request failed");
+        if (abi_now() > deadline) abi_fail("iflush request not done in 10 s");
+      }
+    }
+  }
+  abi_note("%s: %d messages each way, %d NULL posts retried, up to %d sends / %d receives in flight", what, nsend,
+           st.null_posts, st.max_sends, st.max_recvs);
+  barrier(fd); /* the peer has checked its bytes too before buffers go */
+  for (int m = 0; m < nsend; m++) {
+    dereg(nd, l->sc, smh[m]);
+    dereg(nd, l->rc, rmh[m]);
+    free(sbuf[m]);
+    free(rbuf[m]);
+  }
+  free(ops); free(sbuf); free(rbuf); free(smh); free(rmh); free(tag); free(order);
+}
+
+/* ------------------------------------------------------------------ scenarios */
+
+static int sc_props(void) {
+  struct node nd;
+  node_open(&nd, 11);
+  void *ctx1 = NULL, *ctx2 = NULL;
+  ncclNetCommConfig_v11_t cfg = {.trafficClass = 3};
+  (void)cfg;
+  if (abi_init(&nd.net, 0xabc1, NCCL_NET_TRAFFIC_CLASS_UNDEF, &ctx1) != ncclSuccess) abi_fail("init (comm 1) failed");
+  if (abi_init(&nd.net, 0xabc2, 3, &ctx2) != ncclSuccess) abi_fail("init (comm 2, traffic class 3) failed");
+  int n1 = 0, n2 = 0;
+  if (abi_devices(&nd.net, &n1) != ncclSuccess || n1 < 1) abi_fail("devices: %d", n1);
+  if (abi_devices(&nd.net, &n2) != ncclSuccess || n2 != n1) abi_fail("devices changed: %d then %d", n1, n2);
+  for (int d = 0; d < n1; d++) {
+    struct abi_props p, q;
+    if (abi_get_props(&nd.net, d, &p) != ncclSuccess) abi_fail("getProperties(%d) failed", d);
+    check_props(&p, d, 11);
+    char name[256];
+    snprintf(name, sizeof(name), "%s", p.name);
+    if (abi_get_props(&nd.net, d, &q) != ncclSuccess) abi_fail("getProperties(%d) failed the second time", d);
+    if (strcmp(p.name, name) || strcmp(q.name, name) || p.guid != q.guid || p.speed != q.speed)
+      abi_fail("dev %d: properties differ between two calls", d);
+    for (int e = 0; e < d; e++) {
+      struct abi_props o;
+      abi_get_props(&nd.net, e, &o);
+      if (!strcmp(o.name, p.name)) abi_fail("devs %d and %d have the same name %s", e, d, p.name);
+    }
+    abi_note("dev %d: %s speed %d Mb/s ptr 0x%x maxRecvs %d maxComms %d maxP2pBytes %zu pci %s", d, p.name, p.speed,
+             p.ptr_support, p.max_recvs, p.max_comms, p.max_p2p_bytes, p.pci_path ? p.pci_path : "(none)");
+  }
+  /* a device that does not exist is an error, not a crash */
+  size_t mark = abi_log_mark();
+  struct abi_props bad;
+  if (abi_get_props(&nd.net, n1, &bad) == ncclSuccess) abi_fail("getProperties(%d) of %d devices succeeded", n1, n1);
+  if (abi_get_props(&nd.net, -1, &bad) == ncclSuccess) abi_fail("getProperties(-1) succeeded");
+  unsigned char h[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, ctx1, n1, h, &lc) == ncclSuccess) abi_fail("listen on device %d of %d succeeded", n1, n1);
+  if (!abi_log_warn_has(mark, "device", NULL)) abi_fail("no WARN about the device that does not exist");
+  /* two communicators listen at once, on their own contexts */
+  unsigned char h1[HANDLE_SIZE], h2[HANDLE_SIZE];
+  void *lc1 = NULL, *lc2 = NULL;
+  if (abi_listen(&nd.net, ctx1, 0, h1, &lc1) != ncclSuccess || !lc1) abi_fail("listen (comm 1) failed");
+  if (abi_listen(&nd.net, ctx2, 0, h2, &lc2) != ncclSuccess || !lc2) abi_fail("listen (comm 2) failed");
+  if (!memcmp(h1, h2, HANDLE_SIZE)) abi_fail("two listens gave the same handle");
+  abi_close_listen(&nd.net, lc1);
+  abi_close_listen(&nd.net, lc2);
+  if (abi_finalize(&nd.net, ctx1) != ncclSuccess || abi_finalize(&nd.net, ctx2) != ncclSuccess)
+    abi_fail("finalize failed");
+  return 0;
+}
+
+static const size_t k_sizes[] = {0, 1, 4095, 4096, (1 << 20) + 3, 64 << 20};
+
+static int sc_sizes(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  /* each size twice: into a buffer of exactly its size, then into a bigger one */
+  size_t n = sizeof(k_sizes) / sizeof(k_sizes[0]);
+  size_t sizes[2 * sizeof(k_sizes) / sizeof(k_sizes[0])];
+  for (size_t i = 0; i < n; i++) sizes[i] = sizes[n + i] = k_sizes[i];
+  struct xfer_spec exact = {.sizes = sizes, .count = (int)n, .slack = 0, .group = 1, .iflush = 1, .seed = 1};
+  exchange(&nd, &l, rank, pp.fd, &exact, "sizes, exact buffers");
+  struct xfer_spec roomy = {.sizes = sizes + n, .count = (int)n, .slack = 4099, .group = 1, .seed = 2};
+  exchange(&nd, &l, rank, pp.fd, &roomy, "sizes, bigger buffers");
+  struct xfer_spec late = {.sizes = sizes, .count = (int)n, .slack = 0, .group = 1, .late_recv = 1, .seed = 3};
+  exchange(&nd, &l, rank, pp.fd, &late, "sizes, receiver posts late");
+  /* memory the transport cannot take is refused at regMr, not discovered later */
+  if (!(nd.props.ptr_support & NCCL_PTR_CUDA)) {
+    char buf[64];
+    void *mh = NULL;
+    if (abi_reg_mr(&nd.net, l.sc, buf, sizeof(buf), NCCL_PTR_CUDA, &mh) == ncclSuccess)
+      abi_fail("regMr of CUDA memory succeeded on a device without NCCL_PTR_CUDA");
+  }
+  barrier(pp.fd);
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+static int sc_inflight(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  size_t sizes[MAX_INFLIGHT];
+  rng_seed(11);
+  for (int i = 0; i < MAX_INFLIGHT; i++) sizes[i] = i % 4 == 3 ? (size_t)(rng() % (3 << 20)) : rng() % 70000;
+  sizes[0] = 0;
+  struct xfer_spec x = {.sizes = sizes, .count = MAX_INFLIGHT, .slack = 17, .group = 1, .flags = RUN_POST_ALL_FIRST, .seed = 12};
+  for (int round = 0; round < 3; round++) exchange(&nd, &l, rank, pp.fd, &x, "32 requests in flight");
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+static int sc_inflight_max(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  int group = nd.props.max_recvs < OP_BUFS ? nd.props.max_recvs : OP_BUFS;
+  int count = MAX_INFLIGHT * group;
+  size_t *sizes = calloc((size_t)count, sizeof(size_t));
+  rng_seed(21);
+  for (int i = 0; i < count; i++) sizes[i] = i % 37 == 5 ? 300000 + rng() % 100000 : rng() % 9000;
+  struct xfer_spec x = {.sizes = sizes, .count = count, .slack = 0, .group = group, .flags = RUN_POST_ALL_FIRST, .seed = 22};
+  char what[96];
+  snprintf(what, sizeof(what), "%d sends in flight against %d receives of %d buffers", count, MAX_INFLIGHT, group);
+  exchange(&nd, &l, rank, pp.fd, &x, what);
+  exchange(&nd, &l, rank, pp.fd, &x, what);
+  free(sizes);
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+static int sc_multirecv(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  int group = nd.props.max_recvs < OP_BUFS ? nd.props.max_recvs : OP_BUFS;
+  if (group < 8) abi_note("maxRecvs is %d: groups of %d", nd.props.max_recvs, group);
+  int groups = 24, count = groups * group;
+  size_t *sizes = calloc((size_t)count, sizeof(size_t));
+  rng_seed(31);
+  for (int i = 0; i < count; i++) {
+    int t = i % group;
+    sizes[i] = t == 0 ? 0 : t == 1 ? 1 : t == 2 ? (size_t)(300000 + rng() % 2000000) : rng() % 50000;
+  }
+  struct xfer_spec x = {.sizes = sizes, .count = count, .slack = 100, .group = group, .seed = 32};
+  exchange(&nd, &l, rank, pp.fd, &x, "tagged multi-recv, shuffled tags");
+  x.flags = RUN_POST_ALL_FIRST;
+  x.seed = 33;
+  exchange(&nd, &l, rank, pp.fd, &x, "tagged multi-recv, all posted first");
+  free(sizes);
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+static int count_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return -1;
+  int n = 0;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+static int sc_reconnect(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  const int iters = 50;
+  int fds0 = -1, threads0 = -1;
+  for (int it = 0; it < iters; it++) {
+    /* a communicator per iteration: init, connect both ways, move bytes, close, finalize */
+    void *ctx = NULL;
+    if (abi_init(&nd.net, 0x5000 + (uint64_t)it, NCCL_NET_TRAFFIC_CLASS_UNDEF, &ctx) != ncclSuccess) abi_fail("init %d failed", it);
+    struct link l;
+    link_up_with(&nd, ctx, pp.fd, &l);
+    size_t sizes[2] = {1000 + (size_t)it, it % 5 == 0 ? (size_t)(1 << 20) + (size_t)it : 5};
+    struct xfer_spec x = {.sizes = sizes, .count = 2, .group = 1, .seed = 100 + (uint32_t)it};
+    exchange(&nd, &l, rank, pp.fd, &x, "reconnect");
+    if (it % 10 == 9) {
+      /* NCCL may close with a receive still posted (abort): close must not hang or crash */
+      char buf[256];
+      size_t sz = sizeof(buf);
+      int tag = 77;
+      void *data = buf, *mh = NULL, *req = NULL;
+      reg(&nd, l.rc, buf, sizeof(buf), &mh);
+      double deadline = abi_now() + 10;
+      while (!req) {
+        if (abi_irecv(&nd.net, l.rc, 1, &data, &sz, &tag, &mh, &req) != ncclSuccess) abi_fail("irecv failed");
+        if (abi_now() > deadline) abi_fail("irecv gave no request in 10 s");
+      }
+      int done = 0;
+      if (abi_test(&nd.net, req, &done, NULL) != ncclSuccess || done) abi_fail("a receive nobody sends to completed");
+      barrier(pp.fd);
+      dereg(&nd, l.rc, mh);
+    }
+    link_down(&nd, &l);
+    if (abi_finalize(&nd.net, ctx) != ncclSuccess) abi_fail("finalize %d failed", it);
+    barrier(pp.fd);
+    if (it == 0) {
+      fds0 = count_dir("/proc/self/fd");
+      threads0 = count_dir("/proc/self/task");
+    }
+  }
+  /* the peer may still be tearing down its side: give sockets/threads a moment */
+  int fds = 0, threads = 0;
+  for (int i = 0; i < 50; i++) {
+    fds = count_dir("/proc/self/fd");
+    threads = count_dir("/proc/self/task");
+    if (fds <= fds0 && threads <= threads0) break;
+    usleep(20000);
+  }
+  if (fds > fds0) abi_fail("%d open file descriptors after %d connect/close rounds, %d after the first: a leak", fds, iters, fds0);
+  if (threads > threads0) abi_fail("%d threads after %d connect/close rounds, %d after the first: a leak", threads, iters, threads0);
+  abi_note("%d connect/close rounds; %d fds and %d threads before and after", iters, fds0, threads0);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+/* What a WARN about the dead peer must name. */
+static void peer_addr_text(const unsigned char *handle, char *out, size_t len) {
+  const char *env = getenv("MPLANE_ABI_PEER_ADDR");
+  if (env && *env) {
+    snprintf(out, len, "%s", env);
+    return;
+  }
+  snprintf(out, len, "peer");
+  struct mplane_handle h;
+  char why[256];
+  if (mplane_handle_decode(handle, &h, why, sizeof(why)) != ncclSuccess || h.transport != MPLANE_HANDLE_SOCKET) return;
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof(ss));
+  memcpy(&ss, h.payload, h.payload_len < sizeof(ss) ? h.payload_len : sizeof(ss));
+  if (ss.ss_family == AF_INET) inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, out, (socklen_t)len);
+  else if (ss.ss_family == AF_INET6) inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, out, (socklen_t)len);
+}
+
+/* One side streams big messages to the other; the survivor kills the peer (SIGKILL) once the first
+ * message is through and keeps driving its requests: it must get an error within 10 s, with a
+ * WARN that names the peer. victim_sends: the killed process is the sender. */
+static int kill_scenario(int victim_sends) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  int survivor = rank == 0, sending = survivor ? !victim_sends : victim_sends;
+  char addr[128];
+  peer_addr_text(l.peer_handle, addr, sizeof(addr));
+  enum { DEPTH = 4 };
+  const size_t size = 16u << 20;
+  void *buf[DEPTH], *mh[DEPTH], *req[DEPTH] = {0};
+  void *comm = sending ? l.sc : l.rc;
+  for (int i = 0; i < DEPTH; i++) {
+    buf[i] = alloc_buf(size, 0);
+    reg(&nd, comm, buf[i], size, &mh[i]);
+  }
+  barrier(pp.fd);
+  uint32_t posted = 0, completed = 0;
+  double t_kill = 0, deadline = abi_now() + 60;
+  size_t mark = abi_log_mark();
+  ncclResult_t err = ncclSuccess;
+  while (err == ncclSuccess) {
+    for (int i = 0; i < DEPTH && err == ncclSuccess; i++) {
+      if (req[i]) continue;
+      if (sending) fill(buf[i], 64, msg_id(rank, posted)); /* the head is enough to tell messages apart */
+      int tag = 1;
+      size_t sz = size;
+      err = sending ? abi_isend(&nd.net, l.sc, buf[i], size, tag, mh[i], &req[i])
+                    : abi_irecv(&nd.net, l.rc, 1, &buf[i], &sz, &tag, &mh[i], &req[i]);
+      if (req[i]) posted++;
+    }
+    for (int i = 0; i < DEPTH && err == ncclSuccess; i++) {
+      if (!req[i]) continue;
+      int done = 0, got = -1;
+      err = abi_test(&nd.net, req[i], &done, &got);
+      if (err != ncclSuccess || !done) continue;
+      if (!sending && got != (int)size) abi_fail("received %d bytes, %zu were sent", got, size);
+      req[i] = NULL;
+      completed++;
+    }
+    if (survivor && !t_kill && completed >= 1) {
+      if (kill(pp.child, SIGKILL) != 0) abi_fail("kill: %s", strerror(errno));
+      t_kill = abi_now();
+      mark = abi_log_mark();
+      abi_note("killed the %s (pid %d) after %u messages; %u requests posted", victim_sends ? "sender" : "receiver",
+               (int)pp.child, completed, posted);
+    }
+    if (t_kill && abi_now() - t_kill > 10) break;
+    if (abi_now() > deadline) abi_fail("no message completed in 60 s");
+    sched_yield();
+  }
+  if (!survivor) abi_fail("the victim outlived its SIGKILL (error %d)", err); /* never reached normally */
+  double dt = abi_now() - t_kill;
+  if (err == ncclSuccess) abi_fail("the peer was killed %.1f s ago and %s still reports no error", dt, sending ? "isend/test" : "irecv/test");
+  abi_note("the survivor saw result %d %.3f s after the kill", err, dt);
+  if (!abi_log_warn_has(mark, addr, NULL)) {
+    abi_log_dump(mark, "no WARN names the peer");
+    abi_fail("no WARN after the kill names the peer's address '%s'", addr);
+  }
+  int st = 0;
+  waitpid(pp.child, &st, 0);
+  if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) abi_fail("the victim did not die of SIGKILL (status 0x%x)", st);
+  /* closing comms that failed must neither hang nor crash */
+  double t0 = abi_now();
+  if (l.sc) abi_close_send(&nd.net, l.sc);
+  if (l.rc) abi_close_recv(&nd.net, l.rc);
+  abi_close_listen(&nd.net, l.lc);
+  timed(t0, "close after the peer died");
+  for (int i = 0; i < DEPTH; i++) free(buf[i]);
+  node_down(&nd);
+  close(pp.fd);
+  return 0;
+}
+
+static int sc_kill_receiver(void) { return kill_scenario(0); }
+static int sc_kill_sender(void) { return kill_scenario(1); }
+
+/* A receive buffer smaller than the message: ncclInvalidUsage on both sides, nothing written past
+ * the buffer. Rank 1 receives, rank 0 sends. */
+static int sc_short_recv(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  const struct { size_t cap, send; } cases[] = {{4096, (1 << 20) + 3}, {4096, 4097}, {0, 1}, {1000, 64 << 20}};
+  const size_t guard = 1 << 16;
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    struct link l;
+    link_up(&nd, pp.fd, &l);
+    size_t mark = abi_log_mark();
+    ncclResult_t err = ncclSuccess;
+    double t0 = abi_now();
+    if (rank == 1) {
+      uint8_t *buf = alloc_buf(cases[c].cap, guard);
+      void *mh, *req = NULL, *data = buf;
+      size_t sz = cases[c].cap;
+      int tag = 5, done = 0;
+      reg(&nd, l.rc, buf, cases[c].cap + guard, &mh);
+      while (!req && err == ncclSuccess) err = abi_irecv(&nd.net, l.rc, 1, &data, &sz, &tag, &mh, &req);
+      while (err == ncclSuccess && !done && abi_now() - t0 < 10) err = abi_test(&nd.net, req, &done, NULL);
+      if (done) abi_fail("a %zu-byte message into a %zu-byte buffer completed", cases[c].send, cases[c].cap);
+      if (err != ncclInvalidUsage) abi_fail("%zu bytes into %zu: receiver got %d, expected ncclInvalidUsage (%d)", cases[c].send, cases[c].cap, err, ncclInvalidUsage);
+      long bad = check_guard(buf, cases[c].cap, cases[c].cap + guard);
+      if (bad >= 0) abi_fail("%zu bytes into %zu: byte %ld past the buffer was written", cases[c].send, cases[c].cap, bad);
+      if (!abi_log_warn_has(mark, NULL)) abi_fail("no WARN about the short receive");
+      dereg(&nd, l.rc, mh);
+      free(buf);
+    } else {
+      uint8_t *buf = alloc_buf(cases[c].send, 0);
+      fill(buf, cases[c].send, 9);
+      void *mh, *req = NULL;
+      int done = 0;
+      reg(&nd, l.sc, buf, cases[c].send, &mh);
+      while (!req && err == ncclSuccess && abi_now() - t0 < 10) err = abi_isend(&nd.net, l.sc, buf, cases[c].send, 5, mh, &req);
+      while (req && err == ncclSuccess && !done && abi_now() - t0 < 10) err = abi_test(&nd.net, req, &done, NULL);
+      if (err != ncclInvalidUsage)
+        abi_fail("%zu bytes into %zu: sender got %d (%s), expected ncclInvalidUsage", cases[c].send, cases[c].cap, err,
+                 done ? "send completed" : "no error");
+      dereg(&nd, l.sc, mh);
+      free(buf);
+    }
+    abi_note("%zu bytes into a %zu-byte buffer: ncclInvalidUsage after %.3f s", cases[c].send, cases[c].cap, abi_now() - t0);
+    barrier(pp.fd);
+    link_down(&nd, &l);
+  }
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+/* Handles that are not ours: connect fails at once with a WARN, never hangs or crashes, and a good
+ * handle still connects afterwards (to ourselves: one process). */
+static int sc_bad_handle(void) {
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  unsigned char good[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, nd.ctx, nd.dev, good, &lc) != ncclSuccess) abi_fail("listen failed");
+  struct {
+    const char *what, *warn;
+    int off, len;
+    uint8_t val;
+  } cases[] = {
+      {"bad magic", "mplane", 0, 1, 0x00},
+      {"bad magic (last byte)", "mplane", 3, 1, 0x00},
+      {"another protocol version", "version", 4, 1, (uint8_t)(MPLANE_PROTOCOL_VERSION + 1)},
+      {"an unknown transport", "transport", 6, 1, 0x7f},
+      {"a payload length past the handle", "payload", 16, 1, 200},
+      {"all 0xa5 (garbage)", "mplane", 0, HANDLE_SIZE, 0xa5},
+      {"all zeros (NCCL's own socket handle shape)", "mplane", 0, HANDLE_SIZE, 0x00},
+      {"all 0xff", "mplane", 0, HANDLE_SIZE, 0xff},
+  };
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    unsigned char h[HANDLE_SIZE];
+    memcpy(h, good, HANDLE_SIZE);
+    memset(h + cases[c].off, cases[c].val, (size_t)cases[c].len);
+    if (c == 0) h[0] = (uint8_t)(good[0] ^ 0xff);
+    if (c == 1) h[3] = (uint8_t)(good[3] ^ 0x01);
+    size_t mark = abi_log_mark();
+    void *sc = NULL;
+    ncclResult_t res = ncclSuccess;
+    double t0 = abi_now();
+    int calls = 0;
+    while (res == ncclSuccess && !sc && abi_now() - t0 < 5) {
+      double t1 = abi_now();
+      res = abi_connect(&nd.net, nd.ctx, nd.dev, h, &sc);
+      timed(t1, "connect");
+      calls++;
+      /* keep the listener progressing as the proxy would */
+      void *rc = NULL;
+      if (abi_accept(&nd.net, lc, &rc) != ncclSuccess) abi_fail("accept failed while a bad handle was tried");
+      if (rc) abi_fail("accept produced a connection from a bad handle (%s)", cases[c].what);
+    }
+    if (sc) abi_fail("connect with %s produced a connection", cases[c].what);
+    if (res == ncclSuccess) abi_fail("connect with %s neither failed nor connected in 5 s (%d calls): a hang", cases[c].what, calls);
+    if (!abi_log_warn_has(mark, cases[c].warn, NULL)) {
+      abi_log_dump(mark, "WARN check");
+      abi_fail("connect with %s failed (%d) without a WARN mentioning '%s'", cases[c].what, res, cases[c].warn);
+    }
+    abi_note("connect with %s: result %d after %d call(s)", cases[c].what, res, calls);
+  }
+  /* the good handle still works: connect to ourselves, move a message, close */
+  void *sc = NULL, *rc = NULL;
+  double deadline = abi_now() + 30;
+  while (!sc || !rc) {
+    if (!sc && abi_connect(&nd.net, nd.ctx, nd.dev, good, &sc) != ncclSuccess) abi_fail("connect with the good handle failed");
+    if (!rc && abi_accept(&nd.net, lc, &rc) != ncclSuccess) abi_fail("accept failed");
+    if (abi_now() > deadline) abi_fail("no connection to ourselves in 30 s");
+  }
+  struct op ops[2];
+  memset(ops, 0, sizeof(ops));
+  size_t size = (1 << 20) + 3;
+  void *sbuf = alloc_buf(size, 0), *rbuf = alloc_buf(size, 64);
+  fill(sbuf, size, 42);
+  ops[0] = (struct op){.send = 0, .n = 1, .data = {rbuf}, .size = {size}, .tag = {1}, .expect = {size}, .msg = {42}};
+  ops[1] = (struct op){.send = 1, .n = 1, .data = {sbuf}, .size = {size}, .tag = {1}};
+  reg(&nd, rc, rbuf, size, &ops[0].mh[0]);
+  reg(&nd, sc, sbuf, size, &ops[1].mh[0]);
+  struct run_stats st;
+  size_t mark = abi_log_mark();
+  if (run_ops(&nd, sc, rc, ops, 2, 0, 30, &st)) fail_run("self connection after bad handles", &st, ops, mark);
+  verify_recvs(ops, 2, 64);
+  dereg(&nd, rc, ops[0].mh[0]);
+  dereg(&nd, sc, ops[1].mh[0]);
+  abi_close_send(&nd.net, sc);
+  abi_close_recv(&nd.net, rc);
+  abi_close_listen(&nd.net, lc);
+  free(sbuf);
+  free(rbuf);
+  node_down(&nd);
+  return 0;
+}
+
+/* ---- fake peers: plain TCP clients at the listen address (socket transport only) ---- */
+
+static int handle_sockaddr(const unsigned char *handle, struct sockaddr_storage *ss, socklen_t *len) {
+  struct mplane_handle h;
+  char why[256];
+  if (mplane_handle_decode(handle, &h, why, sizeof(why)) != ncclSuccess) abi_fail("our own listen handle does not decode: %s", why);
+  if (h.transport != MPLANE_HANDLE_SOCKET) return 0;
+  memset(ss, 0, sizeof(*ss));
+  memcpy(ss, h.payload, h.payload_len < sizeof(*ss) ? h.payload_len : sizeof(*ss));
+  *len = h.payload_len;
+  return 1;
+}
+
+static int tcp_client(const struct sockaddr_storage *ss, socklen_t len, int *port) {
+  int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, (const struct sockaddr *)ss, len) != 0) abi_fail("fake peer: connect: %s", strerror(errno));
+  struct sockaddr_storage me;
+  socklen_t ml = sizeof(me);
+  getsockname(fd, (struct sockaddr *)&me, &ml);
+  *port = ntohs(me.ss_family == AF_INET ? ((struct sockaddr_in *)&me)->sin_port : ((struct sockaddr_in6 *)&me)->sin6_port);
+  return fd;
+}
+
+/* Accept for up to secs seconds (each call short, none producing a comm) until a WARN containing
+ * every given string appears. Returns the result of the last accept. */
+static ncclResult_t accept_until_warn(struct node *nd, void *lc, size_t mark, double secs, const char *what,
+                                      const char *s1, const char *s2) {
+  double t0 = abi_now();
+  ncclResult_t res = ncclSuccess;
+  while (abi_now() - t0 < secs) {
+    void *rc = NULL;
+    double t1 = abi_now();
+    res = abi_accept(&nd->net, lc, &rc);
+    timed(t1, "accept");
+    if (rc) abi_fail("%s: accept produced a connection", what);
+    if (abi_log_warn_has(mark, s1, s2, NULL)) return res;
+    if (res != ncclSuccess) break;
+    usleep(1000);
+  }
+  abi_log_dump(mark, what);
+  abi_fail("%s: no WARN with '%s'%s%s within %.0f s (accept result %d)", what, s1, s2 ? " and " : "", s2 ? s2 : "", secs, res);
+}
+
+/* 1 when the fake's socket was closed by the plugin within secs. */
+static int closed_by_peer(int fd, double secs) {
+  double t0 = abi_now();
+  char buf[512];
+  while (abi_now() - t0 < secs) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return 1;
+  }
+  return 0;
+}
+
+static int sc_fake_peer(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  if (rank == 1) {
+    /* the real peer: waits until the fakes were dealt with, then connects like any rank */
+    unsigned char h[HANDLE_SIZE];
+    chan_recv(pp.fd, h, HANDLE_SIZE);
+    if (h[0] == 0) _exit(77);
+    void *sc = NULL;
+    double deadline = abi_now() + 30;
+    while (!sc) {
+      if (abi_connect(&nd.net, nd.ctx, nd.dev, h, &sc) != ncclSuccess) abi_fail("connect after the fakes failed");
+      if (abi_now() > deadline) abi_fail("no connection after the fakes in 30 s");
+      sched_yield();
+    }
+    size_t size = 300001;
+    void *buf = alloc_buf(size, 0), *mh;
+    fill(buf, size, 77);
+    reg(&nd, sc, buf, size, &mh);
+    struct op op = {.send = 1, .n = 1, .data = {buf}, .size = {size}, .tag = {3}, .mh = {mh}};
+    struct run_stats st;
+    if (run_ops(&nd, sc, NULL, &op, 1, 0, 30, &st)) fail_run("send after the fakes", &st, &op, 0);
+    barrier(pp.fd);
+    dereg(&nd, sc, mh);
+    abi_close_send(&nd.net, sc);
+    free(buf);
+    node_down(&nd);
+    return pair_finish(&pp, rank);
+  }
+  unsigned char handle[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, nd.ctx, nd.dev, handle, &lc) != ncclSuccess) abi_fail("listen failed");
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (!handle_sockaddr(handle, &ss, &sl)) {
+    unsigned char no[HANDLE_SIZE] = {0};
+    chan_send(pp.fd, no, HANDLE_SIZE);
+    abi_note("SKIP: the listen handle is not a TCP address (transport is not socket)");
+    int st;
+    waitpid(pp.child, &st, 0);
+    return 77;
+  }
+  char port_text[16];
+  int port;
+  /* 1: HTTP-looking garbage */
+  size_t mark = abi_log_mark();
+  int f1 = tcp_client(&ss, sl, &port);
+  const char garbage[] = "GET / HTTP/1.1\r\nHost: mplane\r\nUser-Agent: not-nccl\r\n\r\n0123456789abcdef0123456789abcdef";
+  if (send(f1, garbage, sizeof(garbage), MSG_NOSIGNAL) != (ssize_t)sizeof(garbage)) abi_fail("fake peer: send");
+  snprintf(port_text, sizeof(port_text), ":%d", port);
+  accept_until_warn(&nd, lc, mark, 5, "garbage from a plain TCP client", "not mplane", port_text);
+  if (!closed_by_peer(f1, 5)) abi_fail("the plugin kept the garbage sender's connection open");
+  close(f1);
+  /* 2: connects and hangs up without a byte; 3: three bytes, then silence; 4: silence */
+  int f2 = tcp_client(&ss, sl, &port);
+  close(f2);
+  int f3 = tcp_client(&ss, sl, &port);
+  if (send(f3, "MPL", 3, MSG_NOSIGNAL) != 3) abi_fail("fake peer: send");
+  int f4 = tcp_client(&ss, sl, &port);
+  /* 5: a flood of random bytes */
+  int f5 = tcp_client(&ss, sl, &port);
+  char noise[65536];
+  rng_seed(5);
+  for (size_t i = 0; i < sizeof(noise); i++) noise[i] = (char)(rng() | 1);
+  if (send(f5, noise, sizeof(noise), MSG_NOSIGNAL) < 0) abi_fail("fake peer: send");
+  snprintf(port_text, sizeof(port_text), ":%d", port);
+  mark = abi_log_mark();
+  accept_until_warn(&nd, lc, mark, 5, "random bytes from a plain TCP client", "not mplane", port_text);
+  close(f5);
+  /* a real peer still gets through, with the silent fakes still pending */
+  chan_send(pp.fd, handle, HANDLE_SIZE);
+  void *rc = NULL;
+  double deadline = abi_now() + 30;
+  while (!rc) {
+    double t1 = abi_now();
+    if (abi_accept(&nd.net, lc, &rc) != ncclSuccess) abi_fail("accept of the real peer failed");
+    timed(t1, "accept");
+    if (abi_now() > deadline) abi_fail("the real peer was not accepted in 30 s");
+    sched_yield();
+  }
+  size_t size = 300001;
+  void *buf = alloc_buf(size, 64), *mh;
+  reg(&nd, rc, buf, size, &mh);
+  struct op op = {.n = 1, .data = {buf}, .size = {size}, .tag = {3}, .mh = {mh}, .expect = {size}, .msg = {77}};
+  struct run_stats st;
+  mark = abi_log_mark();
+  if (run_ops(&nd, NULL, rc, &op, 1, 0, 30, &st)) fail_run("receive after the fakes", &st, &op, mark);
+  verify_recvs(&op, 1, 64);
+  barrier(pp.fd);
+  dereg(&nd, rc, mh);
+  abi_close_recv(&nd.net, rc);
+  abi_close_listen(&nd.net, lc);
+  close(f3);
+  close(f4);
+  free(buf);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+/* A peer that says mplane's magic but another protocol version: a WARN naming the version, a NACK
+ * back to it, and no connection. */
+static int sc_fake_version(void) {
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  unsigned char handle[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, nd.ctx, nd.dev, handle, &lc) != ncclSuccess) abi_fail("listen failed");
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (!handle_sockaddr(handle, &ss, &sl)) {
+    abi_note("SKIP: the listen handle is not a TCP address (transport is not socket)");
+    return 77;
+  }
+  int port;
+  int fd = tcp_client(&ss, sl, &port);
+  struct mps_hello hello;
+  memset(&hello, 0, sizeof(hello));
+  hello.magic = MPLANE_HANDLE_MAGIC;
+  hello.version = 99;
+  hello.type = MPS_HELLO;
+  hello.nstreams = 1;
+  hello.stream = 0;
+  if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) abi_fail("fake peer: send");
+  size_t mark = abi_log_mark();
+  char port_text[16];
+  snprintf(port_text, sizeof(port_text), ":%d", port);
+  ncclResult_t res = accept_until_warn(&nd, lc, mark, 5, "a hello of protocol version 99", "version 99", port_text);
+  abi_note("accept returned %d on the version-99 hello", res);
+  struct mps_ctrl m;
+  size_t have = 0;
+  double t0 = abi_now();
+  while (have < sizeof(m) && abi_now() - t0 < 5) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t r = recv(fd, (char *)&m + have, sizeof(m) - have, 0);
+    if (r <= 0) break;
+    have += (size_t)r;
+  }
+  if (have != sizeof(m) || m.magic != MPLANE_HANDLE_MAGIC || m.type != MPS_NACK)
+    abi_fail("the version-99 peer got no NACK (%zu bytes back, type %u)", have, have >= 8 ? m.type : 0);
+  close(fd);
+  abi_close_listen(&nd.net, lc);
+  node_down(&nd);
+  return 0;
+}
+
+/* Invalid configuration: init fails, and the WARN names the variable, the value and the accepted
+ * form. Each case in its own process (configuration is read once per process), for two tables. */
+static int sc_bad_config(void) {
+  const struct {
+    const char *var, *value, *form, *extra_var, *extra_value;
+  } cases[] = {
+      {"MPLANE_SOCKET_STREAMS", "abc", "an integer from 1 to 16", NULL, NULL},
+      {"MPLANE_SOCKET_STREAMS", "17", "an integer from 1 to 16", NULL, NULL},
+      {"MPLANE_SOCKET_THREADS", "0", "an integer from 1 to 16", NULL, NULL},
+      {"MPLANE_SOCKET_SPLIT_BYTES", "1T", "K/M/G", NULL, NULL},
+      {"MPLANE_TRANSPORT", "tcp", "auto, ib or socket", NULL, NULL},
+      {"MPLANE_CONNECT_TIMEOUT", "-5", "1 to 3600", NULL, NULL},
+      /* no device at all: init fails too, naming the variable that selected nothing */
+      {"MPLANE_SOCKET_IFNAME", "=nosuchif9", "MPLANE_SOCKET_IFNAME", "MPLANE_TRANSPORT", "socket"},
+  };
+  const int versions[] = {11, 8, 12};
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    for (size_t v = 0; v < sizeof(versions) / sizeof(versions[0]); v++) {
+      fflush(NULL);
+      pid_t pid = fork();
+      if (pid < 0) abi_fail("fork: %s", strerror(errno));
+      if (pid == 0) {
+        setenv(cases[c].var, cases[c].value, 1);
+        if (cases[c].extra_var) setenv(cases[c].extra_var, cases[c].extra_value, 1);
+        struct node nd;
+        node_open(&nd, versions[v]);
+        size_t mark = abi_log_mark();
+        void *ctx = NULL;
+        ncclResult_t res = abi_init(&nd.net, 1, NCCL_NET_TRAFFIC_CLASS_UNDEF, &ctx);
+        if (res == ncclSuccess) abi_fail("v%d init succeeded with %s='%s'", versions[v], cases[c].var, cases[c].value);
+        if (!abi_log_warn_has(mark, cases[c].var, cases[c].value, cases[c].form, NULL)) {
+          abi_log_dump(mark, "init failed, but not with the expected WARN");
+          abi_fail("v%d: no WARN naming %s, '%s' and '%s'", versions[v], cases[c].var, cases[c].value, cases[c].form);
+        }
+        /* NCCL may try again (another communicator): still a failure, not a crash */
+        if (abi_init(&nd.net, 2, NCCL_NET_TRAFFIC_CLASS_UNDEF, &ctx) == ncclSuccess) abi_fail("second init succeeded");
+        fflush(NULL);
+        _exit(0);
+      }
+      int st = 0;
+      waitpid(pid, &st, 0);
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) abi_fail("case %s='%s' (v%d) failed", cases[c].var, cases[c].value, versions[v]);
+    }
+    abi_note("%s='%s': init fails with the WARN, through v11, v8 and v12", cases[c].var, cases[c].value);
+  }
+  return 0;
+}
+
+/* Another table version end to end: properties agree with v11's, connect both ways, sizes, one
+ * multi-recv group with shuffled tags, close. */
+static int version_scenario(int version) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, version);
+  struct abi_net v11;
+  abi_net_open(&v11, g_opts.plugin, 11);
+  for (int d = 0; d < nd.ndev; d++) {
+    struct abi_props p, q;
+    if (abi_get_props(&nd.net, d, &p) != ncclSuccess || abi_get_props(&v11, d, &q) != ncclSuccess) abi_fail("getProperties(%d)", d);
+    check_props(&p, d, version);
+    if (strcmp(p.name, q.name) || p.guid != q.guid || p.ptr_support != q.ptr_support || p.speed != q.speed ||
+        p.port != q.port || p.max_comms != q.max_comms || p.max_recvs != q.max_recvs ||
+        p.reg_is_global != q.reg_is_global || p.latency != q.latency ||
+        (p.pci_path == NULL) != (q.pci_path == NULL) || (p.pci_path && strcmp(p.pci_path, q.pci_path)))
+      abi_fail("dev %d: v%d properties differ from v11's", d, version);
+    if (version >= 9 && (p.max_p2p_bytes != q.max_p2p_bytes || p.max_coll_bytes != q.max_coll_bytes || p.force_flush != q.force_flush))
+      abi_fail("dev %d: v%d size limits differ from v11's", d, version);
+    if (version == 12) abi_note("dev %d (%s): planeId %d railId %d", d, p.name, p.plane_id, p.rail_id);
+  }
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  size_t sizes[] = {0, 1, 4095, 4096, (1 << 20) + 3, 8 << 20};
+  struct xfer_spec x = {.sizes = sizes, .count = 6, .slack = 5, .group = 1, .seed = 50 + (uint32_t)version};
+  exchange(&nd, &l, rank, pp.fd, &x, "sizes");
+  int group = nd.props.max_recvs < OP_BUFS ? nd.props.max_recvs : OP_BUFS;
+  size_t gs[OP_BUFS * 2];
+  for (int i = 0; i < 2 * group; i++) gs[i] = i == 1 ? 600000 : (size_t)(i * 1001);
+  struct xfer_spec g = {.sizes = gs, .count = 2 * group, .slack = 0, .group = group, .seed = 60 + (uint32_t)version};
+  exchange(&nd, &l, rank, pp.fd, &g, "multi-recv");
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+static int sc_v8(void) { return version_scenario(8); }
+static int sc_v9(void) { return version_scenario(9); }
+static int sc_v10(void) { return version_scenario(10); }
+static int sc_v12(void) { return version_scenario(12); }
+
+/* ------------------------------------------------------------------ main */
+
+static const struct {
+  const char *name;
+  int (*fn)(void);
+  const char *what;
+} scenarios[] = {
+    {"props", sc_props, "init per communicator, devices, getProperties sanity, bad device numbers"},
+    {"sizes", sc_sizes, "0, 1, 4095, 4096, 1 MiB+3, 64 MiB each way; exact and bigger buffers; late receiver; iflush"},
+    {"inflight", sc_inflight, "32 requests in flight each way, all posted before any test"},
+    {"inflight-max", sc_inflight_max, "32 x maxRecvs sends in flight against 32 multi-buffer receives"},
+    {"multirecv", sc_multirecv, "tagged multi-recv, distinct tags, sends in shuffled tag order"},
+    {"reconnect", sc_reconnect, "50 x (init, connect/accept both ways, data, close, finalize); no fd/thread leak"},
+    {"kill-receiver", sc_kill_receiver, "receiver SIGKILLed mid-transfer: sender errors within 10 s, WARN names peer"},
+    {"kill-sender", sc_kill_sender, "sender SIGKILLed mid-transfer: receiver errors within 10 s, WARN names peer"},
+    {"short-recv", sc_short_recv, "message bigger than the receive buffer: ncclInvalidUsage, guard untouched"},
+    {"bad-handle", sc_bad_handle, "non-mplane / other-version / garbage handles: connect fails, no hang"},
+    {"fake-peer", sc_fake_peer, "plain TCP clients sending garbage to the listen address (socket only)"},
+    {"fake-version", sc_fake_version, "a peer of another protocol version: WARN and NACK (socket only)"},
+    {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
+    {"v12", sc_v12, "ncclNet_v12 round trip, planeId/railId"},
+    {"v10", sc_v10, "ncclNet_v10 round trip"},
+    {"v9", sc_v9, "ncclNet_v9 round trip"},
+    {"v8", sc_v8, "ncclNet_v8 round trip (int sizes)"},
+};
+#define NSCENARIOS (sizeof(scenarios) / sizeof(scenarios[0]))
+
+static int run_one(size_t i) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) abi_fail("fork: %s", strerror(errno));
+  if (pid == 0) {
+    abi_scenario = scenarios[i].name;
+    abi_rank = 0;
+    arm_alarm();
+    double t0 = abi_now();
+    int rc = scenarios[i].fn();
+    if (rc == 0) fprintf(stderr, "abi[%s]: PASS in %.2f s\n", abi_scenario, abi_now() - t0);
+    fflush(NULL);
+    _exit(rc);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  fprintf(stderr, "abi[%s]: FAIL: died of signal %d (%s)\n", scenarios[i].name, WTERMSIG(st), strsignal(WTERMSIG(st)));
+  return 1;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: abi-harness [--plugin PATH] [--version 8|9|10|11|12] [--dev D] [--list] SCENARIO... | all\n");
+}
+
+int main(int argc, char **argv) {
+  g_opts.plugin = getenv("MPLANE_ABI_PLUGIN") && *getenv("MPLANE_ABI_PLUGIN") ? getenv("MPLANE_ABI_PLUGIN") : "libnccl-net-mplane.so";
+  g_opts.version = 11;
+  g_opts.dev = getenv("MPLANE_ABI_DEV") ? atoi(getenv("MPLANE_ABI_DEV")) : 0;
+  const char *names[64];
+  int nnames = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--plugin") && i + 1 < argc) g_opts.plugin = argv[++i];
+    else if (!strcmp(argv[i], "--version") && i + 1 < argc) g_opts.version = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--dev") && i + 1 < argc) g_opts.dev = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--list")) {
+      for (size_t s = 0; s < NSCENARIOS; s++) printf("%-14s %s\n", scenarios[s].name, scenarios[s].what);
+      return 0;
+    } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout);
+      return 0;
+    } else if (argv[i][0] == '-') {
+      usage(stderr);
+      return 2;
+    } else if (nnames < 64) {
+      names[nnames++] = argv[i];
+    }
+  }
+  if (nnames == 0 || g_opts.version < 8 || g_opts.version > 12 || g_opts.dev < 0) {
+    usage(stderr);
+    return 2;
+  }
+  setenv("MPLANE_SOCKET_IFNAME", "lo", 0);
+  int failed = 0, skipped = 0, ran = 0;
+  for (int n = 0; n < nnames; n++) {
+    int all = !strcmp(names[n], "all"), found = 0;
+    for (size_t s = 0; s < NSCENARIOS; s++) {
+      if (!all && strcmp(names[n], scenarios[s].name)) continue;
+      found = 1;
+      ran++;
+      int rc = run_one(s);
+      if (rc == 77) skipped++;
+      else if (rc != 0) failed++;
+    }
+    if (!found) {
+      fprintf(stderr, "abi-harness: no scenario '%s' (--list shows them)\n", names[n]);
+      return 2;
+    }
+  }
+  if (failed) return 1;
+  if (skipped == ran) return 77;
+  return 0;
+}
