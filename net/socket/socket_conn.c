@@ -214,16 +214,18 @@ static ncclResult_t stage_progress(struct mps_connect_stage *st, int *all_done) 
 
 ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm) {
   *send_comm = NULL;
+  /* Check the handle before trusting the stage pointer we keep in it: a handle that is not ours
+   * (another plugin's, garbage) has arbitrary bytes there. */
+  struct mplane_handle h;
+  char why[256];
+  ncclResult_t dres = mplane_handle_decode(handle, &h, why, sizeof(why));
+  if (dres != ncclSuccess) {
+    MP_WARN("socket: connect: %s", why);
+    return dres;
+  }
   struct mps_connect_stage *st = NULL;
   memcpy(&st, (char *)handle + MPS_STAGE_OFFSET, sizeof(st));
   if (st == NULL) {
-    struct mplane_handle h;
-    char why[256];
-    ncclResult_t res = mplane_handle_decode(handle, &h, why, sizeof(why));
-    if (res != ncclSuccess) {
-      MP_WARN("socket: connect: %s", why);
-      return res;
-    }
     if (h.transport != MPLANE_HANDLE_SOCKET) {
       MP_WARN("socket: connect: peer listens on the IB transport, this rank runs sockets: set the same "
               "MPLANE_TRANSPORT on every node");
