@@ -66,6 +66,9 @@ struct mplane_transport_ops {
   ncclResult_t (*close_recv)(void *recv_comm);
   ncclResult_t (*close_listen)(void *listen_comm);
   void (*finalize)(void);
+  /* NCCL variables this transport runs best with, as "NAME=value" strings ending in NULL; set at
+   * init only where the user left them unset (MPLANE_NCCL_DEFAULTS=0 turns this off). May be NULL. */
+  const char *const *nccl_env_defaults;
 };
 
 extern const struct mplane_transport_ops mplane_socket_ops;

@@ -42,6 +42,12 @@ static const struct row rows[] = {
     {"MPLANE_SOCKET_SPLIT_BYTES", K_SIZE, OFF(socket_split_bytes), 0, "256K", 1, 1L << 30, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 1 to 1G",
      "messages at least this big are split across the streams; smaller ones ride one stream"},
+    {"MPLANE_SOCKET_SPIN_US", K_INT, OFF(socket_spin_us), 0, "-1", -1, 10000, NULL,
+     "-1 (automatic) or microseconds from 0 to 10000",
+     "how long a helper thread polls for the next message before it sleeps (automatic: 50 on machines "
+     "with 8 or more CPUs, else 0)"},
+    {"MPLANE_NCCL_DEFAULTS", K_BOOL, OFF(nccl_defaults), 0, "1", 0, 1, NULL, "0 or 1",
+     "set NCCL tuning variables the user left unset to values suited to the transport (logged at INFO)"},
     {"MPLANE_CONNECT_TIMEOUT", K_INT, OFF(connect_timeout_s), 0, "120", 1, 3600, NULL,
      "seconds, an integer from 1 to 3600", "deadline for a connection handshake before it fails"},
     {"MPLANE_PLANES", K_STR, STR(planes), "", 0, 0, NULL, "NIC=plane pairs, e.g. mlx5_0=0,mlx5_1=1",

@@ -49,6 +49,26 @@ static ncclResult_t try_transport(const struct mplane_transport_ops *ops, const 
   return ncclSuccess;
 }
 
+/* NCCL reads its tuning variables after the net plugin's init, so defaults set here take effect
+ * for the job (as aws-ofi-nccl does for its platforms). The user's own settings always win. */
+static void apply_nccl_env_defaults(const struct mplane_transport_ops *ops) {
+  if (!ops->nccl_env_defaults) return;
+  for (const char *const *kv = ops->nccl_env_defaults; *kv; kv++) {
+    const char *eq = strchr(*kv, '=');
+    char name[64];
+    if (!eq || (size_t)(eq - *kv) >= sizeof(name)) continue;
+    memcpy(name, *kv, (size_t)(eq - *kv));
+    name[eq - *kv] = '\0';
+    if (getenv(name)) {
+      MP_INFO(NCCL_INIT | NCCL_ENV, "%s=%s set by the user; not changed", name, getenv(name));
+      continue;
+    }
+    setenv(name, eq + 1, 0);
+    MP_INFO(NCCL_INIT | NCCL_ENV, "%s set to %s for the %s transport (MPLANE_NCCL_DEFAULTS=0 to keep NCCL's)",
+            name, eq + 1, ops->name);
+  }
+}
+
 static void global_init_once(void) {
   const struct mplane_config *cfg = mplane_config_get();
   if (cfg == NULL) {
@@ -72,6 +92,7 @@ static void global_init_once(void) {
     g.init_result = res;
     return;
   }
+  if (cfg->nccl_defaults) apply_nccl_env_defaults(g.ops);
   for (int d = 0; d < g.ndev; d++) {
     const struct mplane_dev_props *p = &g.props[d];
     MP_INFO(NCCL_INIT | NCCL_NET, "dev %d: %s transport %s plane %d speed %d Mbps pci %s", d, p->name,

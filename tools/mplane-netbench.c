@@ -90,50 +90,60 @@ static void print_devices(ncclNet_v11_t *net) {
   }
 }
 
-/* Rounds: each round moves `window` messages of `size` bytes. Both sides agree on the count. */
-static long plugin_side(ncclNet_v11_t *net, void *ctx, void *comm, int sender, const struct opts *o, long rounds,
+/* Moves `rounds * window` messages of `size` bytes with a sliding window of `window` requests in
+ * flight, as NCCL's proxy does (a completed slot is reposted at once). Bytes are checked in the
+ * first and last window. Both sides agree on the count. */
+static void plugin_side(ncclNet_v11_t *net, void *comm, int sender, const struct opts *o, long rounds,
                         double *secs) {
-  char **bufs = calloc((size_t)o->window, sizeof(char *));
-  for (int i = 0; i < o->window; i++)
+  int w = o->window;
+  long total = rounds * w;
+  char *bufs[64];
+  void *mh[64], *req[64] = {0};
+  long msg_of[64];
+  for (int i = 0; i < w; i++) {
     if (posix_memalign((void **)&bufs[i], 4096, o->size ? o->size : 1)) die("out of memory");
-  void *mh[64];
-  for (int i = 0; i < o->window; i++) NCHECK(net->regMr(comm, bufs[i], o->size, NCCL_PTR_HOST, &mh[i]));
+    NCHECK(net->regMr(comm, bufs[i], o->size, NCCL_PTR_HOST, &mh[i]));
+  }
   double t0 = now_s();
-  for (long r = 0; r < rounds; r++) {
-    int verify = r == 0 || r == rounds - 1;
-    void *req[64] = {0};
-    for (int i = 0; i < o->window; i++) {
-      if (sender && verify) fill(bufs[i], o->size, (unsigned)(r * 64 + i));
-      int tag = i;
-      while (req[i] == NULL) {
-        if (req[i] == NULL) sched_yield();
-        if (sender) NCHECK(net->isend(comm, bufs[i], o->size, tag, mh[i], NULL, &req[i]));
-        else {
-          void *d = bufs[i];
-          size_t sz = o->size;
-          NCHECK(net->irecv(comm, 1, &d, &sz, &tag, &mh[i], NULL, &req[i]));
-        }
+  long posted = 0, completed = 0;
+  while (completed < total) {
+    for (int i = 0; i < w && posted < total; i++) {
+      if (req[i] != NULL) continue;
+      long m = posted;
+      int verify = m < w || m >= total - w;
+      if (sender && verify) fill(bufs[i], o->size, (unsigned)m);
+      int tag = 0;
+      if (sender) NCHECK(net->isend(comm, bufs[i], o->size, tag, mh[i], NULL, &req[i]));
+      else {
+        void *d = bufs[i];
+        size_t sz = o->size;
+        NCHECK(net->irecv(comm, 1, &d, &sz, &tag, &mh[i], NULL, &req[i]));
       }
+      if (req[i] == NULL) break; /* not yet possible: NCCL retries later, so do we */
+      msg_of[i] = m;
+      posted++;
     }
-    for (int i = 0; i < o->window; i++) {
+    int progressed = 0;
+    for (int i = 0; i < w; i++) {
+      if (req[i] == NULL) continue;
       int done = 0, sz = -1;
-      /* Like NCCL's proxy: poll, and yield the core when nothing progressed. */
-      while (!done) {
-        NCHECK(net->test(req[i], &done, &sz));
-        if (!done) sched_yield();
-      }
+      NCHECK(net->test(req[i], &done, &sz));
+      if (!done) continue;
       if ((size_t)sz != o->size) die("wrong size reported by test()");
-      if (!sender && verify && check(bufs[i], o->size, (unsigned)(r * 64 + i))) die("wrong bytes received");
+      long m = msg_of[i];
+      if (!sender && (m < w || m >= total - w) && check(bufs[i], o->size, (unsigned)m)) die("wrong bytes received");
+      req[i] = NULL;
+      completed++;
+      progressed = 1;
     }
+    /* Like NCCL's proxy: yield the core when nothing progressed. */
+    if (!progressed) sched_yield();
   }
   *secs = now_s() - t0;
-  for (int i = 0; i < o->window; i++) {
+  for (int i = 0; i < w; i++) {
     net->deregMr(comm, mh[i]);
     free(bufs[i]);
   }
-  free(bufs);
-  (void)ctx;
-  return rounds;
 }
 
 /* ---- raw TCP ceiling: N plain streams, one thread each, same address ---- */
@@ -255,7 +265,7 @@ int main(int argc, char **argv) {
     void *send_comm = NULL;
     while (!send_comm) NCHECK(net->connect(ctx, 0, handle, &send_comm, NULL));
     double secs;
-    plugin_side(net, ctx, send_comm, 1, &o, rounds, &secs);
+    plugin_side(net, send_comm, 1, &o, rounds, &secs);
     NCHECK(net->closeSend(send_comm));
     _exit(0);
   }
@@ -270,7 +280,7 @@ int main(int argc, char **argv) {
     die("pipe write failed");
   while (!recv_comm) NCHECK(net->accept(listen_comm, &recv_comm, NULL));
   double secs;
-  plugin_side(net, ctx, recv_comm, 0, &o, rounds, &secs);
+  plugin_side(net, recv_comm, 0, &o, rounds, &secs);
   int st;
   waitpid(pid, &st, 0);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) die("sender process failed");

@@ -83,6 +83,8 @@ int mps_dev_count(void);
 const struct mps_dev *mps_dev_get(int dev);
 ncclResult_t mps_iface_discover(const struct mplane_config *cfg);
 const struct mplane_config *mps_config(void);
+/* Helper-thread spin time from MPLANE_SOCKET_SPIN_US (-1: by CPU count). */
+uint64_t mps_spin_ns(const struct mplane_config *cfg);
 /* 1 if ifname is selected by an NCCL_SOCKET_IFNAME-style spec ("" = automatic choice). */
 int mps_iface_match(const char *spec, const char *ifname, int is_loopback);
 void mps_addr_str(const struct sockaddr *sa, char *buf, size_t len);
@@ -149,6 +151,7 @@ struct mps_send_comm {
   char peer[80];
   int acked;                       /* the acceptor's ACK has arrived */
   size_t split_bytes;
+  uint64_t spin_ns;                /* helper threads poll this long before sleeping */
   unsigned rr;                     /* stream of the next unsplit message */
   struct mps_cts_group cts[MPS_MAX_GROUPS];
   unsigned cts_head, cts_tail;     /* ring of offered receive groups */
@@ -189,6 +192,7 @@ struct mps_recv_comm {
   int fds[MPS_MAX_STREAMS];
   char peer[80];
   uint64_t seq;
+  uint64_t spin_ns;
   struct mps_slot slots[MPS_MAX_SLOTS];
   uint32_t free_slots[MPS_MAX_SLOTS];
   int nfree;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../plugin/log.h"
@@ -41,6 +42,12 @@ ncclResult_t mps_error_check(struct mps_error *e) {
 }
 
 /* ------------------------------------------------------------------ blocking I/O helpers */
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static int write_full(int fd, const void *hdr, size_t hlen, const void *data, size_t dlen) {
   struct iovec iov[2] = {{(void *)hdr, hlen}, {(void *)data, dlen}};
@@ -81,6 +88,23 @@ static int read_full(int fd, void *buf, size_t len) {
   return 1;
 }
 
+/* read_full, but first poll without blocking for up to spin_ns: the next chunk header usually
+ * arrives within microseconds, and sleeping in recv() then costs a wake-up per chunk. */
+static int read_full_spin(int fd, void *buf, size_t len, uint64_t spin_ns) {
+  size_t have = 0;
+  uint64_t deadline = spin_ns ? now_ns() + spin_ns : 0;
+  while (have < len && spin_ns && now_ns() < deadline) {
+    ssize_t r = recv(fd, (char *)buf + have, len - have, MSG_DONTWAIT);
+    if (r > 0) have += (size_t)r;
+    else if (r == 0) return have == 0 ? 0 : -1;
+    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+  }
+  if (have == len) return 1;
+  int r = read_full(fd, (char *)buf + have, len - have);
+  if (r == 0 && have > 0) return -1;
+  return r;
+}
+
 static void set_blocking(int fd) {
   int fl = fcntl(fd, F_GETFL);
   if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
@@ -95,6 +119,18 @@ static void queue_init(struct mps_queue *q, unsigned cap) {
   q->tasks = calloc(cap, sizeof(*q->tasks));
 }
 
+uint64_t mps_spin_ns(const struct mplane_config *cfg) {
+  if (cfg->socket_spin_us >= 0) return (uint64_t)cfg->socket_spin_us * 1000u;
+  /* Spinning pays only when helper threads do not steal the cores the proxy and GPU feeders need. */
+  return sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 50000u : 0u;
+}
+
+static void spin_until_work(struct mps_queue *q, const int *stop, uint64_t spin_ns) {
+  if (spin_ns == 0) return;
+  uint64_t deadline = now_ns() + spin_ns;
+  while (LOAD(&q->tail) == LOAD(&q->head) && !LOAD(stop) && now_ns() < deadline) __builtin_ia32_pause();
+}
+
 struct send_thread_arg {
   struct mps_send_comm *comm;
   int index;
@@ -106,6 +142,8 @@ static void *send_thread(void *argp) {
   struct mps_send_comm *c = arg.comm;
   struct mps_queue *q = &c->queues[arg.index];
   for (;;) {
+    /* Poll a moment before sleeping: a futex wake-up costs more than a message on a fast link. */
+    spin_until_work(q, &c->stop, c->spin_ns);
     pthread_mutex_lock(&q->lock);
     while (q->head == q->tail && !LOAD(&c->stop)) pthread_cond_wait(&q->cond, &q->lock);
     if (q->head == q->tail) {
@@ -119,7 +157,7 @@ static void *send_thread(void *argp) {
       mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s (peer closed or died?)", c->peer,
                     strerror(errno));
     pthread_mutex_lock(&q->lock);
-    q->head++;
+    STORE(&q->head, q->head + 1);
     pthread_mutex_unlock(&q->lock);
     ADD(&t.req->chunks_done, 1);
   }
@@ -127,6 +165,7 @@ static void *send_thread(void *argp) {
 
 ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg) {
   c->split_bytes = (size_t)cfg->socket_split_bytes;
+  c->spin_ns = mps_spin_ns(cfg);
   c->nthreads = cfg->socket_threads < c->nstreams ? cfg->socket_threads : c->nstreams;
   for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
   /* Worst case per thread: every slot's message split over all streams, all on this thread. */
@@ -215,7 +254,7 @@ static void push_task(struct mps_send_comm *c, int stream, const struct mps_task
   struct mps_queue *q = &c->queues[stream % c->nthreads];
   pthread_mutex_lock(&q->lock);
   q->tasks[q->tail & (q->cap - 1)] = *t;
-  q->tail++;
+  STORE(&q->tail, q->tail + 1);
   pthread_cond_signal(&q->cond);
   pthread_mutex_unlock(&q->lock);
 }
@@ -300,9 +339,9 @@ static ncclResult_t send_test(struct mps_send_req *req, int *done, int *sizes) {
     req->used = 0;
     return ncclSuccess;
   }
-  MP_CHECK(mps_error_check(&c->err));
-  /* Watch the control socket too: it is where a dead receiver shows first. */
-  return send_poll_ctrl(c);
+  /* A dead receiver shows as a failed write in a send thread; polling the control socket here
+   * would cost a system call on every one of NCCL's polls. */
+  return mps_error_check(&c->err);
 }
 
 ncclResult_t mps_close_send(void *send_comm) {
@@ -341,7 +380,7 @@ struct recv_thread_arg {
  * not an orderly close at a record boundary during shutdown). */
 static int recv_chunk(struct mps_recv_comm *c, int fd) {
   struct mps_chunk h;
-  int r = read_full(fd, &h, sizeof(h));
+  int r = read_full_spin(fd, &h, sizeof(h), c->spin_ns);
   if (r <= 0) {
     if (!LOAD(&c->stop))
       mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream%s (process exited or killed?)",
@@ -412,6 +451,7 @@ static void *recv_thread(void *argp) {
 ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c) {
   const struct mplane_config *cfg = mps_config();
   c->nthreads = cfg->socket_threads < c->nstreams ? cfg->socket_threads : c->nstreams;
+  c->spin_ns = mps_spin_ns(cfg);
   for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
   c->nfree = 0;
   for (int i = MPS_MAX_SLOTS - 1; i >= 0; i--) c->free_slots[c->nfree++] = (uint32_t)i;

@@ -64,6 +64,11 @@ static void socket_finalize(void) {}
 
 const struct mplane_config *mps_config(void) { return socket_cfg; }
 
+/* TCP moves each message through the kernel twice: bigger steps amortise the per-message cost.
+ * 512 KiB point-to-point chunks and 8 MiB buffers (1 MiB steps) are what NCCL's own guidance and
+ * aws-ofi-nccl use for software-driven transports. */
+static const char *const socket_nccl_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "NCCL_BUFFSIZE=8388608", NULL};
+
 const struct mplane_transport_ops mplane_socket_ops = {
     .name = "socket",
     .init = socket_init,
@@ -83,4 +88,5 @@ const struct mplane_transport_ops mplane_socket_ops = {
     .close_recv = mps_close_recv,
     .close_listen = mps_close_listen,
     .finalize = socket_finalize,
+    .nccl_env_defaults = socket_nccl_env,
 };
