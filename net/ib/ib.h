@@ -1,0 +1,303 @@
+/* mplane: the InfiniBand / RoCE transport's shared state (net/ib/).
+ *
+ * Devices. Every active port (IB or RoCE) of the HCAs MPLANE_IB_HCA selects is one NCCL device,
+ * and one network plane. libibverbs is opened with dlopen (MPLANE_IBVERBS_LIB, default
+ * libibverbs.so.1) through the table in ib_verbs.c, so the plugin loads where rdma-core is absent.
+ *
+ * Connections. A connection has MPLANE_IB_QPS reliable-connected QPs on each side, one CQ per comm,
+ * and a TCP socket used to exchange QP numbers, addresses and keys (the listen handle carries its
+ * address) and, afterwards, only to notice that the peer process is gone.
+ *
+ * Data (receiver driven, as on sockets). Each irecv of n <= 8 buffers writes one FIFO slot
+ * {n, (addr, rkey, size, tag) x n, seq} into the sender's memory with an RDMA write; the sender only
+ * ever writes where a slot says, so a short receive buffer is caught before a byte moves. A send
+ * matched to entry e of slot k is cut into chunks striped over the QPs, each an RDMA write with
+ * immediate (imm = slot, entry, chunk, chunk count, seq); the receiver counts chunks and bytes from
+ * its completions. With adaptive routing (per class) a chunk is a plain RDMA write followed by an
+ * 8-byte write with immediate carrying the chunk's length, as packets may then arrive out of order.
+ * A message that does not fit sends only an immediate with the TRUNC bit: both sides fail with
+ * ncclInvalidUsage and nothing is written. */
+#ifndef MPLANE_NET_IB_H
+#define MPLANE_NET_IB_H
+
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "../../plugin/config.h"
+#include "../handle.h"
+#include "../transport.h"
+
+#define MPIB_MAX_DEVS 64
+#define MPIB_MAX_QPS 16
+#define MPIB_MAX_RECVS 8
+#define MPIB_MAX_REQS NCCL_NET_MAX_REQUESTS          /* receive groups (FIFO slots) in flight */
+#define MPIB_MAX_SENDS (MPIB_MAX_REQS * MPIB_MAX_RECVS) /* send requests in flight */
+#define MPIB_CHUNK_MIN (64 * 1024)                      /* smaller messages ride one QP */
+#define MPIB_SQ_DEPTH (2 * MPIB_MAX_SENDS + 2 * MPIB_MAX_REQS + 8)
+#define MPIB_RQ_DEPTH (2 * MPIB_MAX_SENDS + 16)
+
+/* ---- the dlopen'ed libibverbs ---- */
+struct mpib_verbs {
+  void *lib;
+  struct ibv_device **(*get_device_list)(int *);
+  void (*free_device_list)(struct ibv_device **);
+  const char *(*get_device_name)(struct ibv_device *);
+  struct ibv_context *(*open_device)(struct ibv_device *);
+  int (*close_device)(struct ibv_context *);
+  int (*query_device)(struct ibv_context *, struct ibv_device_attr *);
+  int (*query_port)(struct ibv_context *, uint8_t, struct ibv_port_attr *);
+  int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
+  int (*query_gid_ex)(struct ibv_context *, uint32_t, uint32_t, struct ibv_gid_entry *, uint32_t, size_t); /* opt */
+  struct ibv_pd *(*alloc_pd)(struct ibv_context *);
+  int (*dealloc_pd)(struct ibv_pd *);
+  struct ibv_mr *(*reg_mr)(struct ibv_pd *, void *, size_t, int);
+  struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int); /* optional */
+  int (*dereg_mr)(struct ibv_mr *);
+  struct ibv_cq *(*create_cq)(struct ibv_context *, int, void *, struct ibv_comp_channel *, int);
+  int (*destroy_cq)(struct ibv_cq *);
+  struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
+  int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
+  int (*destroy_qp)(struct ibv_qp *);
+  int (*get_async_event)(struct ibv_context *, struct ibv_async_event *);
+  void (*ack_async_event)(struct ibv_async_event *);
+};
+extern struct mpib_verbs mpib_v;
+/* 0 on success; else a reason in why (library missing, symbol missing). */
+int mpib_verbs_load(const char *libname, char *why, size_t whylen);
+const char *mpib_wc_status_str(int status);
+const char *mpib_event_str(int type);
+
+/* ---- errors shared by a comm's users (proxy thread, async thread) ---- */
+struct mpib_error {
+  int state; /* 0 ok, -1 being written, else an ncclResult_t (atomic) */
+  int warned;
+  char msg[384];
+};
+void mpib_error_set(struct mpib_error *e, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+ncclResult_t mpib_error_check(struct mpib_error *e);
+
+/* ---- devices ---- */
+struct mpib_hca { /* one opened HCA, shared by its ports */
+  char name[64];
+  struct ibv_context *ctx;
+  struct ibv_pd *pd;
+  struct ibv_device_attr attr;
+  pthread_t async_thread;
+  int async_started;
+};
+
+struct mpib_dev { /* one port = one NCCL device */
+  struct mpib_hca *hca;
+  int port;
+  int link_layer;         /* IBV_LINK_LAYER_* */
+  uint16_t lid;
+  int gid_index;          /* RoCE: the GID we use; IB: 0 */
+  union ibv_gid gid;
+  enum ibv_mtu mtu;
+  struct sockaddr_storage oob;  /* address of the TCP side channel */
+  socklen_t ooblen;
+  struct mplane_dev_props props;
+};
+
+int mpib_dev_count(void);
+struct mpib_dev *mpib_dev_get(int dev);
+ncclResult_t mpib_discover(const struct mplane_config *cfg);
+const struct mplane_config *mpib_config(void);
+void mpib_shutdown(void);
+/* 1 if an NCCL_IB_HCA-style spec selects (name, port). Exposed for unit tests. */
+int mpib_hca_match(const char *spec, const char *name, int port);
+/* Pick the RoCE GID: RoCE v2 IPv4-mapped first, then RoCE v2, then any; -1 if none. types[i]: 1 = v2. */
+int mpib_pick_gid(int n, const union ibv_gid *gids, const int *types, const int *valid);
+
+/* ---- comms ---- */
+struct mpib_mr {
+  struct ibv_mr *mr;
+  int type;
+  void *addr;
+  size_t size;
+};
+
+/* One FIFO slot, written by the receiver into the sender's memory. `seq` is last: it is written
+ * last, so a sender that sees seq sees the rest. */
+struct mpib_fifo_entry {
+  uint64_t addr;
+  uint64_t size;
+  uint32_t rkey;
+  int32_t tag;
+};
+struct mpib_fifo_slot {
+  struct mpib_fifo_entry e[MPIB_MAX_RECVS];
+  uint32_t n;
+  uint32_t rec_rkey;      /* receiver's length records (adaptive routing) */
+  uint64_t rec_addr;
+  uint64_t seq;           /* request sequence + 1; 0 = never written */
+};
+
+/* What each side tells the other on the side channel. */
+struct mpib_conn_info {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t nqps;
+  uint64_t node_id;
+  int32_t plane;
+  int32_t link_layer;
+  uint32_t lid;
+  uint32_t mtu;
+  uint8_t gid[16];
+  uint32_t qpn[MPIB_MAX_QPS];
+  uint64_t fifo_addr;     /* sender -> receiver: where FIFO slots go */
+  uint32_t fifo_rkey;
+  int32_t sl;             /* sender -> receiver: the class's SL, traffic class and AR for both sides */
+  int32_t tclass;
+  int32_t ar;
+  int32_t tc_class;
+  uint32_t reserved[7];
+};
+
+struct mpib_comm_base {
+  uint32_t kind;          /* MPIB_SEND_COMM / MPIB_RECV_COMM */
+  struct mpib_dev *dev;
+  int devindex;
+  int fd;                 /* side channel, kept to notice a dead peer */
+  char peer[96];
+  struct ibv_cq *cq;
+  int nqps;
+  struct ibv_qp *qps[MPIB_MAX_QPS];
+  struct mpib_error err;
+  int sl, tclass, ar, tc_class;
+  unsigned live_polls;
+  struct mpib_comm_base *next_live; /* registry for the async thread */
+};
+#define MPIB_SEND_COMM 0x49425343u
+#define MPIB_RECV_COMM 0x49425243u
+
+#define MPIB_REQ_SEND 0x49425351u
+#define MPIB_REQ_RECV 0x49425251u
+#define MPIB_REQ_FLUSH 0x49424651u
+
+struct mpib_send_comm;
+struct mpib_recv_comm;
+
+struct mpib_send_req {
+  uint32_t kind;
+  struct mpib_send_comm *comm;
+  int used;
+  size_t size;
+  int pending;            /* signaled work requests not yet completed */
+  int trunc;
+};
+
+struct mpib_send_comm {
+  struct mpib_comm_base b;
+  struct mpib_fifo_slot *fifo; /* registered, remote-writable */
+  struct ibv_mr *fifo_mr;
+  uint64_t seq;                /* next FIFO slot to consume */
+  struct mpib_fifo_slot cur;   /* copy of slot `seq` once it arrived */
+  int cur_valid, cur_used;
+  int cur_taken[MPIB_MAX_RECVS];
+  uint64_t len_rec;            /* registered source of AR length records */
+  uint64_t *lens;
+  struct ibv_mr *lens_mr;
+  unsigned next_qp;
+  struct mpib_send_req reqs[MPIB_MAX_SENDS];
+  int outstanding[MPIB_MAX_QPS];
+};
+
+struct mpib_recv_entry {
+  uint64_t bytes;
+  int chunks, nchunks, trunc;
+  int tag;
+  uint64_t cap;
+};
+
+struct mpib_recv_req {
+  uint32_t kind;
+  struct mpib_recv_comm *comm;
+  int used;
+  uint64_t seq;
+  int n, done_entries;
+  int fifo_pending;          /* the FIFO write's completion */
+  struct mpib_recv_entry e[MPIB_MAX_RECVS];
+};
+
+struct mpib_flush_req {
+  uint32_t kind;
+  struct mpib_recv_comm *comm;
+  int used;
+  int pending;
+};
+
+struct mpib_recv_comm {
+  struct mpib_comm_base b;
+  uint64_t remote_fifo;
+  uint32_t remote_fifo_rkey;
+  struct mpib_fifo_slot *slots;  /* registered staging of the FIFO writes */
+  struct ibv_mr *slots_mr;
+  uint64_t *lens;                /* AR length records [slot][entry][chunk] */
+  struct ibv_mr *lens_mr;
+  uint64_t seq;
+  struct mpib_recv_req reqs[MPIB_MAX_REQS];
+  /* iflush: a QP connected to itself reads one byte back, after which the GPU sees the data */
+  struct ibv_qp *flush_qp;
+  char *flush_buf;
+  struct ibv_mr *flush_mr;
+  struct mpib_flush_req freqs[MPIB_MAX_REQS];
+};
+
+/* registry (async thread) */
+void mpib_comm_register(struct mpib_comm_base *c);
+void mpib_comm_unregister(struct mpib_comm_base *c);
+
+/* connection setup (ib_conn.c) */
+ncclResult_t mpib_listen(int dev, void *handle, void **listen_comm);
+ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm);
+ncclResult_t mpib_accept(void *listen_comm, void **recv_comm);
+ncclResult_t mpib_close_listen(void *listen_comm);
+ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, struct ibv_qp **out);
+ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32_t rqpn, uint32_t rlid,
+                             const uint8_t *rgid, int rmtu);
+void mpib_comm_base_destroy(struct mpib_comm_base *b);
+
+/* data path (ib_data.c) */
+ncclResult_t mpib_send_comm_setup(struct mpib_send_comm *c);
+ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c);
+ncclResult_t mpib_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle);
+ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                                void **mhandle);
+ncclResult_t mpib_dereg_mr(void *comm, void *mhandle);
+ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
+ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                        void **request);
+ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request);
+ncclResult_t mpib_test(void *request, int *done, int *sizes);
+ncclResult_t mpib_close_send(void *send_comm);
+ncclResult_t mpib_close_recv(void *recv_comm);
+
+/* imm layout */
+#define MPIB_IMM_SLOT(x) ((x) & 31u)
+#define MPIB_IMM_ENTRY(x) (((x) >> 5) & 7u)
+#define MPIB_IMM_NCHUNKS(x) ((((x) >> 8) & 15u) + 1)
+#define MPIB_IMM_CHUNK(x) (((x) >> 12) & 15u)
+#define MPIB_IMM_AR 0x10000u
+#define MPIB_IMM_TRUNC 0x20000u
+#define MPIB_IMM_SEQ(x) ((x) >> 20)
+static inline uint32_t mpib_imm(unsigned slot, unsigned entry, unsigned nchunks, unsigned chunk, uint32_t flags,
+                                uint64_t seq) {
+  return (slot & 31u) | ((entry & 7u) << 5) | (((nchunks - 1) & 15u) << 8) | ((chunk & 15u) << 12) | flags |
+         ((uint32_t)(seq & 0xfffu) << 20);
+}
+
+/* wr_id layout: kind in the top byte */
+#define MPIB_WR_DATA 1ull
+#define MPIB_WR_FIFO 2ull
+#define MPIB_WR_RECV 3ull
+#define MPIB_WR_FLUSH 4ull
+#define MPIB_WRID(kind, a, b) (((kind) << 56) | ((uint64_t)(a) << 16) | (uint64_t)(b))
+#define MPIB_WRID_KIND(w) ((w) >> 56)
+#define MPIB_WRID_A(w) (((w) >> 16) & 0xffffffffffull)
+#define MPIB_WRID_B(w) ((w) & 0xffffull)
+
+#endif

@@ -1,0 +1,536 @@
+/* mplane: IB connection setup. connect and accept never block: each call advances a small state
+ * machine over the TCP side channel and returns a NULL comm until the QPs are connected.
+ *
+ *   connect                                 accept
+ *   TCP connect, create CQ, QPs (INIT), FIFO
+ *   send info (QPNs, LID/GID, FIFO, SL)  -> read info, create CQ, QPs -> RTR -> RTS, post receives
+ *                                        <- send info (QPNs, LID/GID)
+ *   QPs -> RTR -> RTS, send "ready"      -> read "ready": the recv comm is returned
+ *   the send comm is returned
+ * The receiver only writes FIFO slots after "ready", when the sender's QPs are ready to take them. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../plugin/log.h"
+#include "../tc.h"
+#include "ib.h"
+
+#define MPIB_MAGIC 0x4d504942u /* "MPIB" */
+#define MPIB_STAGE_OFFSET 120
+#define MPIB_PENDING_MAX 64
+#define MPIB_READY 0x52
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void addr_str(const struct sockaddr *sa, char *buf, size_t len) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (sa->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, ip, sizeof(ip));
+    port = ntohs(((const struct sockaddr_in *)sa)->sin_port);
+  } else if (sa->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, ip, sizeof(ip));
+    port = ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
+  }
+  snprintf(buf, len, "%s<%d>", ip, port);
+}
+
+/* Read/write as much as is ready. 1 when the whole buffer moved, 0 not yet, -1 peer gone. */
+static int io_some(int fd, void *buf, size_t len, size_t *done, int wr) {
+  while (*done < len) {
+    ssize_t r = wr ? send(fd, (char *)buf + *done, len - *done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                   : recv(fd, (char *)buf + *done, len - *done, MSG_DONTWAIT);
+    if (r == 0 && !wr) return -1;
+    if (r < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+    *done += (size_t)r;
+  }
+  return 1;
+}
+
+/* ------------------------------------------------------------------ QPs */
+ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, struct ibv_qp **out) {
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof(ia));
+  ia.send_cq = b->cq;
+  ia.recv_cq = b->cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = MPIB_SQ_DEPTH;
+  ia.cap.max_recv_wr = MPIB_RQ_DEPTH;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = 64;
+  struct ibv_qp *qp = mpib_v.create_qp(b->dev->hca->pd, &ia);
+  if (!qp) {
+    MP_WARN("NET/IB: %s: ibv_create_qp failed: %s", b->dev->props.name, strerror(errno));
+    return ncclSystemError;
+  }
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = (uint8_t)b->dev->port;
+  a.qp_access_flags = access;
+  int rc = mpib_v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  if (rc != 0) {
+    MP_WARN("NET/IB: %s: QP %u to INIT failed: %s", b->dev->props.name, qp->qp_num, strerror(rc));
+    mpib_v.destroy_qp(qp);
+    return ncclSystemError;
+  }
+  *out = qp;
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32_t rqpn, uint32_t rlid,
+                             const uint8_t *rgid, int rmtu) {
+  const struct mplane_config *cfg = mpib_config();
+  struct mpib_dev *d = b->dev;
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = (enum ibv_mtu)(rmtu < (int)d->mtu ? rmtu : (int)d->mtu);
+  a.dest_qp_num = rqpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.port_num = (uint8_t)d->port;
+  a.ah_attr.sl = (uint8_t)b->sl;
+  if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.ah_attr.is_global = 1;
+    memcpy(a.ah_attr.grh.dgid.raw, rgid, 16);
+    a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+    a.ah_attr.grh.hop_limit = 255;
+    a.ah_attr.grh.traffic_class = (uint8_t)b->tclass;
+  } else {
+    a.ah_attr.is_global = 0;
+    a.ah_attr.dlid = (uint16_t)rlid;
+  }
+  int rc = mpib_v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (rc != 0) {
+    MP_WARN("NET/IB: %s: QP %u to RTR (peer %s QP %u, SL %d) failed: %s", d->props.name, qp->qp_num, b->peer, rqpn,
+            b->sl, strerror(rc));
+    return ncclSystemError;
+  }
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = (uint8_t)cfg->ib_timeout;
+  a.retry_cnt = (uint8_t)cfg->ib_retry_cnt;
+  a.rnr_retry = 7;
+  a.sq_psn = 0;
+  a.max_rd_atomic = 1;
+  rc = mpib_v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                    IBV_QP_MAX_QP_RD_ATOMIC);
+  if (rc != 0) {
+    MP_WARN("NET/IB: %s: QP %u to RTS failed: %s", d->props.name, qp->qp_num, strerror(rc));
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t base_open(struct mpib_comm_base *b, int devindex, int nqps) {
+  struct mpib_dev *d = mpib_dev_get(devindex);
+  b->dev = d;
+  b->devindex = devindex;
+  b->nqps = nqps;
+  int cqe = nqps * (MPIB_SQ_DEPTH + MPIB_RQ_DEPTH) + 2 * MPIB_SQ_DEPTH;
+  b->cq = mpib_v.create_cq(d->hca->ctx, cqe, NULL, NULL, 0);
+  if (!b->cq) {
+    MP_WARN("NET/IB: %s: ibv_create_cq(%d) failed: %s", d->props.name, cqe, strerror(errno));
+    return ncclSystemError;
+  }
+  for (int i = 0; i < nqps; i++)
+    MP_CHECK(mpib_create_qp(b, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE,
+                            &b->qps[i]));
+  return ncclSuccess;
+}
+
+void mpib_comm_base_destroy(struct mpib_comm_base *b) {
+  for (int i = 0; i < b->nqps; i++)
+    if (b->qps[i]) mpib_v.destroy_qp(b->qps[i]);
+  if (b->cq) mpib_v.destroy_cq(b->cq);
+  if (b->fd >= 0) close(b->fd);
+}
+
+static void info_fill(struct mpib_conn_info *ci, struct mpib_comm_base *b) {
+  memset(ci, 0, sizeof(*ci));
+  ci->magic = MPIB_MAGIC;
+  ci->version = MPLANE_PROTOCOL_VERSION;
+  ci->nqps = (uint16_t)b->nqps;
+  ci->node_id = mplane_node_id();
+  ci->plane = b->dev->props.plane;
+  ci->link_layer = b->dev->link_layer;
+  ci->lid = b->dev->lid;
+  ci->mtu = b->dev->mtu;
+  memcpy(ci->gid, b->dev->gid.raw, 16);
+  for (int i = 0; i < b->nqps; i++) ci->qpn[i] = b->qps[i]->qp_num;
+}
+
+static ncclResult_t info_check(const struct mpib_conn_info *ci, struct mpib_comm_base *b) {
+  if (ci->magic != MPIB_MAGIC || ci->version != MPLANE_PROTOCOL_VERSION) {
+    MP_WARN("NET/IB: peer %s speaks mplane IB protocol %u (magic 0x%08x), this library speaks %u: use the same "
+            "mplane build on every node", b->peer, ci->version, ci->magic, MPLANE_PROTOCOL_VERSION);
+    return ncclInvalidUsage;
+  }
+  if (ci->nqps < 1 || ci->nqps > MPIB_MAX_QPS) {
+    MP_WARN("NET/IB: peer %s asks for %u QPs (1..%d)", b->peer, ci->nqps, MPIB_MAX_QPS);
+    return ncclInvalidUsage;
+  }
+  if (ci->link_layer != b->dev->link_layer) {
+    MP_WARN("NET/IB: %s is %s but peer %s is %s: both ends of a connection must be on the same fabric",
+            b->dev->props.name, b->dev->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE", b->peer,
+            ci->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE");
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ listen */
+struct mpib_pending {
+  int fd;
+  int stage;                   /* 0 read info, 1 write info, 2 read ready */
+  double since;
+  char peer[96];
+  struct mpib_conn_info in, out;
+  size_t done;
+  struct mpib_recv_comm *comm;
+};
+
+struct mpib_listen_comm {
+  int fd;
+  int dev;
+  int npending;
+  struct mpib_pending pending[MPIB_PENDING_MAX];
+};
+
+ncclResult_t mpib_listen(int dev, void *handle, void **listen_comm) {
+  struct mpib_dev *d = mpib_dev_get(dev);
+  if (!d) return ncclInvalidArgument;
+  int fd = socket(d->oob.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  struct sockaddr_storage sa = d->oob;
+  ((struct sockaddr_in *)&sa)->sin_port = 0;
+  char where[96];
+  addr_str((struct sockaddr *)&d->oob, where, sizeof(where));
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, d->ooblen) != 0 || listen(fd, 1024) != 0) {
+    MP_WARN("NET/IB: %s: cannot listen on side-channel address %s: %s (set MPLANE_SOCKET_IFNAME to an interface "
+            "peers can reach)", d->props.name, where, strerror(errno));
+    if (fd >= 0) close(fd);
+    return ncclSystemError;
+  }
+  socklen_t len = sizeof(sa);
+  getsockname(fd, (struct sockaddr *)&sa, &len);
+  struct mplane_handle h = {.version = MPLANE_PROTOCOL_VERSION, .transport = MPLANE_HANDLE_IB,
+                            .plane = (int8_t)d->props.plane, .node_id = mplane_node_id()};
+  h.payload_len = (uint8_t)len;
+  memcpy(h.payload, &sa, len);
+  ncclResult_t res = mplane_handle_encode(&h, handle);
+  struct mpib_listen_comm *lc = res == ncclSuccess ? calloc(1, sizeof(*lc)) : NULL;
+  if (!lc) {
+    close(fd);
+    return res != ncclSuccess ? res : ncclSystemError;
+  }
+  lc->fd = fd;
+  lc->dev = dev;
+  *listen_comm = lc;
+  return ncclSuccess;
+}
+
+static void pending_drop(struct mpib_listen_comm *lc, int i) {
+  struct mpib_pending *p = &lc->pending[i];
+  if (p->comm) {
+    p->comm->b.fd = p->fd;
+    mpib_close_recv(p->comm);
+  } else {
+    close(p->fd);
+  }
+  lc->pending[i] = lc->pending[--lc->npending];
+}
+
+ncclResult_t mpib_close_listen(void *listen_comm) {
+  struct mpib_listen_comm *lc = listen_comm;
+  if (!lc) return ncclSuccess;
+  while (lc->npending > 0) pending_drop(lc, 0);
+  close(lc->fd);
+  free(lc);
+  return ncclSuccess;
+}
+
+/* The sender said who it is: build the receive side and its QPs, ready to receive. */
+static ncclResult_t accept_build(struct mpib_listen_comm *lc, struct mpib_pending *p) {
+  struct mpib_recv_comm *c = calloc(1, sizeof(*c));
+  if (!c) return ncclSystemError;
+  c->b.kind = MPIB_RECV_COMM;
+  c->b.fd = -1;
+  snprintf(c->b.peer, sizeof(c->b.peer), "%s", p->peer);
+  p->comm = c;
+  c->b.dev = mpib_dev_get(lc->dev);
+  ncclResult_t res = info_check(&p->in, &c->b);
+  if (res != ncclSuccess) return res;
+  c->b.sl = p->in.sl;
+  c->b.tclass = p->in.tclass;
+  c->b.ar = p->in.ar;
+  c->b.tc_class = p->in.tc_class;
+  MP_CHECK(base_open(&c->b, lc->dev, p->in.nqps));
+  c->remote_fifo = p->in.fifo_addr;
+  c->remote_fifo_rkey = p->in.fifo_rkey;
+  MP_CHECK(mpib_recv_comm_setup(c));
+  for (int i = 0; i < c->b.nqps; i++)
+    MP_CHECK(mpib_qp_connect(&c->b, c->b.qps[i], p->in.qpn[i], p->in.lid, p->in.gid, (int)p->in.mtu));
+  /* receives for the writes with immediate, before the sender can send */
+  for (int i = 0; i < c->b.nqps; i++) {
+    for (int k = 0; k < MPIB_RQ_DEPTH; k++) {
+      struct ibv_recv_wr wr, *bad = NULL;
+      memset(&wr, 0, sizeof(wr));
+      wr.wr_id = MPIB_WRID(MPIB_WR_RECV, i, 0);
+      int rc = ibv_post_recv(c->b.qps[i], &wr, &bad);
+      if (rc != 0) {
+        MP_WARN("NET/IB: %s: posting receives on QP %u failed: %s", c->b.dev->props.name, c->b.qps[i]->qp_num,
+                strerror(rc));
+        return ncclSystemError;
+      }
+    }
+  }
+  info_fill(&p->out, &c->b);
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
+  struct mpib_listen_comm *lc = listen_comm;
+  *recv_comm = NULL;
+  while (lc->npending < MPIB_PENDING_MAX) {
+    struct sockaddr_storage from;
+    socklen_t len = sizeof(from);
+    int fd = accept4(lc->fd, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+      MP_WARN("NET/IB: accept on the side channel failed: %s", strerror(errno));
+      return ncclSystemError;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    struct mpib_pending *p = &lc->pending[lc->npending++];
+    memset(p, 0, sizeof(*p));
+    p->fd = fd;
+    p->since = now_s();
+    addr_str((struct sockaddr *)&from, p->peer, sizeof(p->peer));
+  }
+  const struct mplane_config *cfg = mpib_config();
+  for (int i = 0; i < lc->npending;) {
+    struct mpib_pending *p = &lc->pending[i];
+    int r = 1;
+    if (p->stage == 0) {
+      r = io_some(p->fd, &p->in, sizeof(p->in), &p->done, 0);
+      if (r == 1) {
+        ncclResult_t res = accept_build(lc, p);
+        if (res != ncclSuccess) {
+          MP_WARN("NET/IB: cannot accept the connection from peer %s", p->peer);
+          pending_drop(lc, i);
+          return res;
+        }
+        p->stage = 1;
+        p->done = 0;
+      }
+    }
+    if (r == 1 && p->stage == 1) {
+      r = io_some(p->fd, &p->out, sizeof(p->out), &p->done, 1);
+      if (r == 1) {
+        p->stage = 2;
+        p->done = 0;
+      }
+    }
+    if (r == 1 && p->stage == 2) {
+      unsigned char ready = 0;
+      r = io_some(p->fd, &ready, 1, &p->done, 0);
+      if (r == 1 && ready != MPIB_READY) r = -1;
+      if (r == 1) {
+        struct mpib_recv_comm *c = p->comm;
+        c->b.fd = p->fd;
+        mpib_comm_register(&c->b);
+        lc->pending[i] = lc->pending[--lc->npending];
+        MP_INFO(NCCL_NET, "NET/IB: %s accepted peer %s: %d QPs, SL %d, traffic class %d, adaptive routing %s",
+                c->b.dev->props.name, c->b.peer, c->b.nqps, c->b.sl, c->b.tclass, c->b.ar ? "on" : "off");
+        *recv_comm = c;
+        return ncclSuccess;
+      }
+    }
+    if (r < 0) {
+      MP_INFO(NCCL_NET, "NET/IB: connection from %s closed during setup", p->peer);
+      pending_drop(lc, i);
+      continue;
+    }
+    if (now_s() - p->since > cfg->connect_timeout_s) {
+      MP_WARN("NET/IB: connection from peer %s did not finish its setup within %d s (MPLANE_CONNECT_TIMEOUT); dropped",
+              p->peer, cfg->connect_timeout_s);
+      pending_drop(lc, i);
+      continue;
+    }
+    i++;
+  }
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ connect */
+struct mpib_connect_stage {
+  int stage; /* 0 TCP connecting, 1 write info, 2 read info, 3 write ready */
+  double deadline;
+  struct mpib_send_comm *comm;
+  struct mpib_conn_info out, in;
+  size_t done;
+};
+
+static void stage_free(struct mpib_connect_stage *st) {
+  if (st->comm) mpib_close_send(st->comm);
+  free(st);
+}
+
+static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, const struct mplane_handle *h,
+                               struct mpib_connect_stage **out) {
+  const struct mplane_config *cfg = mpib_config();
+  struct mpib_dev *d = mpib_dev_get(dev);
+  struct mpib_connect_stage *st = calloc(1, sizeof(*st));
+  struct mpib_send_comm *c = calloc(1, sizeof(*c));
+  if (!st || !c) {
+    free(st);
+    free(c);
+    return ncclSystemError;
+  }
+  st->comm = c;
+  c->b.kind = MPIB_SEND_COMM;
+  c->b.fd = -1;
+  c->b.dev = d;
+  struct sockaddr_storage peer;
+  memset(&peer, 0, sizeof(peer));
+  memcpy(&peer, h->payload, h->payload_len < sizeof(peer) ? h->payload_len : sizeof(peer));
+  addr_str((struct sockaddr *)&peer, c->b.peer, sizeof(c->b.peer));
+  st->deadline = now_s() + cfg->connect_timeout_s;
+  c->b.sl = opts->service_level;
+  c->b.tc_class = opts->tc_class;
+  c->b.ar = opts->adaptive_routing;
+  /* RoCE: the class's DSCP in the IP header's traffic-class byte (DSCP << 2, ECN bits left 0) */
+  c->b.tclass = d->link_layer == IBV_LINK_LAYER_ETHERNET ? mplane_tc_dscp(c->b.sl) << 2 : 0;
+  int fd = socket(peer.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) goto fail;
+  c->b.fd = fd;
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  if (connect(fd, (struct sockaddr *)&peer, h->payload_len) != 0 && errno != EINPROGRESS) goto fail;
+  *out = st;
+  return ncclSuccess;
+fail:
+  MP_WARN("NET/IB: %s: connecting to peer %s failed: %s", d->props.name, c->b.peer, strerror(errno));
+  stage_free(st);
+  return ncclRemoteError;
+}
+
+static ncclResult_t stage_progress(struct mpib_connect_stage *st, int *done) {
+  struct mpib_send_comm *c = st->comm;
+  int fd = c->b.fd;
+  *done = 0;
+  if (st->stage == 0) {
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    if (poll(&p, 1, 0) <= 0) return ncclSuccess;
+    int soerr = 0;
+    socklen_t len = sizeof(soerr);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
+    if (soerr) {
+      MP_WARN("NET/IB: %s: connecting to peer %s failed: %s", c->b.dev->props.name, c->b.peer, strerror(soerr));
+      return ncclRemoteError;
+    }
+    MP_CHECK(base_open(&c->b, c->b.devindex, mpib_config()->ib_qps));
+    MP_CHECK(mpib_send_comm_setup(c));
+    info_fill(&st->out, &c->b);
+    st->out.fifo_addr = (uint64_t)(uintptr_t)c->fifo;
+    st->out.fifo_rkey = c->fifo_mr->rkey;
+    st->out.sl = c->b.sl;
+    st->out.tclass = c->b.tclass;
+    st->out.ar = c->b.ar;
+    st->out.tc_class = c->b.tc_class;
+    st->stage = 1;
+    st->done = 0;
+  }
+  int r = 1;
+  if (st->stage == 1 && (r = io_some(fd, &st->out, sizeof(st->out), &st->done, 1)) == 1) {
+    st->stage = 2;
+    st->done = 0;
+  }
+  if (r == 1 && st->stage == 2 && (r = io_some(fd, &st->in, sizeof(st->in), &st->done, 0)) == 1) {
+    MP_CHECK(info_check(&st->in, &c->b));
+    if (st->in.nqps != c->b.nqps) {
+      MP_WARN("NET/IB: peer %s answered with %u QPs, we have %d", c->b.peer, st->in.nqps, c->b.nqps);
+      return ncclInvalidUsage;
+    }
+    for (int i = 0; i < c->b.nqps; i++)
+      MP_CHECK(mpib_qp_connect(&c->b, c->b.qps[i], st->in.qpn[i], st->in.lid, st->in.gid, (int)st->in.mtu));
+    st->stage = 3;
+    st->done = 0;
+  }
+  if (r == 1 && st->stage == 3) {
+    unsigned char ready = MPIB_READY;
+    if ((r = io_some(fd, &ready, 1, &st->done, 1)) == 1) *done = 1;
+  }
+  if (r < 0) {
+    MP_WARN("NET/IB: %s: peer %s closed the side channel during setup (peer process exited, or it refused us: see "
+            "its log)", c->b.dev->props.name, c->b.peer);
+    return ncclRemoteError;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm) {
+  *send_comm = NULL;
+  struct mpib_connect_stage *st = NULL;
+  memcpy(&st, (char *)handle + MPIB_STAGE_OFFSET, sizeof(st));
+  if (st == NULL) {
+    struct mplane_handle h;
+    char why[256];
+    ncclResult_t res = mplane_handle_decode(handle, &h, why, sizeof(why));
+    if (res != ncclSuccess) {
+      MP_WARN("NET/IB: connect: %s", why);
+      return res;
+    }
+    if (h.transport != MPLANE_HANDLE_IB) {
+      MP_WARN("NET/IB: connect: the peer listens on the socket transport, this rank runs InfiniBand: set the same "
+              "MPLANE_TRANSPORT on every node");
+      return ncclInvalidUsage;
+    }
+    if (!mpib_dev_get(dev)) return ncclInvalidArgument;
+    MP_CHECK(stage_open(dev, opts, &h, &st));
+    st->comm->b.devindex = dev;
+    memcpy((char *)handle + MPIB_STAGE_OFFSET, &st, sizeof(st));
+  }
+  int done = 0;
+  ncclResult_t res = stage_progress(st, &done);
+  if (res == ncclSuccess && !done && now_s() > st->deadline) {
+    MP_WARN("NET/IB: no connection to peer %s within %d s (MPLANE_CONNECT_TIMEOUT): is its side channel reachable?",
+            st->comm->b.peer, mpib_config()->connect_timeout_s);
+    res = ncclRemoteError;
+  }
+  if (res != ncclSuccess) {
+    stage_free(st);
+    memset((char *)handle + MPIB_STAGE_OFFSET, 0, sizeof(st));
+    return res;
+  }
+  if (!done) return ncclSuccess;
+  struct mpib_send_comm *c = st->comm;
+  st->comm = NULL;
+  free(st);
+  memset((char *)handle + MPIB_STAGE_OFFSET, 0, sizeof(st));
+  mpib_comm_register(&c->b);
+  MP_INFO(NCCL_NET, "NET/IB: %s connected to peer %s: %d QPs, SL %d, traffic class %d, adaptive routing %s",
+          c->b.dev->props.name, c->b.peer, c->b.nqps, c->b.sl, c->b.tclass, c->b.ar ? "on" : "off");
+  *send_comm = c;
+  return ncclSuccess;
+}

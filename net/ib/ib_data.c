@@ -1,0 +1,581 @@
+/* mplane: the IB data path (protocol in ib.h). Only the proxy thread calls in here; it posts work
+ * requests and polls the comm's completion queue. Nothing blocks, and every failure - an error
+ * completion, an async event, the peer's side channel closing - becomes an error of test(). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../../plugin/log.h"
+#include "ib.h"
+
+#define MPIB_LIVENESS_EVERY 64
+#define MPIB_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+
+static void *alloc_pages(size_t bytes) {
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, (bytes + 4095) & ~(size_t)4095) != 0) return NULL;
+  memset(p, 0, bytes);
+  return p;
+}
+
+static struct ibv_mr *reg_local(struct mpib_comm_base *b, void *p, size_t bytes, int access, const char *what) {
+  struct ibv_mr *mr = mpib_v.reg_mr(b->dev->hca->pd, p, bytes, access);
+  if (!mr) MP_WARN("NET/IB: %s: registering the %s (%zu bytes) failed: %s", b->dev->props.name, what, bytes,
+                   strerror(errno));
+  return mr;
+}
+
+ncclResult_t mpib_send_comm_setup(struct mpib_send_comm *c) {
+  c->fifo = alloc_pages(sizeof(struct mpib_fifo_slot) * MPIB_MAX_REQS);
+  if (!c->fifo) return ncclSystemError;
+  c->fifo_mr = reg_local(&c->b, c->fifo, sizeof(struct mpib_fifo_slot) * MPIB_MAX_REQS,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "send FIFO");
+  if (!c->fifo_mr) return ncclSystemError;
+  for (int i = 0; i < MPIB_MAX_SENDS; i++) {
+    c->reqs[i].kind = MPIB_REQ_SEND;
+    c->reqs[i].comm = c;
+  }
+  return ncclSuccess;
+}
+
+#define MPIB_LENS (MPIB_MAX_REQS * MPIB_MAX_RECVS * MPIB_MAX_QPS)
+
+ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c) {
+  c->slots = alloc_pages(sizeof(struct mpib_fifo_slot) * MPIB_MAX_REQS);
+  c->lens = alloc_pages(sizeof(uint64_t) * MPIB_LENS);
+  if (!c->slots || !c->lens) return ncclSystemError;
+  c->slots_mr = reg_local(&c->b, c->slots, sizeof(struct mpib_fifo_slot) * MPIB_MAX_REQS, IBV_ACCESS_LOCAL_WRITE,
+                          "FIFO staging");
+  c->lens_mr = reg_local(&c->b, c->lens, sizeof(uint64_t) * MPIB_LENS,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "length records");
+  if (!c->slots_mr || !c->lens_mr) return ncclSystemError;
+  for (int i = 0; i < MPIB_MAX_REQS; i++) {
+    c->reqs[i].kind = MPIB_REQ_RECV;
+    c->reqs[i].comm = c;
+    c->freqs[i].kind = MPIB_REQ_FLUSH;
+    c->freqs[i].comm = c;
+  }
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ memory registration */
+static ncclResult_t reg_common(void *comm, void *data, size_t size, int type, int fd, uint64_t offset,
+                               void **mhandle) {
+  struct mpib_comm_base *b = comm;
+  *mhandle = NULL;
+  if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
+    MP_WARN("NET/IB: regMr of memory type %d; expected NCCL_PTR_HOST or NCCL_PTR_CUDA", type);
+    return ncclInvalidArgument;
+  }
+  struct mpib_mr *m = calloc(1, sizeof(*m));
+  if (!m) return ncclSystemError;
+  m->type = type;
+  m->addr = data;
+  m->size = size;
+  if (fd >= 0) {
+    if (!mpib_v.reg_dmabuf_mr) {
+      free(m);
+      MP_WARN("NET/IB: regMrDmaBuf: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core >= 34 needed)");
+      return ncclInvalidUsage;
+    }
+    m->mr = mpib_v.reg_dmabuf_mr(b->dev->hca->pd, offset, size, (uint64_t)(uintptr_t)data, fd, MPIB_ACCESS);
+  } else {
+    /* whole pages, as the kernel pins pages anyway */
+    uintptr_t start = (uintptr_t)data & ~(uintptr_t)4095;
+    size_t len = (((uintptr_t)data + size + 4095) & ~(uintptr_t)4095) - start;
+    m->mr = mpib_v.reg_mr(b->dev->hca->pd, (void *)start, len ? len : 4096, MPIB_ACCESS);
+  }
+  if (!m->mr) {
+    int e = errno;
+    free(m);
+    MP_WARN("NET/IB: %s: registering %zu bytes of %s memory at %p%s failed: %s%s", b->dev->props.name, size,
+            type == NCCL_PTR_CUDA ? "GPU" : "host", data, fd >= 0 ? " (dma-buf)" : "", strerror(e),
+            type == NCCL_PTR_CUDA && fd < 0 ? " (GPU memory needs nvidia-peermem loaded, or dma-buf)" : "");
+    return ncclSystemError;
+  }
+  *mhandle = m;
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
+  return reg_common(comm, data, size, type, -1, 0, mhandle);
+}
+
+ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                                void **mhandle) {
+  if (fd < 0) return reg_common(comm, data, size, type, -1, 0, mhandle);
+  return reg_common(comm, data, size, type, fd, offset, mhandle);
+}
+
+ncclResult_t mpib_dereg_mr(void *comm, void *mhandle) {
+  (void)comm;
+  struct mpib_mr *m = mhandle;
+  if (!m) return ncclSuccess;
+  if (m->mr) mpib_v.dereg_mr(m->mr);
+  free(m);
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ completions */
+static const char *wr_what(uint64_t kind) {
+  switch (kind) {
+    case MPIB_WR_DATA: return "data write";
+    case MPIB_WR_FIFO: return "FIFO write";
+    case MPIB_WR_RECV: return "receive";
+    case MPIB_WR_FLUSH: return "flush read";
+    default: return "work request";
+  }
+}
+
+static void protocol_error(struct mpib_comm_base *b, const char *what, uint32_t imm) {
+  mpib_error_set(&b->err, ncclInternalError, "%s port %d: protocol error from peer %s: %s (imm 0x%08x)",
+                 b->dev->hca->name, b->dev->port, b->peer, what, imm);
+}
+
+static void on_recv(struct mpib_recv_comm *c, const struct ibv_wc *wc) {
+  unsigned q = (unsigned)MPIB_WRID_A(wc->wr_id);
+  if (q < (unsigned)c->b.nqps) {
+    struct ibv_recv_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = wc->wr_id;
+    int rc = ibv_post_recv(c->b.qps[q], &wr, &bad);
+    if (rc) mpib_error_set(&c->b.err, ncclSystemError, "%s port %d: re-posting a receive on QP %u failed: %s",
+                           c->b.dev->hca->name, c->b.dev->port, c->b.qps[q]->qp_num, strerror(rc));
+  }
+  if (!(wc->wc_flags & IBV_WC_WITH_IMM)) return protocol_error(&c->b, "a receive without immediate", 0);
+  uint32_t imm = ntohl(wc->imm_data);
+  struct mpib_recv_req *r = &c->reqs[MPIB_IMM_SLOT(imm)];
+  unsigned e = MPIB_IMM_ENTRY(imm);
+  if (!r->used || MPIB_IMM_SEQ(imm) != (uint32_t)(r->seq & 0xfff) || (int)e >= r->n)
+    return protocol_error(&c->b, "data for a receive that is not posted", imm);
+  struct mpib_recv_entry *en = &r->e[e];
+  if (imm & MPIB_IMM_TRUNC) {
+    en->trunc = 1;
+    r->done_entries++;
+    return;
+  }
+  uint64_t len = wc->byte_len;
+  if (imm & MPIB_IMM_AR) {
+    unsigned slot = MPIB_IMM_SLOT(imm);
+    len = __atomic_load_n(&c->lens[(slot * MPIB_MAX_RECVS + e) * MPIB_MAX_QPS + MPIB_IMM_CHUNK(imm)], __ATOMIC_ACQUIRE);
+  }
+  en->bytes += len;
+  en->nchunks = (int)MPIB_IMM_NCHUNKS(imm);
+  if (++en->chunks == en->nchunks) {
+    if (en->bytes > en->cap) return protocol_error(&c->b, "more bytes than the receive buffer holds", imm);
+    r->done_entries++;
+  }
+}
+
+/* Drain the comm's CQ. Errors land in b->err. */
+static void poll_cq(struct mpib_comm_base *b) {
+  struct ibv_wc wcs[32];
+  for (int round = 0; round < 8; round++) {
+    int n = ibv_poll_cq(b->cq, 32, wcs);
+    if (n < 0) {
+      mpib_error_set(&b->err, ncclSystemError, "%s port %d: polling the CQ failed (peer %s)", b->dev->hca->name,
+                     b->dev->port, b->peer);
+      return;
+    }
+    for (int i = 0; i < n; i++) {
+      struct ibv_wc *wc = &wcs[i];
+      uint64_t kind = MPIB_WRID_KIND(wc->wr_id);
+      if (wc->status != IBV_WC_SUCCESS) {
+        if (wc->status == IBV_WC_WR_FLUSH_ERR && __atomic_load_n(&b->err.state, __ATOMIC_ACQUIRE)) continue;
+        mpib_error_set(&b->err, ncclRemoteError,
+                       "%s port %d: %s completed with error: %s (status %d, vendor error 0x%x) on QP %u; peer %s",
+                       b->dev->hca->name, b->dev->port, wr_what(kind), mpib_wc_status_str(wc->status),
+                       (int)wc->status, wc->vendor_err, wc->qp_num, b->peer);
+        continue;
+      }
+      if (b->kind == MPIB_SEND_COMM) {
+        struct mpib_send_comm *c = (struct mpib_send_comm *)b;
+        if (kind == MPIB_WR_DATA && MPIB_WRID_A(wc->wr_id) < MPIB_MAX_SENDS) {
+          struct mpib_send_req *r = &c->reqs[MPIB_WRID_A(wc->wr_id)];
+          if (--r->pending == 0 && r->trunc) r->used = 0; /* nobody tests a refused send */
+        }
+      } else {
+        struct mpib_recv_comm *c = (struct mpib_recv_comm *)b;
+        uint64_t a = MPIB_WRID_A(wc->wr_id);
+        if (kind == MPIB_WR_RECV) on_recv(c, wc);
+        else if (kind == MPIB_WR_FIFO && a < MPIB_MAX_REQS) c->reqs[a].fifo_pending = 0;
+        else if (kind == MPIB_WR_FLUSH && a < MPIB_MAX_REQS) c->freqs[a].pending--;
+      }
+    }
+    if (n < 32) return;
+  }
+}
+
+/* The side channel stays open for the comm's life: when it reads EOF the peer process is gone (or
+ * closed its comm), which verbs alone would only show after the transport retries time out. */
+static void check_peer(struct mpib_comm_base *b) {
+  if (++b->live_polls % MPIB_LIVENESS_EVERY != 0 || b->fd < 0) return;
+  char byte;
+  ssize_t r = recv(b->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+    mpib_error_set(&b->err, ncclRemoteError,
+                   "%s port %d: peer %s closed the connection with requests in flight (process exited or closed "
+                   "its comm?)", b->dev->hca->name, b->dev->port, b->peer);
+}
+
+/* ------------------------------------------------------------------ send */
+static struct mpib_send_req *send_req_alloc(struct mpib_send_comm *c, int *index) {
+  for (int i = 0; i < MPIB_MAX_SENDS; i++)
+    if (!c->reqs[i].used) {
+      c->reqs[i].used = 1;
+      *index = i;
+      return &c->reqs[i];
+    }
+  return NULL;
+}
+
+static ncclResult_t post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr) {
+  struct ibv_send_wr *bad = NULL;
+  int rc = ibv_post_send(b->qps[q], wr, &bad);
+  if (rc) {
+    mpib_error_set(&b->err, ncclSystemError, "%s port %d: ibv_post_send on QP %u failed: %s (peer %s)",
+                   b->dev->hca->name, b->dev->port, b->qps[q]->qp_num, strerror(rc), b->peer);
+    return mpib_error_check(&b->err);
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
+  struct mpib_send_comm *c = send_comm;
+  struct mpib_mr *m = mhandle;
+  *request = NULL;
+  MP_CHECK(mpib_error_check(&c->b.err));
+  if (!c->cur_valid) {
+    struct mpib_fifo_slot *s = &c->fifo[c->seq % MPIB_MAX_REQS];
+    if (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != c->seq + 1) {
+      poll_cq(&c->b);
+      check_peer(&c->b);
+      return mpib_error_check(&c->b.err); /* no receive posted yet: NCCL calls again */
+    }
+    memcpy(&c->cur, s, sizeof(c->cur));
+    if (c->cur.n < 1 || c->cur.n > MPIB_MAX_RECVS) {
+      mpib_error_set(&c->b.err, ncclInternalError, "peer %s posted a receive of %u buffers", c->b.peer, c->cur.n);
+      return mpib_error_check(&c->b.err);
+    }
+    c->cur_valid = 1;
+    c->cur_used = 0;
+    memset(c->cur_taken, 0, sizeof(c->cur_taken));
+  }
+  int k = -1;
+  for (int i = 0; i < (int)c->cur.n; i++)
+    if (!c->cur_taken[i] && c->cur.e[i].tag == tag) {
+      k = i;
+      break;
+    }
+  if (k < 0) {
+    MP_WARN("NET/IB: send with tag %d to peer %s matches no posted receive (receive %llu offers %u buffers)", tag,
+            c->b.peer, (unsigned long long)c->seq, c->cur.n);
+    return ncclInvalidUsage;
+  }
+  if (size > 0 && !m) {
+    MP_WARN("NET/IB: isend of %zu bytes to peer %s without a registered memory handle", size, c->b.peer);
+    return ncclInvalidArgument;
+  }
+  int ri;
+  struct mpib_send_req *r = send_req_alloc(c, &ri);
+  if (!r) return ncclSuccess;
+  r->size = size;
+  r->pending = 0;
+  r->trunc = 0;
+  const struct mpib_fifo_entry *en = &c->cur.e[k];
+  unsigned slot = (unsigned)(c->seq % MPIB_MAX_REQS);
+  unsigned first = c->next_qp % (unsigned)c->b.nqps;
+  c->cur_taken[k] = 1;
+  uint64_t seq = c->seq;
+  if (++c->cur_used == (int)c->cur.n) {
+    c->cur_valid = 0;
+    c->seq++;
+  }
+  if (size > en->size) {
+    /* Tell the receiver (its test fails too) and write nothing past its buffer. */
+    struct ibv_send_wr wr;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = MPIB_WRID(MPIB_WR_DATA, ri, 0);
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = htonl(mpib_imm(slot, (unsigned)k, 1, 0, MPIB_IMM_TRUNC, seq));
+    wr.wr.rdma.remote_addr = en->addr;
+    wr.wr.rdma.rkey = en->rkey;
+    r->trunc = 1;
+    r->pending = 1;
+    MP_CHECK(post(&c->b, (int)first, &wr));
+    MP_WARN("NET/IB: send of %zu bytes (tag %d) to peer %s, but its receive buffer holds %llu bytes", size, tag,
+            c->b.peer, (unsigned long long)en->size);
+    return ncclInvalidUsage;
+  }
+  int nqps = c->b.nqps;
+  int nch = 1;
+  size_t per = size;
+  if (nqps > 1 && size > MPIB_CHUNK_MIN) {
+    nch = (int)((size + MPIB_CHUNK_MIN - 1) / MPIB_CHUNK_MIN);
+    if (nch > nqps) nch = nqps;
+    per = (size + (size_t)nch - 1) / (size_t)nch;
+    per = (per + 4095) & ~(size_t)4095;
+    nch = (int)((size + per - 1) / per);
+  }
+  for (int i = 0; i < nch; i++) {
+    int q = (int)((first + (unsigned)i) % (unsigned)nqps);
+    size_t off = (size_t)i * per;
+    size_t len = size == 0 ? 0 : (size - off < per ? size - off : per);
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)data + off, .length = (uint32_t)len,
+                          .lkey = m ? m->mr->lkey : 0};
+    struct ibv_send_wr wr[2];
+    memset(wr, 0, sizeof(wr));
+    if (!c->b.ar) {
+      wr[0].wr_id = MPIB_WRID(MPIB_WR_DATA, ri, i);
+      wr[0].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr[0].send_flags = IBV_SEND_SIGNALED;
+      wr[0].sg_list = len ? &sge : NULL;
+      wr[0].num_sge = len ? 1 : 0;
+      wr[0].imm_data = htonl(mpib_imm(slot, (unsigned)k, (unsigned)nch, (unsigned)i, 0, seq));
+      wr[0].wr.rdma.remote_addr = en->addr + off;
+      wr[0].wr.rdma.rkey = en->rkey;
+      r->pending++;
+      MP_CHECK(post(&c->b, q, &wr[0]));
+    } else {
+      /* Adaptive routing: the data may arrive out of order, so it goes as a plain write and a
+       * separate write with immediate (ordered after it on the QP) carries the chunk's length. */
+      uint64_t lenval = len;
+      struct ibv_sge lsge = {.addr = (uint64_t)(uintptr_t)&lenval, .length = sizeof(lenval), .lkey = 0};
+      int w = 0;
+      if (len) {
+        wr[w].wr_id = MPIB_WRID(MPIB_WR_DATA, ri, i);
+        wr[w].opcode = IBV_WR_RDMA_WRITE;
+        wr[w].sg_list = &sge;
+        wr[w].num_sge = 1;
+        wr[w].wr.rdma.remote_addr = en->addr + off;
+        wr[w].wr.rdma.rkey = en->rkey;
+        wr[w].next = &wr[w + 1];
+        w++;
+      }
+      wr[w].wr_id = MPIB_WRID(MPIB_WR_DATA, ri, i);
+      wr[w].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr[w].send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+      wr[w].sg_list = &lsge;
+      wr[w].num_sge = 1;
+      wr[w].imm_data = htonl(mpib_imm(slot, (unsigned)k, (unsigned)nch, (unsigned)i, MPIB_IMM_AR, seq));
+      /* the length record of (slot, entry, chunk) in the receiver's memory */
+      wr[w].wr.rdma.remote_addr =
+          c->cur.rec_addr + ((uint64_t)(slot * MPIB_MAX_RECVS + (unsigned)k) * MPIB_MAX_QPS + (unsigned)i) * 8;
+      wr[w].wr.rdma.rkey = c->cur.rec_rkey;
+      r->pending++;
+      MP_CHECK(post(&c->b, q, &wr[0]));
+    }
+  }
+  c->next_qp = first + (unsigned)nch;
+  *request = r;
+  return ncclSuccess;
+}
+
+static ncclResult_t send_test(struct mpib_send_req *r, int *done, int *sizes) {
+  struct mpib_send_comm *c = r->comm;
+  poll_cq(&c->b);
+  MP_CHECK(mpib_error_check(&c->b.err));
+  if (r->pending == 0) {
+    *done = 1;
+    if (sizes) sizes[0] = (int)r->size;
+    r->used = 0;
+    return ncclSuccess;
+  }
+  check_peer(&c->b);
+  return mpib_error_check(&c->b.err);
+}
+
+/* ------------------------------------------------------------------ receive */
+ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                        void **request) {
+  struct mpib_recv_comm *c = recv_comm;
+  *request = NULL;
+  if (n < 1 || n > MPIB_MAX_RECVS) {
+    MP_WARN("NET/IB: irecv of %d buffers; at most %d", n, MPIB_MAX_RECVS);
+    return ncclInvalidArgument;
+  }
+  MP_CHECK(mpib_error_check(&c->b.err));
+  unsigned k = (unsigned)(c->seq % MPIB_MAX_REQS);
+  struct mpib_recv_req *r = &c->reqs[k];
+  if (r->used) {
+    poll_cq(&c->b);
+    return mpib_error_check(&c->b.err); /* the oldest receive is still in flight: NCCL calls again */
+  }
+  struct mpib_fifo_slot *s = &c->slots[k];
+  memset(r->e, 0, sizeof(r->e));
+  memset(s, 0, sizeof(*s));
+  for (int i = 0; i < n; i++) {
+    struct mpib_mr *m = mhandles ? mhandles[i] : NULL;
+    if (!m && sizes[i] > 0) {
+      MP_WARN("NET/IB: irecv buffer %d (%zu bytes) has no registered memory handle", i, sizes[i]);
+      return ncclInvalidArgument;
+    }
+    s->e[i].addr = (uint64_t)(uintptr_t)data[i];
+    s->e[i].size = sizes[i];
+    s->e[i].rkey = m ? m->mr->rkey : 0;
+    s->e[i].tag = tags[i];
+    r->e[i].cap = sizes[i];
+    r->e[i].tag = tags[i];
+  }
+  s->n = (uint32_t)n;
+  s->rec_addr = (uint64_t)(uintptr_t)c->lens;
+  s->rec_rkey = c->lens_mr->rkey;
+  s->seq = c->seq + 1;
+  r->used = 1;
+  r->seq = c->seq;
+  r->n = n;
+  r->done_entries = 0;
+  r->fifo_pending = 1;
+  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)s, .length = sizeof(*s), .lkey = c->slots_mr->lkey};
+  struct ibv_send_wr wr;
+  memset(&wr, 0, sizeof(wr));
+  wr.wr_id = MPIB_WRID(MPIB_WR_FIFO, k, 0);
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = c->remote_fifo + k * sizeof(struct mpib_fifo_slot);
+  wr.wr.rdma.rkey = c->remote_fifo_rkey;
+  c->seq++;
+  ncclResult_t res = post(&c->b, (int)(k % (unsigned)c->b.nqps), &wr);
+  if (res != ncclSuccess) {
+    r->used = 0;
+    return res;
+  }
+  *request = r;
+  return ncclSuccess;
+}
+
+static ncclResult_t recv_test(struct mpib_recv_req *r, int *done, int *sizes) {
+  struct mpib_recv_comm *c = r->comm;
+  poll_cq(&c->b);
+  for (int i = 0; i < r->n; i++)
+    if (r->e[i].trunc == 1) {
+      r->e[i].trunc = 2; /* report once */
+      MP_WARN("NET/IB: peer %s sent more than the %llu-byte receive buffer (tag %d) holds; nothing was written",
+              c->b.peer, (unsigned long long)r->e[i].cap, r->e[i].tag);
+      return ncclInvalidUsage;
+    } else if (r->e[i].trunc) {
+      return ncclInvalidUsage;
+    }
+  MP_CHECK(mpib_error_check(&c->b.err));
+  if (r->done_entries == r->n && !r->fifo_pending) {
+    for (int i = 0; i < r->n; i++)
+      if (sizes) sizes[i] = (int)r->e[i].bytes;
+    r->used = 0;
+    *done = 1;
+    return ncclSuccess;
+  }
+  check_peer(&c->b);
+  return mpib_error_check(&c->b.err);
+}
+
+/* ------------------------------------------------------------------ flush */
+static ncclResult_t flush_setup(struct mpib_recv_comm *c) {
+  c->flush_buf = alloc_pages(64);
+  if (!c->flush_buf) return ncclSystemError;
+  c->flush_mr = reg_local(&c->b, c->flush_buf, 64, IBV_ACCESS_LOCAL_WRITE, "flush buffer");
+  if (!c->flush_mr) return ncclSystemError;
+  MP_CHECK(mpib_create_qp(&c->b, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE, &c->flush_qp));
+  /* a loopback connection: the QP's peer is itself */
+  return mpib_qp_connect(&c->b, c->flush_qp, c->flush_qp->qp_num, c->b.dev->lid, c->b.dev->gid.raw, c->b.dev->mtu);
+}
+
+ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request) {
+  struct mpib_recv_comm *c = recv_comm;
+  *request = NULL;
+  int last = -1;
+  for (int i = 0; i < n; i++) {
+    struct mpib_mr *m = mhandles ? mhandles[i] : NULL;
+    if (sizes[i] > 0 && m && m->type == NCCL_PTR_CUDA) last = i;
+  }
+  if (last < 0) return ncclSuccess; /* host memory is coherent: nothing to flush */
+  MP_CHECK(mpib_error_check(&c->b.err));
+  if (!c->flush_qp) {
+    ncclResult_t res = flush_setup(c);
+    if (res != ncclSuccess) {
+      MP_WARN("NET/IB: %s: cannot set up the flush QP", c->b.dev->props.name);
+      return res;
+    }
+  }
+  int fi = -1;
+  for (int i = 0; i < MPIB_MAX_REQS && fi < 0; i++)
+    if (!c->freqs[i].used) fi = i;
+  if (fi < 0) return ncclSuccess;
+  struct mpib_flush_req *f = &c->freqs[fi];
+  struct mpib_mr *m = mhandles[last];
+  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr->lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof(wr));
+  wr.wr_id = MPIB_WRID(MPIB_WR_FLUSH, fi, 0);
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)data[last];
+  wr.wr.rdma.rkey = m->mr->rkey;
+  int rc = ibv_post_send(c->flush_qp, &wr, &bad);
+  if (rc) {
+    MP_WARN("NET/IB: %s: posting the flush read failed: %s", c->b.dev->props.name, strerror(rc));
+    return ncclSystemError;
+  }
+  f->used = 1;
+  f->pending = 1;
+  *request = f;
+  return ncclSuccess;
+}
+
+static ncclResult_t flush_test(struct mpib_flush_req *f, int *done, int *sizes) {
+  struct mpib_recv_comm *c = f->comm;
+  (void)sizes;
+  poll_cq(&c->b);
+  MP_CHECK(mpib_error_check(&c->b.err));
+  if (f->pending <= 0) {
+    f->used = 0;
+    *done = 1;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_test(void *request, int *done, int *sizes) {
+  *done = 0;
+  uint32_t kind = *(uint32_t *)request;
+  if (kind == MPIB_REQ_SEND) return send_test(request, done, sizes);
+  if (kind == MPIB_REQ_RECV) return recv_test(request, done, sizes);
+  if (kind == MPIB_REQ_FLUSH) return flush_test(request, done, sizes);
+  MP_WARN("NET/IB: test on something that is not an mplane request");
+  return ncclInvalidArgument;
+}
+
+/* ------------------------------------------------------------------ close */
+ncclResult_t mpib_close_send(void *send_comm) {
+  struct mpib_send_comm *c = send_comm;
+  if (!c) return ncclSuccess;
+  mpib_comm_unregister(&c->b);
+  mpib_comm_base_destroy(&c->b);
+  if (c->fifo_mr) mpib_v.dereg_mr(c->fifo_mr);
+  free(c->fifo);
+  free(c);
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_close_recv(void *recv_comm) {
+  struct mpib_recv_comm *c = recv_comm;
+  if (!c) return ncclSuccess;
+  mpib_comm_unregister(&c->b);
+  if (c->flush_qp) mpib_v.destroy_qp(c->flush_qp);
+  mpib_comm_base_destroy(&c->b);
+  if (c->slots_mr) mpib_v.dereg_mr(c->slots_mr);
+  if (c->lens_mr) mpib_v.dereg_mr(c->lens_mr);
+  if (c->flush_mr) mpib_v.dereg_mr(c->flush_mr);
+  free(c->slots);
+  free(c->lens);
+  free(c->flush_buf);
+  free(c);
+  return ncclSuccess;
+}

@@ -1,0 +1,482 @@
+/* mplane: IB/RoCE device discovery, GID choice, properties, and the async-event threads. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <limits.h>
+#include <net/if.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../plugin/log.h"
+#include "ib.h"
+
+static struct {
+  const struct mplane_config *cfg;
+  int nhca, ndev;
+  struct mpib_hca hcas[MPIB_MAX_DEVS];
+  struct mpib_dev devs[MPIB_MAX_DEVS];
+  int stop;
+  pthread_mutex_t reg_lock;
+  struct mpib_comm_base *live;
+} g = {.reg_lock = PTHREAD_MUTEX_INITIALIZER};
+
+int mpib_dev_count(void) { return g.ndev; }
+struct mpib_dev *mpib_dev_get(int dev) { return dev >= 0 && dev < g.ndev ? &g.devs[dev] : NULL; }
+const struct mplane_config *mpib_config(void) { return g.cfg; }
+
+/* ------------------------------------------------------------------ errors */
+void mpib_error_set(struct mpib_error *e, ncclResult_t res, const char *fmt, ...) {
+  int expected = 0;
+  if (!__atomic_compare_exchange_n(&e->state, &expected, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+  va_end(ap);
+  __atomic_store_n(&e->state, (int)res, __ATOMIC_RELEASE);
+}
+
+ncclResult_t mpib_error_check(struct mpib_error *e) {
+  int st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
+  if (st <= 0) return ncclSuccess;
+  if (!__atomic_exchange_n(&e->warned, 1, __ATOMIC_ACQ_REL)) MP_WARN("NET/IB: %s", e->msg);
+  return (ncclResult_t)st;
+}
+
+/* ------------------------------------------------------------------ NCCL_IB_HCA grammar */
+/* "[^][=]name[:port][,name[:port]...]": names are prefixes unless '=' asks for exact names; '^'
+ * selects everything the list does not name. An empty spec selects everything. */
+int mpib_hca_match(const char *spec, const char *name, int port) {
+  if (!spec || !*spec) return 1;
+  int exclude = 0, exact = 0;
+  if (*spec == '^') {
+    exclude = 1;
+    spec++;
+  }
+  if (*spec == '=') {
+    exact = 1;
+    spec++;
+  }
+  int hit = 0;
+  const char *p = spec;
+  while (*p && !hit) {
+    const char *end = strchr(p, ',');
+    if (!end) end = p + strlen(p);
+    const char *colon = memchr(p, ':', (size_t)(end - p));
+    size_t nlen = (size_t)((colon ? colon : end) - p);
+    int eport = -1;
+    if (colon) eport = atoi(colon + 1);
+    if (nlen > 0) {
+      int name_ok = exact ? (strlen(name) == nlen && strncmp(name, p, nlen) == 0) : strncmp(name, p, nlen) == 0;
+      if (name_ok && (eport < 0 || port < 0 || eport == port)) hit = 1;
+    }
+    p = *end ? end + 1 : end;
+  }
+  return exclude ? !hit : hit;
+}
+
+/* ------------------------------------------------------------------ GIDs */
+static int gid_is_zero(const union ibv_gid *g) {
+  for (int i = 0; i < 16; i++)
+    if (g->raw[i]) return 0;
+  return 1;
+}
+static int gid_is_v4mapped(const union ibv_gid *g) {
+  for (int i = 0; i < 10; i++)
+    if (g->raw[i]) return 0;
+  return g->raw[10] == 0xff && g->raw[11] == 0xff;
+}
+static int gid_is_linklocal(const union ibv_gid *g) { return g->raw[0] == 0xfe && (g->raw[1] & 0xc0) == 0x80; }
+
+int mpib_pick_gid(int n, const union ibv_gid *gids, const int *types, const int *valid) {
+  int best = -1, best_score = -1;
+  for (int i = 0; i < n; i++) {
+    if (!valid[i] || gid_is_zero(&gids[i])) continue;
+    int score = 0; /* RoCE v1 */
+    if (types[i] == 1) score = gid_is_v4mapped(&gids[i]) ? 3 : gid_is_linklocal(&gids[i]) ? 1 : 2;
+    if (score > best_score) {
+      best = i;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+/* 1 = RoCE v2, 0 = v1/IB, -1 = empty entry. */
+static int gid_type(struct mpib_hca *h, int port, int index, union ibv_gid *gid) {
+  if (mpib_v.query_gid_ex) {
+    struct ibv_gid_entry e;
+    int rc = mpib_v.query_gid_ex(h->ctx, (uint32_t)port, (uint32_t)index, &e, 0, sizeof(e));
+    if (rc == 0) {
+      *gid = e.gid;
+      return e.gid_type == IBV_GID_TYPE_ROCE_V2 ? 1 : 0;
+    }
+    if (rc == ENODATA) return -1;
+  }
+  if (mpib_v.query_gid(h->ctx, (uint8_t)port, index, gid) != 0) return -1;
+  char path[PATH_MAX], buf[64] = "";
+  snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", h->name, port, index);
+  FILE *f = fopen(path, "r");
+  if (f) {
+    if (!fgets(buf, sizeof(buf), f)) buf[0] = 0;
+    fclose(f);
+  }
+  return strstr(buf, "v2") ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------ side-channel address */
+static int ipv4_of_ifname(const char *ifname, struct sockaddr_storage *out, socklen_t *len) {
+  struct ifaddrs *ifas = NULL, *ifa;
+  int found = 0;
+  if (getifaddrs(&ifas) != 0) return 0;
+  for (ifa = ifas; ifa && !found; ifa = ifa->ifa_next) {
+    if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET || !(ifa->ifa_flags & IFF_UP)) continue;
+    if (ifname ? strcmp(ifa->ifa_name, ifname) != 0 : (ifa->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    memcpy(out, ifa->ifa_addr, sizeof(struct sockaddr_in));
+    *len = sizeof(struct sockaddr_in);
+    found = 1;
+  }
+  freeifaddrs(ifas);
+  return found;
+}
+
+/* MPLANE_SOCKET_IFNAME when set; else the port's own netdev (IPoIB / RoCE); else the first up
+ * interface; else loopback (peers on this host only). NCCL's IB transport does the same. */
+static void pick_oob(const struct mplane_config *cfg, struct mpib_dev *d) {
+  struct ifaddrs *ifas = NULL;
+  if (cfg->socket_ifname[0] && getifaddrs(&ifas) == 0) {
+    for (struct ifaddrs *ifa = ifas; ifa; ifa = ifa->ifa_next) {
+      if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET || !(ifa->ifa_flags & IFF_UP)) continue;
+      if (!mpib_hca_match(cfg->socket_ifname, ifa->ifa_name, -1)) continue;
+      memcpy(&d->oob, ifa->ifa_addr, sizeof(struct sockaddr_in));
+      d->ooblen = sizeof(struct sockaddr_in);
+      freeifaddrs(ifas);
+      return;
+    }
+    freeifaddrs(ifas);
+  }
+  char path[PATH_MAX], ifname[IF_NAMESIZE + 2] = "";
+  snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/ndevs/%d", d->hca->name, d->port,
+           d->gid_index);
+  FILE *f = fopen(path, "r");
+  if (f) {
+    if (fgets(ifname, sizeof(ifname), f)) ifname[strcspn(ifname, "\n")] = 0;
+    fclose(f);
+  }
+  if (ifname[0] && ipv4_of_ifname(ifname, &d->oob, &d->ooblen)) return;
+  if (ipv4_of_ifname(NULL, &d->oob, &d->ooblen)) return;
+  struct sockaddr_in *sin = (struct sockaddr_in *)&d->oob;
+  memset(sin, 0, sizeof(*sin));
+  sin->sin_family = AF_INET;
+  sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  d->ooblen = sizeof(*sin);
+}
+
+/* ------------------------------------------------------------------ GPUDirect */
+static int file_exists(const char *p) { return access(p, F_OK) == 0; }
+
+/* CUDA pointers can be registered when the NVIDIA driver is there and either nvidia-peermem is
+ * loaded or the HCA takes dma-bufs (probed the usual way: a dma-buf registration of fd -1 fails
+ * with EBADF rather than EOPNOTSUPP). */
+static int ptr_support(struct mpib_hca *h, int *dmabuf_out) {
+  int nvidia = file_exists("/proc/driver/nvidia/version");
+  int peermem = file_exists("/sys/kernel/mm/memory_peers/nv_mem/version") ||
+                file_exists("/sys/module/nvidia_peermem/version") || file_exists("/sys/module/nv_peer_mem/version");
+  int dmabuf = 0;
+  if (mpib_v.reg_dmabuf_mr) {
+    errno = 0;
+    struct ibv_mr *mr = mpib_v.reg_dmabuf_mr(h->pd, 0, 0, 0, -1, 0);
+    if (mr) mpib_v.dereg_mr(mr);
+    else dmabuf = errno != EOPNOTSUPP && errno != EPROTONOSUPPORT && errno != ENOSYS && errno != 0;
+  }
+  *dmabuf_out = dmabuf;
+  int p = NCCL_PTR_HOST;
+  if (nvidia && (peermem || dmabuf)) p |= NCCL_PTR_CUDA;
+  if (nvidia && dmabuf) p |= NCCL_PTR_DMABUF;
+  return p;
+}
+
+static int speed_mbps(const struct ibv_port_attr *a) {
+  int lane;
+  switch (a->active_speed) {
+    case 1: lane = 2500; break;
+    case 2: lane = 5000; break;
+    case 4: case 8: lane = 10000; break;
+    case 16: lane = 14000; break;
+    case 32: lane = 25000; break;
+    case 64: lane = 50000; break;
+    case 128: lane = 100000; break;
+    default: lane = 10000; break;
+  }
+  int width;
+  switch (a->active_width) {
+    case 1: width = 1; break;
+    case 2: width = 4; break;
+    case 4: width = 8; break;
+    case 8: width = 12; break;
+    case 16: width = 2; break;
+    default: width = 1; break;
+  }
+  return lane * width;
+}
+
+/* ------------------------------------------------------------------ async events */
+static void fail_comms(struct mpib_hca *h, int port, void *qp, void *cq, const char *what) {
+  int n = 0;
+  pthread_mutex_lock(&g.reg_lock);
+  for (struct mpib_comm_base *c = g.live; c; c = c->next_live) {
+    if (c->dev->hca != h) continue;
+    int hit = 0;
+    if (port > 0) hit = c->dev->port == port;
+    else if (qp) {
+      for (int i = 0; i < c->nqps; i++) hit |= (void *)c->qps[i] == qp;
+      if (c->kind == MPIB_RECV_COMM) hit |= (void *)((struct mpib_recv_comm *)c)->flush_qp == qp;
+    } else if (cq) hit = (void *)c->cq == cq;
+    else hit = 1;
+    if (!hit) continue;
+    n++;
+    MP_WARN("NET/IB: %s port %d: %s; the connection %s peer %s fails", h->name, c->dev->port, what,
+            c->kind == MPIB_SEND_COMM ? "to" : "from", c->peer);
+    mpib_error_set(&c->err, ncclRemoteError, "%s port %d: %s; connection %s peer %s failed", h->name, c->dev->port,
+                   what, c->kind == MPIB_SEND_COMM ? "to" : "from", c->peer);
+    __atomic_store_n(&c->err.warned, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&g.reg_lock);
+  if (n == 0) MP_WARN("NET/IB: %s%s%d: %s (no open connection affected)", h->name, port > 0 ? " port " : "",
+                      port > 0 ? port : 0, what);
+}
+
+static void *async_thread(void *arg) {
+  struct mpib_hca *h = arg;
+  while (!__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) {
+    struct pollfd p = {.fd = h->ctx->async_fd, .events = POLLIN};
+    int r = poll(&p, 1, 100);
+    if (r <= 0) continue;
+    struct ibv_async_event ev;
+    if (mpib_v.get_async_event(h->ctx, &ev) != 0) continue;
+    char what[128];
+    switch (ev.event_type) {
+      case IBV_EVENT_PORT_ERR:
+        snprintf(what, sizeof(what), "port down (IBV_EVENT_PORT_ERR)");
+        fail_comms(h, ev.element.port_num, NULL, NULL, what);
+        break;
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+        snprintf(what, sizeof(what), "%s on QP %u", mpib_event_str(ev.event_type), ev.element.qp->qp_num);
+        fail_comms(h, 0, ev.element.qp, NULL, what);
+        break;
+      case IBV_EVENT_CQ_ERR:
+        snprintf(what, sizeof(what), "CQ error (overrun)");
+        fail_comms(h, 0, NULL, ev.element.cq, what);
+        break;
+      case IBV_EVENT_DEVICE_FATAL:
+        fail_comms(h, 0, NULL, NULL, "device fatal error (IBV_EVENT_DEVICE_FATAL)");
+        break;
+      default:
+        MP_INFO(NCCL_NET, "NET/IB: %s: async event %s (%d)", h->name, mpib_event_str(ev.event_type),
+                (int)ev.event_type);
+        break;
+    }
+    mpib_v.ack_async_event(&ev);
+  }
+  return NULL;
+}
+
+void mpib_comm_register(struct mpib_comm_base *c) {
+  pthread_mutex_lock(&g.reg_lock);
+  c->next_live = g.live;
+  g.live = c;
+  pthread_mutex_unlock(&g.reg_lock);
+}
+
+void mpib_comm_unregister(struct mpib_comm_base *c) {
+  pthread_mutex_lock(&g.reg_lock);
+  for (struct mpib_comm_base **p = &g.live; *p; p = &(*p)->next_live)
+    if (*p == c) {
+      *p = c->next_live;
+      break;
+    }
+  pthread_mutex_unlock(&g.reg_lock);
+}
+
+/* ------------------------------------------------------------------ discovery */
+/* Planes: distinct IB subnet prefixes are distinct planes (ranked by prefix); else discovery
+ * order. Hook: topo/ (hwloc, PCI order) and MPLANE_PLANES (applied by plugin/net_core.c after us)
+ * override this. */
+static void assign_planes(void) {
+  uint64_t prefixes[MPIB_MAX_DEVS];
+  int nprefix = 0;
+  for (int d = 0; d < g.ndev; d++) {
+    if (g.devs[d].link_layer != IBV_LINK_LAYER_INFINIBAND) {
+      nprefix = 0;
+      break;
+    }
+    uint64_t p = g.devs[d].gid.global.subnet_prefix;
+    int seen = 0;
+    for (int i = 0; i < nprefix; i++) seen |= prefixes[i] == p;
+    if (!seen) prefixes[nprefix++] = p;
+  }
+  for (int d = 0; d < g.ndev; d++) {
+    int plane = d;
+    if (nprefix >= 2) {
+      plane = 0;
+      uint64_t mine = be64toh(g.devs[d].gid.global.subnet_prefix);
+      for (int i = 0; i < nprefix; i++) plane += be64toh(prefixes[i]) < mine;
+    }
+    g.devs[d].props.plane = plane;
+    g.devs[d].props.rail = 0;
+  }
+}
+
+static void fill_props(struct mpib_dev *d, const struct ibv_port_attr *pa, int ptr) {
+  struct mplane_dev_props *p = &d->props;
+  memset(p, 0, sizeof(*p));
+  snprintf(p->name, sizeof(p->name), "%s:%d", d->hca->name, d->port);
+  char link[PATH_MAX], real[PATH_MAX];
+  snprintf(link, sizeof(link), "/sys/class/infiniband/%s/device", d->hca->name);
+  if (realpath(link, real)) snprintf(p->pci_path, sizeof(p->pci_path), "%s", real);
+  p->guid = be64toh(d->hca->attr.node_guid);
+  if (!p->guid) p->guid = mplane_hash64(d->hca->name, strlen(d->hca->name), 11);
+  p->ptr_support = ptr;
+  p->reg_is_global = 0;
+  p->force_flush = 0;
+  p->speed_mbps = speed_mbps(pa);
+  p->port = d->port;
+  p->latency_us = 0;
+  p->max_comms = 65536;
+  p->max_recvs = MPIB_MAX_RECVS;
+  p->max_p2p_bytes = 1UL << 30;
+  p->max_coll_bytes = 1UL << 30;
+}
+
+ncclResult_t mpib_discover(const struct mplane_config *cfg) {
+  g.cfg = cfg;
+  if (g.ndev > 0) return ncclSuccess;
+  char why[512];
+  if (mpib_verbs_load(cfg->ibverbs_lib, why, sizeof(why)) != 0) {
+    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s (MPLANE_IBVERBS_LIB='%s'); no InfiniBand", why, cfg->ibverbs_lib);
+    return ncclSystemError;
+  }
+  int n = 0;
+  struct ibv_device **list = mpib_v.get_device_list(&n);
+  if (!list || n == 0) {
+    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: no RDMA device (%s)", list ? "empty list" : strerror(errno));
+    if (list) mpib_v.free_device_list(list);
+    return ncclSystemError;
+  }
+  for (int i = 0; i < n && g.ndev < MPIB_MAX_DEVS; i++) {
+    const char *name = mpib_v.get_device_name(list[i]);
+    if (!mpib_hca_match(cfg->ib_hca, name, -1) && cfg->ib_hca[0] != '^') continue;
+    struct ibv_context *ctx = mpib_v.open_device(list[i]);
+    if (!ctx) {
+      MP_WARN("NET/IB: cannot open %s: %s", name, strerror(errno));
+      continue;
+    }
+    struct mpib_hca *h = &g.hcas[g.nhca];
+    memset(h, 0, sizeof(*h));
+    snprintf(h->name, sizeof(h->name), "%s", name);
+    h->ctx = ctx;
+    if (mpib_v.query_device(ctx, &h->attr) != 0) {
+      MP_WARN("NET/IB: ibv_query_device(%s) failed", name);
+      mpib_v.close_device(ctx);
+      continue;
+    }
+    int first = g.ndev;
+    int dmabuf = 0, ptr = NCCL_PTR_HOST;
+    for (int port = 1; port <= h->attr.phys_port_cnt && g.ndev < MPIB_MAX_DEVS; port++) {
+      struct ibv_port_attr pa;
+      memset(&pa, 0, sizeof(pa));
+      if (mpib_v.query_port(ctx, (uint8_t)port, &pa) != 0) continue;
+      if (!mpib_hca_match(cfg->ib_hca, name, port)) continue;
+      if (pa.state != IBV_PORT_ACTIVE) {
+        MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s port %d is not active (state %d); skipped", name, port, pa.state);
+        continue;
+      }
+      if (pa.link_layer != IBV_LINK_LAYER_INFINIBAND && pa.link_layer != IBV_LINK_LAYER_ETHERNET) continue;
+      if (!h->pd) {
+        h->pd = mpib_v.alloc_pd(ctx);
+        if (!h->pd) {
+          MP_WARN("NET/IB: ibv_alloc_pd(%s) failed", name);
+          break;
+        }
+        ptr = ptr_support(h, &dmabuf);
+      }
+      struct mpib_dev *d = &g.devs[g.ndev];
+      memset(d, 0, sizeof(*d));
+      d->hca = h;
+      d->port = port;
+      d->link_layer = pa.link_layer;
+      d->lid = pa.lid;
+      d->mtu = pa.active_mtu;
+      if (pa.link_layer == IBV_LINK_LAYER_ETHERNET) {
+        int tbl = pa.gid_tbl_len > 256 ? 256 : pa.gid_tbl_len;
+        union ibv_gid gids[256];
+        int types[256], valid[256];
+        for (int i = 0; i < tbl; i++) {
+          types[i] = gid_type(h, port, i, &gids[i]);
+          valid[i] = types[i] >= 0;
+          if (types[i] < 0) types[i] = 0;
+        }
+        int idx = cfg->ib_gid_index;
+        if (idx >= 0) {
+          if (idx >= tbl || !valid[idx] || gid_is_zero(&gids[idx])) {
+            MP_WARN("NET/IB: MPLANE_IB_GID_INDEX=%d: %s port %d has no GID at that index (table of %d); skipped; "
+                    "expected an index listed by 'show_gids'", idx, name, port, tbl);
+            continue;
+          }
+        } else {
+          idx = mpib_pick_gid(tbl, gids, types, valid);
+          if (idx < 0) {
+            MP_WARN("NET/IB: %s port %d (RoCE) has no usable GID; skipped (is an IP address configured on its "
+                    "interface?)", name, port);
+            continue;
+          }
+        }
+        d->gid_index = idx;
+        d->gid = gids[idx];
+      } else {
+        d->gid_index = 0;
+        mpib_v.query_gid(ctx, (uint8_t)port, 0, &d->gid);
+      }
+      fill_props(d, &pa, ptr);
+      pick_oob(cfg, d);
+      char gs[INET6_ADDRSTRLEN] = "", os[INET6_ADDRSTRLEN] = "";
+      inet_ntop(AF_INET6, d->gid.raw, gs, sizeof(gs));
+      inet_ntop(AF_INET, &((struct sockaddr_in *)&d->oob)->sin_addr, os, sizeof(os));
+      MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s %s lid %u gid[%d] %s speed %d Mbps ptrSupport 0x%x%s side channel %s",
+              d->props.name, d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "IB" : "RoCE", d->lid, d->gid_index, gs,
+              d->props.speed_mbps, ptr, dmabuf ? " (dma-buf)" : "", os);
+      g.ndev++;
+    }
+    if (g.ndev == first) {
+      if (h->pd) mpib_v.dealloc_pd(h->pd);
+      mpib_v.close_device(ctx);
+      continue;
+    }
+    g.nhca++;
+  }
+  mpib_v.free_device_list(list);
+  if (g.ndev == 0) {
+    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: no active port selected (MPLANE_IB_HCA='%s')", cfg->ib_hca);
+    return ncclSystemError;
+  }
+  assign_planes();
+  for (int i = 0; i < g.nhca; i++) {
+    if (pthread_create(&g.hcas[i].async_thread, NULL, async_thread, &g.hcas[i]) == 0) g.hcas[i].async_started = 1;
+    else MP_WARN("NET/IB: cannot start the async event thread of %s", g.hcas[i].name);
+  }
+  return ncclSuccess;
+}
+
+void mpib_shutdown(void) {
+  __atomic_store_n(&g.stop, 1, __ATOMIC_RELEASE);
+  for (int i = 0; i < g.nhca; i++)
+    if (g.hcas[i].async_started) {
+      pthread_join(g.hcas[i].async_thread, NULL);
+      g.hcas[i].async_started = 0;
+    }
+}

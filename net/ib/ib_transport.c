@@ -1,0 +1,40 @@
+/* mplane: the InfiniBand / RoCE transport's ops table (net/transport.h); see ib.h for the design. */
+#include "../../plugin/log.h"
+#include "ib.h"
+
+static ncclResult_t ib_init(const struct mplane_config *cfg) { return mpib_discover(cfg); }
+
+static ncclResult_t ib_devices(int *ndev) {
+  *ndev = mpib_dev_count();
+  return ncclSuccess;
+}
+
+static ncclResult_t ib_get_properties(int dev, struct mplane_dev_props *props) {
+  struct mpib_dev *d = mpib_dev_get(dev);
+  if (!d) return ncclInvalidArgument;
+  *props = d->props;
+  return ncclSuccess;
+}
+
+static void ib_finalize(void) { mpib_shutdown(); }
+
+const struct mplane_transport_ops mplane_ib_ops = {
+    .name = "ib",
+    .init = ib_init,
+    .devices = ib_devices,
+    .get_properties = ib_get_properties,
+    .listen = mpib_listen,
+    .connect = mpib_connect,
+    .accept = mpib_accept,
+    .reg_mr = mpib_reg_mr,
+    .reg_mr_dmabuf = mpib_reg_mr_dmabuf,
+    .dereg_mr = mpib_dereg_mr,
+    .isend = mpib_isend,
+    .irecv = mpib_irecv,
+    .iflush = mpib_iflush,
+    .test = mpib_test,
+    .close_send = mpib_close_send,
+    .close_recv = mpib_close_recv,
+    .close_listen = mpib_close_listen,
+    .finalize = ib_finalize,
+};
