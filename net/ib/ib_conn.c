@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -390,7 +391,38 @@ struct mpib_connect_stage {
   size_t done;
 };
 
+/* Connect keeps a pointer to its state in NCCL's handle buffer (past our header). A handle that
+ * was never ours may hold anything there, so a pointer is only trusted if it is one we made. */
+#define MPIB_STAGES_MAX 1024
+static pthread_mutex_t stages_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct mpib_connect_stage *stages[MPIB_STAGES_MAX];
+
+static int stage_track(struct mpib_connect_stage *st, int add) {
+  int ok = 0;
+  pthread_mutex_lock(&stages_lock);
+  for (int i = 0; i < MPIB_STAGES_MAX && !ok; i++) {
+    if (add && stages[i] == NULL) {
+      stages[i] = st;
+      ok = 1;
+    } else if (!add && stages[i] == st) {
+      stages[i] = NULL;
+      ok = 1;
+    }
+  }
+  pthread_mutex_unlock(&stages_lock);
+  return ok;
+}
+
+static int stage_known(struct mpib_connect_stage *st) {
+  int ok = 0;
+  pthread_mutex_lock(&stages_lock);
+  for (int i = 0; i < MPIB_STAGES_MAX && !ok && st; i++) ok = stages[i] == st;
+  pthread_mutex_unlock(&stages_lock);
+  return ok;
+}
+
 static void stage_free(struct mpib_connect_stage *st) {
+  stage_track(st, 0);
   if (st->comm) mpib_close_send(st->comm);
   free(st);
 }
@@ -493,7 +525,8 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
   *send_comm = NULL;
   struct mpib_connect_stage *st = NULL;
   memcpy(&st, (char *)handle + MPIB_STAGE_OFFSET, sizeof(st));
-  if (st == NULL) {
+  if (!stage_known(st)) {
+    st = NULL;
     struct mplane_handle h;
     char why[256];
     ncclResult_t res = mplane_handle_decode(handle, &h, why, sizeof(why));
@@ -509,6 +542,11 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
     if (!mpib_dev_get(dev)) return ncclInvalidArgument;
     MP_CHECK(stage_open(dev, opts, &h, &st));
     st->comm->b.devindex = dev;
+    if (!stage_track(st, 1)) {
+      MP_WARN("NET/IB: more than %d connects in progress at once", MPIB_STAGES_MAX);
+      stage_free(st);
+      return ncclInternalError;
+    }
     memcpy((char *)handle + MPIB_STAGE_OFFSET, &st, sizeof(st));
   }
   int done = 0;
@@ -526,7 +564,7 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
   if (!done) return ncclSuccess;
   struct mpib_send_comm *c = st->comm;
   st->comm = NULL;
-  free(st);
+  stage_free(st);
   memset((char *)handle + MPIB_STAGE_OFFSET, 0, sizeof(st));
   mpib_comm_register(&c->b);
   MP_INFO(NCCL_NET, "NET/IB: %s connected to peer %s: %d QPs, SL %d, traffic class %d, adaptive routing %s",

@@ -71,6 +71,12 @@ static ncclResult_t reg_common(void *comm, void *data, size_t size, int type, in
     MP_WARN("NET/IB: regMr of memory type %d; expected NCCL_PTR_HOST or NCCL_PTR_CUDA", type);
     return ncclInvalidArgument;
   }
+  if (type == NCCL_PTR_CUDA && !(b->dev->props.ptr_support & NCCL_PTR_CUDA)) {
+    MP_WARN("NET/IB: %s: regMr of GPU memory, but GPUDirect RDMA is not available on this node (needs the NVIDIA "
+            "driver with nvidia-peermem loaded, or dma-buf support); ptrSupport is host memory only",
+            b->dev->props.name);
+    return ncclInvalidUsage;
+  }
   struct mpib_mr *m = calloc(1, sizeof(*m));
   if (!m) return ncclSystemError;
   m->type = type;
