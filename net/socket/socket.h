@@ -200,6 +200,7 @@ struct mps_recv_comm {
   char out_buf[MPS_MAX_GROUPS * sizeof(struct mps_ctrl)]; /* CTS records not yet written */
   size_t out_len;
   int stop; /* atomic */
+  int streams_closed; /* atomic: data streams the peer closed in order (FIN at a chunk boundary) */
   pthread_t threads[MPS_MAX_STREAMS];
   int threads_started;
   struct mps_error err;

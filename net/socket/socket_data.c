@@ -381,7 +381,14 @@ struct recv_thread_arg {
 static int recv_chunk(struct mps_recv_comm *c, int fd) {
   struct mps_chunk h;
   int r = read_full_spin(fd, &h, sizeof(h), c->spin_ns);
-  if (r <= 0) {
+  if (r == 0) {
+    /* An orderly close between chunks: the sender may close its comm as soon as its last bytes are in
+     * its kernel, while other streams still carry the end of a message. Not an error unless a
+     * receive is still waiting once every stream has closed (recv_test). */
+    ADD(&c->streams_closed, 1);
+    return -1;
+  }
+  if (r < 0) {
     if (!LOAD(&c->stop))
       mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream%s (process exited or killed?)",
                     c->peer, r < 0 ? " mid-message" : "");
@@ -535,6 +542,7 @@ static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
   *done = 0;
   MP_CHECK(recv_flush_ctrl(c));
   int complete = 0;
+  int closed = LOAD(&c->streams_closed); /* before the slots: a chunk that lands after is seen next call */
   for (int i = 0; i < req->n; i++) {
     struct mps_slot *s = &c->slots[req->slots[i]];
     int st = LOAD(&s->state);
@@ -547,7 +555,12 @@ static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
     if (st == MPS_SLOT_BAD) return ncclInvalidUsage;
     complete += st == MPS_SLOT_DONE;
   }
-  if (complete < req->n) return mps_error_check(&c->err);
+  if (complete < req->n) {
+    if (closed == c->nstreams && !LOAD(&c->stop))
+      mps_error_set(&c->err, ncclRemoteError, "peer %s closed every data stream while a receive was still "
+                    "waiting (process exited or closed its comm early?)", c->peer);
+    return mps_error_check(&c->err);
+  }
   for (int i = 0; i < req->n; i++) {
     struct mps_slot *s = &c->slots[req->slots[i]];
     if (sizes) sizes[i] = (int)s->total;

@@ -7,6 +7,9 @@
 #   classes      DSCP/SO_PRIORITY per class on the sockets (getsockopt) and on the wire (tcpdump on
 #                the plane bridge), from the communicator's trafficClass and from setNetAttr hints
 #   relay-off    MPLANE_RELAY=off: the cross-plane connect fails at once with the documented error
+#   close-early  the sender closes its comm as soon as its last 64 MiB send completes (bytes still in
+#                flight on some streams): the receiver must still get every byte (both ends on one CPU
+#                so the receiver lags); 5 rounds
 # Exit 77 (skipped) when not root or iproute2/tcpdump is missing.
 set -uo pipefail
 scenario=$1 plugin=$2 peer=$3 fabric=$4
@@ -16,6 +19,9 @@ skip() { echo "SKIP: $*"; exit 77; }
 command -v ip >/dev/null || skip "iproute2 ('ip') is not installed: apt-get install iproute2"
 if [ "$scenario" = classes ]; then command -v tcpdump >/dev/null || skip "tcpdump is not installed: apt-get install tcpdump"; fi
 
+# One fabric at a time on this host (several build folders may run the suite at once).
+exec 9>/tmp/mplane-fabric.lock
+flock -w 600 9 || { echo "FAIL: another fabric run held /tmp/mplane-fabric.lock for 10 minutes"; exit 1; }
 work=$(mktemp -d /tmp/mplane-fabric.XXXXXX)
 pids=()
 cleanup() {
@@ -46,7 +52,7 @@ run_pair() {
   local name=$1 ldev=$2 cdev=$3
   shift 3
   local handle=$work/$name.handle
-  env NCCL_HOSTID=node2 ${FABRIC_ENV:-} ip netns exec mplane-n2 "$peer" listen --plugin "$plugin" --dev "$ldev" \
+  env NCCL_HOSTID=node2 ${FABRIC_ENV:-} ${LISTEN_ENV:-} ip netns exec mplane-n2 "$peer" listen --plugin "$plugin" --dev "$ldev" \
     --handle "$handle" ${LISTEN_ARGS:-} >"$work/$name-listen.log" 2>&1 &
   local lpid=$!
   pids+=("$lpid")
@@ -159,6 +165,12 @@ relay-off)
   grep -q "plane 0) to a peer listening on plane 3" "$work/off-connect.log" || fail "the error does not name both planes"
   grep -q "MPLANE_RELAY=auto" "$work/off-connect.log" || fail "the error does not say how to enable relaying"
   [ "$took" -lt 10 ] || fail "the failure took $took s (a hang until a timeout, not an immediate error)"
+  ;;
+close-early)
+  for r in 1 2 3 4 5; do
+    CONNECT_ENV="taskset -c 0" LISTEN_ENV="taskset -c 0" LISTEN_ARGS="--bytes 64M --iters 2" \
+      run_pair "early$r" veth1 veth1 --bytes 64M --iters 2 | grep -E "received|sent"
+  done
   ;;
 *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
