@@ -176,7 +176,8 @@ class WholeRun(unittest.TestCase):
         out = os.path.join(self.tmp, name, "table.csv")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         e = dict(os.environ)
-        for k in ("NCCL_ALGO", "NCCL_PROTO", "MPLANE_TUNER_CONFIG", "NCCL_TUNER_PLUGIN"):
+        for k in ("NCCL_ALGO", "NCCL_PROTO", "MPLANE_TUNER_CONFIG", "NCCL_TUNER_PLUGIN", "NCCL_NVLS_ENABLE",
+                  "NCCL_COLLNET_ENABLE"):
             e.pop(k, None)
         e.update(env or {})
         e["NCCL_TESTS_DIR"] = self.tests_dir
@@ -202,9 +203,11 @@ class WholeRun(unittest.TestCase):
     def test_full_sweep_finds_the_known_best(self):
         path, out = self.autotune("full", "-g", "2", "-b", "8", "-e", "64M", "-f", "4")
         # Progress, per run.
-        self.assertIn("[  1/43 ", out)
-        self.assertIn("all_reduce     CollNetChain/Simple", out)
-        self.assertRegex(out, r"CollNetChain/Simple .*n/a \(.*no algorithm/protocol available")
+        self.assertIn("[  1/37 ", out)  # 5 default, 22 forced, 10 verification
+        self.assertIn("not tried: CollNetChain (NCCL_COLLNET_ENABLE is not 1); CollNetDirect (NCCL_COLLNET_ENABLE "
+                      "is not 1); PAT (PAT needs one GPU per node)", out)
+        self.assertNotIn("CollNetChain/Simple  NCCL", out)
+        self.assertRegex(out, r"all_reduce     NVLSTree/Simple .*n/a \(.*no algorithm/protocol available")
         # The plugin's own parser accepts the table, with no overlapping rows.
         lint = subprocess.run([LINT, path], capture_output=True, text=True)
         self.assertEqual(lint.returncode, 0, lint.stderr + lint.stdout)
@@ -243,15 +246,30 @@ class WholeRun(unittest.TestCase):
         self.assertIn("MPLANE_TUNER_CONFIG=" + path, first)
         self.assertIn(" -c 1", first)  # the tuned run checks results
 
+    def test_what_is_tried_follows_the_machine(self):
+        _, out = self.autotune("nvls-off", "-g", "2", "--dry-run", env={"NCCL_NVLS_ENABLE": "0"})
+        self.assertIn("NVLS (NCCL_NVLS_ENABLE=0); NVLSTree (NCCL_NVLS_ENABLE=0)", out)
+        self.assertNotIn("NCCL_ALGO=NVLS", out)  # multicast stays off: never forced on
+        self.assertIn("NCCL_ALGO=Tree NCCL_PROTO=LL128", out)
+        _, out = self.autotune("collnet-pat", "-g", "1", "--dry-run", env={"NCCL_COLLNET_ENABLE": "1"})
+        self.assertNotIn("not tried", out)
+        self.assertIn("NCCL_ALGO=PAT NCCL_PROTO=Simple", out)
+        self.assertIn("NCCL_ALGO=CollNetChain NCCL_PROTO=Simple", out)
+        self.assertNotIn("NCCL_ALGO=PAT NCCL_PROTO=LL ", out)  # PAT runs Simple only
+        _, out = self.autotune("every", "-g", "2", "-c", "broadcast", "--dry-run", "--every-combination",
+                               env={"NCCL_NVLS_ENABLE": "0"})
+        self.assertIn("NCCL_ALGO=NVLS NCCL_PROTO=LL ", out)
+        self.assertIn("NCCL_ALGO=CollNetChain NCCL_PROTO=LL128", out)
+
     def test_budget_skips_low_priority_runs(self):
         path, out = self.autotune("budget", "-g", "2", "-c", "all_reduce", "-e", "1M", "-f", "8", "--budget", "3",
                                   env={"FAKE_SLEEP": "0.4"})
-        self.assertRegex(out, r"budget: skipped \d+ runs: .*all_reduce CollNetChain/Simple")
-        self.assertNotIn("all_reduce     CollNetChain/Simple", out)
+        self.assertRegex(out, r"budget: skipped \d+ runs: .*all_reduce NVLSTree/Simple")
+        self.assertNotIn("all_reduce     NVLSTree/Simple", out)
         self.assertIn("all_reduce     Ring/LL ", out)  # the first priority always fits
         self.assertIn("== all_reduce: NCCL's choice vs the tuned table", out)  # verification was reserved
         report = json.load(open(path[:-4] + ".json"))
-        self.assertLess(len(report["sweep"]["all_reduce"]), 11)
+        self.assertLess(len(report["sweep"]["all_reduce"]), 9)  # default + fewer than the 8 combinations
 
     def test_hung_run_is_killed(self):
         path, out = self.autotune("hang", "-g", "2", "-c", "broadcast", "-e", "64K", "--run-timeout", "2",
