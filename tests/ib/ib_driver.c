@@ -1,0 +1,463 @@
+/* mplane IB tests that are IB-specific (the generic ones are the ABI harness, run over softverbs by
+ * tests/ib/meson.build). One scenario per process: the scenario sets the environment (softverbs
+ * devices, faults, record file, MPLANE_*) before the plugin core reads it, then drives the core
+ * (plugin/net_core.h, as NCCL's calls arrive there) with both ends in this process. Attributes the
+ * QPs really got are read back from the softverbs record file.
+ *
+ *   ib_driver SCENARIO      exit 0 pass, 1 fail (77 never: softverbs is always there)
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "net/ib/ib.h"
+#include "net/tc.h"
+#include "plugin/net_core.h"
+
+static const char *scenario = "?";
+static char record_path[256];
+
+static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "ib[%s]: FAIL: ", scenario);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  exit(1);
+}
+
+static void note(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "ib[%s]: ", scenario);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------------ environment and records */
+static void env_base(const char *devices) {
+  snprintf(record_path, sizeof(record_path), "/tmp/mplane-ib-%s-%d.rec", scenario, (int)getpid());
+  unlink(record_path);
+  setenv("SOFTVERBS_RECORD", record_path, 1);
+  setenv("SOFTVERBS_DEVICES", devices, 1);
+  char ns[64];
+  snprintf(ns, sizeof(ns), "ibtest%d", (int)getpid());
+  setenv("SOFTVERBS_NS", ns, 1);
+  setenv("MPLANE_TRANSPORT", "ib", 0);
+  setenv("MPLANE_SOCKET_IFNAME", "lo", 1);
+  if (!getenv("MPLANE_IBVERBS_LIB")) fail("MPLANE_IBVERBS_LIB must name libsoftverbs.so");
+}
+
+struct rec {
+  char line[1024];
+};
+
+/* Lines of the record file containing every given key=value (NULL-terminated list). */
+static int rec_find(struct rec *out, int max, ...) {
+  FILE *f = fopen(record_path, "r");
+  if (!f) return 0;
+  int n = 0;
+  char line[1024];
+  while (fgets(line, sizeof(line), f)) {
+    va_list ap;
+    va_start(ap, max);
+    int ok = 1;
+    for (const char *kv = va_arg(ap, const char *); kv; kv = va_arg(ap, const char *)) {
+      char pat[128];
+      snprintf(pat, sizeof(pat), " %s ", kv);
+      char padded[1100];
+      snprintf(padded, sizeof(padded), " %s", line);
+      padded[strcspn(padded, "\n")] = ' ';
+      if (!strstr(padded, pat)) ok = 0;
+    }
+    va_end(ap);
+    if (ok && n < max) snprintf(out[n++].line, sizeof(out->line), "%s", line);
+  }
+  fclose(f);
+  return n;
+}
+
+static long rec_val(const struct rec *r, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof(pat), " %s=", key);
+  char padded[1100];
+  snprintf(padded, sizeof(padded), " %s", r->line);
+  const char *p = strstr(padded, pat);
+  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
+}
+
+/* ------------------------------------------------------------------ plugin helpers */
+struct pair {
+  struct mplane_net_ctx *ctx;
+  void *lc, *sc, *rc;
+};
+
+static void up(void) {
+  if (mplane_net_global_init(NULL) != ncclSuccess) fail("plugin init failed");
+  if (strcmp(mplane_net_transport()->name, "ib") != 0) fail("transport is %s, not ib", mplane_net_transport()->name);
+}
+
+static void pair_open(struct pair *p, int traffic_class, const ncclNetAttr_v11_t *attr, int ldev, int cdev) {
+  memset(p, 0, sizeof(*p));
+  if (mplane_net_ctx_create(1, traffic_class, &p->ctx) != ncclSuccess) fail("ctx");
+  if (attr && mplane_net_set_attr(p->ctx, attr) != ncclSuccess) fail("setNetAttr");
+  unsigned char handle[NCCL_NET_HANDLE_MAXSIZE];
+  memset(handle, 0, sizeof(handle));
+  if (mplane_net_listen(p->ctx, ldev, handle, &p->lc) != ncclSuccess) fail("listen");
+  double t0 = now();
+  while (!p->sc || !p->rc) {
+    if (!p->sc && mplane_net_connect(p->ctx, NCCL_NET_TRAFFIC_CLASS_UNDEF, cdev, handle, &p->sc) != ncclSuccess)
+      fail("connect");
+    if (!p->rc && mplane_net_accept(p->lc, &p->rc) != ncclSuccess) fail("accept");
+    if (now() - t0 > 20) fail("no connection in 20 s");
+  }
+}
+
+static void pair_close(struct pair *p) {
+  mplane_net_close_send(p->sc);
+  mplane_net_close_recv(p->rc);
+  mplane_net_close_listen(p->lc);
+  mplane_net_ctx_destroy(p->ctx);
+}
+
+/* One message of `size` bytes from sc to rc; returns the first error (ncclSuccess when checked). */
+static ncclResult_t transfer(struct pair *p, size_t size, double limit_s, int expect_ok) {
+  char *s = malloc(size + 1), *r = malloc(size + 1);
+  for (size_t i = 0; i < size; i++) s[i] = (char)(i * 7 + 3);
+  memset(r, 0, size + 1);
+  void *smh = NULL, *rmh = NULL;
+  if (mplane_net_reg_mr(p->sc, s, size + 1, NCCL_PTR_HOST, &smh) != ncclSuccess) fail("regMr send");
+  if (mplane_net_reg_mr(p->rc, r, size + 1, NCCL_PTR_HOST, &rmh) != ncclSuccess) fail("regMr recv");
+  void *sreq = NULL, *rreq = NULL;
+  int sdone = 0, rdone = 0, tag = 7;
+  size_t rsize = size;
+  void *rdata = r;
+  double t0 = now();
+  ncclResult_t res = ncclSuccess;
+  while ((!sdone || !rdone) && res == ncclSuccess) {
+    if (now() - t0 > limit_s) fail("transfer of %zu bytes neither finished nor failed in %.0f s: a hang", size, limit_s);
+    if (!rreq) res = mplane_net_irecv(p->rc, 1, &rdata, &rsize, &tag, &rmh, &rreq);
+    if (res == ncclSuccess && !sreq) res = mplane_net_isend(p->sc, s, size, tag, smh, &sreq);
+    int sz[1] = {0};
+    if (res == ncclSuccess && sreq && !sdone) res = mplane_net_test(sreq, &sdone, sz);
+    if (res == ncclSuccess && rreq && !rdone) {
+      res = mplane_net_test(rreq, &rdone, sz);
+      if (res == ncclSuccess && rdone && (size_t)sz[0] != size) fail("received %d bytes, expected %zu", sz[0], size);
+    }
+  }
+  if (res == ncclSuccess && memcmp(s, r, size) != 0) fail("data of %zu bytes differs", size);
+  if (expect_ok && res != ncclSuccess) fail("transfer failed with %d", res);
+  mplane_net_dereg_mr(p->sc, smh);
+  mplane_net_dereg_mr(p->rc, rmh);
+  free(s);
+  free(r);
+  return res;
+}
+
+/* ------------------------------------------------------------------ scenarios */
+/* Large messages go out on every QP; small ones on one. */
+static int sc_striping(void) {
+  env_base("mlx5_0:ib");
+  setenv("MPLANE_IB_QPS", "4", 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  transfer(&p, 8 << 20, 20, 1);
+  pair_close(&p);
+  struct rec r[64];
+  int n = rec_find(r, 64, "event=destroy", NULL);
+  int used = 0, qps = 0;
+  for (int i = 0; i < n; i++) {
+    if (rec_val(&r[i], "write_imms") > 0) used++;
+    qps++;
+  }
+  /* 4 sender QPs each carried a chunk with immediate; the receiver's QPs carried FIFO writes only */
+  if (used != 4) fail("%d of %d QPs carried data with immediate; expected all 4 sender QPs", used, qps);
+  note("8 MiB striped over 4 QPs (%d QPs recorded)", qps);
+  return 0;
+}
+
+static int sl_of_conn(int traffic_class, const ncclNetAttr_v11_t *attr, int *tclass, long *writes) {
+  unlink(record_path);
+  struct pair p;
+  pair_open(&p, traffic_class, attr, 0, 0);
+  transfer(&p, 1 << 20, 20, 1);
+  pair_close(&p);
+  struct rec r[64];
+  int n = rec_find(r, 64, "event=modify", "state=RTR", NULL);
+  if (n < 2) fail("only %d QPs reached RTR", n);
+  long sl = rec_val(&r[0], "sl");
+  for (int i = 1; i < n; i++)
+    if (rec_val(&r[i], "sl") != sl) fail("QPs of one connection have SLs %ld and %ld", sl, rec_val(&r[i], "sl"));
+  if (tclass) *tclass = (int)rec_val(&r[0], "traffic_class");
+  if (writes) {
+    *writes = 0;
+    int m = rec_find(r, 64, "event=destroy", NULL);
+    for (int i = 0; i < m; i++) *writes += rec_val(&r[i], "writes");
+  }
+  return (int)sl;
+}
+
+/* Each communicator's trafficClass lands on its QPs (both sides) as the mapped SL. */
+static int sc_sl_class(void) {
+  env_base("mlx5_0:ib");
+  setenv("MPLANE_TC_MAP", "default=1,collective=2,alltoall=3,lowlat=5:ar,storage=6", 1);
+  up();
+  const int want[5] = {1, 2, 3, 5, 6};
+  for (int cls = 0; cls < 5; cls++) {
+    long writes = 0;
+    int sl = sl_of_conn(cls, NULL, NULL, &writes);
+    if (sl != want[cls]) fail("trafficClass %d (%s): QPs got SL %d, expected %d", cls, mplane_tc_class_name(cls), sl, want[cls]);
+    /* adaptive routing (lowlat): data as plain writes, then a write with immediate; without it the
+     * only plain write is the receiver's one FIFO write */
+    if ((cls == MPLANE_TC_LOWLAT) != (writes > 1))
+      fail("class %s: %ld plain RDMA writes; adaptive routing is %s for it", mplane_tc_class_name(cls), writes,
+           cls == MPLANE_TC_LOWLAT ? "on" : "off");
+    note("trafficClass %d (%s) -> SL %d, %s", cls, mplane_tc_class_name(cls), sl, writes > 1 ? "adaptive routing" : "in order");
+  }
+  int sl = sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, NULL, NULL);
+  if (sl != 1) fail("no class: SL %d, expected default's 1", sl);
+  return 0;
+}
+
+/* setNetAttr hints before connect choose the class when the communicator has none. */
+static int sc_sl_hints(void) {
+  env_base("mlx5_0:ib");
+  setenv("MPLANE_TC_MAP", "collective=2,alltoall=3,lowlat=5", 1);
+  setenv("MPLANE_IB_SL", "7", 1);
+  up();
+  ncclNetAttr_v11_t a;
+  memset(&a, 0xff, sizeof(a));
+  a.proto = 1u << MPLANE_NCCL_PROTO_LL;
+  int sl = sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, &a, NULL, NULL);
+  if (sl != 5) fail("proto LL hint: SL %d, expected lowlat's 5", sl);
+  memset(&a, 0xff, sizeof(a));
+  a.op = 1u << MPLANE_NCCL_FUNC_ALLREDUCE;
+  a.proto = 1u << MPLANE_NCCL_PROTO_SIMPLE;
+  if ((sl = sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, &a, NULL, NULL)) != 2) fail("AllReduce hint: SL %d, expected 2", sl);
+  memset(&a, 0xff, sizeof(a));
+  a.op = 1u << MPLANE_NCCL_FUNC_SENDRECV;
+  a.proto = 1u << MPLANE_NCCL_PROTO_SIMPLE;
+  if ((sl = sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, &a, NULL, NULL)) != 3) fail("SendRecv hint: SL %d, expected 3", sl);
+  /* the communicator's own class wins over hints */
+  if ((sl = sl_of_conn(MPLANE_TC_COLLECTIVE, &a, NULL, NULL)) != 2) fail("class collective + p2p hint: SL %d, expected 2", sl);
+  /* no class, no hint: default is not in the map, so MPLANE_IB_SL */
+  if ((sl = sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, NULL, NULL)) != 7) fail("no class: SL %d, expected MPLANE_IB_SL 7", sl);
+  note("hints LL->5, AllReduce->2, SendRecv->3, class wins, none->MPLANE_IB_SL 7");
+  return 0;
+}
+
+/* RoCE: RoCE v2 IPv4-mapped GID chosen; the class's DSCP in the traffic class; GID override. */
+static int sc_roce(void) {
+  env_base("mlx5_0:roce:ip=198.18.0.1");
+  setenv("MPLANE_TC_MAP", "default=3", 1);
+  if (getenv("IB_TEST_GID_INDEX")) setenv("MPLANE_IB_GID_INDEX", getenv("IB_TEST_GID_INDEX"), 1);
+  up();
+  int tclass = -1;
+  int sl = sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, &tclass, NULL);
+  struct rec r[8];
+  if (rec_find(r, 8, "event=modify", "state=RTR", NULL) < 1) fail("no RTR record");
+  long gidx = rec_val(&r[0], "sgid_index"), glob = rec_val(&r[0], "is_global");
+  long want_idx = getenv("IB_TEST_GID_INDEX") ? atol(getenv("IB_TEST_GID_INDEX")) : 3;
+  if (glob != 1) fail("RoCE QP is not global (is_global=%ld)", glob);
+  if (gidx != want_idx) fail("RoCE QP uses GID index %ld, expected %ld", gidx, want_idx);
+  if (sl != 3 || tclass != (mplane_tc_dscp(3) << 2)) fail("SL %d traffic class %d, expected 3 and %d", sl, tclass, mplane_tc_dscp(3) << 2);
+  if (!getenv("IB_TEST_GID_INDEX") && !strstr(r[0].line, "dgid=::ffff:198.18.0.1"))
+    fail("destination GID is not the IPv4-mapped one: %s", r[0].line);
+  note("RoCE: GID index %ld, SL %d, traffic class %d", gidx, sl, tclass);
+  return 0;
+}
+
+/* An error completion (injected on the Nth work request) ends in an error from test(), no hang,
+ * with a WARN naming device, port and peer. */
+static int sc_fault_wr(void) {
+  env_base("mlx5_0:ib");
+  setenv("SOFTVERBS_FAULTS", "err_wr=6", 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  ncclResult_t res = ncclSuccess;
+  double t0 = now();
+  for (int i = 0; i < 20 && res == ncclSuccess; i++) res = transfer(&p, 256 << 10, 10, 0);
+  if (res == ncclSuccess) fail("20 transfers succeeded despite an injected error completion");
+  note("injected error completion -> result %d after %.3f s", res, now() - t0);
+  pair_close(&p);
+  return 0;
+}
+
+/* The port goes down mid-run: async event -> every request on the port fails, no hang. */
+static int sc_port_down(void) {
+  env_base("mlx5_0:ib,mlx5_1:ib");
+  setenv("SOFTVERBS_FAULTS", "port_down_after=8,dev=mlx5_0", 1);
+  up();
+  struct pair p, q;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  pair_open(&q, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 1, 1);
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < 20 && res == ncclSuccess; i++) res = transfer(&p, 64 << 10, 10, 0);
+  if (res == ncclSuccess) fail("transfers on mlx5_0 went on after its port went down");
+  /* a receive posted after the port died fails too (through the async event), not a hang */
+  usleep(300 * 1000); /* let the async thread take the event */
+  void *buf = malloc(4096), *mh = NULL, *req = NULL;
+  size_t sz = 4096;
+  int tag = 1, done = 0;
+  ncclResult_t r2 = mplane_net_reg_mr(p.rc, buf, sz, NCCL_PTR_HOST, &mh);
+  if (r2 == ncclSuccess) r2 = mplane_net_irecv(p.rc, 1, &buf, &sz, &tag, &mh, &req);
+  double t0 = now();
+  while (r2 == ncclSuccess && req && !done && now() - t0 < 10) r2 = mplane_net_test(req, &done, NULL);
+  if (r2 == ncclSuccess) fail("a receive on the downed port %s", done ? "completed" : "hung for 10 s");
+  /* the other plane's NIC is unaffected */
+  transfer(&q, 1 << 20, 20, 1);
+  note("port down: send side result %d, later receive result %d; mlx5_1 still carries data", res, r2);
+  pair_close(&p);
+  pair_close(&q);
+  return 0;
+}
+
+/* A QP fatal async event fails the connection that owns the QP. */
+static int sc_qp_fatal(void) {
+  env_base("mlx5_0:ib");
+  setenv("SOFTVERBS_FAULTS", "qp_fatal_after=4", 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < 20 && res == ncclSuccess; i++) {
+    res = transfer(&p, 4096, 10, 0);
+    usleep(20 * 1000);
+  }
+  if (res == ncclSuccess) fail("transfers went on after a QP fatal event");
+  note("QP fatal -> result %d", res);
+  pair_close(&p);
+  return 0;
+}
+
+/* iflush: a GPU-registered buffer is flushed by an RDMA read on a loopback QP. softverbs has no GPU,
+ * so the buffer is host memory registered as host and then marked as GPU memory in its handle. */
+static int sc_flush(void) {
+  env_base("mlx5_0:ib");
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  void *buf = calloc(1, 65536), *mh = NULL, *req = NULL;
+  if (mplane_net_reg_mr(p.rc, buf, 65536, NCCL_PTR_HOST, &mh) != ncclSuccess) fail("regMr");
+  int size = 65536;
+  if (mplane_net_iflush(p.rc, 1, &buf, &size, &mh, &req) != ncclSuccess || req)
+    fail("iflush of host memory should need no request");
+  ((struct mpib_mr *)mh)->type = NCCL_PTR_CUDA;
+  if (mplane_net_iflush(p.rc, 1, &buf, &size, &mh, &req) != ncclSuccess || !req) fail("iflush of GPU memory gave no request");
+  int done = 0;
+  double t0 = now();
+  while (!done) {
+    if (mplane_net_test(req, &done, NULL) != ncclSuccess) fail("flush failed");
+    if (now() - t0 > 10) fail("flush did not complete in 10 s");
+  }
+  mplane_net_dereg_mr(p.rc, mh);
+  pair_close(&p);
+  struct rec r[16];
+  int n = rec_find(r, 16, "event=destroy", "reads=1", NULL), loop = 0;
+  struct rec m[16];
+  int k = rec_find(m, 16, "event=modify", "state=RTR", NULL);
+  for (int i = 0; i < k; i++)
+    if (rec_val(&m[i], "qpn") == rec_val(&m[i], "dest_qpn")) loop++;
+  if (n != 1 || loop != 1) fail("expected one loopback QP doing one RDMA read; %d read, %d loopback", n, loop);
+  note("flush by RDMA read on a loopback QP");
+  return 0;
+}
+
+/* Devices: every active port, MPLANE_IB_HCA grammar, planes from IB subnets, auto picks IB. */
+static int sc_devices(void) {
+  const char *devs = getenv("IB_TEST_DEVS");
+  env_base(devs ? devs : "mlx5_0:ib:ports=2:down=2:subnet=4,mlx5_1:ib:subnet=9,mlx5_10:ib:subnet=6,mlx5_2:roce:ip=198.18.2.1");
+  const char *hca = getenv("IB_TEST_HCA");
+  if (hca) setenv("MPLANE_IB_HCA", hca, 1);
+  setenv("MPLANE_TRANSPORT", "auto", 1);
+  up();
+  int n = 0;
+  mplane_net_devices(&n);
+  char names[512] = "";
+  for (int d = 0; d < n; d++) {
+    const struct mplane_dev_props *pp;
+    mplane_net_get_properties(d, &pp);
+    char one[96];
+    snprintf(one, sizeof(one), "%s%s@%d", d ? "," : "", pp->name, pp->plane);
+    strncat(names, one, sizeof(names) - strlen(names) - 1);
+  }
+  const char *want = getenv("IB_TEST_WANT");
+  if (!want) want = "mlx5_0:1@0,mlx5_1:1@1,mlx5_10:1@2,mlx5_2:1@3";
+  if (strcmp(names, want) != 0) fail("devices '%s', expected '%s' (MPLANE_IB_HCA='%s')", names, want, hca ? hca : "");
+  note("MPLANE_IB_HCA='%s' -> %s", hca ? hca : "", names);
+  return 0;
+}
+
+/* Cross-plane: a connect from plane 0 to a peer on plane 1 is carried by the local plane-1 NIC;
+ * softverbs drops anything sent between subnets, so only a correct relay choice moves data. */
+static int sc_cross_plane(void) {
+  env_base("mlx5_0:ib:subnet=0,mlx5_1:ib:subnet=1");
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 1, 0);
+  transfer(&p, 1 << 20, 20, 1);
+  pair_close(&p);
+  struct rec r[16];
+  int n = rec_find(r, 16, "event=modify", "state=RTR", "dev=mlx5_0", NULL);
+  if (n != 0) fail("%d QPs on mlx5_0 (plane 0) took part in a connection to plane 1", n);
+  note("plane 0 -> plane 1 carried by mlx5_1");
+  return 0;
+}
+
+/* The QP attributes of MPLANE_IB_TIMEOUT / MPLANE_IB_RETRY_CNT reach the QPs. */
+static int sc_qp_attrs(void) {
+  env_base("mlx5_0:ib");
+  setenv("MPLANE_IB_TIMEOUT", "17", 1);
+  setenv("MPLANE_IB_RETRY_CNT", "5", 1);
+  up();
+  sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, NULL, NULL);
+  struct rec r[16];
+  int n = rec_find(r, 16, "event=modify", "state=RTS", NULL);
+  if (n < 2) fail("only %d QPs reached RTS", n);
+  for (int i = 0; i < n; i++)
+    if (rec_val(&r[i], "timeout") != 17 || rec_val(&r[i], "retry_cnt") != 5 || rec_val(&r[i], "rnr_retry") != 7)
+      fail("QP attributes: %s", r[i].line);
+  note("%d QPs with timeout 17, retry_cnt 5, rnr_retry 7", n);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: ib_driver SCENARIO\n");
+    return 2;
+  }
+  scenario = argv[1];
+  alarm(100); /* a hang anywhere fails the test instead of stalling CI */
+  struct {
+    const char *name;
+    int (*fn)(void);
+  } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
+             {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
+             {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs}};
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+    if (strcmp(all[i].name, scenario) == 0) {
+      int rc = all[i].fn();
+      if (rc == 0) {
+        fprintf(stderr, "ib[%s]: PASS\n", scenario);
+        unlink(record_path);
+      }
+      return rc;
+    }
+  fprintf(stderr, "ib_driver: unknown scenario %s\n", scenario);
+  return 2;
+}

@@ -1,0 +1,77 @@
+/* Unit tests of the IB transport's pure functions: the NCCL_IB_HCA grammar and the RoCE GID choice. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "net/ib/ib.h"
+
+static void test_hca_grammar(void **state) {
+  (void)state;
+  assert_true(mpib_hca_match("", "mlx5_0", 1));
+  assert_true(mpib_hca_match("mlx5", "mlx5_0", 1));         /* prefix */
+  assert_true(mpib_hca_match("mlx5_1", "mlx5_10", 1));      /* prefix, as NCCL */
+  assert_false(mpib_hca_match("=mlx5_1", "mlx5_10", 1));    /* exact */
+  assert_true(mpib_hca_match("=mlx5_1", "mlx5_1", 1));
+  assert_false(mpib_hca_match("^mlx5_0", "mlx5_0", 1));     /* exclude */
+  assert_true(mpib_hca_match("^mlx5_0", "mlx5_1", 1));
+  assert_true(mpib_hca_match("mlx5_0:1,mlx5_1:2", "mlx5_1", 2));
+  assert_false(mpib_hca_match("mlx5_0:1,mlx5_1:2", "mlx5_1", 1));
+  assert_false(mpib_hca_match("^mlx5_0:1", "mlx5_0", 1));
+  assert_true(mpib_hca_match("^mlx5_0:1", "mlx5_0", 2));
+  assert_false(mpib_hca_match("^=mlx5_0", "mlx5_0", 1));
+  assert_true(mpib_hca_match("^=mlx5_0", "mlx5_00", 1));
+  assert_false(mpib_hca_match("ib", "mlx5_0", 1));
+}
+
+static void gid_v4(union ibv_gid *g, int a) {
+  memset(g, 0, sizeof(*g));
+  g->raw[10] = g->raw[11] = 0xff;
+  g->raw[12] = 198; g->raw[13] = 18; g->raw[14] = 0; g->raw[15] = (unsigned char)a;
+}
+static void gid_ll(union ibv_gid *g) {
+  memset(g, 0, sizeof(*g));
+  g->raw[0] = 0xfe; g->raw[1] = 0x80; g->raw[15] = 1;
+}
+
+static void test_gid_choice(void **state) {
+  (void)state;
+  union ibv_gid g[5];
+  int types[5], valid[5] = {1, 1, 1, 1, 1};
+  gid_ll(&g[0]); types[0] = 0; /* v1 link-local */
+  gid_ll(&g[1]); types[1] = 1; /* v2 link-local */
+  gid_v4(&g[2], 1); types[2] = 0; /* v1 IPv4 */
+  gid_v4(&g[3], 1); types[3] = 1; /* v2 IPv4 */
+  memset(&g[4], 0, sizeof(g[4])); types[4] = 1; /* empty */
+  assert_int_equal(mpib_pick_gid(5, g, types, valid), 3);
+  valid[3] = 0;
+  assert_int_equal(mpib_pick_gid(5, g, types, valid), 1); /* v2 beats v1 */
+  types[1] = 0;
+  assert_int_equal(mpib_pick_gid(5, g, types, valid), 0); /* only v1: the first */
+  memset(valid, 0, sizeof(valid));
+  assert_int_equal(mpib_pick_gid(5, g, types, valid), -1);
+}
+
+static void test_imm_layout(void **state) {
+  (void)state;
+  uint32_t imm = mpib_imm(31, 7, 16, 15, MPIB_IMM_AR, 0x12345);
+  assert_int_equal(MPIB_IMM_SLOT(imm), 31);
+  assert_int_equal(MPIB_IMM_ENTRY(imm), 7);
+  assert_int_equal(MPIB_IMM_NCHUNKS(imm), 16);
+  assert_int_equal(MPIB_IMM_CHUNK(imm), 15);
+  assert_true(imm & MPIB_IMM_AR);
+  assert_false(imm & MPIB_IMM_TRUNC);
+  assert_int_equal(MPIB_IMM_SEQ(imm), 0x345);
+  /* the FIFO slot's seq is its last word: one RDMA write makes it visible last */
+  assert_int_equal(offsetof(struct mpib_fifo_slot, seq) + sizeof(uint64_t), sizeof(struct mpib_fifo_slot));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hca_grammar),
+      cmocka_unit_test(test_gid_choice),
+      cmocka_unit_test(test_imm_layout),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,235 @@
+/* The software verbs double's own semantics, checked through dlopen as the transport uses it: QP
+ * state rules, RDMA write/read/write-with-immediate/send, rkey and bounds checks, flushes. One
+ * process, two QPs connected to each other. */
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <infiniband/verbs.h>
+
+#undef ibv_query_port
+#undef ibv_reg_mr
+
+static struct {
+  void *lib;
+  struct ibv_device **(*get_device_list)(int *);
+  struct ibv_context *(*open_device)(struct ibv_device *);
+  int (*query_port)(struct ibv_context *, uint8_t, struct ibv_port_attr *);
+  struct ibv_pd *(*alloc_pd)(struct ibv_context *);
+  struct ibv_mr *(*reg_mr)(struct ibv_pd *, void *, size_t, int);
+  struct ibv_cq *(*create_cq)(struct ibv_context *, int, void *, struct ibv_comp_channel *, int);
+  struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
+  int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
+  int (*destroy_qp)(struct ibv_qp *);
+  struct ibv_context *ctx;
+  struct ibv_pd *pd;
+  struct ibv_cq *cq;
+  uint16_t lid;
+} V;
+
+static void load(void) {
+  if (V.lib) return;
+  V.lib = dlopen(getenv("SOFTVERBS_LIB"), RTLD_NOW);
+  assert_non_null(V.lib);
+  *(void **)&V.get_device_list = dlsym(V.lib, "ibv_get_device_list");
+  *(void **)&V.open_device = dlsym(V.lib, "ibv_open_device");
+  *(void **)&V.query_port = dlsym(V.lib, "ibv_query_port");
+  *(void **)&V.alloc_pd = dlsym(V.lib, "ibv_alloc_pd");
+  *(void **)&V.reg_mr = dlsym(V.lib, "ibv_reg_mr");
+  *(void **)&V.create_cq = dlsym(V.lib, "ibv_create_cq");
+  *(void **)&V.create_qp = dlsym(V.lib, "ibv_create_qp");
+  *(void **)&V.modify_qp = dlsym(V.lib, "ibv_modify_qp");
+  *(void **)&V.destroy_qp = dlsym(V.lib, "ibv_destroy_qp");
+  int n = 0;
+  struct ibv_device **l = V.get_device_list(&n);
+  assert_true(n >= 1);
+  V.ctx = V.open_device(l[0]);
+  struct ibv_port_attr pa;
+  memset(&pa, 0, sizeof(pa));
+  assert_int_equal(V.query_port(V.ctx, 1, &pa), 0);
+  assert_int_equal(pa.state, IBV_PORT_ACTIVE);
+  V.lid = pa.lid;
+  V.pd = V.alloc_pd(V.ctx);
+  V.cq = V.create_cq(V.ctx, 1024, NULL, NULL, 0);
+}
+
+static struct ibv_qp *qp_new(void) {
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof(ia));
+  ia.send_cq = ia.recv_cq = V.cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  struct ibv_qp *qp = V.create_qp(V.pd, &ia);
+  assert_non_null(qp);
+  return qp;
+}
+
+static int to_init(struct ibv_qp *qp, int access) {
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = access};
+  return V.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+static int to_rts(struct ibv_qp *qp, uint32_t dqpn, uint16_t dlid) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dqpn;
+  a.ah_attr.dlid = dlid;
+  a.ah_attr.port_num = 1;
+  int rc = V.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (rc) return rc;
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  return V.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                 IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static struct ibv_wc wait_wc(void) {
+  struct ibv_wc wc;
+  time_t t0 = time(NULL);
+  for (;;) {
+    int n = ibv_poll_cq(V.cq, 1, &wc);
+    if (n == 1) return wc;
+    assert_true(time(NULL) - t0 < 10);
+    usleep(100);
+  }
+}
+
+static int post_write(struct ibv_qp *qp, enum ibv_wr_opcode op, void *src, size_t len, uint32_t lkey,
+                      uint64_t raddr, uint32_t rkey, uint64_t id) {
+  struct ibv_sge sge = {.addr = (uintptr_t)src, .length = (uint32_t)len, .lkey = lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof(wr));
+  wr.wr_id = id;
+  wr.opcode = op;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.imm_data = htonl(0xabcd);
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+static void test_state_rules(void **state) {
+  (void)state;
+  load();
+  struct ibv_qp *a = qp_new();
+  char buf[64];
+  struct ibv_mr *mr = V.reg_mr(V.pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+  /* posting before RTS fails like real verbs */
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, buf, 8, mr->lkey, 0, 0, 1), EINVAL);
+  /* RESET -> RTR is not a transition; INIT without its required mask is refused */
+  struct ibv_qp_attr at = {.qp_state = IBV_QPS_RTR};
+  assert_int_not_equal(V.modify_qp(a, &at, IBV_QP_STATE), 0);
+  at.qp_state = IBV_QPS_INIT;
+  assert_int_not_equal(V.modify_qp(a, &at, IBV_QP_STATE), 0);
+  assert_int_equal(to_init(a, 0), 0);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, buf, 8, mr->lkey, 0, 0, 1), EINVAL);
+  V.destroy_qp(a);
+}
+
+static void test_data_and_keys(void **state) {
+  (void)state;
+  load();
+  struct ibv_qp *a = qp_new(), *b = qp_new();
+  assert_int_equal(to_init(a, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ), 0);
+  assert_int_equal(to_init(b, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ), 0);
+  assert_int_equal(to_rts(a, b->qp_num, V.lid), 0);
+  assert_int_equal(to_rts(b, a->qp_num, V.lid), 0);
+  char *src = malloc(1 << 20), *dst = calloc(1, 1 << 20);
+  for (int i = 0; i < 1 << 20; i++) src[i] = (char)(i * 13);
+  int rw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  struct ibv_mr *smr = V.reg_mr(V.pd, src, 1 << 20, rw), *dmr = V.reg_mr(V.pd, dst, 1 << 20, rw);
+  /* write with immediate: one receive consumed, byte_len and imm reported */
+  struct ibv_recv_wr rwr, *rbad = NULL;
+  memset(&rwr, 0, sizeof(rwr));
+  rwr.wr_id = 77;
+  assert_int_equal(ibv_post_recv(b, &rwr, &rbad), 0);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE_WITH_IMM, src, 1 << 20, smr->lkey, (uintptr_t)dst, dmr->rkey, 5), 0);
+  int seen_send = 0, seen_recv = 0;
+  for (int i = 0; i < 2; i++) {
+    struct ibv_wc wc = wait_wc();
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    if (wc.wr_id == 5) seen_send = 1;
+    if (wc.wr_id == 77) {
+      seen_recv = 1;
+      assert_int_equal(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+      assert_int_equal(wc.byte_len, 1 << 20);
+      assert_int_equal(ntohl(wc.imm_data), 0xabcd);
+    }
+  }
+  assert_true(seen_send && seen_recv);
+  assert_memory_equal(src, dst, 1 << 20);
+  /* RDMA read back into src from dst */
+  memset(src, 0, 4096);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_READ, src, 4096, smr->lkey, (uintptr_t)dst, dmr->rkey, 6), 0);
+  struct ibv_wc wc = wait_wc();
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_int_equal(wc.opcode, IBV_WC_RDMA_READ);
+  assert_memory_equal(src, dst, 4096);
+  /* out of bounds: remote access error on the requester, then the QP is in error: flushed */
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, src, 64, smr->lkey, (uintptr_t)dst + (1 << 20) - 8, dmr->rkey, 8), 0);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, src, 64, smr->lkey, (uintptr_t)dst, dmr->rkey, 9), 0);
+  wc = wait_wc();
+  assert_int_equal(wc.wr_id, 8);
+  assert_int_equal(wc.status, IBV_WC_REM_ACCESS_ERR);
+  wc = wait_wc();
+  assert_int_equal(wc.wr_id, 9);
+  assert_int_equal(wc.status, IBV_WC_WR_FLUSH_ERR);
+  V.destroy_qp(a);
+  V.destroy_qp(b);
+  free(src);
+  free(dst);
+}
+
+static void test_bad_rkey(void **state) {
+  (void)state;
+  load();
+  struct ibv_qp *a = qp_new(), *b = qp_new();
+  to_init(a, IBV_ACCESS_REMOTE_WRITE);
+  to_init(b, IBV_ACCESS_REMOTE_WRITE);
+  assert_int_equal(to_rts(a, b->qp_num, V.lid), 0);
+  assert_int_equal(to_rts(b, a->qp_num, V.lid), 0);
+  char s[64], d[64];
+  struct ibv_mr *smr = V.reg_mr(V.pd, s, 64, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr *dmr = V.reg_mr(V.pd, d, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 64, smr->lkey, (uintptr_t)d, dmr->rkey ^ 0x5a5a, 3), 0);
+  struct ibv_wc wc = wait_wc();
+  assert_int_equal(wc.status, IBV_WC_REM_ACCESS_ERR);
+  /* a wrong destination LID is a silent drop on a fabric: transport retries exhausted */
+  struct ibv_qp *c = qp_new(), *e = qp_new();
+  to_init(c, IBV_ACCESS_REMOTE_WRITE);
+  to_init(e, IBV_ACCESS_REMOTE_WRITE);
+  assert_int_equal(to_rts(c, e->qp_num, (uint16_t)(V.lid + 100)), 0);
+  assert_int_equal(to_rts(e, c->qp_num, V.lid), 0);
+  assert_int_equal(post_write(c, IBV_WR_RDMA_WRITE, s, 64, smr->lkey, (uintptr_t)d, dmr->rkey, 4), 0);
+  wc = wait_wc();
+  assert_int_equal(wc.status, IBV_WC_RETRY_EXC_ERR);
+  V.destroy_qp(a);
+  V.destroy_qp(b);
+  V.destroy_qp(c);
+  V.destroy_qp(e);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_state_rules),
+      cmocka_unit_test(test_data_and_keys),
+      cmocka_unit_test(test_bad_rkey),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
