@@ -129,9 +129,13 @@ static int said_forced;
 
 static void load_table(void) {
   const struct mplane_config *cfg = mplane_config_get();
-  if (!cfg) {
+  if (!cfg) { /* load again, privately, for the message that names the variable */
+    struct mplane_config *tmp = malloc(sizeof(*tmp));
+    char why[512] = "the MPLANE_* environment is invalid";
+    if (tmp) mplane_config_load(tmp, why, sizeof(why));
+    free(tmp);
     global_load_res = ncclInvalidArgument;
-    snprintf(global_load_err, sizeof(global_load_err), "the MPLANE_* environment is invalid (see the WARN above)");
+    snprintf(global_load_err, sizeof(global_load_err), "%s (the tuner does not run on an invalid environment)", why);
     return;
   }
   if (!cfg->tuner_config[0]) {
