@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../plugin/config.h"
+#include "../plugin/config.h" /* enum mplane_relay_mode only: relay.c links without config.c (GPU test) */
 #include "../plugin/log.h"
 
 /* ================================================================ planes of devices */
@@ -109,7 +109,9 @@ int mplane_planes_apply(const char *spec, struct mplane_dev_props *props, int nd
     if (nl >= sizeof(num)) nl = sizeof(num) - 1;
     memcpy(num, eq + 1, nl);
     num[nl] = 0;
-    if (mplane_parse_long(num, 0, 127, &plane) != 0) {
+    char *nend = NULL;
+    plane = strtol(num, &nend, 10);
+    if (!num[0] || *nend || plane < 0 || plane > 127) {
       snprintf(why, whylen, "plane '%s' of '%.*s' at column %d is not an integer from 0 to 127", num,
                (int)(eq - p), p, col);
       return -1;
@@ -391,7 +393,7 @@ ncclResult_t mplane_relay_engine_create(int src_gpu, int staging_gpu, size_t sta
   e->src_gpu = src_gpu;
   e->staging_gpu = staging_gpu;
   e->staging_bytes = staging_bytes;
-  e->chunk = chunk_bytes ? chunk_bytes : (4u << 20);
+  e->chunk = chunk_bytes ? chunk_bytes : MPLANE_RELAY_CHUNK_DEFAULT;
   e->next_ticket = 1;
   ncclResult_t res = ncclSuccess;
   enable_peer(src_gpu, staging_gpu);

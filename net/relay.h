@@ -61,8 +61,10 @@ int mplane_cuda_pointer_device(const void *ptr);
 
 struct mplane_relay_engine;
 
+#define MPLANE_RELAY_CHUNK_DEFAULT (8u << 20) /* 8 MiB: ~20 us of NVLink per chunk, far above launch cost */
+
 /* A copy engine moving data from GPU src_gpu into a staging buffer of staging_bytes on GPU
- * staging_gpu, in chunks of chunk_bytes (0: 4 MiB), on a stream of its own (non-blocking, so
+ * staging_gpu, in chunks of chunk_bytes (0: MPLANE_RELAY_CHUNK_DEFAULT), on a stream of its own (non-blocking, so
  * NCCL's streams never wait on it). Peer access is enabled both ways where the GPUs allow it. */
 ncclResult_t mplane_relay_engine_create(int src_gpu, int staging_gpu, size_t staging_bytes, size_t chunk_bytes,
                                         struct mplane_relay_engine **out);
