@@ -1,4 +1,4 @@
-/* softverbs: a software double of libibverbs for tests (see README.md in this folder).
+/* softverbs: a software double of libibverbs for tests (see docs/infiniband.md, last section).
  *
  * Environment:
  *   SOFTVERBS_DEVICES  devices, comma separated: NAME[:ib|:roce][:ports=N][:down=P][:ip=A.B.C.D][:subnet=N]
