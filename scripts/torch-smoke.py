@@ -31,7 +31,9 @@ Each rank logs NCCL at INFO (subsystems INIT,NET) to <log-dir>/nccl-rank<r>.log;
 from them and says which network NCCL used. With --net mplane|socket it fails if NCCL used another
 one, or, when the ranks are on different (emulated) hosts or P2P is off, if no channel went through
 it. With --net mplane, MPLANE_STATS_FILE is pointed into the log dir and the plugin's byte counters
-are reported too.
+(per plane and per traffic class) are reported too. --traffic-class C gives the process group
+ncclConfig_t.trafficClass C through ProcessGroupNCCL.Options().config.traffic_class; with --net
+mplane the run fails if the plugin counted bytes but none in class C.
 
 Exit status: 0 all correct; 1 a wrong value or a rank failed; 2 bad usage; 3 the wrong network;
 77 no GPU visible; 124 the run exceeded --timeout.
@@ -272,6 +274,11 @@ def worker(local_rank, cfg):
                   world_size=world, timeout=datetime.timedelta(seconds=cfg["timeout"]))
     if cfg["device"] == "cuda":
         kwargs["device_id"] = device  # eager NCCL init: the communicator exists before the first op
+    if cfg["traffic_class"] is not None:
+        # ncclConfig_t.trafficClass of the group's communicator (torch 2.11 exposes it here)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.config.traffic_class = cfg["traffic_class"]
+        kwargs["pg_options"] = opts
     dist.init_process_group(**kwargs)
 
     results = []
@@ -400,9 +407,25 @@ def read_network_report(log_dir, nprocs):
     return ranks
 
 
+# mplane's traffic classes (net/tc.h): ncclConfig_t.trafficClass values 0..4
+TRAFFIC_CLASSES = {"default": 0, "collective": 1, "alltoall": 2, "lowlat": 3, "storage": 4}
+
+
+def parse_traffic_class(text):
+    t = text.strip().lower()
+    if t in TRAFFIC_CLASSES:
+        return TRAFFIC_CLASSES[t]
+    if re.fullmatch(r"\d+", t):
+        return int(t)
+    raise argparse.ArgumentTypeError(f"traffic class '{text}' is not valid: expected one of "
+                                     f"{', '.join(TRAFFIC_CLASSES)} or an integer")
+
+
 def read_plugin_stats(log_dir):
-    """Sum of the plugin's per-plane counters over the MPLANE_STATS_FILE files the ranks wrote."""
+    """Sums of the plugin's per-plane and per-class counters over the MPLANE_STATS_FILE files the
+    ranks wrote."""
     tx = rx = n = 0
+    classes = {}
     for path in glob.glob(os.path.join(log_dir, "mplane-stats.*.json")):
         try:
             with open(path) as f:
@@ -413,7 +436,10 @@ def read_plugin_stats(log_dir):
         for p in s.get("planes", []):
             tx += p.get("tx_bytes", 0)
             rx += p.get("rx_bytes", 0)
-    return {"files": n, "tx_bytes": tx, "rx_bytes": rx} if n else None
+        for c in s.get("classes", []):
+            if "class" in c:
+                classes[c["class"]] = classes.get(c["class"], 0) + c.get("tx_bytes", 0)
+    return {"files": n, "tx_bytes": tx, "rx_bytes": rx, "class_tx_bytes": classes} if n else None
 
 
 def main():
@@ -439,6 +465,9 @@ def main():
     ap.add_argument("--json", help="write the results and the network report to this file")
     ap.add_argument("--label", default="", help="a name for this run in the output and JSON")
     ap.add_argument("--timeout", type=int, default=300, help="seconds for the whole run (and NCCL's own timeout)")
+    ap.add_argument("--traffic-class", type=parse_traffic_class, default=None,
+                    help="give the process group this ncclConfig_t.trafficClass through ProcessGroupNCCL.Options "
+                         "(mplane classes: default, collective, alltoall, lowlat, storage, or a number)")
     ap.add_argument("--corrupt", action="store_true", help="spoil one value per op on the last rank (tests the checks)")
     ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
@@ -453,6 +482,8 @@ def main():
         args.device = "cuda" if args.backend == "nccl" else "cpu"
     if args.backend == "nccl" and args.device != "cuda":
         ap.error("--backend nccl needs --device cuda")
+    if args.traffic_class is not None and args.backend != "nccl":
+        ap.error("--traffic-class needs --backend nccl")
 
     import torch
     import torch.multiprocessing as mp
@@ -486,7 +517,8 @@ def main():
     cfg = {"nprocs": nprocs, "emulate_nodes": args.emulate_nodes, "sizes": args.size, "ops": args.ops,
            "iters": args.iters, "warmup": args.warmup, "check_iters": args.check_iters,
            "backend": args.backend, "device": args.device, "store": store, "log_dir": args.log_dir,
-           "timeout": args.timeout, "corrupt": args.corrupt, "hostid_prefix": f"torch-smoke-{os.getpid()}-node"}
+           "timeout": args.timeout, "corrupt": args.corrupt, "traffic_class": args.traffic_class,
+           "hostid_prefix": f"torch-smoke-{os.getpid()}-node"}
     label = args.label or (args.net if args.backend == "nccl" else args.backend)
     where = f"{args.emulate_nodes} emulated node(s)" if args.emulate_nodes > 1 else "one host"
     print(f"torch-smoke [{label}]: {nprocs} processes ({args.device}), {where}, net={args.net if args.backend == 'nccl' else 'n/a (gloo)'}"
@@ -559,7 +591,17 @@ def main():
         if stats:
             report["plugin_stats"] = stats
             print(f"mplane counters ({stats['files']} processes): {stats['tx_bytes']} bytes sent, "
-                  f"{stats['rx_bytes']} bytes received through the plugin")
+                  f"{stats['rx_bytes']} bytes received through the plugin; sent per class: "
+                  + ", ".join(f"{k} {v}" for k, v in stats["class_tx_bytes"].items() if v))
+            if args.traffic_class is not None and stats["tx_bytes"]:
+                names = {v: k for k, v in TRAFFIC_CLASSES.items()}
+                want_cls = names.get(args.traffic_class)
+                if want_cls and not stats["class_tx_bytes"].get(want_cls):
+                    print(f"torch-smoke: the group's traffic class is {want_cls} but mplane counted no bytes "
+                          "in that class", file=sys.stderr)
+                    rc = rc or 3
+        elif args.net == "mplane":
+            print("mplane counters: no MPLANE_STATS_FILE output found (written when the plugin closes)")
         want = {"mplane": "mplane", "socket": "Socket"}.get(args.net)
         through_net = args.emulate_nodes > 1 or args.no_p2p
         if want:

@@ -70,6 +70,24 @@ class UnevenSplits(unittest.TestCase):
             self.assertTrue(all(sum(row) > 0 for row in s), "every rank sends something")
 
 
+class TrafficClass(unittest.TestCase):
+    def test_names_follow_mplane_classes(self):
+        self.assertEqual([ts.parse_traffic_class(n) for n in ("default", "collective", "AllToAll", "lowlat", "storage")],
+                         [0, 1, 2, 3, 4])
+        self.assertEqual(ts.parse_traffic_class("7"), 7)
+        with self.assertRaises(Exception):
+            ts.parse_traffic_class("bulk")
+
+    def test_table_matches_net_tc_h(self):
+        sys.path.insert(0, HERE)
+        import cheader
+        with open(os.path.join(HERE, "..", "..", "net", "tc.h")) as f:
+            h = cheader.parse(f.read())
+        plugin = {n[len("MPLANE_TC_"):].lower(): v for n, v in h.enums.items()
+                  if n.startswith("MPLANE_TC_") and n != "MPLANE_TC_NCLASSES"}
+        self.assertEqual(ts.TRAFFIC_CLASSES, plugin)
+
+
 class RankEnv(unittest.TestCase):
     def cfg(self, **kw):
         c = {"nprocs": 4, "emulate_nodes": 2, "backend": "nccl", "log_dir": "/tmp/x", "hostid_prefix": "p-node"}
@@ -108,10 +126,13 @@ class NetworkReport(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             for pid, tx in ((11, 100), (12, 50)):
                 with open(os.path.join(d, f"mplane-stats.{pid}.json"), "w") as f:
-                    json.dump({"pid": pid, "planes": [{"plane": 0, "tx_bytes": tx, "rx_bytes": 2 * tx}]}, f)
+                    json.dump({"pid": pid, "planes": [{"plane": 0, "tx_bytes": tx, "rx_bytes": 2 * tx}],
+                               "classes": [{"class": "default", "sl": 0, "tx_bytes": 0},
+                                           {"class": "alltoall", "sl": 3, "tx_bytes": tx}]}, f)
             with open(os.path.join(d, "mplane-stats.13.json"), "w") as f:
                 f.write("{truncated")
-            self.assertEqual(ts.read_plugin_stats(d), {"files": 2, "tx_bytes": 150, "rx_bytes": 300})
+            self.assertEqual(ts.read_plugin_stats(d), {"files": 2, "tx_bytes": 150, "rx_bytes": 300,
+                                                       "class_tx_bytes": {"default": 0, "alltoall": 150}})
             self.assertIsNone(ts.read_plugin_stats(os.path.join(d, "nothing")))
 
 
