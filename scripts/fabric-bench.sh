@@ -2,9 +2,10 @@
 # mplane: relayed vs same-plane bandwidth on the emulated fabric, in one run.
 #
 #   scripts/fabric-bench.sh [--plugin PATH.so] [--peer PATH/fabric_peer] [--bytes 64M] [--iters 16]
-#                           [--rounds 3] [--max-cost 10]
+#                           [--rounds 5] [--max-cost 10]
 #
-# Builds a 2-node, 4-plane fabric (scripts/fabric.sh), then alternates, --rounds times:
+# Builds a 2-node, 4-plane fabric (scripts/fabric.sh), then runs, --rounds times, in ABBA order
+# (odd rounds same-plane first, even rounds relayed first, so neither mode always runs warm):
 #   same-plane: node 1 veth3 -> node 2 veth3 (plane 3 to plane 3)
 #   relayed:    node 1 veth0 -> node 2 veth3 (plane 0 to plane 3: mplane carries it on node 1's
 #               plane-3 NIC, the relay NIC)
@@ -16,7 +17,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 plugin=$here/build-planes/libnccl-net-mplane.so
 peer=$here/build-planes/tests/fabric/fabric_peer
-bytes=64M iters=16 rounds=3 max_cost=10
+bytes=64M iters=16 rounds=5 max_cost=10
 while [ $# -gt 0 ]; do
   case "$1" in
     --plugin) plugin=$2; shift 2 ;;
@@ -54,10 +55,14 @@ run() { # mode connect_dev -> MB/s
 }
 
 same=() relayed=()
-echo "fabric-bench: $iters x $bytes messages per run, $rounds rounds, same-plane and relayed alternating"
+echo "fabric-bench: $iters x $bytes messages per run, $rounds rounds, same-plane and relayed in ABBA order"
 for ((r = 1; r <= rounds; r++)); do
-  s=$(run same-plane veth3); same+=("$s")
-  x=$(run relayed veth0); relayed+=("$x")
+  if ((r % 2)); then
+    s=$(run same-plane veth3); x=$(run relayed veth0)
+  else
+    x=$(run relayed veth0); s=$(run same-plane veth3)
+  fi
+  same+=("$s") relayed+=("$x")
   printf 'round %d: same-plane %8.1f MB/s   relayed %8.1f MB/s\n' "$r" "$s" "$x"
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
