@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -81,15 +82,20 @@ static void arm_alarm(void) {
 
 /* ------------------------------------------------------------------ two processes */
 
+#define MAX_CHANS 8
+
 struct pair {
-  int fd;      /* socketpair end */
-  pid_t child; /* rank 0 only */
+  int fd;               /* socketpair end */
+  int chan[MAX_CHANS];  /* more channels, one per thread that talks to the peer (pair_fork_chans) */
+  pid_t child;          /* rank 0 only */
 };
 
-/* Fork the peer. Returns this process's rank: 0 the parent, 1 the child. */
-static int pair_fork(struct pair *pp) {
-  int sv[2];
+/* Fork the peer with nchan extra channels. Returns this process's rank: 0 the parent, 1 the child. */
+static int pair_fork_chans(struct pair *pp, int nchan) {
+  int sv[2], extra[MAX_CHANS][2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) abi_fail("socketpair: %s", strerror(errno));
+  for (int i = 0; i < nchan && i < MAX_CHANS; i++)
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, extra[i]) != 0) abi_fail("socketpair: %s", strerror(errno));
   fflush(NULL);
   pid_t parent = getpid();
   pid_t pid = fork();
@@ -99,6 +105,10 @@ static int pair_fork(struct pair *pp) {
     if (getppid() != parent) _exit(1);
     close(sv[0]);
     pp->fd = sv[1];
+    for (int i = 0; i < nchan && i < MAX_CHANS; i++) {
+      close(extra[i][0]);
+      pp->chan[i] = extra[i][1];
+    }
     pp->child = 0;
     abi_rank = 1;
     arm_alarm();
@@ -106,10 +116,16 @@ static int pair_fork(struct pair *pp) {
   }
   close(sv[1]);
   pp->fd = sv[0];
+  for (int i = 0; i < nchan && i < MAX_CHANS; i++) {
+    close(extra[i][1]);
+    pp->chan[i] = extra[i][0];
+  }
   pp->child = pid;
   abi_rank = 0;
   return 0;
 }
+
+static int pair_fork(struct pair *pp) { return pair_fork_chans(pp, 0); }
 
 static void chan_send(int fd, const void *buf, size_t len) {
   size_t off = 0;
@@ -480,7 +496,7 @@ static void fail_run(const char *what, struct run_stats *st, struct op *ops, siz
 static uint32_t msg_id(int sender, uint32_t index) { return ((uint32_t)sender << 28) ^ index; }
 
 /* A simple deterministic generator for sizes and shuffles (both ranks compute the same). */
-static uint64_t rng_state;
+static __thread uint64_t rng_state;
 static void rng_seed(uint64_t s) { rng_state = s * 2 + 1; }
 static uint32_t rng(void) {
   rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -1357,6 +1373,283 @@ static int sc_v9(void) { return version_scenario(9); }
 static int sc_v10(void) { return version_scenario(10); }
 static int sc_v12(void) { return version_scenario(12); }
 
+/* Several communicators in one process, each driven by its own thread at the same time, as NCCL
+ * runs one proxy thread per communicator: init, connect both ways, sizes, a multi-recv group,
+ * close, finalize, concurrently. */
+#define NTHREADS 3
+
+struct thread_arg {
+  struct node *nd;
+  int rank, fd, index;
+  pthread_t tid;
+};
+
+static void *comm_thread(void *p) {
+  struct thread_arg *a = p;
+  struct node *nd = a->nd;
+  void *ctx = NULL;
+  if (abi_init(&nd->net, 0x7000 + (uint64_t)a->index, a->index, &ctx) != ncclSuccess) abi_fail("thread %d: init failed", a->index);
+  for (int round = 0; round < 3; round++) {
+    struct link l;
+    link_up_with(nd, ctx, a->fd, &l);
+    size_t sizes[] = {0, 4096, (1 << 20) + 3 + (size_t)a->index, (6 << 20) + (size_t)round};
+    struct xfer_spec x = {.sizes = sizes, .count = 4, .slack = 1, .group = 1, .seed = 400 + (uint32_t)(a->index * 10 + round)};
+    char what[64];
+    snprintf(what, sizeof(what), "thread %d round %d", a->index, round);
+    exchange(nd, &l, a->rank, a->fd, &x, what);
+    int group = nd->props.max_recvs < OP_BUFS ? nd->props.max_recvs : OP_BUFS;
+    size_t gs[OP_BUFS];
+    for (int i = 0; i < group; i++) gs[i] = (size_t)(i * 3000 + a->index);
+    struct xfer_spec g = {.sizes = gs, .count = group, .group = group, .seed = 500 + (uint32_t)(a->index * 10 + round)};
+    exchange(nd, &l, a->rank, a->fd, &g, what);
+    link_down(nd, &l);
+  }
+  if (abi_finalize(&nd->net, ctx) != ncclSuccess) abi_fail("thread %d: finalize failed", a->index);
+  return NULL;
+}
+
+static int sc_threads(void) {
+  struct pair pp;
+  int rank = pair_fork_chans(&pp, NTHREADS);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  struct thread_arg args[NTHREADS];
+  for (int t = 0; t < NTHREADS; t++) {
+    args[t] = (struct thread_arg){.nd = &nd, .rank = rank, .fd = pp.chan[t], .index = t};
+    if (pthread_create(&args[t].tid, NULL, comm_thread, &args[t]) != 0) abi_fail("pthread_create");
+  }
+  for (int t = 0; t < NTHREADS; t++) pthread_join(args[t].tid, NULL);
+  barrier(pp.fd);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+/* Connect to a handle whose listener is gone: an error within 10 s, with a WARN naming the peer. */
+static int sc_dead_listener(void) {
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  unsigned char h[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, nd.ctx, nd.dev, h, &lc) != ncclSuccess) abi_fail("listen failed");
+  if (abi_close_listen(&nd.net, lc) != ncclSuccess) abi_fail("closeListen failed");
+  char addr[128];
+  peer_addr_text(h, addr, sizeof(addr));
+  size_t mark = abi_log_mark();
+  void *sc = NULL, *req = NULL;
+  ncclResult_t res = ncclSuccess;
+  double t0 = abi_now();
+  char buf[16] = {0};
+  void *mh = NULL;
+  /* connect may fail at once, or hand out a comm whose first send fails: either is fine, a hang is not */
+  while (res == ncclSuccess && abi_now() - t0 < 10) {
+    double t1 = abi_now();
+    if (!sc) res = abi_connect(&nd.net, nd.ctx, nd.dev, h, &sc);
+    else if (!mh) res = abi_reg_mr(&nd.net, sc, buf, sizeof(buf), NCCL_PTR_HOST, &mh);
+    else if (!req) res = abi_isend(&nd.net, sc, buf, sizeof(buf), 1, mh, &req);
+    else {
+      int done = 0;
+      res = abi_test(&nd.net, req, &done, NULL);
+      if (done) abi_fail("a send to a closed listener completed");
+    }
+    timed(t1, "connect/isend/test");
+    sched_yield();
+  }
+  if (res == ncclSuccess) abi_fail("connecting to a closed listener gave no error in 10 s (%s)", sc ? "connect succeeded" : "connect pending");
+  if (!abi_log_warn_has(mark, addr, NULL)) {
+    abi_log_dump(mark, "WARN check");
+    abi_fail("no WARN names the peer '%s'", addr);
+  }
+  abi_note("connect to a closed listener: result %d after %.3f s (%s)", res, abi_now() - t0, sc ? "at the first send" : "at connect");
+  if (mh) abi_dereg_mr(&nd.net, sc, mh);
+  if (sc) abi_close_send(&nd.net, sc);
+  node_down(&nd);
+  return 0;
+}
+
+/* A listener whose accept queue is full never completes the TCP handshakes: connect must give up
+ * after MPLANE_CONNECT_TIMEOUT (2 s here) with a WARN, not spin forever (socket only). */
+static int sc_connect_timeout(void) {
+  setenv("MPLANE_CONNECT_TIMEOUT", "2", 1);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  unsigned char h[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, nd.ctx, nd.dev, h, &lc) != ncclSuccess) abi_fail("listen failed");
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (!handle_sockaddr(h, &ss, &sl)) {
+    abi_note("SKIP: the listen handle is not a TCP address (transport is not socket)");
+    return 77;
+  }
+  /* a plain listener with a backlog of 0 that never accepts, filled by one idle connection */
+  int lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_storage la = ss;
+  if (la.ss_family == AF_INET) ((struct sockaddr_in *)&la)->sin_port = 0;
+  else ((struct sockaddr_in6 *)&la)->sin6_port = 0;
+  if (lfd < 0 || bind(lfd, (struct sockaddr *)&la, sl) != 0 || listen(lfd, 0) != 0) abi_fail("plain listener: %s", strerror(errno));
+  socklen_t ll = sl;
+  getsockname(lfd, (struct sockaddr *)&la, &ll);
+  int port;
+  int filler[4];
+  for (int i = 0; i < 4; i++) {
+    filler[i] = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (connect(filler[i], (struct sockaddr *)&la, sl) != 0 && errno != EINPROGRESS) abi_fail("filler connect: %s", strerror(errno));
+  }
+  usleep(100000);
+  /* the same handle, pointing at that listener */
+  struct mplane_handle mh;
+  char why[256];
+  mplane_handle_decode(h, &mh, why, sizeof(why));
+  memcpy(mh.payload, &la, sl);
+  unsigned char fake[HANDLE_SIZE];
+  if (mplane_handle_encode(&mh, fake) != ncclSuccess) abi_fail("encode");
+  port = ntohs(la.ss_family == AF_INET ? ((struct sockaddr_in *)&la)->sin_port : ((struct sockaddr_in6 *)&la)->sin6_port);
+  char port_text[16];
+  snprintf(port_text, sizeof(port_text), ":%d", port);
+  size_t mark = abi_log_mark();
+  void *sc = NULL;
+  ncclResult_t res = ncclSuccess;
+  double t0 = abi_now();
+  while (res == ncclSuccess && !sc && abi_now() - t0 < 8) {
+    double t1 = abi_now();
+    res = abi_connect(&nd.net, nd.ctx, nd.dev, fake, &sc);
+    timed(t1, "connect");
+    usleep(1000);
+  }
+  double dt = abi_now() - t0;
+  if (sc) {
+    abi_note("connect completed anyway (the kernel accepted more than the backlog): nothing to check");
+  } else {
+    if (res == ncclSuccess) abi_fail("connect still pending after %.1f s with MPLANE_CONNECT_TIMEOUT=2", dt);
+    if (dt < 1.5) abi_note("connect failed after %.2f s, before the deadline (result %d)", dt, res);
+    if (!abi_log_warn_has(mark, port_text, NULL)) {
+      abi_log_dump(mark, "WARN check");
+      abi_fail("no WARN names the unreachable peer (%s)", port_text);
+    }
+    abi_note("connect gave up after %.2f s with result %d", dt, res);
+  }
+  if (sc) abi_close_send(&nd.net, sc);
+  for (int i = 0; i < 4; i++) close(filler[i]);
+  close(lfd);
+  abi_close_listen(&nd.net, lc);
+  node_down(&nd);
+  return 0;
+}
+
+/* Connections that said a valid hello and then went away, or never completed their set of
+ * streams, must not pile up until the listener stops accepting; a stream set that does not add up
+ * must never become a connection (socket only). */
+static int sc_half_open(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  if (rank == 1) {
+    unsigned char h[HANDLE_SIZE];
+    chan_recv(pp.fd, h, HANDLE_SIZE);
+    if (h[0] == 0) _exit(77);
+    void *sc = NULL;
+    double deadline = abi_now() + 30;
+    while (!sc) {
+      if (abi_connect(&nd.net, nd.ctx, nd.dev, h, &sc) != ncclSuccess) abi_fail("connect failed");
+      if (abi_now() > deadline) abi_fail("no connection in 30 s");
+      sched_yield();
+    }
+    size_t size = 100003;
+    void *buf = alloc_buf(size, 0), *mh;
+    fill(buf, size, 88);
+    reg(&nd, sc, buf, size, &mh);
+    struct op op = {.send = 1, .n = 1, .data = {buf}, .size = {size}, .tag = {4}, .mh = {mh}};
+    struct run_stats st;
+    if (run_ops(&nd, sc, NULL, &op, 1, 0, 30, &st)) fail_run("send", &st, &op, 0);
+    barrier(pp.fd);
+    dereg(&nd, sc, mh);
+    abi_close_send(&nd.net, sc);
+    free(buf);
+    node_down(&nd);
+    return pair_finish(&pp, rank);
+  }
+  unsigned char handle[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, nd.ctx, nd.dev, handle, &lc) != ncclSuccess) abi_fail("listen failed");
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (!handle_sockaddr(handle, &ss, &sl)) {
+    unsigned char no[HANDLE_SIZE] = {0};
+    chan_send(pp.fd, no, HANDLE_SIZE);
+    abi_note("SKIP: the listen handle is not a TCP address (transport is not socket)");
+    int st;
+    waitpid(pp.child, &st, 0);
+    return 77;
+  }
+  struct mps_hello hello;
+  memset(&hello, 0, sizeof(hello));
+  hello.magic = MPLANE_HANDLE_MAGIC;
+  hello.version = MPLANE_PROTOCOL_VERSION;
+  hello.type = MPS_HELLO;
+  int port;
+  /* 1: stream sets that do not add up: one nonce, sockets that disagree on the stream count
+   *    (streams 0,1 of 2 with stream 2 of 3; streams 0,1 of 2 with stream 9 of 16) */
+  enum { NODD = 6 };
+  int odd[NODD];
+  const uint16_t odd_stream[NODD] = {0, 1, 2, 0, 1, 9}, odd_n[NODD] = {2, 2, 3, 2, 2, 16};
+  for (int i = 0; i < NODD; i++) {
+    odd[i] = tcp_client(&ss, sl, &port);
+    hello.nonce = i < 3 ? 0x0dd0dd : 0x0dd0de;
+    hello.stream = odd_stream[i];
+    hello.nstreams = odd_n[i];
+    if (send(odd[i], &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) abi_fail("send");
+  }
+  for (double t0 = abi_now(); abi_now() - t0 < 0.5;) {
+    void *rc = NULL;
+    if (abi_accept(&nd.net, lc, &rc) != ncclSuccess) abi_fail("accept failed on an incomplete stream set");
+    if (rc) abi_fail("sockets that disagree on the number of streams became a connection");
+    usleep(2000);
+  }
+  for (int i = 0; i < NODD; i++) close(odd[i]);
+  /* 2: 80 connections that said a complete, valid control hello (4 data streams announced) and
+   *    then hung up: an aborted connect, 80 times */
+  for (int i = 0; i < 80; i++) {
+    int fd = tcp_client(&ss, sl, &port);
+    hello.nonce = 0x1000 + (uint64_t)i;
+    hello.stream = 0;
+    hello.nstreams = 4;
+    if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) abi_fail("send");
+    if (i % 8 == 7) {
+      void *rc = NULL;
+      if (abi_accept(&nd.net, lc, &rc) != ncclSuccess || rc) abi_fail("accept of a half-open connection");
+    }
+    close(fd);
+  }
+  /* a real peer must still get through, promptly */
+  chan_send(pp.fd, handle, HANDLE_SIZE);
+  void *rc = NULL;
+  double t0 = abi_now();
+  while (!rc) {
+    double t1 = abi_now();
+    if (abi_accept(&nd.net, lc, &rc) != ncclSuccess) abi_fail("accept of the real peer failed");
+    timed(t1, "accept");
+    if (abi_now() - t0 > 10) abi_fail("the real peer was not accepted within 10 s after 80 abandoned handshakes: the listener is clogged");
+    sched_yield();
+  }
+  size_t size = 100003;
+  void *buf = alloc_buf(size, 64), *mh;
+  reg(&nd, rc, buf, size, &mh);
+  struct op op = {.n = 1, .data = {buf}, .size = {size}, .tag = {4}, .mh = {mh}, .expect = {size}, .msg = {88}};
+  struct run_stats st;
+  size_t mark = abi_log_mark();
+  if (run_ops(&nd, NULL, rc, &op, 1, 0, 30, &st)) fail_run("receive", &st, &op, mark);
+  verify_recvs(&op, 1, 64);
+  abi_note("the real peer was accepted %.3f s after 80 abandoned handshakes", abi_now() - t0);
+  barrier(pp.fd);
+  dereg(&nd, rc, mh);
+  abi_close_recv(&nd.net, rc);
+  abi_close_listen(&nd.net, lc);
+  free(buf);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static const struct {
@@ -1377,6 +1670,10 @@ static const struct {
     {"fake-peer", sc_fake_peer, "plain TCP clients sending garbage to the listen address (socket only)"},
     {"fake-version", sc_fake_version, "a peer of another protocol version: WARN and NACK (socket only)"},
     {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
+    {"threads", sc_threads, "3 communicators per process, each on its own thread, concurrently"},
+    {"dead-listener", sc_dead_listener, "connect to a closed listener: error within 10 s, WARN names peer"},
+    {"connect-timeout", sc_connect_timeout, "TCP handshakes that never complete: MPLANE_CONNECT_TIMEOUT ends connect (socket only)"},
+    {"half-open", sc_half_open, "abandoned and inconsistent handshakes do not clog the listener (socket only)"},
     {"v12", sc_v12, "ncclNet_v12 round trip, planeId/railId"},
     {"v10", sc_v10, "ncclNet_v10 round trip"},
     {"v9", sc_v9, "ncclNet_v9 round trip"},
