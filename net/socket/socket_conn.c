@@ -317,6 +317,22 @@ static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
         pending_drop(lc, i);
         return ncclInvalidUsage;
       }
+    } else {
+      /* Said hello, waiting for the rest of its connection: drop it if its peer hung up (an aborted
+       * connect) or the rest never comes, or such sockets fill the table and nothing is accepted. */
+      char byte;
+      ssize_t r = recv(p->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        MP_INFO(NCCL_NET, "socket: connection from %s closed before the rest of its streams arrived", p->peer);
+        pending_drop(lc, i);
+        continue;
+      }
+      if (now - p->since > MPS_HELLO_TIMEOUT_S) {
+        MP_WARN("socket: connection from %s (stream %u of %u) was not joined by its other streams in %d s; dropped",
+                p->peer, p->hello.stream, p->hello.nstreams, MPS_HELLO_TIMEOUT_S);
+        pending_drop(lc, i);
+        continue;
+      }
     }
     i++;
   }
@@ -333,7 +349,9 @@ static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv
     for (int s = 0; s <= n; s++) idx[s] = -1;
     for (int j = 0; j < lc->npending; j++) {
       struct mps_pending *p = &lc->pending[j];
-      if (p->have == sizeof(p->hello) && p->hello.nonce == ctrl->hello.nonce && idx[p->hello.stream] < 0) {
+      /* same nonce and same stream count: a stream index beyond n would read idx[] past what was set */
+      if (p->have == sizeof(p->hello) && p->hello.nonce == ctrl->hello.nonce && p->hello.nstreams == n &&
+          idx[p->hello.stream] < 0) {
         idx[p->hello.stream] = j;
         found++;
       }
