@@ -390,10 +390,12 @@ static int sc_devices(void) {
   mplane_net_devices(&n);
   char names[512] = "";
   for (int d = 0; d < n; d++) {
-    const struct mplane_dev_props *pp;
-    mplane_net_get_properties(d, &pp);
+    /* the transport's own plane guess (IB subnets, else discovery order); topo/ and MPLANE_PLANES may
+     * override it in the plugin's view, which is theirs to test */
+    struct mplane_dev_props pp;
+    if (mplane_ib_ops.get_properties(d, &pp) != ncclSuccess) fail("getProperties %d", d);
     char one[96];
-    snprintf(one, sizeof(one), "%s%s@%d", d ? "," : "", pp->name, pp->plane);
+    snprintf(one, sizeof(one), "%s%s@%d", d ? "," : "", pp.name, pp.plane);
     strncat(names, one, sizeof(names) - strlen(names) - 1);
   }
   const char *want = getenv("IB_TEST_WANT");
