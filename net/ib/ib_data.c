@@ -250,17 +250,31 @@ static ncclResult_t post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr
   return ncclSuccess;
 }
 
+/* The connection has failed: hand out a request whose test() reports it, so the error reaches NCCL
+ * through test (as for requests already in flight) and a caller that only posts never spins. */
+static ncclResult_t send_failed(struct mpib_send_comm *c, void **request) {
+  int ri;
+  struct mpib_send_req *r = send_req_alloc(c, &ri);
+  if (!r) return mpib_error_check(&c->b.err);
+  r->size = 0;
+  r->pending = 0;
+  r->trunc = 0;
+  *request = r;
+  return ncclSuccess;
+}
+
 ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
   struct mpib_send_comm *c = send_comm;
   struct mpib_mr *m = mhandle;
   *request = NULL;
-  MP_CHECK(mpib_error_check(&c->b.err));
+  if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) return send_failed(c, request);
   if (!c->cur_valid) {
     struct mpib_fifo_slot *s = &c->fifo[c->seq % MPIB_MAX_REQS];
     if (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != c->seq + 1) {
       poll_cq(&c->b);
       check_peer(&c->b);
-      return mpib_error_check(&c->b.err); /* no receive posted yet: NCCL calls again */
+      if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) return send_failed(c, request);
+      return ncclSuccess; /* no receive posted yet: NCCL calls again */
     }
     memcpy(&c->cur, s, sizeof(c->cur));
     if (c->cur.n < 1 || c->cur.n > MPIB_MAX_RECVS) {
@@ -405,12 +419,22 @@ ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int 
     MP_WARN("NET/IB: irecv of %d buffers; at most %d", n, MPIB_MAX_RECVS);
     return ncclInvalidArgument;
   }
-  MP_CHECK(mpib_error_check(&c->b.err));
   unsigned k = (unsigned)(c->seq % MPIB_MAX_REQS);
   struct mpib_recv_req *r = &c->reqs[k];
   if (r->used) {
     poll_cq(&c->b);
     return mpib_error_check(&c->b.err); /* the oldest receive is still in flight: NCCL calls again */
+  }
+  if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) {
+    /* failed connection: a request whose test() reports the error (see send_failed) */
+    r->used = 1;
+    r->seq = c->seq++;
+    r->n = n;
+    r->done_entries = 0;
+    r->fifo_pending = 1;
+    memset(r->e, 0, sizeof(r->e));
+    *request = r;
+    return ncclSuccess;
   }
   struct mpib_fifo_slot *s = &c->slots[k];
   memset(r->e, 0, sizeof(r->e));
