@@ -32,8 +32,9 @@ typedef struct {
   int32_t minFlowsPerPeer;
 } ncclNetCommAttr_v11_t;
 
-/* Per-transfer hints NCCL passes through setNetAttr. op/algo/proto are NCCL's enum values
- * (ncclFunc_t, NCCL_ALGO_*, NCCL_PROTO_*), or (uint32_t)-1 when unset. */
+/* Per-transfer hints NCCL passes through setNetAttr. op/algo/proto are bit masks with one bit
+ * per NCCL enum value (1 << ncclFunc_t, 1 << NCCL_ALGO_*, 1 << NCCL_PROTO_*), or (uint32_t)-1
+ * when unset. */
 typedef struct {
   ncclNetCommAttr_v11_t sendCommAttr;
   ncclNetCommAttr_v11_t recvCommAttr;
