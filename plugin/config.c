@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "../net/tc.h"
+#include "../topo/topo.h"
 
 enum kind { K_INT, K_SIZE, K_BOOL, K_ENUM, K_STR };
 
@@ -51,7 +52,7 @@ static const struct row rows[] = {
     {"MPLANE_CONNECT_TIMEOUT", K_INT, OFF(connect_timeout_s), 0, "120", 1, 3600, NULL,
      "seconds, an integer from 1 to 3600", "deadline for a connection handshake before it fails"},
     {"MPLANE_PLANES", K_STR, STR(planes), "", 0, 0, NULL, "NIC=plane pairs, e.g. mlx5_0=0,mlx5_1=1",
-     "plane of each NIC (default: from the fabric, then PCI order)"},
+     "plane of each NIC (default: from the fabric, then PCI order)", mplane_topo_planes_validate},
     {"MPLANE_TOPO_FILE", K_STR, STR(topo_file), "", 0, 0, NULL, "a path to an hwloc XML file",
      "discover the node from this hwloc XML instead of the live machine"},
     {"MPLANE_NCCL_TOPO", K_BOOL, OFF(nccl_topo), 0, "1", 0, 1, NULL, "0 or 1",

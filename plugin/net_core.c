@@ -11,6 +11,7 @@
 #include "../net/relay.h"
 #include "../net/stats.h"
 #include "../net/tc.h"
+#include "../topo/topo.h"
 
 #define MPLANE_MAX_DEVS 64
 
@@ -89,6 +90,15 @@ static void global_init_once(void) {
   if (res != ncclSuccess) {
     MP_WARN("no usable network device (MPLANE_SOCKET_IFNAME='%s'); NCCL will use its own transports",
             cfg->socket_ifname);
+    g.init_result = res;
+    return;
+  }
+  /* topo/: planes, rails, pci paths and guids from the node's topology; NCCL_TOPO_FILE for NCCL. */
+  res = mplane_topo_plugin_init(cfg, g.props, g.ndev);
+  if (res != ncclSuccess) { /* bad MPLANE_PLANES or MPLANE_TOPO_FILE: the WARN named it */
+    if (g.ops->finalize) g.ops->finalize();
+    g.ops = NULL;
+    g.ndev = 0;
     g.init_result = res;
     return;
   }

@@ -1,0 +1,607 @@
+/* mplane: the node model: GPU/NIC pairs, link classes, planes (see topo.h). */
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../plugin/log.h"
+#include "topo_internal.h"
+
+void mplane_topo_init(struct mplane_topo *t) {
+  memset(t, 0, sizeof(*t));
+  t->cpu_family = t->cpu_model = -1;
+}
+
+uint64_t mplane_topo_hash(const char *s) {
+  uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+  for (; *s; s++) {
+    h ^= (unsigned char)*s;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+int mplane_topo_parse_busid(const char *s, char *out, size_t len) {
+  unsigned dom, bus, dev, fn;
+  char tail;
+  if (!s || sscanf(s, "%x:%x:%x.%x%c", &dom, &bus, &dev, &fn, &tail) != 4) return -1;
+  if (dom > 0xffff || bus > 0xff || dev > 0x1f || fn > 7) return -1;
+  snprintf(out, len, "%04x:%02x:%02x.%x", dom, bus, dev, fn);
+  return 0;
+}
+
+int mplane_topo_name_cmp(const char *a, const char *b) {
+  while (*a && *b) {
+    if (isdigit((unsigned char)*a) && isdigit((unsigned char)*b)) {
+      char *ea, *eb;
+      unsigned long long na = strtoull(a, &ea, 10), nb = strtoull(b, &eb, 10);
+      if (na != nb) return na < nb ? -1 : 1;
+      a = ea;
+      b = eb;
+      continue;
+    }
+    if (*a != *b) return (unsigned char)*a < (unsigned char)*b ? -1 : 1;
+    a++;
+    b++;
+  }
+  return *a ? 1 : (*b ? -1 : 0);
+}
+
+void mplane_topo_cpumap(const int *cpus, int n, char *out, size_t len) {
+  int maxcpu = -1;
+  for (int i = 0; i < n; i++)
+    if (cpus[i] > maxcpu) maxcpu = cpus[i];
+  int words = maxcpu < 0 ? 1 : maxcpu / 32 + 1;
+  size_t o = 0;
+  out[0] = '\0';
+  for (int w = words - 1; w >= 0; w--) {
+    uint32_t m = 0;
+    for (int i = 0; i < n; i++)
+      if (cpus[i] >= 0 && cpus[i] / 32 == w) m |= 1u << (cpus[i] % 32);
+    int k = snprintf(out + o, o < len ? len - o : 0, "%s%08x", w == words - 1 ? "" : ",", m);
+    if (k < 0 || o + (size_t)k >= len) break;
+    o += (size_t)k;
+  }
+}
+
+int mplane_topo_add_pci(struct mplane_topo *t, const char *busid) {
+  if (t->npci >= MPLANE_TOPO_MAX_PCI) return -1;
+  struct mplane_topo_pci *p = &t->pci[t->npci];
+  memset(p, 0, sizeof(*p));
+  snprintf(p->busid, sizeof(p->busid), "%s", busid);
+  p->parent = -1;
+  p->hostbridge = -1;
+  p->numa = -1;
+  return t->npci++;
+}
+
+int mplane_topo_find_pci(const struct mplane_topo *t, const char *busid) {
+  for (int i = 0; i < t->npci; i++)
+    if (strcmp(t->pci[i].busid, busid) == 0) return i;
+  return -1;
+}
+
+int mplane_topo_hostbridge(struct mplane_topo *t, const char *name, int numa) {
+  for (int i = 0; i < t->nhostbridges; i++)
+    if (strcmp(t->hostbridge_name[i], name) == 0) return i;
+  if (t->nhostbridges >= MPLANE_TOPO_MAX_HOSTBRIDGES) return -1;
+  int h = t->nhostbridges++;
+  snprintf(t->hostbridge_name[h], sizeof(t->hostbridge_name[h]), "%s", name);
+  t->hostbridge_numa[h] = numa;
+  return h;
+}
+
+int mplane_topo_nic_for_pci(struct mplane_topo *t, int pci) {
+  for (int i = 0; i < t->nnics; i++)
+    if (t->nics[i].pci == pci) return i;
+  if (t->nnics >= MPLANE_TOPO_MAX_NICS) return -1;
+  struct mplane_topo_nic *n = &t->nics[t->nnics];
+  memset(n, 0, sizeof(*n));
+  n->pci = pci;
+  n->numa = t->pci[pci].numa;
+  memcpy(n->busid, t->pci[pci].busid, sizeof(n->busid));
+  n->kind = MPLANE_TOPO_NIC_ETHERNET;
+  n->plane = n->rail = -1;
+  n->dev = -1;
+  return t->nnics++;
+}
+
+int mplane_topo_add_virtual_nic(struct mplane_topo *t, const char *name) {
+  if (t->nnics >= MPLANE_TOPO_MAX_NICS) return -1;
+  struct mplane_topo_nic *n = &t->nics[t->nnics];
+  memset(n, 0, sizeof(*n));
+  snprintf(n->name, sizeof(n->name), "%s", name);
+  snprintf(n->netdev, sizeof(n->netdev), "%s", name);
+  n->pci = -1;
+  n->numa = -1;
+  n->kind = MPLANE_TOPO_NIC_VIRTUAL;
+  n->guid = mplane_topo_hash(name);
+  n->plane = n->rail = -1;
+  n->dev = -1;
+  return t->nnics++;
+}
+
+static int cmp_gpu(const void *a, const void *b) {
+  return strcmp(((const struct mplane_topo_gpu *)a)->busid, ((const struct mplane_topo_gpu *)b)->busid);
+}
+
+static int cmp_nic(const void *a, const void *b) {
+  const struct mplane_topo_nic *x = a, *y = b;
+  if ((x->pci < 0) != (y->pci < 0)) return x->pci < 0 ? 1 : -1; /* PCI NICs first */
+  if (x->pci >= 0) return strcmp(x->busid, y->busid);
+  return mplane_topo_name_cmp(x->name, y->name);
+}
+
+void mplane_topo_sort_nics(struct mplane_topo *t) { qsort(t->nics, (size_t)t->nnics, sizeof(t->nics[0]), cmp_nic); }
+
+static int is_nvidia_gpu(const struct mplane_topo_pci *p) {
+  /* Display (0x0300) or 3D controller (0x0302) from NVIDIA; NVSwitches are bridges (0x0680). */
+  return p->vendor == 0x10de && (p->class_code >> 16) == 0x03;
+}
+
+void mplane_topo_finish(struct mplane_topo *t) {
+  if (t->ngpus == 0) {
+    for (int i = 0; i < t->npci && t->ngpus < MPLANE_TOPO_MAX_GPUS; i++) {
+      if (!is_nvidia_gpu(&t->pci[i])) continue;
+      struct mplane_topo_gpu *g = &t->gpus[t->ngpus++];
+      memset(g, 0, sizeof(*g));
+      g->pci = i;
+      snprintf(g->busid, sizeof(g->busid), "%s", t->pci[i].busid);
+      g->numa = t->pci[i].numa;
+      snprintf(g->model, sizeof(g->model), "NVIDIA %04x:%04x", t->pci[i].vendor, t->pci[i].device);
+    }
+  }
+  qsort(t->gpus, (size_t)t->ngpus, sizeof(t->gpus[0]), cmp_gpu);
+  for (int i = 0; i < t->ngpus; i++) {
+    t->gpus[i].index = i;
+    t->gpus[i].cuda_dev = i;
+    t->gpus[i].nic = -1;
+    t->gpus[i].link = MPLANE_TOPO_LINK_SYS;
+  }
+  for (int i = 0; i < t->nnics; i++) {
+    struct mplane_topo_nic *n = &t->nics[i];
+    if (!n->name[0]) snprintf(n->name, sizeof(n->name), "%s", n->ibdev[0] ? n->ibdev : n->netdev);
+    if (n->ibdev[0]) n->kind = MPLANE_TOPO_NIC_RDMA;
+    if (n->ibdev[0] && n->port == 0) n->port = 1;
+    if (n->guid == 0) n->guid = mplane_topo_hash(n->busid[0] ? n->busid : n->name);
+    n->plane = n->rail = -1;
+    n->dev = -1;
+  }
+  mplane_topo_sort_nics(t);
+}
+
+/* ------------------------------------------------------------------ link classes */
+
+int mplane_topo_nccl_parents(const struct mplane_topo *t, int pci, int *out, int max) {
+  int n = 0;
+  if (pci < 0 || pci >= t->npci) return 0;
+  int b = t->pci[pci].parent; /* the port the device hangs off: NCCL skips it */
+  while (b >= 0) {
+    int up = t->pci[b].parent; /* the switch's upstream port: NCCL keeps it */
+    if (up < 0) break;
+    if (n < max) out[n++] = up;
+    b = t->pci[up].parent;
+  }
+  return n;
+}
+
+enum mplane_topo_link mplane_topo_pci_link(const struct mplane_topo *t, int a, int b) {
+  if (a < 0 || b < 0 || a >= t->npci || b >= t->npci) return MPLANE_TOPO_LINK_SYS;
+  int sa[32], sb[32];
+  int na = mplane_topo_nccl_parents(t, a, sa, 32), nb = mplane_topo_nccl_parents(t, b, sb, 32);
+  for (int i = 0; i < na; i++)
+    for (int j = 0; j < nb; j++)
+      if (sa[i] == sb[j]) return i + j == 0 ? MPLANE_TOPO_LINK_PIX : MPLANE_TOPO_LINK_PXB;
+  const struct mplane_topo_pci *pa = &t->pci[a], *pb = &t->pci[b];
+  if (pa->hostbridge >= 0 && pa->hostbridge == pb->hostbridge) return MPLANE_TOPO_LINK_PHB;
+  if (pa->numa == pb->numa) return MPLANE_TOPO_LINK_NODE; /* both -1: one unknown domain */
+  return MPLANE_TOPO_LINK_SYS;
+}
+
+enum mplane_topo_link mplane_topo_gpu_nic_link(const struct mplane_topo *t, int g, int n) {
+  if (g < 0 || g >= t->ngpus || n < 0 || n >= t->nnics) return MPLANE_TOPO_LINK_SYS;
+  return mplane_topo_pci_link(t, t->gpus[g].pci, t->nics[n].pci);
+}
+
+int mplane_topo_gpu_nic_pair(const struct mplane_topo *t, int g, enum mplane_topo_link *link) {
+  if (g < 0 || g >= t->ngpus) return -1;
+  if (link) *link = t->gpus[g].link;
+  return t->gpus[g].nic;
+}
+
+const char *mplane_topo_link_name(enum mplane_topo_link link) {
+  static const char *names[] = {"PIX", "PXB", "PHB", "NODE", "SYS"};
+  return (unsigned)link < 5 ? names[link] : "?";
+}
+
+const char *mplane_topo_plane_source_name(enum mplane_topo_plane_source src) {
+  switch (src) {
+    case MPLANE_TOPO_PLANE_CONFIG: return "MPLANE_PLANES";
+    case MPLANE_TOPO_PLANE_FABRIC: return "fabric";
+    case MPLANE_TOPO_PLANE_PCI: return "PCI order";
+    default: return "none";
+  }
+}
+
+const char *mplane_topo_nic_kind_name(enum mplane_topo_nic_kind kind) {
+  switch (kind) {
+    case MPLANE_TOPO_NIC_RDMA: return "rdma";
+    case MPLANE_TOPO_NIC_ETHERNET: return "ethernet";
+    default: return "virtual";
+  }
+}
+
+int mplane_topo_find_nic(const struct mplane_topo *t, const char *name) {
+  if (!name || !*name) return -1;
+  for (int pass = 0; pass < 2; pass++) {
+    char key[96];
+    snprintf(key, sizeof(key), "%s", name);
+    if (pass == 1) {
+      /* "mlx5_0:1" is port 1 of mlx5_0. */
+      char *colon = strrchr(key, ':');
+      if (!colon || colon[1] == '\0') break;
+      for (char *c = colon + 1; *c; c++)
+        if (!isdigit((unsigned char)*c)) return -1;
+      *colon = '\0';
+    }
+    for (int i = 0; i < t->nnics; i++) {
+      const struct mplane_topo_nic *n = &t->nics[i];
+      if (strcmp(n->name, key) == 0 || (n->ibdev[0] && strcmp(n->ibdev, key) == 0) ||
+          (n->netdev[0] && strcmp(n->netdev, key) == 0))
+        return i;
+    }
+  }
+  return -1;
+}
+
+void mplane_topo_set_subnet(struct mplane_topo *t, int nic, int kind, uint64_t key, const char *text) {
+  if (nic < 0 || nic >= t->nnics) return;
+  struct mplane_topo_nic *n = &t->nics[nic];
+  n->has_subnet = 1;
+  n->subnet_kind = (uint64_t)kind;
+  n->subnet_key = key;
+  snprintf(n->subnet, sizeof(n->subnet), "%s", text ? text : "");
+}
+
+/* ------------------------------------------------------------------ MPLANE_PLANES */
+
+static int valid_nic_char(char c) { return isalnum((unsigned char)c) || c == '_' || c == '-' || c == '.' || c == ':'; }
+
+int mplane_topo_planes_parse(const char *value, struct mplane_topo_planes_spec *out, char *why, size_t whylen) {
+  memset(out, 0, sizeof(*out));
+  if (!value) return 0;
+  const char *p = value;
+  while (isspace((unsigned char)*p)) p++;
+  if (*p == '\0') return 0;
+  p = value;
+  for (;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char tok[128];
+    if (len >= sizeof(tok)) {
+      snprintf(why, whylen, "entry '%.40s...' is too long", p);
+      return -1;
+    }
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    /* trim */
+    char *s = tok, *e = tok + len;
+    while (*s && isspace((unsigned char)*s)) s++;
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    if (*s == '\0') {
+      snprintf(why, whylen, "empty entry (a stray comma?)");
+      return -1;
+    }
+    char *eq = strchr(s, '=');
+    if (!eq) {
+      snprintf(why, whylen, "entry '%s' has no '=plane'", s);
+      return -1;
+    }
+    *eq = '\0';
+    char *name = s, *num = eq + 1;
+    char *ne = eq;
+    while (ne > name && isspace((unsigned char)ne[-1])) *--ne = '\0';
+    while (isspace((unsigned char)*num)) num++;
+    if (*name == '\0') {
+      snprintf(why, whylen, "entry '=%s' names no NIC", num);
+      return -1;
+    }
+    for (char *c = name; *c; c++) {
+      if (!valid_nic_char(*c)) {
+        snprintf(why, whylen, "NIC name '%s' has a character ('%c') no NIC name has", name, *c);
+        return -1;
+      }
+    }
+    if (strlen(name) >= sizeof(out->entry[0].nic)) {
+      snprintf(why, whylen, "NIC name '%s' is too long", name);
+      return -1;
+    }
+    long plane;
+    char *end = NULL;
+    errno = 0;
+    plane = strtol(num, &end, 10);
+    if (*num == '\0' || errno || *end != '\0' || plane < 0 || plane >= MPLANE_TOPO_MAX_NICS) {
+      snprintf(why, whylen, "plane '%s' of NIC '%s' is not an integer from 0 to %d", num, name, MPLANE_TOPO_MAX_NICS - 1);
+      return -1;
+    }
+    for (int i = 0; i < out->n; i++) {
+      if (strcmp(out->entry[i].nic, name) == 0) {
+        snprintf(why, whylen, "NIC '%s' is given twice", name);
+        return -1;
+      }
+      if (out->entry[i].plane == (int)plane) {
+        snprintf(why, whylen, "NICs '%s' and '%s' are both given plane %ld; a node has one NIC per plane",
+                 out->entry[i].nic, name, plane);
+        return -1;
+      }
+    }
+    if (out->n >= MPLANE_TOPO_PLANES_MAX) {
+      snprintf(why, whylen, "more than %d entries", MPLANE_TOPO_PLANES_MAX);
+      return -1;
+    }
+    snprintf(out->entry[out->n].nic, sizeof(out->entry[0].nic), "%s", name);
+    out->entry[out->n].plane = (int)plane;
+    out->n++;
+    if (!comma) break;
+    p = comma + 1;
+  }
+  return 0;
+}
+
+int mplane_topo_planes_validate(const char *value, char *why, size_t whylen) {
+  struct mplane_topo_planes_spec spec;
+  return mplane_topo_planes_parse(value, &spec, why, whylen);
+}
+
+static void list_nic_names(const struct mplane_topo *t, char *buf, size_t len) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < t->nnics; i++) {
+    const struct mplane_topo_nic *n = &t->nics[i];
+    int k;
+    if (n->ibdev[0] && n->netdev[0] && strcmp(n->name, n->netdev) != 0)
+      k = snprintf(buf + o, len - o, "%s%s (%s)", i ? ", " : "", n->name, n->netdev);
+    else
+      k = snprintf(buf + o, len - o, "%s%s", i ? ", " : "", n->name);
+    if (k < 0 || o + (size_t)k >= len) break;
+    o += (size_t)k;
+  }
+  if (t->nnics == 0) snprintf(buf, len, "none");
+}
+
+/* ------------------------------------------------------------------ pairing and planes */
+
+static void pair_gpus(struct mplane_topo *t) {
+  for (int n = 0; n < t->nnics; n++) t->nics[n].ngpus = 0;
+  for (int g = 0; g < t->ngpus; g++) {
+    int best = -1;
+    enum mplane_topo_link best_link = MPLANE_TOPO_LINK_SYS;
+    for (int n = 0; n < t->nnics; n++) {
+      if (t->nics[n].excluded) continue;
+      enum mplane_topo_link l = mplane_topo_gpu_nic_link(t, g, n);
+      /* Nearest first; among equals the NIC with fewer GPUs, then PCI order (the array order). */
+      if (best < 0 || l < best_link || (l == best_link && t->nics[n].ngpus < t->nics[best].ngpus)) {
+        best = n;
+        best_link = l;
+      }
+    }
+    t->gpus[g].nic = best;
+    t->gpus[g].link = best < 0 ? MPLANE_TOPO_LINK_SYS : best_link;
+    if (best >= 0) t->nics[best].ngpus++;
+  }
+}
+
+static int cmp_subnet(const struct mplane_topo_nic *a, const struct mplane_topo_nic *b) {
+  if (a->subnet_kind != b->subnet_kind) return a->subnet_kind < b->subnet_kind ? -1 : 1;
+  if (a->subnet_key != b->subnet_key) return a->subnet_key < b->subnet_key ? -1 : 1;
+  return 0;
+}
+
+ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes, char *err, size_t errlen) {
+  struct mplane_topo_planes_spec spec;
+  char why[256];
+  if (mplane_topo_planes_parse(planes, &spec, why, sizeof(why)) != 0) {
+    snprintf(err, errlen, "MPLANE_PLANES='%s' is not valid: %s; expected NIC=plane pairs, e.g. mlx5_0=0,mlx5_1=1",
+             planes, why);
+    return ncclInvalidArgument;
+  }
+  int named[MPLANE_TOPO_MAX_NICS];
+  for (int n = 0; n < t->nnics; n++) {
+    named[n] = -1;
+    t->nics[n].excluded = 0;
+    t->nics[n].compute = 0;
+    t->nics[n].plane = t->nics[n].rail = -1;
+    t->nics[n].plane_source = MPLANE_TOPO_PLANE_NONE;
+  }
+  for (int i = 0; i < spec.n; i++) {
+    int n = mplane_topo_find_nic(t, spec.entry[i].nic);
+    if (n < 0) {
+      char names[1024];
+      list_nic_names(t, names, sizeof(names));
+      snprintf(err, errlen, "MPLANE_PLANES='%s' names NIC '%s', which this node does not have (its NICs: %s)",
+               planes, spec.entry[i].nic, names);
+      return ncclInvalidArgument;
+    }
+    if (named[n] >= 0) {
+      snprintf(err, errlen, "MPLANE_PLANES='%s' names NIC %s twice ('%s' and '%s')", planes, t->nics[n].name,
+               spec.entry[named[n]].nic, spec.entry[i].nic);
+      return ncclInvalidArgument;
+    }
+    named[n] = i;
+  }
+  if (spec.n > 0)
+    for (int n = 0; n < t->nnics; n++) t->nics[n].excluded = named[n] < 0;
+
+  pair_gpus(t);
+
+  int ncompute = 0, compute[MPLANE_TOPO_MAX_NICS];
+  for (int n = 0; n < t->nnics; n++) {
+    struct mplane_topo_nic *nic = &t->nics[n];
+    if (spec.n > 0)
+      nic->compute = named[n] >= 0;
+    else
+      nic->compute = t->ngpus == 0 ? 1 : nic->ngpus > 0;
+    if (nic->compute) compute[ncompute++] = n;
+  }
+
+  enum mplane_topo_plane_source src = MPLANE_TOPO_PLANE_NONE;
+  if (spec.n > 0) {
+    src = MPLANE_TOPO_PLANE_CONFIG;
+    for (int n = 0; n < t->nnics; n++) {
+      if (named[n] < 0) continue;
+      t->nics[n].plane = spec.entry[named[n]].plane;
+      t->nics[n].rail = 0;
+    }
+  } else if (ncompute > 0) {
+    /* The fabric decides when it tells every compute NIC's subnet and they are not all one. */
+    int all_known = 1, distinct = 0;
+    for (int i = 0; i < ncompute; i++) all_known &= t->nics[compute[i]].has_subnet;
+    if (all_known) {
+      for (int i = 0; i < ncompute; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++) seen |= cmp_subnet(&t->nics[compute[i]], &t->nics[compute[j]]) == 0;
+        distinct += !seen;
+      }
+    }
+    if (all_known && distinct >= 2) {
+      src = MPLANE_TOPO_PLANE_FABRIC;
+      for (int i = 0; i < ncompute; i++) {
+        struct mplane_topo_nic *a = &t->nics[compute[i]];
+        int below = 0, rail = 0;
+        /* plane = number of distinct subnets sorting before this one */
+        for (int j = 0; j < ncompute; j++) {
+          const struct mplane_topo_nic *b = &t->nics[compute[j]];
+          if (cmp_subnet(b, a) >= 0) continue;
+          int first = 1;
+          for (int k = 0; k < j; k++) first &= cmp_subnet(&t->nics[compute[k]], b) != 0;
+          below += first;
+        }
+        for (int j = 0; j < i; j++) rail += cmp_subnet(&t->nics[compute[j]], a) == 0;
+        a->plane = below;
+        a->rail = rail;
+      }
+    } else {
+      src = MPLANE_TOPO_PLANE_PCI;
+      for (int i = 0; i < ncompute; i++) {
+        t->nics[compute[i]].plane = i;
+        t->nics[compute[i]].rail = 0;
+      }
+    }
+  }
+  int distinct_planes = 0;
+  for (int n = 0; n < t->nnics; n++) {
+    if (t->nics[n].plane < 0) continue;
+    t->nics[n].plane_source = src;
+    int seen = 0;
+    for (int m = 0; m < n; m++) seen |= t->nics[m].plane == t->nics[n].plane;
+    distinct_planes += !seen;
+  }
+  t->nplanes = distinct_planes;
+  t->plane_source = distinct_planes ? src : MPLANE_TOPO_PLANE_NONE;
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ CUDA_VISIBLE_DEVICES */
+
+void mplane_topo_apply_cuda_visible(struct mplane_topo *t, const char *spec) {
+  t->cuda_visible_set = spec != NULL;
+  snprintf(t->cuda_visible, sizeof(t->cuda_visible), "%s", spec ? spec : "");
+  for (int g = 0; g < t->ngpus; g++) t->gpus[g].cuda_dev = spec ? -1 : g;
+  if (!spec) return;
+  int next = 0;
+  const char *p = spec;
+  while (*p) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char tok[128];
+    if (len >= sizeof(tok)) break;
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    char *s = tok;
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    int found = -1;
+    if (isdigit((unsigned char)*s)) {
+      char *end;
+      long v = strtol(s, &end, 10);
+      if (*end == '\0' && v >= 0 && v < t->ngpus) found = (int)v;
+    } else if (strncmp(s, "GPU-", 4) == 0 || strncmp(s, "MIG-", 4) == 0) {
+      int have_uuids = 0;
+      for (int g = 0; g < t->ngpus; g++) have_uuids |= t->gpus[g].uuid[0] != '\0';
+      if (!have_uuids || strncmp(s, "MIG-", 4) == 0) {
+        /* Only NVML knows which GPU that is: say so rather than guess. */
+        for (int g = 0; g < t->ngpus; g++) t->gpus[g].cuda_dev = -2;
+        return;
+      }
+      for (int g = 0; g < t->ngpus; g++) {
+        if (t->gpus[g].uuid[0] && strncmp(t->gpus[g].uuid, s, strlen(s)) == 0) {
+          found = g;
+          break;
+        }
+      }
+    }
+    if (found < 0 || t->gpus[found].cuda_dev >= 0) break; /* CUDA stops at the first bad entry */
+    t->gpus[found].cuda_dev = next++;
+    if (!comma) break;
+    p = comma + 1;
+  }
+}
+
+/* ------------------------------------------------------------------ load */
+
+ncclResult_t mplane_topo_load(const struct mplane_topo_options *opts, struct mplane_topo **out, char *err,
+                              size_t errlen) {
+  static int sysfs_said;
+  struct mplane_topo_options none = {0};
+  if (!opts) opts = &none;
+  *out = NULL;
+  if (errlen) err[0] = '\0';
+  struct mplane_topo *t = malloc(sizeof(*t));
+  if (!t) {
+    snprintf(err, errlen, "topo: out of memory");
+    return ncclSystemError;
+  }
+  mplane_topo_init(t);
+  int from_file = opts->xml_path && opts->xml_path[0];
+  const char *root = opts->sysfs_root && opts->sysfs_root[0] ? opts->sysfs_root : "/";
+  ncclResult_t res = ncclSuccess;
+  if (!opts->force_sysfs) {
+    res = mplane_topo_from_hwloc(t, from_file ? opts->xml_path : NULL, opts->xml_input, err, errlen);
+    if (res != ncclSuccess && from_file) {
+      free(t);
+      return res;
+    }
+  }
+  if (!from_file && (opts->force_sysfs || res != ncclSuccess || t->npci == 0)) {
+    char why[256];
+    snprintf(why, sizeof(why), "%s", res != ncclSuccess ? err : "hwloc saw no PCI device");
+    if (opts->force_sysfs) snprintf(why, sizeof(why), "hwloc skipped (force_sysfs)");
+    mplane_topo_init(t);
+    mplane_topo_from_sysfs(t, root);
+    if (!sysfs_said) {
+      sysfs_said = 1;
+      MP_INFO(NCCL_INIT | NCCL_NET, "topo: %s (a container?); read %d PCI functions from sysfs instead", why,
+              t->npci);
+    }
+    if (errlen) err[0] = '\0';
+  }
+  mplane_topo_finish(t);
+  if (!from_file) {
+    mplane_topo_read_speeds(t, root);
+    if (opts->live_interfaces) {
+      mplane_topo_read_interfaces(t, 1);
+      mplane_topo_sort_nics(t);
+    }
+  }
+  mplane_topo_apply_cuda_visible(t, opts->cuda_visible);
+  res = mplane_topo_assign_planes(t, opts->planes, err, errlen);
+  if (res != ncclSuccess) {
+    free(t);
+    return res;
+  }
+  *out = t;
+  return ncclSuccess;
+}
+
+void mplane_topo_free(struct mplane_topo *t) { free(t); }

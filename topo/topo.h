@@ -1,0 +1,238 @@
+/* mplane: the node's topology, the way a cluster engineer describes it.
+ *
+ * Discovery reads hwloc (the live machine, or an hwloc XML file named by MPLANE_TOPO_FILE) into a
+ * small model: NVIDIA GPUs, NICs (one per PCI function: its InfiniBand device and its netdev are the
+ * same NIC), the PCIe bridges between them, host bridges and NUMA nodes. When hwloc sees no PCI
+ * device at all (some containers) the same model is read from sysfs instead.
+ *
+ * On that model:
+ *   - every GPU is paired with its NIC: same PCIe switch first, then same host bridge, then same NUMA
+ *     node; the pair's link class is the one nvidia-smi topo -m prints (PIX, PXB, PHB, NODE, SYS);
+ *   - NICs paired with a GPU (all NICs on a node without GPU) are compute NICs; the others are
+ *     storage / front-end NICs and sit on no plane;
+ *   - every compute NIC gets a plane: MPLANE_PLANES first, then the fabric (InfiniBand subnet prefix,
+ *     IP subnet: different planes are different subnets), then PCI order;
+ *   - the NCCL topology XML of the node (with NIC planes) can be written for NCCL_TOPO_FILE.
+ *
+ * Planes never depend on CUDA_VISIBLE_DEVICES: every process on a node must agree on them, so they
+ * are computed from all GPUs; visibility only says which GPUs this process drives. */
+#ifndef MPLANE_TOPO_H
+#define MPLANE_TOPO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../plugin/nccl/err.h"
+
+struct mplane_config;
+struct mplane_dev_props;
+
+#define MPLANE_TOPO_MAX_GPUS 64
+#define MPLANE_TOPO_MAX_NICS 64
+#define MPLANE_TOPO_MAX_PCI 1024
+#define MPLANE_TOPO_MAX_NUMA 64
+#define MPLANE_TOPO_MAX_HOSTBRIDGES 256
+#define MPLANE_TOPO_BUSID_LEN 16 /* "0000:18:00.0" */
+
+/* Link class of a GPU/NIC pair, nearest first (nvidia-smi topo -m):
+ * PIX  through one PCIe switch;          PXB  through several PCIe switches;
+ * PHB  through a PCIe host bridge;       NODE across host bridges inside one NUMA node;
+ * SYS  across NUMA nodes (or unknown: a NIC with no PCI device). NCCL calls NODE "PHB" too. */
+enum mplane_topo_link {
+  MPLANE_TOPO_LINK_PIX = 0,
+  MPLANE_TOPO_LINK_PXB,
+  MPLANE_TOPO_LINK_PHB,
+  MPLANE_TOPO_LINK_NODE,
+  MPLANE_TOPO_LINK_SYS,
+};
+
+/* Where a NIC's plane came from. */
+enum mplane_topo_plane_source {
+  MPLANE_TOPO_PLANE_NONE = 0, /* not a compute NIC: no plane */
+  MPLANE_TOPO_PLANE_CONFIG,   /* MPLANE_PLANES */
+  MPLANE_TOPO_PLANE_FABRIC,   /* IB subnet prefix / IP subnet */
+  MPLANE_TOPO_PLANE_PCI,      /* PCI order (then name order for NICs without PCI) */
+};
+
+/* What a NIC is. */
+enum mplane_topo_nic_kind {
+  MPLANE_TOPO_NIC_RDMA = 0, /* has an InfiniBand verbs device (IB or RoCE) */
+  MPLANE_TOPO_NIC_ETHERNET, /* a PCI netdev without verbs: TCP only */
+  MPLANE_TOPO_NIC_VIRTUAL,  /* no PCI device (veth, bond, lo, ...) */
+};
+
+/* A PCI function or PCI-to-PCI bridge (switch port, root port). */
+struct mplane_topo_pci {
+  char busid[MPLANE_TOPO_BUSID_LEN]; /* lower case, as NCCL and sysfs write it */
+  int parent;                        /* index of the PCI bridge above, -1 when on a host bridge */
+  int hostbridge;                    /* host bridge id (0..nhostbridges-1), -1 unknown */
+  int is_bridge;
+  uint32_t class_code; /* 24 bits: 0x060400 bridge, 0x030200 3D controller, 0x020700 IB ... */
+  uint16_t vendor, device, subvendor, subdevice;
+  int numa; /* NUMA node os index, -1 unknown */
+};
+
+struct mplane_topo_numa {
+  int os_index;
+  char affinity[256]; /* CPU mask as sysfs cpumap writes it ("ffffffff,00000000") */
+};
+
+struct mplane_topo_gpu {
+  int index;    /* among the node's NVIDIA GPUs, in PCI order (as nvidia-smi and NVML count) */
+  int cuda_dev; /* CUDA device index under CUDA_VISIBLE_DEVICES; -1 hidden; -2 unknown */
+  char busid[MPLANE_TOPO_BUSID_LEN];
+  int pci;  /* index into pci[] */
+  int numa; /* -1 unknown */
+  char model[64];
+  char uuid[64]; /* "GPU-..." when hwloc had NVML, else "" */
+  int nic;       /* paired NIC (index into nics[]), -1 none */
+  enum mplane_topo_link link; /* link class of the pair */
+};
+
+struct mplane_topo_nic {
+  char name[64];   /* what users and NCCL see: the plugin's device name once annotated, else the
+                      verbs name (mlx5_0), else the netdev (eth0) */
+  char ibdev[32];  /* verbs device, "" when none */
+  char netdev[32]; /* network interface, "" when none */
+  char busid[MPLANE_TOPO_BUSID_LEN]; /* "" for a virtual NIC */
+  int pci;                           /* index into pci[], -1 virtual */
+  int numa;
+  enum mplane_topo_nic_kind kind;
+  uint64_t guid;  /* node GUID, else MAC, else a hash of the name; distinct per physical NIC */
+  int speed_mbps; /* 0 unknown */
+  int port;       /* IB port, 0 for Ethernet */
+  int has_subnet; /* the fabric says which subnet the NIC is on */
+  uint64_t subnet_kind; /* 1 IB subnet prefix, 2 IPv4 subnet, 3 IPv6 subnet: planes sort by kind, key */
+  uint64_t subnet_key;
+  char subnet[64]; /* "fec0:0000:0000:0001" or "198.18.3.0/24" */
+  int ngpus;       /* GPUs paired with it */
+  int compute;     /* on a plane (carries GPU traffic) */
+  int excluded;    /* left out by MPLANE_PLANES */
+  int plane;       /* -1: none */
+  int rail;        /* index among this node's NICs on the same plane; -1: none */
+  enum mplane_topo_plane_source plane_source;
+  int dev; /* plugin device index, -1 when the plugin does not drive it */
+};
+
+struct mplane_topo {
+  char source[320];  /* "hwloc (live)", "hwloc XML <path>", "sysfs (hwloc saw no PCI device)" */
+  char hostname[64];
+  int from_file;     /* described by an XML file, not this machine */
+  char cpu_arch[16]; /* "x86_64", "arm64", "ppc64", "" */
+  char cpu_vendor[16];
+  int cpu_family, cpu_model; /* -1 unknown */
+  char all_cpus[256];        /* affinity of the whole machine */
+  char cuda_visible[256];    /* CUDA_VISIBLE_DEVICES as applied ("" = unset: all visible) */
+  int cuda_visible_set;
+  int npci;
+  struct mplane_topo_pci pci[MPLANE_TOPO_MAX_PCI];
+  int nhostbridges;
+  int hostbridge_numa[MPLANE_TOPO_MAX_HOSTBRIDGES];
+  char hostbridge_name[MPLANE_TOPO_MAX_HOSTBRIDGES][16]; /* "0000:15" (domain:root bus) */
+  int nnuma;
+  struct mplane_topo_numa numa[MPLANE_TOPO_MAX_NUMA];
+  int ngpus;
+  struct mplane_topo_gpu gpus[MPLANE_TOPO_MAX_GPUS];
+  int nnics;
+  struct mplane_topo_nic nics[MPLANE_TOPO_MAX_NICS];
+  int nplanes;                              /* distinct planes among compute NICs */
+  enum mplane_topo_plane_source plane_source; /* how the planes were found */
+};
+
+/* How to discover. Every field may be left zero. */
+struct mplane_topo_options {
+  const char *xml_path;     /* hwloc XML instead of the live machine; NULL or "" = live */
+  const char *xml_input;    /* how errors name that path, e.g. "MPLANE_TOPO_FILE" or "--topo" */
+  const char *planes;       /* MPLANE_PLANES grammar; NULL or "" = none */
+  const char *cuda_visible; /* CUDA_VISIBLE_DEVICES; NULL = unset (all GPUs visible) */
+  const char *sysfs_root;   /* root of the sysfs fallback; NULL = "/" (tests point it elsewhere) */
+  int force_sysfs;          /* skip hwloc: read sysfs directly (tests) */
+  int live_interfaces;      /* live only: add up, non-loopback interfaces without PCI as virtual
+                               NICs, and read IP subnets (mplane-topo does; the plugin adds its own
+                               devices instead) */
+};
+
+/* Discover the node, pair GPUs with NICs and assign planes. On error returns ncclInvalidArgument
+ * (bad input: the message names the file or variable) or ncclSystemError, writes why into err, and
+ * sets *out to NULL. A node with no GPU or no NIC is no error. */
+ncclResult_t mplane_topo_load(const struct mplane_topo_options *opts, struct mplane_topo **out, char *err,
+                              size_t errlen);
+void mplane_topo_free(struct mplane_topo *t);
+
+/* The link class between two PCI functions of the model (indices into pci[]); SYS when either is
+ * -1. */
+enum mplane_topo_link mplane_topo_pci_link(const struct mplane_topo *t, int pci_a, int pci_b);
+/* The link class between GPU g and NIC n. */
+enum mplane_topo_link mplane_topo_gpu_nic_link(const struct mplane_topo *t, int g, int n);
+/* GPU g's NIC (index into nics[], -1 none) and, when link is not NULL, the pair's link class. */
+int mplane_topo_gpu_nic_pair(const struct mplane_topo *t, int g, enum mplane_topo_link *link);
+const char *mplane_topo_link_name(enum mplane_topo_link link);
+const char *mplane_topo_plane_source_name(enum mplane_topo_plane_source src);
+const char *mplane_topo_nic_kind_name(enum mplane_topo_nic_kind kind);
+
+/* The NIC a name stands for: its name, verbs device or netdev; "mlx5_0:1" (device:port) matches
+ * mlx5_0. -1 when none. */
+int mplane_topo_find_nic(const struct mplane_topo *t, const char *name);
+
+/* MPLANE_PLANES: "NIC=plane" entries, comma separated, e.g. "mlx5_0=0,mlx5_1=1" or
+ * "eth0=0,eth1=1". NIC is a verbs device, an interface name or a plugin device name; plane is
+ * 0..MPLANE_TOPO_MAX_NICS-1. No NIC may appear twice and no two NICs may share a plane. */
+#define MPLANE_TOPO_PLANES_MAX 64
+struct mplane_topo_planes_spec {
+  int n;
+  struct {
+    char nic[64];
+    int plane;
+  } entry[MPLANE_TOPO_PLANES_MAX];
+};
+/* Parse (grammar only: whether the NICs exist is checked against a node). 0 on success, else -1
+ * with the reason in why. "" parses as no entries. */
+int mplane_topo_planes_parse(const char *value, struct mplane_topo_planes_spec *out, char *why, size_t whylen);
+/* The config table's validate callback for MPLANE_PLANES (same as parse, result discarded). */
+int mplane_topo_planes_validate(const char *value, char *why, size_t whylen);
+
+/* Pair GPUs with NICs and assign planes again, e.g. after NICs were added or the fabric was read.
+ * planes is the MPLANE_PLANES value ("" or NULL: none); a NIC it names that does not exist, or
+ * two names for one NIC, is an error that names the variable. */
+ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes, char *err, size_t errlen);
+
+/* Apply CUDA_VISIBLE_DEVICES (NULL = unset): indices and GPU-UUID prefixes, as CUDA reads them
+ * (an entry that names no GPU ends the list). Sets every GPU's cuda_dev. */
+void mplane_topo_apply_cuda_visible(struct mplane_topo *t, const char *spec);
+
+/* Record the subnet a NIC is on, for plane assignment by fabric ("198.18.3.0/24",
+ * "fec0:0000:0000:0001"). kind: 1 IB prefix, 2 IPv4, 3 IPv6. Call assign_planes afterwards. */
+void mplane_topo_set_subnet(struct mplane_topo *t, int nic, int kind, uint64_t key, const char *text);
+
+/* Add a NIC that has no PCI device (veth, lo). Returns its index, or -1 when full. */
+int mplane_topo_add_virtual_nic(struct mplane_topo *t, const char *name);
+
+/* The plugin's part: match each transport device to its NIC by name (or PCI path), add the ones
+ * hwloc does not know as virtual NICs, assign planes, and write back plane, rail, and (when the
+ * transport left them empty) pci_path, guid and speed. planes as in assign_planes. */
+ncclResult_t mplane_topo_annotate_props(struct mplane_topo *t, struct mplane_dev_props *props, int n,
+                                        const char *planes, char *err, size_t errlen);
+
+/* NCCL topology XML of the node (the tree NCCL builds from sysfs: <system><cpu numaid><pci switch>
+ * <pci gpu/nic>...), each NIC's <nic><net name dev speed port guid plane rail/></nic>. GPU <pci>
+ * nodes carry no <gpu> child: NCCL fills it from NVML (its own device index). */
+ncclResult_t mplane_topo_write_nccl_xml(const struct mplane_topo *t, FILE *out);
+
+/* Write that XML into a memfd and return its path, /proc/self/fd/N, in path. */
+ncclResult_t mplane_topo_nccl_xml_memfd(const struct mplane_topo *t, char *path, size_t pathlen);
+
+/* Reports (mplane-topo). */
+void mplane_topo_print_table(const struct mplane_topo *t, FILE *out);
+void mplane_topo_print_picture(const struct mplane_topo *t, FILE *out);
+void mplane_topo_print_json(const struct mplane_topo *t, FILE *out);
+void mplane_topo_print_nccl_env(const struct mplane_topo *t, FILE *out);
+
+/* Plugin init: discover (MPLANE_TOPO_FILE or live), annotate the transport's devices, and unless
+ * NCCL_TOPO_FILE is set or MPLANE_NCCL_TOPO=0, hand NCCL the node's topology through a memfd and
+ * NCCL_TOPO_FILE. Fails only on bad input (the WARN names it); a node hwloc cannot read is no error. */
+ncclResult_t mplane_topo_plugin_init(const struct mplane_config *cfg, struct mplane_dev_props *props, int n);
+/* The node as the plugin saw it at init; NULL before, or when discovery found nothing. */
+const struct mplane_topo *mplane_topo_node(void);
+
+#endif
