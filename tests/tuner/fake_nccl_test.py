@@ -12,7 +12,8 @@ size is known in advance. It honours the environment the way NCCL would:
   otherwise                NCCL's default choice, deliberately not the best one (DEFAULT_CHOICE)
 Test knobs: FAKE_NOISE (relative noise, default 0), FAKE_HANG ("Algo/Proto" that never finishes),
 FAKE_FAIL_DEFAULT=1 (the default run fails), FAKE_NODES (hosts to spread ranks over, default 1),
-FAKE_SLEEP (seconds each run takes, default 0).
+FAKE_SLEEP (seconds each run takes, default 0). With NCCL_DEBUG=INFO and TUNING in NCCL_DEBUG_SUBSYS it
+prints NCCL's per-call "<Coll>: N Bytes -> Algo X proto Y" lines.
 """
 import csv
 import os
@@ -43,6 +44,10 @@ TABLE_NAME = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scat
 ALGO_FROM_TABLE = {"tree": "Tree", "ring": "Ring", "nvls": "NVLS", "nvlstree": "NVLSTree", "pat": "PAT",
                    "collnetdirect": "CollNetDirect", "collnetchain": "CollNetChain"}
 PROTO_FROM_TABLE = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+
+
+NCCL_FUNC = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+             "broadcast": "Broadcast", "reduce": "Reduce"}
 
 
 def default_choice(coll, size):
@@ -101,8 +106,10 @@ def main():
     tuner = os.environ.get("NCCL_TUNER_PLUGIN", "")
     table = os.environ.get("MPLANE_TUNER_CONFIG", "")
     use_table = bool(tuner and tuner.lower() != "none" and table and not algo and not proto)
-    if use_table and not os.path.exists(tuner):
+    if use_table and not os.path.exists(tuner) and "/" in tuner:
         nccl_failure(f"tuner plugin {tuner} not found")
+    if use_table and os.environ.get("NCCL_DEBUG", "").upper() == "INFO":
+        print(f"fakehost:4242:4242 [0] NCCL INFO TUNER/Plugin: Using mplane (v5)")
     if (algo or proto) and not (algo and proto):
         nccl_failure("this fake needs NCCL_ALGO and NCCL_PROTO together")
     if algo and (algo not in OFFERED[coll] or (algo, proto) not in MODEL):
@@ -149,6 +156,9 @@ def main():
         else:
             choice = default_choice(coll, nbytes)
         lat, bw = MODEL[choice]
+        if os.environ.get("NCCL_DEBUG", "").upper() == "INFO" and "TUNING" in os.environ.get("NCCL_DEBUG_SUBSYS", ""):
+            print(f"fakehost:4242:4242 [0] NCCL INFO {NCCL_FUNC[coll]}: {nbytes} Bytes -> Algo {choice[0].upper()} "
+                  f"proto {choice[1].upper()} channel{{Lo..Hi}}={{0..1}}")
         cols = []
         for _ in ("out-of-place", "in-place"):
             t = (lat + nbytes / (bw * 1e3)) * (1.0 + rng.uniform(-noise, noise))
