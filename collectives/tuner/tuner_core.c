@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,12 +76,13 @@ void mplane_tuner_ctx_destroy(struct mplane_tuner_ctx *ctx) {
 static void note_once(struct mplane_tuner_row *r, int flag, int coll, size_t nbytes, const struct mplane_tuner_ctx *ctx) {
   if (__atomic_fetch_or(&r->noted, flag, __ATOMIC_RELAXED) & flag) return;
   const char *name = ctx->table ? ctx->table->name : "?";
-  if (flag == NOTED_APPLIED)
-    MP_INFO(NCCL_TUNING, "tuner: %s line %d: %s of %zu bytes (%zu ranks, %zu nodes) -> %s/%s, channels %s%d (first use of this row)",
+  if (flag == NOTED_APPLIED) {
+    char channels[32] = "NCCL's";
+    if (r->channels > 0) snprintf(channels, sizeof(channels), "%d", r->channels);
+    MP_INFO(NCCL_TUNING, "tuner: %s line %d: %s of %zu bytes (%zu ranks, %zu nodes) -> %s/%s, channels %s (first use of this row)",
             name, r->line, mplane_tuner_coll_name(coll), nbytes, ctx->nranks, ctx->nnodes,
-            mplane_tuner_algo_name(r->algo), mplane_tuner_proto_name(r->proto), r->channels > 0 ? "" : "NCCL's, row ",
-            r->channels);
-  else
+            mplane_tuner_algo_name(r->algo), mplane_tuner_proto_name(r->proto), channels);
+  } else
     MP_INFO(NCCL_TUNING,
             "tuner: %s line %d: %s/%s is not usable for %s of %zu bytes on this communicator (NCCL marked it "
             "ignored); NCCL decides where this row matches",
