@@ -79,8 +79,8 @@ static void note_once(struct mplane_tuner_row *r, int flag, int coll, size_t nby
   if (flag == NOTED_APPLIED) {
     char channels[32] = "NCCL's";
     if (r->channels > 0) snprintf(channels, sizeof(channels), "%d", r->channels);
-    MP_INFO(NCCL_TUNING, "tuner: %s line %d: %s of %zu bytes (%zu ranks, %zu nodes) -> %s/%s, channels %s (first use of this row)",
-            name, r->line, mplane_tuner_coll_name(coll), nbytes, ctx->nranks, ctx->nnodes,
+    MP_INFO(NCCL_TUNING, "tuner: %s line %d: %s of %zu bytes (%zu ranks, %zu node%s) -> %s/%s, channels %s (first use of this row)",
+            name, r->line, mplane_tuner_coll_name(coll), nbytes, ctx->nranks, ctx->nnodes, ctx->nnodes == 1 ? "" : "s",
             mplane_tuner_algo_name(r->algo), mplane_tuner_proto_name(r->proto), channels);
   } else
     MP_INFO(NCCL_TUNING,
@@ -198,9 +198,9 @@ ncclResult_t mplane_tuner_init(void **ctx, uint64_t comm_id, size_t nranks, size
     int kept = 0;
     for (int k = 0; k < NCOLL; k++) kept += c->count[k];
     MP_INFO(NCCL_INIT | NCCL_TUNING,
-            "tuner: comm 0x%" PRIx64 " (%zu ranks, %zu nodes): %d row%s of %s apply (allreduce %d, allgather %d, "
+            "tuner: comm 0x%" PRIx64 " (%zu ranks, %zu node%s): %d row%s of %s apply (allreduce %d, allgather %d, "
             "reducescatter %d, broadcast %d, reduce %d)",
-            comm_id, nranks, nnodes, kept, kept == 1 ? "" : "s", global_table->name, c->count[ncclFuncAllReduce],
+            comm_id, nranks, nnodes, nnodes == 1 ? "" : "s", kept, kept == 1 ? "" : "s", global_table->name, c->count[ncclFuncAllReduce],
             c->count[ncclFuncAllGather], c->count[ncclFuncReduceScatter], c->count[ncclFuncBroadcast],
             c->count[ncclFuncReduce]);
   }

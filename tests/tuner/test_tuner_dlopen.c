@@ -256,8 +256,8 @@ static void test_first_init_messages(void **state) {
     assert_int_equal(warns, 0);
   } else if (strcmp(scenario, "table") == 0) {
     assert_int_equal(occurrences("tuner: 3 rows from "), 1);
-    assert_int_equal(occurrences("comm 0xabc5 (8 ranks, 1 nodes): 2 rows of "), 1);
-    assert_int_equal(occurrences("good.csv line 3: allreduce of 4096 bytes (8 ranks, 1 nodes) -> tree/ll128, channels 12"), 1);
+    assert_int_equal(occurrences("comm 0xabc5 (8 ranks, 1 node): 2 rows of "), 1);
+    assert_int_equal(occurrences("good.csv line 3: allreduce of 4096 bytes (8 ranks, 1 node) -> tree/ll128, channels 12"), 1);
     assert_int_equal(occurrences("comm 0xabc5 done: 1 calls, 1 set from the table, 0 where"), 1);
     assert_int_equal(warns, 0);
   } else if (strcmp(scenario, "overlap") == 0) {
