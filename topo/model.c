@@ -371,13 +371,22 @@ static void list_nic_names(const struct mplane_topo *t, char *buf, size_t len) {
 
 /* ------------------------------------------------------------------ pairing and planes */
 
+/* NICs without a PCI device (veth, bond, lo) have no locality: GPUs pair with them only on a node
+ * whose every candidate NIC is one (the emulated fabric on a GPU machine). */
+static int have_pci_candidates(const struct mplane_topo *t) {
+  for (int n = 0; n < t->nnics; n++)
+    if (!t->nics[n].excluded && t->nics[n].pci >= 0) return 1;
+  return 0;
+}
+
 static void pair_gpus(struct mplane_topo *t) {
+  int pci_only = have_pci_candidates(t);
   for (int n = 0; n < t->nnics; n++) t->nics[n].ngpus = 0;
   for (int g = 0; g < t->ngpus; g++) {
     int best = -1;
     enum mplane_topo_link best_link = MPLANE_TOPO_LINK_SYS;
     for (int n = 0; n < t->nnics; n++) {
-      if (t->nics[n].excluded) continue;
+      if (t->nics[n].excluded || (pci_only && t->nics[n].pci < 0)) continue;
       enum mplane_topo_link l = mplane_topo_gpu_nic_link(t, g, n);
       /* Nearest first; among equals the NIC with fewer GPUs, then PCI order (the array order). */
       if (best < 0 || l < best_link || (l == best_link && t->nics[n].ngpus < t->nics[best].ngpus)) {
@@ -435,12 +444,13 @@ ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes
   pair_gpus(t);
 
   int ncompute = 0, compute[MPLANE_TOPO_MAX_NICS];
+  int pci_only = have_pci_candidates(t);
   for (int n = 0; n < t->nnics; n++) {
     struct mplane_topo_nic *nic = &t->nics[n];
     if (spec.n > 0)
       nic->compute = named[n] >= 0;
-    else
-      nic->compute = t->ngpus == 0 ? 1 : nic->ngpus > 0;
+    else /* no GPU, or no PCI NIC: every NIC is the node's network */
+      nic->compute = t->ngpus == 0 || nic->ngpus > 0 || (!pci_only && nic->pci < 0);
     if (nic->compute) compute[ncompute++] = n;
   }
 

@@ -471,6 +471,49 @@ static void test_planes_from_ip_subnets(void **state) {
   mplane_topo_free(t);
 }
 
+static void test_gpu_node_virtual_nics_only(void **state) {
+  (void)state;
+  /* Fixture (c) with its NIC's OS devices gone (hwloc sees the PCI function, no netdev, no verbs
+   * device): a GPU node whose network is veths only, as when the emulated fabric runs on it. */
+  char *c = slurp(fixture(FIX_C));
+  assert_non_null(c);
+  for (char *p; (p = strstr(c, "osdev_type=\"2\"")) || (p = strstr(c, "osdev_type=\"3\""));) p[12] = '0';
+  struct mplane_topo *t = load_opts(write_tmp("c-nonic.xml", c), NULL, NULL);
+  free(c);
+  assert_int_equal(t->ngpus, 8);
+  assert_int_equal(t->nnics, 0);
+  const char *names[4] = {"veth3", "veth1", "veth0", "veth2"};
+  for (int i = 0; i < 4; i++) {
+    int v = mplane_topo_add_virtual_nic(t, names[i]);
+    assert_true(v >= 0);
+    int p = names[i][4] - '0';
+    char text[32];
+    snprintf(text, sizeof(text), "198.18.%d.0/24", p);
+    mplane_topo_set_subnet(t, v, 2, ((uint64_t)(0xc6120000u | (unsigned)p << 8) << 8) | 24, text);
+  }
+  mplane_topo_sort_nics(t);
+  assert_string_equal(t->nics[0].name, "veth0");
+  char err[512];
+  assert_int_equal(mplane_topo_assign_planes(t, NULL, err, sizeof(err)), ncclSuccess);
+  for (int i = 0; i < 4; i++) {
+    char name[8];
+    snprintf(name, sizeof(name), "veth%d", i);
+    const struct mplane_topo_nic *n = &t->nics[nic(t, name)];
+    assert_true(n->compute);
+    assert_int_equal(n->plane, i);
+    assert_int_equal(n->ngpus, 2); /* GPUs spread over them */
+  }
+  /* With a PCI NIC on the node, a veth carries no GPU's traffic. */
+  mplane_topo_free(t);
+  t = load(FIX_C);
+  int v = mplane_topo_add_virtual_nic(t, "veth0");
+  assert_int_equal(mplane_topo_assign_planes(t, NULL, err, sizeof(err)), ncclSuccess);
+  assert_false(t->nics[v].compute);
+  assert_int_equal(t->nics[v].ngpus, 0);
+  assert_int_equal(t->nics[nic(t, "mlx5_0")].ngpus, 8);
+  mplane_topo_free(t);
+}
+
 /* ------------------------------------------------------------------ CUDA_VISIBLE_DEVICES */
 
 static void test_cuda_visible(void **state) {
@@ -1034,6 +1077,7 @@ int main(void) {
       cmocka_unit_test(test_planes_config_errors),
       cmocka_unit_test(test_planes_from_ib_subnets),
       cmocka_unit_test(test_planes_from_ip_subnets),
+      cmocka_unit_test(test_gpu_node_virtual_nics_only),
       cmocka_unit_test(test_cuda_visible),
       cmocka_unit_test(test_sysfs_fallback),
       cmocka_unit_test(test_annotate_props),
