@@ -1650,6 +1650,75 @@ static int sc_half_open(void) {
   return pair_finish(&pp, rank);
 }
 
+/* NCCL aborting a communicator: comms closed with sends and receives still in flight, large ones,
+ * on both sides. Every close returns promptly, nothing crashes, and the next connection is clean. */
+static int sc_abort(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  enum { N = 6 };
+  const size_t size = 16u << 20;
+  void *sbuf[N], *rbuf[N];
+  for (int i = 0; i < N; i++) {
+    sbuf[i] = alloc_buf(size, 0);
+    rbuf[i] = alloc_buf(size, 0);
+    fill(sbuf[i], size, msg_id(rank, (uint32_t)i));
+  }
+  for (int round = 0; round < 4; round++) {
+    struct link l;
+    link_up(&nd, pp.fd, &l);
+    void *smh[N], *rmh[N], *sreq[N] = {0}, *rreq[N] = {0};
+    for (int i = 0; i < N; i++) {
+      reg(&nd, l.sc, sbuf[i], size, &smh[i]);
+      reg(&nd, l.rc, rbuf[i], size, &rmh[i]);
+    }
+    barrier(pp.fd);
+    /* post everything; stop at a point that differs per round and per side */
+    double t0 = abi_now(), stop_after = 0.005 * (round + 1) * (rank + 1);
+    int nsent = 0, nrecv = 0, tag = 1;
+    while (abi_now() - t0 < stop_after || (nsent == 0 && abi_now() - t0 < 5)) {
+      size_t sz = size;
+      if (nrecv < N && abi_irecv(&nd.net, l.rc, 1, &rbuf[nrecv], &sz, &tag, &rmh[nrecv], &rreq[nrecv]) != ncclSuccess) abi_fail("irecv");
+      if (nrecv < N && rreq[nrecv]) nrecv++;
+      if (nsent < N && abi_isend(&nd.net, l.sc, sbuf[nsent], size, tag, smh[nsent], &sreq[nsent]) != ncclSuccess) abi_fail("isend");
+      if (nsent < N && sreq[nsent]) nsent++;
+      int done;
+      if (nsent && round % 2) abi_test(&nd.net, sreq[0], &done, NULL); /* sometimes a little progress */
+    }
+    /* abort: deregister and close with requests in flight (the peer may already be gone too) */
+    double t1 = abi_now();
+    for (int i = 0; i < N; i++) {
+      abi_dereg_mr(&nd.net, l.sc, smh[i]);
+      abi_dereg_mr(&nd.net, l.rc, rmh[i]);
+    }
+    if (round % 2) {
+      abi_close_recv(&nd.net, l.rc);
+      abi_close_send(&nd.net, l.sc);
+    } else {
+      abi_close_send(&nd.net, l.sc);
+      abi_close_recv(&nd.net, l.rc);
+    }
+    abi_close_listen(&nd.net, l.lc);
+    timed(t1, "close with requests in flight");
+    abi_note("round %d: closed with %d sends and %d receives posted in %.3f s", round, nsent, nrecv, abi_now() - t1);
+    barrier(pp.fd);
+  }
+  /* and the plugin still works */
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  size_t sizes[] = {1, (1 << 20) + 3};
+  struct xfer_spec x = {.sizes = sizes, .count = 2, .group = 1, .seed = 700};
+  exchange(&nd, &l, rank, pp.fd, &x, "after the aborts");
+  link_down(&nd, &l);
+  for (int i = 0; i < N; i++) {
+    free(sbuf[i]);
+    free(rbuf[i]);
+  }
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static const struct {
@@ -1670,6 +1739,7 @@ static const struct {
     {"fake-peer", sc_fake_peer, "plain TCP clients sending garbage to the listen address (socket only)"},
     {"fake-version", sc_fake_version, "a peer of another protocol version: WARN and NACK (socket only)"},
     {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
+    {"abort", sc_abort, "comms closed with large sends/receives in flight on both sides: prompt, no crash"},
     {"threads", sc_threads, "3 communicators per process, each on its own thread, concurrently"},
     {"dead-listener", sc_dead_listener, "connect to a closed listener: error within 10 s, WARN names peer"},
     {"connect-timeout", sc_connect_timeout, "TCP handshakes that never complete: MPLANE_CONNECT_TIMEOUT ends connect (socket only)"},
