@@ -8,8 +8,10 @@
 
 static ncclDebugLogger_t nccl_logger;
 
+/* Atomic: communicators are initialized concurrently from several threads (one per GPU), each
+ * handing us the logger, while helper threads may be logging. */
 void mplane_log_set_logger(ncclDebugLogger_t logger) {
-  if (logger) nccl_logger = logger;
+  if (logger) __atomic_store_n(&nccl_logger, logger, __ATOMIC_RELEASE);
 }
 
 static int stderr_wants(ncclDebugLogLevel level) {
@@ -25,9 +27,10 @@ void mplane_log(ncclDebugLogLevel level, unsigned long subsys, const char *file,
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  if (nccl_logger) {
+  ncclDebugLogger_t logger = __atomic_load_n(&nccl_logger, __ATOMIC_ACQUIRE);
+  if (logger) {
     /* NCCL formats with "%s"-safe semantics only if we hand it a fixed format. */
-    nccl_logger(level, subsys, file, line, "NET/mplane %s", msg);
+    logger(level, subsys, file, line, "NET/mplane %s", msg);
     return;
   }
   if (stderr_wants(level)) {
