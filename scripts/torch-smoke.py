@@ -46,7 +46,6 @@ import glob
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -585,7 +584,7 @@ def main():
         plugins = sorted({rep["plugin"] for rep in ranks if rep["plugin"]})
         print(f"network: NCCL says 'Using network {', '.join(used) or '?'}'"
               + (f"; NET/Plugin: Loaded net plugin {', '.join(plugins)}" if plugins else "")
-              + f"; send channels: " + ", ".join([f"NET/{k} {v}" for k, v in sorted(net_ch.items())]
+              + "; send channels: " + ", ".join([f"NET/{k} {v}" for k, v in sorted(net_ch.items())]
                                                  + [f"P2P {p2p}", f"SHM {shm}"]))
         stats = read_plugin_stats(args.log_dir) if args.net == "mplane" else None
         if stats:

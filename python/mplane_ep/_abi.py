@@ -1,89 +1,126 @@
 """The C API of libmplane-ep (collectives/ep/mplane_ep.h) as ctypes declarations: one entry per
 constant, struct and function of the header, nothing else. tests/python/test_ep_binding.py parses
-the header and fails on any difference, so keep this file a mirror: when the header changes, change
-this file the same way (and bump nothing here: the ABI version comes from the header).
+the header (and compiles it for struct sizes and offsets) and fails on any difference, so keep this
+file a mirror: when the header changes, change this file the same way. The library's ABI version
+is checked at load time against MPLANE_EP_ABI_VERSION below.
 
 No torch here: this module must import with a plain python3 (CI).
-
-STATE: written before collectives/ep/mplane_ep.h existed (the library was at its planner and CPU
-model), from issue 7's API and the planner's terms (ep_plan.h, ep_sched.h, ep_model.h). The names
-and parameters below are the binding's proposal; the header decides. The binding test reports
-every difference once the header is there.
 """
 
 import ctypes
 import os
 
-from ctypes import POINTER, c_char_p, c_float, c_int, c_int32, c_void_p
+from ctypes import POINTER, c_char_p, c_float, c_int, c_longlong, c_void_p
 
 HEADER = "collectives/ep/mplane_ep.h"
 
 # ---- constants (#define / enum of the header) ----
 MPLANE_EP_ABI_VERSION = 1
-MPLANE_EP_FMT_FP8 = 0    # dispatch on the wire as FP8 e4m3, one float32 scale per 1x128 tile
-MPLANE_EP_FMT_BF16 = 1   # dispatch as BF16
-MPLANE_EP_TILE = 128     # elements per FP8 scale
+MPLANE_EP_TILE = 128          # values per FP8 scale
+MPLANE_EP_FMT_FP8 = 0         # dispatch on the wire as FP8 e4m3 + float32 scales
+MPLANE_EP_FMT_BF16 = 1        # dispatch as BF16
+MPLANE_EP_OK = 0
+MPLANE_EP_ERR_INVALID = 1     # a bad argument or configuration
+MPLANE_EP_ERR_CUDA = 2        # a CUDA call failed
+MPLANE_EP_ERR_NCCL = 3        # an NCCL call failed
+MPLANE_EP_ERR_NOMEM = 4       # device or host memory
+MPLANE_EP_ERR_CAPACITY = 5    # more expert rows arrive than max_recv_rows
+MPLANE_EP_ERR_INTERNAL = 6    # GPU and host planner disagree (a bug)
 
-CONSTANTS = {
-    "MPLANE_EP_ABI_VERSION": MPLANE_EP_ABI_VERSION,
-    "MPLANE_EP_FMT_FP8": MPLANE_EP_FMT_FP8,
-    "MPLANE_EP_FMT_BF16": MPLANE_EP_FMT_BF16,
-    "MPLANE_EP_TILE": MPLANE_EP_TILE,
-}
+CONSTANTS = {k: v for k, v in dict(globals()).items() if k.startswith("MPLANE_EP_")}
+ERROR_NAMES = {v: k for k, v in CONSTANTS.items() if k.startswith("MPLANE_EP_ERR_") or k == "MPLANE_EP_OK"}
 
 
 # ---- structs ----
 class mplane_ep_config(ctypes.Structure):
-    """Shape of a context; buffers are sized once from it."""
+    """Shape of a context; every buffer is sized once from it."""
     _c_name_ = "mplane_ep_config"
     _fields_ = [
-        ("gpus_per_node", c_int),   # 0: from NCCL's view of the hosts
+        ("gpus_per_node", c_int),   # 0: as NCCL sees hosts (NCCL_HOSTID, else host name + boot id)
         ("num_experts", c_int),     # E, a multiple of the rank count
         ("hidden", c_int),          # H, a multiple of 128
-        ("topk", c_int),            # K
+        ("topk", c_int),            # K, 1..32
         ("max_tokens", c_int),      # tokens per rank per call, at most
-        ("max_recv_rows", c_int),   # expert-output rows per rank; 0: the worst case
-        ("worst_case", c_int),      # 1: worst-case offsets, no host synchronisation (CUDA graphs)
+        ("max_recv_rows", c_int),   # expert-output rows a rank can receive; 0: the worst case
+        ("worst_case", c_int),      # 1: worst-case sizes, no host synchronisation (CUDA graphs)
         ("flat", c_int),            # 1: plain all-to-all, one copy per (token, expert) (the baseline)
+        ("num_sms", c_int),         # blocks of the data kernels; 0: every SM
     ]
 
 
 class mplane_ep_info(ctypes.Structure):
-    """What a context resolved: topology and sizes."""
+    """What a context resolved."""
     _c_name_ = "mplane_ep_info"
     _fields_ = [
-        ("rank", c_int),
-        ("nranks", c_int),
-        ("nodes", c_int),
-        ("gpus_per_node", c_int),
+        ("rank", c_int), ("nranks", c_int),
+        ("nodes", c_int), ("gpus_per_node", c_int),
+        ("node", c_int), ("local", c_int),
         ("local_experts", c_int),
         ("max_recv_rows", c_int),
+        ("num_sms", c_int),
     ]
 
 
-STRUCTS = [mplane_ep_config, mplane_ep_info]
+class mplane_ep_layout_info(ctypes.Structure):
+    """Counts of one layout (host arrays in normal mode only, device arrays always)."""
+    _c_name_ = "mplane_ep_layout_info"
+    _fields_ = [
+        ("num_tokens", c_int),
+        ("num_recv_rows", c_int),           # -1 in worst-case mode
+        ("num_recv_tokens", c_int),         # -1 in worst-case mode
+        ("tokens_per_rank", POINTER(c_int)),      # host [nranks]
+        ("tokens_per_node", POINTER(c_int)),      # host [nodes]
+        ("tokens_per_expert", POINTER(c_int)),    # host [num_experts]
+        ("recv_expert_offsets", POINTER(c_int)),  # host [local_experts + 1]
+        ("d_tokens_per_rank", POINTER(c_int)),    # device
+        ("d_tokens_per_node", POINTER(c_int)),
+        ("d_tokens_per_expert", POINTER(c_int)),
+        ("d_recv_expert_offsets", POINTER(c_int)),
+        ("d_status", POINTER(c_int)),             # device [2]: rows received, overflow flag
+        ("dispatch_net_bytes", c_longlong), ("dispatch_nvl_bytes", c_longlong),
+        ("combine_net_bytes", c_longlong), ("combine_nvl_bytes", c_longlong),
+    ]
 
-# ---- functions: name -> (restype, argtypes). Pointers to device memory are c_void_p. ----
-# Every int-returning call returns 0 on success, else an error code, with the message in
-# mplane_ep_last_error(ctx) (ctx NULL: the calling thread's last error, e.g. from create).
+
+class mplane_ep_recv(ctypes.Structure):
+    """Received tokens grouped by local expert; NULL pointers: the context's own buffers."""
+    _c_name_ = "mplane_ep_recv"
+    _fields_ = [
+        ("x", c_void_p),               # device [max_recv_rows][H]: FP8 bytes or BF16
+        ("scales", c_void_p),          # device float [max_recv_rows][H / 128] (FP8)
+        ("weights", c_void_p),         # device float [max_recv_rows]
+        ("src", c_void_p),             # device int32 [max_recv_rows][2]: source rank, token
+        ("expert_offsets", c_void_p),  # out: device int32 [local_experts + 1]
+        ("num_rows", c_int),           # out: rows received; -1 in worst-case mode
+    ]
+
+
+STRUCTS = [mplane_ep_config, mplane_ep_info, mplane_ep_layout_info, mplane_ep_recv]
+
+# ---- functions: name -> (restype, argtypes). Opaque handles (mplane_ep_ctx *, mplane_ep_layout *),
+# CUDA streams, NCCL communicators and device pointers are c_void_p. ----
 FUNCTIONS = {
     "mplane_ep_abi_version": (c_int, []),
     "mplane_ep_last_error": (c_char_p, [c_void_p]),
     "mplane_ep_create": (c_int, [POINTER(c_void_p), c_void_p, POINTER(mplane_ep_config), c_void_p]),
     "mplane_ep_destroy": (c_int, [c_void_p]),
     "mplane_ep_get_info": (c_int, [c_void_p, POINTER(mplane_ep_info)]),
-    # route(ctx, logits [T][E] f32, bias [E] f32 or NULL, T, num_groups, topk_groups, scaling,
-    #       normalize, topk_idx [T][K] i32 out, topk_weights [T][K] f32 out, stream)
-    "mplane_ep_route": (c_int, [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_float, c_int,
-                                c_void_p, c_void_p, c_void_p]),
-    # dispatch(ctx, x [T][H] bf16, topk_idx, topk_weights, T, fmt,
-    #          recv_x [rows][H] (fp8 bytes or bf16), recv_scale [rows][H/128] f32, recv_weight [rows] f32,
-    #          recv_src [rows][2] i32 (source rank, token), expert_off [Er+1] i32 (device),
-    #          num_recv (host int, out; -1 in worst-case mode), stream)
-    "mplane_ep_dispatch": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int,
-                                   c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, POINTER(c_int32), c_void_p]),
-    # combine(ctx, y [rows][H] bf16 (expert outputs, rows of the last dispatch), out [T][H] bf16, stream)
-    "mplane_ep_combine": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),
+    # route(ctx, logits, bias, num_tokens, num_groups, topk_groups, scaling, normalize, topk_idx, topk_weights, stream)
+    "mplane_ep_route": (c_int, [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_float, c_int, c_void_p,
+                                c_void_p, c_void_p]),
+    "mplane_ep_layout_create": (c_int, [c_void_p, POINTER(c_void_p)]),
+    "mplane_ep_layout_destroy": (c_int, [c_void_p]),
+    # get_layout(ctx, topk_idx, num_tokens, layout, stream)
+    "mplane_ep_get_layout": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_void_p]),
+    "mplane_ep_layout_get_info": (c_int, [c_void_p, POINTER(mplane_ep_layout_info)]),
+    # token_in_rank(ctx, layout, flags, stream)
+    "mplane_ep_token_in_rank": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),
+    # dispatch(ctx, layout, x, topk_weights, fmt, recv, stream)
+    "mplane_ep_dispatch": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_int, POINTER(mplane_ep_recv), c_void_p]),
+    # combine(ctx, layout, y, out, stream)
+    "mplane_ep_combine": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
+    # dequant(ctx, layout, recv, y, stream)
+    "mplane_ep_dequant": (c_int, [c_void_p, c_void_p, POINTER(mplane_ep_recv), c_void_p, c_void_p]),
 }
 
 
@@ -156,4 +193,4 @@ def last_error(lib, ctx):
 
 def check(lib, ctx, rc, what):
     if rc != 0:
-        raise EPError(f"{what}: {last_error(lib, ctx)} (error {rc})")
+        raise EPError(f"{what}: {last_error(lib, ctx)} ({ERROR_NAMES.get(rc, 'error')} = {rc})")

@@ -82,6 +82,89 @@ def _need(t, name, dtype=None, dims=None, device=None):
         raise ValueError(f"{name} must be contiguous")
 
 
+class _DeviceInts:
+    """A read-only view of library-owned device int32 memory, for torch.as_tensor (zero copy)."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, True), "version": 3,
+                                         "strides": None, "stream": None}
+
+
+def _device_ints(ptr, n, device):
+    """Copy n int32 at a library device pointer into a new torch tensor (on the current stream)."""
+    if not ptr or n <= 0:
+        return torch.empty((max(n, 0),), dtype=torch.int32, device=device)
+    return torch.as_tensor(_DeviceInts(ptr, n), device=device).clone()
+
+
+def _host_ints(p, n):
+    return [p[i] for i in range(n)] if p else None
+
+
+class Layout:
+    """The counts and positions of one routing (mplane_ep_get_layout), reused by its dispatch and
+    combine. A Context keeps one for dispatch(..., layout=None); make more with Context.layout()."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._h = ctypes.c_void_p()
+        ctx._check(ctx._lib.mplane_ep_layout_create(ctx._ctx, ctypes.byref(self._h)), "mplane_ep_layout_create")
+        self.num_tokens = None
+        self._dispatch_seq = 0
+
+    def compute(self, topk_idx):
+        """Collective: the layout of topk_idx [T, K] (int32/int64, device). Ids outside [0, E) and
+        repeats within a token are dropped. Normal mode waits on the host for the exchanged counts."""
+        c = self.ctx
+        c._alive()
+        if topk_idx.dtype == torch.int64:
+            topk_idx = topk_idx.to(torch.int32)
+        _need(topk_idx, "topk_idx", torch.int32, 2, c.device)
+        T = topk_idx.shape[0]
+        if topk_idx.shape[1] != c.topk:
+            raise ValueError(f"topk_idx has {topk_idx.shape[1]} columns, the context top-{c.topk}")
+        if T > c.max_tokens:
+            raise ValueError(f"{T} tokens, the context was made for at most {c.max_tokens}")
+        c._check(c._lib.mplane_ep_get_layout(c._ctx, _ptr(topk_idx), T, self._h, _stream()), "mplane_ep_get_layout")
+        self.num_tokens = T
+        self.topk_idx = topk_idx
+        return self
+
+    def info(self):
+        """The layout's counts as Python values (host lists are None in worst-case mode) plus the
+        bytes this rank sends per phase."""
+        c = self.ctx
+        li = _abi.mplane_ep_layout_info()
+        c._check(c._lib.mplane_ep_layout_get_info(self._h, ctypes.byref(li)), "mplane_ep_layout_get_info")
+        return {
+            "num_tokens": li.num_tokens,
+            "num_recv_rows": li.num_recv_rows if li.num_recv_rows >= 0 else None,
+            "num_recv_tokens": li.num_recv_tokens if li.num_recv_tokens >= 0 else None,
+            "tokens_per_rank": _host_ints(li.tokens_per_rank, c.nranks),
+            "tokens_per_node": _host_ints(li.tokens_per_node, c.nodes),
+            "tokens_per_expert": _host_ints(li.tokens_per_expert, c.num_experts),
+            "recv_expert_offsets": _host_ints(li.recv_expert_offsets, c.local_experts + 1),
+            "dispatch_net_bytes": li.dispatch_net_bytes, "dispatch_nvl_bytes": li.dispatch_nvl_bytes,
+            "combine_net_bytes": li.combine_net_bytes, "combine_nvl_bytes": li.combine_nvl_bytes,
+            "_raw": li,
+        }
+
+    def token_in_rank(self):
+        """[T, nranks] bool (device): the token has an expert on that rank."""
+        c = self.ctx
+        flags = torch.empty((self.num_tokens, c.nranks), dtype=torch.uint8, device=c.device)
+        c._check(c._lib.mplane_ep_token_in_rank(c._ctx, self._h, _ptr(flags), _stream()), "mplane_ep_token_in_rank")
+        return flags.bool()
+
+    def close(self):
+        if self._h:
+            torch.cuda.current_stream().synchronize()
+            rc = self.ctx._lib.mplane_ep_layout_destroy(self._h)
+            self._h = ctypes.c_void_p()
+            if rc != 0:
+                raise _abi.EPError(f"mplane_ep_layout_destroy: error {rc}")
+
+
 class Dispatched:
     """What dispatch returned at this rank: the received rows grouped by local expert.
 
@@ -89,21 +172,19 @@ class Dispatched:
     scale    [rows, H/128] float32 (fp8=True; None for BF16)
     weight   [rows] float32: the token's top-k weight for this expert
     src      [rows, 2] int32: source rank, source token
-    expert_offsets  [Er + 1] int32 on the GPU: rows of local expert e are
+    expert_offsets  [Er + 1] int32 (device): rows of local expert e are
                     expert_offsets[e]:expert_offsets[e+1]
     num_rows the valid row count (an int; None in worst-case mode, where expert_offsets[-1] says it)
-    Rows past num_rows are capacity, not data. Valid until the next dispatch of the same Context.
+    layout   the Layout it used (combine needs it)
+    The tensors are torch's (allocated per call): they stay valid after later dispatches.
     """
 
-    def __init__(self, ctx, num_tokens, x, scale, weight, src, expert_offsets, num_rows):
-        self.ctx, self.num_tokens = ctx, num_tokens
+    def __init__(self, layout, fp8, x, scale, weight, src, expert_offsets, num_rows, recv):
+        self.layout, self.fp8, self.num_tokens = layout, fp8, layout.num_tokens
         self.x, self.scale, self.weight, self.src = x, scale, weight, src
         self.expert_offsets, self.num_rows = expert_offsets, num_rows
-
-    def expert_rows(self, e):
-        """(start, end) rows of local expert e (synchronises with the GPU)."""
-        off = self.expert_offsets.tolist()
-        return off[e], off[e + 1]
+        self._recv = recv  # the mplane_ep_recv the library filled in (for dequant)
+        self._seq = layout._dispatch_seq
 
 
 class Context:
@@ -113,10 +194,11 @@ class Context:
     `traffic_class` (default 'alltoall'), so MPLANE_TC_MAP puts the MoE traffic on its own service
     level. comm='group': the group's own communicator (ProcessGroupNCCL._comm_ptr()), no new
     connections; its traffic class is the group's.
+    Other arguments are mplane_ep_config's (collectives/ep/mplane_ep.h).
     """
 
     def __init__(self, group=None, *, num_experts, hidden, topk, max_tokens, gpus_per_node=0, max_recv_rows=0,
-                 worst_case=False, flat=False, comm="own", traffic_class="alltoall", library=None):
+                 worst_case=False, flat=False, num_sms=0, comm="own", traffic_class="alltoall", library=None):
         if not torch.cuda.is_available():
             raise RuntimeError("mplane_ep needs a CUDA device")
         self.group = group or dist.group.WORLD
@@ -126,6 +208,7 @@ class Context:
         self._lib = _abi.load(library)
         self._ctx = ctypes.c_void_p()
         self._own_comm = False
+        self._comm = None
         if comm == "own":
             self._comm = own_comm(self.group, traffic_class)
             self._own_comm = True
@@ -135,18 +218,21 @@ class Context:
             raise ValueError(f"comm must be 'own' or 'group', got {comm!r}")
         cfg = _abi.mplane_ep_config(gpus_per_node=gpus_per_node, num_experts=num_experts, hidden=hidden, topk=topk,
                                     max_tokens=max_tokens, max_recv_rows=max_recv_rows, worst_case=int(worst_case),
-                                    flat=int(flat))
+                                    flat=int(flat), num_sms=num_sms)
         rc = self._lib.mplane_ep_create(ctypes.byref(self._ctx), ctypes.c_void_p(self._comm), ctypes.byref(cfg),
                                         _stream())
         if rc != 0:
             msg = _abi.last_error(self._lib, None)
+            self._ctx = ctypes.c_void_p()
             self._release_comm()
-            raise _abi.EPError(f"mplane_ep_create: {msg} (error {rc})")
+            raise _abi.EPError(f"mplane_ep_create: {msg} ({_abi.ERROR_NAMES.get(rc, 'error')} = {rc})")
         info = _abi.mplane_ep_info()
         self._check(self._lib.mplane_ep_get_info(self._ctx, ctypes.byref(info)), "mplane_ep_get_info")
-        self.rank, self.nranks, self.nodes = info.rank, info.nranks, info.nodes
-        self.gpus_per_node, self.local_experts, self.max_recv_rows = info.gpus_per_node, info.local_experts, info.max_recv_rows
-        self._last = None
+        self.rank, self.nranks, self.nodes, self.gpus_per_node = info.rank, info.nranks, info.nodes, info.gpus_per_node
+        self.node, self.local, self.local_experts = info.node, info.local, info.local_experts
+        self.max_recv_rows, self.num_sms = info.max_recv_rows, info.num_sms
+        self._layouts = []
+        self._default_layout = None
 
     # -- plumbing --
     def _check(self, rc, what):
@@ -161,10 +247,17 @@ class Context:
             _nccl.comm_destroy(self._comm)
         self._comm = None
 
+    def info(self):
+        return {k: getattr(self, k) for k in ("rank", "nranks", "nodes", "gpus_per_node", "node", "local",
+                                              "local_experts", "max_recv_rows", "num_sms")}
+
     def close(self):
-        """Destroy the context (and its own communicator). Collective: every rank calls it."""
+        """Destroy the layouts, the context and its own communicator. Collective: every rank calls it."""
         if self._ctx:
             torch.cuda.current_stream().synchronize()
+            for lay in self._layouts:
+                lay.close()
+            self._layouts = []
             rc = self._lib.mplane_ep_destroy(self._ctx)
             self._ctx = ctypes.c_void_p()
             if rc != 0:
@@ -177,7 +270,7 @@ class Context:
     def __exit__(self, *exc):
         self.close()
 
-    # -- the three operations --
+    # -- operations --
     def route(self, logits, bias=None, *, num_groups, topk_groups, scaling=1.0, normalize=True):
         """Group-limited gating: logits [T, E] float32 (bias [E] float32 or None) ->
         (topk_idx [T, K] int32, topk_weights [T, K] float32)."""
@@ -195,53 +288,76 @@ class Context:
                     "mplane_ep_route")
         return idx, w
 
-    def dispatch(self, x, topk_idx, topk_weights, *, fp8=True):
-        """x [T, H] bfloat16, topk_idx [T, K] (int32 or int64), topk_weights [T, K] float32 ->
-        Dispatched (received rows grouped by local expert). T <= max_tokens."""
+    def layout(self, topk_idx=None):
+        """A new Layout (computed for topk_idx when given); closed with the Context."""
+        self._alive()
+        lay = Layout(self)
+        self._layouts.append(lay)
+        return lay.compute(topk_idx) if topk_idx is not None else lay
+
+    def dispatch(self, x, topk_idx, topk_weights, *, fp8=True, layout=None):
+        """x [T, H] bfloat16, topk_idx [T, K] (int32/int64), topk_weights [T, K] float32 ->
+        Dispatched (received rows grouped by local expert). Computes the layout of topk_idx first
+        (collective), in the Context's own Layout unless `layout` is given already computed for it."""
         self._alive()
         _need(x, "x", torch.bfloat16, 2, self.device)
         T, H = x.shape
         if H != self.hidden:
             raise ValueError(f"x has hidden size {H}, the context {self.hidden}")
-        if T > self.max_tokens:
-            raise ValueError(f"x has {T} tokens, the context was made for at most {self.max_tokens}")
-        if topk_idx.dtype == torch.int64:
-            topk_idx = topk_idx.to(torch.int32)
-        _need(topk_idx, "topk_idx", torch.int32, 2, self.device)
+        if layout is None:
+            if self._default_layout is None:
+                self._default_layout = self.layout()
+            layout = self._default_layout.compute(topk_idx)
+        elif layout.num_tokens != T:
+            raise ValueError(f"the layout is for {layout.num_tokens} tokens, x has {T}")
         _need(topk_weights, "topk_weights", torch.float32, 2, self.device)
-        if tuple(topk_idx.shape) != (T, self.topk) or tuple(topk_weights.shape) != (T, self.topk):
-            raise ValueError(f"topk_idx / topk_weights must be [{T}, {self.topk}], are "
-                             f"{tuple(topk_idx.shape)} / {tuple(topk_weights.shape)}")
-        R, dev = self.max_recv_rows, self.device
-        rx = torch.empty((R, H), dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=dev)
-        rs = torch.empty((R, H // _abi.MPLANE_EP_TILE), dtype=torch.float32, device=dev) if fp8 else None
-        rw = torch.empty((R,), dtype=torch.float32, device=dev)
-        rsrc = torch.empty((R, 2), dtype=torch.int32, device=dev)
-        off = torch.empty((self.local_experts + 1,), dtype=torch.int32, device=dev)
-        nrecv = ctypes.c_int32(-1)
+        if tuple(topk_weights.shape) != (T, self.topk):
+            raise ValueError(f"topk_weights must be [{T}, {self.topk}], is {tuple(topk_weights.shape)}")
+        li = layout.info()
+        rows = li["num_recv_rows"] if li["num_recv_rows"] is not None else self.max_recv_rows
+        dev = self.device
+        rx = torch.empty((rows, H), dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=dev)
+        rs = torch.empty((rows, H // _abi.MPLANE_EP_TILE), dtype=torch.float32, device=dev) if fp8 else None
+        rw = torch.empty((rows,), dtype=torch.float32, device=dev)
+        rsrc = torch.empty((rows, 2), dtype=torch.int32, device=dev)
+        recv = _abi.mplane_ep_recv(x=rx.data_ptr() if rows else None, scales=rs.data_ptr() if fp8 and rows else None,
+                                   weights=rw.data_ptr() if rows else None, src=rsrc.data_ptr() if rows else None)
+        if rows == 0:  # nothing arrives here; the library's own buffers stand in for the empty tensors
+            recv = _abi.mplane_ep_recv()
         fmt = _abi.MPLANE_EP_FMT_FP8 if fp8 else _abi.MPLANE_EP_FMT_BF16
-        self._check(self._lib.mplane_ep_dispatch(self._ctx, _ptr(x), _ptr(topk_idx), _ptr(topk_weights), T, fmt,
-                                                 _ptr(rx), _ptr(rs), _ptr(rw), _ptr(rsrc), _ptr(off),
-                                                 ctypes.byref(nrecv), _stream()),
+        self._check(self._lib.mplane_ep_dispatch(self._ctx, layout._h, _ptr(x), _ptr(topk_weights), fmt,
+                                                 ctypes.byref(recv), _stream()),
                     "mplane_ep_dispatch")
-        n = nrecv.value if nrecv.value >= 0 and not self.worst_case else None
-        if n is not None:
-            rx, rw, rsrc = rx[:n], rw[:n], rsrc[:n]
-            rs = rs[:n] if rs is not None else None
-        d = Dispatched(self, T, rx, rs, rw, rsrc, off, n)
-        self._last = d
-        return d
+        off = _device_ints(recv.expert_offsets, self.local_experts + 1, dev)
+        n = recv.num_rows if recv.num_rows >= 0 else None
+        if n is not None and n != rows:
+            raise _abi.EPError(f"mplane_ep_dispatch delivered {n} rows, its layout said {rows}")
+        layout._dispatch_seq += 1
+        return Dispatched(layout, fp8, rx, rs, rw, rsrc, off, n, recv)
+
+    def dequant(self, dispatched):
+        """The identity expert: [rows, H] bfloat16 = the dispatched rows (FP8 dequantised), by the
+        library's kernel."""
+        self._alive()
+        rows = dispatched.x.shape[0]
+        y = torch.empty((rows, self.hidden), dtype=torch.bfloat16, device=self.device)
+        if rows:
+            self._check(self._lib.mplane_ep_dequant(self._ctx, dispatched.layout._h, ctypes.byref(dispatched._recv),
+                                                    _ptr(y), _stream()), "mplane_ep_dequant")
+        return y
 
     def combine(self, y, dispatched):
-        """y [rows, H] bfloat16: the expert outputs for the rows of `dispatched` (the latest
-        dispatch), same order -> [T, H] bfloat16 at the tokens' origin, sum over the token's experts
-        of weight * y."""
+        """y [rows, H] bfloat16: the expert outputs for the rows of `dispatched`, same order ->
+        [T, H] bfloat16 at the tokens' origin: sum over the token's experts of weight * y (float32
+        accumulation). `dispatched` must be its layout's latest dispatch."""
         self._alive()
-        if dispatched is not self._last:
-            raise ValueError("combine must use the Context's latest dispatch (its layout is the one kept)")
+        lay = dispatched.layout
+        if dispatched._seq != lay._dispatch_seq - 1 or not lay._h:
+            raise ValueError("combine must use the latest dispatch of its layout")
         _need(y, "y", torch.bfloat16, 2, self.device)
-        if y.shape[1] != self.hidden or y.shape[0] < (dispatched.num_rows or 0):
-            raise ValueError(f"y must be [>= {dispatched.num_rows}, {self.hidden}], is {tuple(y.shape)}")
+        rows = dispatched.x.shape[0]
+        if y.shape[1] != self.hidden or y.shape[0] < rows:
+            raise ValueError(f"y must be [>= {rows}, {self.hidden}], is {tuple(y.shape)}")
         out = torch.empty((dispatched.num_tokens, self.hidden), dtype=torch.bfloat16, device=self.device)
-        self._check(self._lib.mplane_ep_combine(self._ctx, _ptr(y), _ptr(out), _stream()), "mplane_ep_combine")
+        self._check(self._lib.mplane_ep_combine(self._ctx, lay._h, _ptr(y), _ptr(out), _stream()), "mplane_ep_combine")
         return out

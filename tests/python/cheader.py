@@ -271,7 +271,7 @@ _CT = [
     (ctypes.c_int32, "i32"), (ctypes.c_uint32, "u32"), (ctypes.c_int64, "i64"), (ctypes.c_uint64, "u64"),
     (ctypes.c_float, "f32"), (ctypes.c_double, "f64"), (ctypes.c_char, "i8"),
     (ctypes.c_size_t, "u64"), (ctypes.c_ssize_t, "i64"), (ctypes.c_long, "i64"), (ctypes.c_ulong, "u64"),
-    (ctypes.c_int, "i32"), (ctypes.c_uint, "u32"),
+    (ctypes.c_int, "i32"), (ctypes.c_uint, "u32"), (ctypes.c_longlong, "i64"), (ctypes.c_ulonglong, "u64"),
 ]
 
 
