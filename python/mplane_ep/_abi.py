@@ -79,6 +79,7 @@ class mplane_ep_layout_info(ctypes.Structure):
         ("d_status", POINTER(c_int)),             # device [2]: rows received, overflow flag
         ("dispatch_net_bytes", c_longlong), ("dispatch_nvl_bytes", c_longlong),
         ("combine_net_bytes", c_longlong), ("combine_nvl_bytes", c_longlong),
+        ("counts_net_bytes", c_longlong), ("counts_nvl_bytes", c_longlong),  # the count exchanges
     ]
 
 

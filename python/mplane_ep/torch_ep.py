@@ -146,6 +146,7 @@ class Layout:
             "recv_expert_offsets": _host_ints(li.recv_expert_offsets, c.local_experts + 1),
             "dispatch_net_bytes": li.dispatch_net_bytes, "dispatch_nvl_bytes": li.dispatch_nvl_bytes,
             "combine_net_bytes": li.combine_net_bytes, "combine_nvl_bytes": li.combine_nvl_bytes,
+            "counts_net_bytes": li.counts_net_bytes, "counts_nvl_bytes": li.counts_nvl_bytes,
             "_raw": li,
         }
 

@@ -327,7 +327,11 @@ def compare(header, functions, structs, constants, prefix):
         hfields = header.structs[sname]
         bfields = [(f[0], ctypes_canon(f[1])) for f in bs[sname]._fields_]
         if hfields != bfields:
-            errs.append(f"struct {sname}: header fields {hfields} != bound {bfields}")
+            i = next((i for i, (a, b) in enumerate(zip(hfields, bfields)) if a != b), min(len(hfields), len(bfields)))
+            h_at = hfields[i] if i < len(hfields) else "(end)"
+            b_at = bfields[i] if i < len(bfields) else "(end)"
+            errs.append(f"struct {sname}: field {i} is {h_at} in the header, {b_at} bound "
+                        f"({len(hfields)} fields in the header, {len(bfields)} bound)")
     hs = {n for n in header.structs if n.lower().startswith(pre)}
     for sname in sorted(hs - set(bs)):
         errs.append(f"struct {sname} is in the header but not bound")
