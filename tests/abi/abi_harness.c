@@ -1333,11 +1333,59 @@ static int sc_bad_config(void) {
 
 /* Another table version end to end: properties agree with v11's, connect both ways, sizes, one
  * multi-recv group with shuffled tags, close. */
+/* The name of device `dev`, from a throw-away process (this one must not init before its env is set). */
+static void probe_dev_name(int dev, char *out, size_t len) {
+  int pfd[2];
+  if (pipe(pfd) != 0) abi_fail("pipe: %s", strerror(errno));
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct node nd;
+    node_up(&nd, 11);
+    struct abi_props p;
+    abi_get_props(&nd.net, dev, &p);
+    char name[256] = {0};
+    snprintf(name, sizeof(name), "%s", p.name);
+    ssize_t w = write(pfd[1], name, sizeof(name));
+    _exit(w == (ssize_t)sizeof(name) ? 0 : 1);
+  }
+  close(pfd[1]);
+  char name[256] = {0};
+  ssize_t r = read(pfd[0], name, sizeof(name));
+  close(pfd[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (r != (ssize_t)sizeof(name) || !WIFEXITED(st) || WEXITSTATUS(st) != 0) abi_fail("could not probe the device name");
+  snprintf(out, len, "%s", name);
+}
+
 static int version_scenario(int version) {
+  /* v12 reports planes: name one with MPLANE_PLANES (unless the user did) and check it comes back in
+   * planeId and in the listen handle */
+  int want_plane = -2;
+  if (version == 12 && !getenv("MPLANE_PLANES")) {
+    char name[256], spec[300];
+    probe_dev_name(g_opts.dev, name, sizeof(name));
+    snprintf(spec, sizeof(spec), "%s=5", name);
+    setenv("MPLANE_PLANES", spec, 1);
+    want_plane = 5;
+  }
   struct pair pp;
   int rank = pair_fork(&pp);
   struct node nd;
   node_up(&nd, version);
+  if (want_plane != -2) {
+    if (nd.props.plane_id != want_plane)
+      abi_fail("MPLANE_PLANES=%s but v12 getProperties says planeId %d", getenv("MPLANE_PLANES"), nd.props.plane_id);
+    unsigned char h[HANDLE_SIZE];
+    void *lc = NULL;
+    struct mplane_handle mh;
+    char why[256];
+    if (abi_listen(&nd.net, nd.ctx, nd.dev, h, &lc) != ncclSuccess) abi_fail("listen failed");
+    if (mplane_handle_decode(h, &mh, why, sizeof(why)) != ncclSuccess) abi_fail("our listen handle: %s", why);
+    if (mh.plane != want_plane) abi_fail("MPLANE_PLANES=%s but the listen handle carries plane %d", getenv("MPLANE_PLANES"), mh.plane);
+    abi_close_listen(&nd.net, lc);
+  }
   struct abi_net v11;
   abi_net_open(&v11, g_opts.plugin, 11);
   for (int d = 0; d < nd.ndev; d++) {
