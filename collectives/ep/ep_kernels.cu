@@ -1,0 +1,623 @@
+/* libmplane-ep kernels (CUDA C). Where a token goes is decided by the planner functions of
+ * ep_plan.h, called here by one thread per token or row and kept in shared memory; the other
+ * threads only move bytes (16-byte vectors) and do the arithmetic of the number formats. The CPU
+ * twin of every kernel is in ep_sim.c, and CI checks that twin against the reference model.
+ *
+ * SMs: the data kernels (pack, forward, unpack, combine x3, dequant) run `blocks` blocks of
+ * MP_EP_BLOCK threads, one block per SM (blocks = the context's num_sms); the layout kernels run
+ * R + N + E + 1 short scan blocks, and the count kernels one block. NCCL's send/receive kernels run
+ * between them on the same stream, with NCCL's own channel count. Nothing here runs concurrently
+ * with NCCL, so the SM count matters for overlap with other work on other streams only. */
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "ep_kernels.h"
+
+#define MP_TID ((int)threadIdx.x)
+#define MP_BDIM ((int)blockDim.x)
+
+static __device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
+#ifdef MP_EP_SOFT_FP8
+  return mp_ep_quant(x, scale);
+#else
+  return (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
+#endif
+}
+
+static __device__ __forceinline__ void unpack_bf16x8(uint4 r, float *f) {
+  uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    f[2 * i] = mp_bf16_to_f32((uint16_t)(w[i] & 0xffffu));
+    f[2 * i + 1] = mp_bf16_to_f32((uint16_t)(w[i] >> 16));
+  }
+}
+
+static __device__ __forceinline__ uint4 pack_bf16x8(const float *f) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) w[i] = (uint32_t)mp_f32_to_bf16(f[2 * i]) | ((uint32_t)mp_f32_to_bf16(f[2 * i + 1]) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+static int launched(void) { return (int)cudaGetLastError(); }
+
+/* ---------------- layout ---------------- */
+
+__global__ void k_sanitize(mp_ep_view v, const int32_t *idx, int Treal) {
+  int Kin = v.K * v.expand;
+  for (long t = (long)blockIdx.x * blockDim.x + threadIdx.x; t < Treal; t += (long)gridDim.x * blockDim.x)
+    mp_ep_sanitize_row(idx + t * Kin, v.topk + t * Kin, Kin, v.E);
+}
+
+/* One block per scan unit: an exclusive prefix sum over the tokens, in token order. */
+__global__ void k_scan(mp_ep_view v) {
+  __shared__ int warp_base[32];
+  __shared__ int carry;
+  int role, target;
+  mp_ep_scan_unit(&v, blockIdx.x, &role, &target);
+  int *out = mp_ep_scan_out(&v, role);
+  int lane = MP_TID & 31, wid = MP_TID >> 5, nw = MP_BDIM >> 5;
+  if (MP_TID == 0) carry = 0;
+  __syncthreads();
+  for (int base = 0; base < v.T; base += MP_BDIM) {
+    int t = base + MP_TID;
+    uint32_t m = t < v.T ? mp_ep_scan_mask(&v, v.topk + (long)t * v.K, role, target) : 0u;
+    if (role == MP_EP_SCAN_CLEAR) { /* block-uniform branch */
+      if (t < v.T) mp_ep_scan_clear(&v, t, m);
+      continue;
+    }
+    unsigned ballot = __ballot_sync(0xffffffffu, m != 0u);
+    int before = __popc(ballot & ((1u << lane) - 1u));
+    if (lane == 0) warp_base[wid] = __popc(ballot);
+    __syncthreads();
+    if (MP_TID == 0) {
+      int acc = carry;
+      for (int w = 0; w < nw; w++) {
+        int c = warp_base[w];
+        warp_base[w] = acc;
+        acc += c;
+      }
+      carry = acc;
+    }
+    __syncthreads();
+    if (m) {
+      int pos = warp_base[wid] + before;
+      for (int k = 0; k < v.K; k++)
+        if (m & (1u << k)) out[(long)t * v.K + k] = pos;
+    }
+    __syncthreads();
+  }
+  if (MP_TID == 0) {
+    int ti = mp_ep_scan_total_index(&v, role, target);
+    if (ti >= 0) v.cnt[ti] = carry;
+  }
+}
+
+__global__ void k_msg_a(mp_ep_view v) {
+  const mp_ep_cnt_layout *L = &v.cl;
+  for (int i = MP_TID; i < v.N * L->la; i += MP_BDIM) {
+    int n = i / L->la, w = i % L->la;
+    int val = mp_ep_a_word(&v, v.cnt, n, w);
+    v.cnt[L->a_send + i] = val;
+    if (n == v.my_node) v.cnt[L->a_recv + i] = val;
+  }
+}
+
+__global__ void k_msg_b(mp_ep_view v) {
+  const mp_ep_cnt_layout *L = &v.cl;
+  for (int i = MP_TID; i < v.G * L->lb; i += MP_BDIM) {
+    int j = i / L->lb, w = i % L->lb;
+    int val = mp_ep_b_word(&v, v.cnt, j, w);
+    v.cnt[L->b_send + i] = val;
+    if (j == v.my_local) v.cnt[L->b_recv + i] = val;
+  }
+}
+
+__global__ void k_offsets(mp_ep_view v) {
+  if (MP_TID == 0) mp_ep_offsets_segments(&v, v.cnt);
+  for (int e = MP_TID; e < v.Er; e += MP_BDIM) v.cnt[v.cl.ex_off + e + 1] = mp_ep_expert_total(&v, v.cnt, e);
+  __syncthreads();
+  if (MP_TID == 0) mp_ep_offsets_experts_prefix(&v, v.cnt);
+  __syncthreads();
+  for (int e = MP_TID; e < v.Er; e += MP_BDIM) mp_ep_offsets_expert_bases(&v, v.cnt, e);
+  __syncthreads();
+  if (MP_TID == 0) mp_ep_offsets_status(&v, v.cnt);
+}
+
+__global__ void k_token_in_rank(mp_ep_view v, uint8_t *flags) {
+  int Kin = v.K * v.expand, Treal = v.T / v.expand;
+  for (long t = (long)blockIdx.x * blockDim.x + threadIdx.x; t < Treal; t += (long)gridDim.x * blockDim.x) {
+    uint8_t *f = flags + t * v.R;
+    for (int r = 0; r < v.R; r++) f[r] = 0;
+    for (int k = 0; k < Kin; k++) {
+      int e = v.topk[t * Kin + k];
+      if (e >= 0) f[mp_ep_expert_rank(&v, e)] = 1;
+    }
+  }
+}
+
+/* ---------------- dispatch ---------------- */
+
+/* Source side: quantise each token once and write it to every staging row its plan names (one
+ * per remote node, one per other target GPU of the own node) and to its own expert rows. */
+__global__ void __launch_bounds__(MP_EP_BLOCK) k_pack(mp_ep_view v, const uint16_t *x, const float *w) {
+  __shared__ mp_ep_pack_plan p;
+  __shared__ char *dptr[MP_EP_MAX_DST];
+  const int H = v.H, ntile = H / MP_EP_TILE;
+  for (int t = blockIdx.x; t < v.T; t += gridDim.x) {
+    const int32_t *row = v.topk + (long)t * v.K;
+    const float *wrow = w + (long)t * v.K;
+    if (MP_TID == 0) {
+      mp_ep_pack_plan_make(&v, v.cnt, t, row, &p);
+      mp_ep_pack_plan_commit(&v, &p);
+      for (int i = 0; i < p.ndst; i++)
+        dptr[i] = (p.dst_buf[i] == MP_EP_BUF_P1S ? v.p1s : v.p2s) + (long)p.dst_row[i] * v.dstride;
+    }
+    __syncthreads();
+    const int ndst = p.ndst, nexp = p.nexp;
+    if (ndst + nexp > 0) {
+      if (MP_TID < ndst)
+        mp_ep_meta_write(&v, (int32_t *)(dptr[MP_TID] + v.meta_off), t, row, wrow, v.rrank_k + (long)t * v.K,
+                         v.erank_k + (long)t * v.K, p.dst_node[MP_TID]);
+      if (MP_TID < nexp && p.exp_row[MP_TID] >= 0) {
+        int r = p.exp_row[MP_TID];
+        v.ex_w[r] = wrow[p.exp_k[MP_TID]];
+        v.ex_src[2L * r] = v.me;
+        v.ex_src[2L * r + 1] = t / v.expand;
+      }
+      const uint16_t *xr = x + (long)(t / v.expand) * H;
+      if (v.fmt == MP_EP_FMT_FP8) {
+        /* a half-warp per 128-value tile; warps take tiles two at a time so shuffles stay warp-wide */
+        const int hl = MP_TID & 15, half = (MP_TID >> 4) & 1;
+        for (int base = (MP_TID >> 5) * 2; base < ntile; base += (MP_BDIM >> 5) * 2) {
+          const int tile = base + half;
+          const bool act = tile < ntile;
+          float f[8];
+          uint4 raw = act ? *(const uint4 *)(xr + tile * MP_EP_TILE + hl * 8) : make_uint4(0, 0, 0, 0);
+          unpack_bf16x8(raw, f);
+          float amax = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
+#pragma unroll
+          for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, 16));
+          if (!act) continue;
+          const float scale = mp_ep_tile_scale(amax);
+          uint32_t lo = 0, hi = 0;
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            lo |= (uint32_t)fp8_of(f[i], scale) << (8 * i);
+            hi |= (uint32_t)fp8_of(f[4 + i], scale) << (8 * i);
+          }
+          const uint2 q = make_uint2(lo, hi);
+          for (int d = 0; d < ndst; d++) {
+            *(uint2 *)(dptr[d] + tile * MP_EP_TILE + hl * 8) = q;
+            if (hl == 0) *(float *)(dptr[d] + H + tile * 4) = scale;
+          }
+          for (int e = 0; e < nexp; e++) {
+            const int r = p.exp_row[e];
+            if (r < 0) continue;
+            *(uint2 *)(v.ex_x + (long)r * H + tile * MP_EP_TILE + hl * 8) = q;
+            if (hl == 0) v.ex_scale[(long)r * ntile + tile] = scale;
+          }
+        }
+      } else {
+        const uint4 *x4 = (const uint4 *)xr;
+        for (int i = MP_TID; i < H / 8; i += MP_BDIM) {
+          const uint4 val = x4[i];
+          for (int d = 0; d < ndst; d++) ((uint4 *)dptr[d])[i] = val;
+          for (int e = 0; e < nexp; e++)
+            if (p.exp_row[e] >= 0) ((uint4 *)(v.ex_x + (long)p.exp_row[e] * 2 * H))[i] = val;
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+/* Expert rows from a wire row (payload, scales, weight, source) - forward and unpack share it. */
+static __device__ void write_expert_rows(const mp_ep_view &v, const char *src, const int32_t *m, const int *rows,
+                                         const int *ks, int nexp) {
+  const int H = v.H, ntile = H / MP_EP_TILE;
+  const long elem = v.fmt == MP_EP_FMT_FP8 ? 1 : 2;
+  const int npv = (int)(H * elem / 16);
+  const uint4 *s4 = (const uint4 *)src;
+  for (int j = MP_TID; j < npv; j += MP_BDIM) {
+    const uint4 val = s4[j];
+    for (int e = 0; e < nexp; e++)
+      if (rows[e] >= 0) ((uint4 *)(v.ex_x + (long)rows[e] * H * elem))[j] = val;
+  }
+  if (v.fmt == MP_EP_FMT_FP8) {
+    const float *sc = (const float *)(src + H);
+    for (int j = MP_TID; j < ntile; j += MP_BDIM) {
+      const float s = sc[j];
+      for (int e = 0; e < nexp; e++)
+        if (rows[e] >= 0) v.ex_scale[(long)rows[e] * ntile + j] = s;
+    }
+  }
+  if (MP_TID < nexp && rows[MP_TID] >= 0) {
+    const int r = rows[MP_TID];
+    v.ex_w[r] = mp_bits_f32((uint32_t)m[2 + v.K + ks[MP_TID]]);
+    v.ex_src[2L * r] = m[0];
+    v.ex_src[2L * r + 1] = m[1] / v.expand;
+  }
+}
+
+/* Forwarder: each phase-1 row from a remote node goes to the other target GPUs of this node
+ * (phase-2 staging rows) and, when this GPU is a target, straight into its expert rows. */
+__global__ void __launch_bounds__(MP_EP_BLOCK) k_forward(mp_ep_view v) {
+  __shared__ mp_ep_fwd_plan p;
+  __shared__ int go;
+  const long n1 = v.cnt[v.cl.off1r + v.N];
+  for (long i = blockIdx.x; i < n1; i += gridDim.x) {
+    const char *src = v.p1r + i * v.dstride;
+    const int32_t *m = (const int32_t *)(src + v.meta_off);
+    if (MP_TID == 0) {
+      int seg;
+      go = mp_ep_p1r_valid(&v, v.cnt, i, &seg) && seg != v.my_node;
+      if (go) {
+        mp_ep_fwd_plan_make(&v, v.cnt, m, &p);
+        mp_ep_fwd_plan_commit(&v, i, &p);
+      }
+    }
+    __syncthreads();
+    if (go) {
+      const uint4 *s4 = (const uint4 *)src;
+      const int nv = (int)(v.dstride / 16), nd = p.ndst;
+      for (int j = MP_TID; j < nv; j += MP_BDIM) {
+        const uint4 val = s4[j];
+        for (int d = 0; d < nd; d++) ((uint4 *)(v.p2s + (long)p.dst_row[d] * v.dstride))[j] = val;
+      }
+      write_expert_rows(v, src, m, p.exp_row, p.exp_k, p.nexp);
+    }
+    __syncthreads();
+  }
+}
+
+/* Destination: phase-2 rows from the node's other forwarders into the expert rows. */
+__global__ void __launch_bounds__(MP_EP_BLOCK) k_unpack(mp_ep_view v) {
+  __shared__ int rows[MP_EP_MAX_TOPK], ks[MP_EP_MAX_TOPK];
+  __shared__ int nexp;
+  const long n2 = v.cnt[v.cl.off2r + v.G];
+  for (long u = blockIdx.x; u < n2; u += gridDim.x) {
+    const char *src = v.p2r + u * v.dstride;
+    const int32_t *m = (const int32_t *)(src + v.meta_off);
+    if (MP_TID == 0) {
+      int seg;
+      nexp = 0;
+      if (mp_ep_p2r_valid(&v, v.cnt, u, &seg) && seg != v.my_local) {
+        mp_ep_unpack_plan(&v, v.cnt, u, m);
+        for (int k = 0; k < v.K; k++) {
+          const int r = v.dest_rows[u * v.K + k];
+          if (r >= 0) {
+            rows[nexp] = r;
+            ks[nexp] = k;
+            nexp++;
+          }
+        }
+      }
+    }
+    __syncthreads();
+    if (nexp > 0) write_expert_rows(v, src, m, rows, ks, nexp);
+    __syncthreads();
+  }
+}
+
+/* ---------------- combine ---------------- */
+
+/* At the expert's GPU: per arrival, the weighted sum of its local experts' outputs, rounded to
+ * BF16 once, into the phase-2 row it arrived on (sent back to its forwarder). */
+__global__ void __launch_bounds__(MP_EP_BLOCK) k_combine_expert(mp_ep_view v, const uint16_t *y) {
+  __shared__ int rows[MP_EP_MAX_TOPK];
+  __shared__ float wts[MP_EP_MAX_TOPK];
+  __shared__ int go;
+  const int H = v.H;
+  const long n2 = v.cnt[v.cl.off2r + v.G];
+  for (long u = blockIdx.x; u < n2; u += gridDim.x) {
+    if (MP_TID == 0) {
+      int seg;
+      go = mp_ep_p2r_valid(&v, v.cnt, u, &seg);
+    }
+    __syncthreads();
+    if (go && MP_TID < v.K) { /* padding entries (worst-case mode) hold no indices */
+      const int r = v.dest_rows[u * v.K + MP_TID];
+      rows[MP_TID] = r;
+      wts[MP_TID] = r >= 0 ? v.ex_w[r] : 0.f;
+    }
+    __syncthreads();
+    if (go) {
+      uint4 *dst = (uint4 *)(v.p2r + u * v.cstride);
+      for (int c = MP_TID; c < H / 8; c += MP_BDIM) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int k = 0; k < v.K; k++) {
+          const int r = rows[k];
+          if (r < 0) continue;
+          float f[8];
+          unpack_bf16x8(((const uint4 *)(y + (long)r * H))[c], f);
+#pragma unroll
+          for (int q = 0; q < 8; q++) acc[q] = __fmaf_rn(wts[k], f[q], acc[q]);
+        }
+        dst[c] = pack_bf16x8(acc);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+/* At the forwarder: per phase-1 row, the sum over the node's target GPUs, ascending local index,
+ * rounded to BF16 once, into the phase-1 row (sent back to the source). */
+__global__ void __launch_bounds__(MP_EP_BLOCK) k_combine_node(mp_ep_view v) {
+  __shared__ int pos[MP_EP_MAX_GPN];
+  __shared__ int go;
+  const int H = v.H;
+  const long n1 = v.cnt[v.cl.off1r + v.N];
+  for (long i = blockIdx.x; i < n1; i += gridDim.x) {
+    if (MP_TID == 0) {
+      int seg;
+      go = mp_ep_p1r_valid(&v, v.cnt, i, &seg);
+    }
+    __syncthreads();
+    if (go && MP_TID < v.G) pos[MP_TID] = v.fwd_pos[i * v.G + MP_TID];
+    __syncthreads();
+    if (go) {
+      uint4 *dst = (uint4 *)(v.p1r + i * v.cstride);
+      for (int c = MP_TID; c < H / 8; c += MP_BDIM) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int j = 0; j < v.G; j++) {
+          if (pos[j] < 0) continue;
+          const char *src = (j == v.my_local ? v.p2r : v.p2s) + (long)pos[j] * v.cstride;
+          float f[8];
+          unpack_bf16x8(((const uint4 *)src)[c], f);
+#pragma unroll
+          for (int q = 0; q < 8; q++) acc[q] = __fadd_rn(acc[q], f[q]);
+        }
+        dst[c] = pack_bf16x8(acc);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+/* At the source: per token, the sum over its nodes, ascending, rounded to BF16 once. */
+__global__ void __launch_bounds__(MP_EP_BLOCK) k_combine_out(mp_ep_view v, uint16_t *out) {
+  __shared__ const char *srcs[MP_EP_MAX_TOPK];
+  __shared__ int nsrc;
+  const int H = v.H, Treal = v.T / v.expand;
+  for (int t = blockIdx.x; t < Treal; t += gridDim.x) {
+    if (MP_TID == 0) {
+      int n = 0;
+      for (int q = t * v.expand; q < (t + 1) * v.expand; q++) {
+        int bufs[MP_EP_MAX_TOPK];
+        long rws[MP_EP_MAX_TOPK];
+        const int c = mp_ep_out_sources(&v, v.cnt, q, v.topk + (long)q * v.K, bufs, rws);
+        for (int i = 0; i < c && n < MP_EP_MAX_TOPK; i++)
+          srcs[n++] = (bufs[i] == MP_EP_BUF_P1R ? v.p1r : v.p1s) + rws[i] * v.cstride;
+      }
+      nsrc = n;
+    }
+    __syncthreads();
+    uint4 *dst = (uint4 *)(out + (long)t * H);
+    for (int c = MP_TID; c < H / 8; c += MP_BDIM) {
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int i = 0; i < nsrc; i++) {
+        float f[8];
+        unpack_bf16x8(((const uint4 *)srcs[i])[c], f);
+#pragma unroll
+        for (int q = 0; q < 8; q++) acc[q] = __fadd_rn(acc[q], f[q]);
+      }
+      dst[c] = pack_bf16x8(acc);
+    }
+    __syncthreads();
+  }
+}
+
+/* ---------------- helpers ---------------- */
+
+__global__ void __launch_bounds__(MP_EP_BLOCK) k_dequant(mp_ep_view v, uint16_t *y) {
+  const int H = v.H, ntile = H / MP_EP_TILE;
+  long rows = v.cnt[v.cl.status + MP_EP_ST_EXTOTAL];
+  if (rows > v.cap_rows) rows = v.cap_rows;
+  for (long r = blockIdx.x; r < rows; r += gridDim.x) {
+    uint4 *dst = (uint4 *)(y + r * H);
+    if (v.fmt == MP_EP_FMT_FP8) {
+      const uint2 *q2 = (const uint2 *)(v.ex_x + r * H);
+      for (int c = MP_TID; c < H / 8; c += MP_BDIM) {
+        const float s = v.ex_scale[r * ntile + (c * 8) / MP_EP_TILE];
+        const uint2 q = q2[c];
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          f[i] = mp_bf16_to_f32(mp_ep_dequant_bf16((uint8_t)(q.x >> (8 * i)), s));
+          f[4 + i] = mp_bf16_to_f32(mp_ep_dequant_bf16((uint8_t)(q.y >> (8 * i)), s));
+        }
+        dst[c] = pack_bf16x8(f);
+      }
+    } else {
+      const uint4 *s4 = (const uint4 *)(v.ex_x + r * 2 * H);
+      for (int c = MP_TID; c < H / 8; c += MP_BDIM) dst[c] = s4[c];
+    }
+  }
+}
+
+/* DeepSeek-V3 gating, one warp per token (ep_ref.c's mp_ep_route_ref is the CPU twin). */
+__global__ void k_route(const float *logits, const float *bias, int T, int E, int K, int groups, int topk_groups,
+                        float scaling, int normalize, int32_t *idx, float *wout) {
+  extern __shared__ float sm[];
+  const int lane = MP_TID & 31, warp = MP_TID >> 5, wpb = MP_BDIM >> 5;
+  const int t = blockIdx.x * wpb + warp;
+  /* per warp: b[E], s[E], group score[groups], availability bytes[E] (+ group keep bytes) */
+  float *b = sm + (long)warp * (2 * E + groups + (E + groups + 3) / 4);
+  float *s = b + E;
+  float *gsc = s + E;
+  unsigned char *avail = (unsigned char *)(gsc + groups);
+  unsigned char *keep = avail + E;
+  if (t >= T) return; /* warp-uniform */
+  const float *lg = logits + (long)t * E;
+  for (int e = lane; e < E; e += 32) {
+    const float sg = 1.0f / (1.0f + expf(-lg[e]));
+    s[e] = sg;
+    b[e] = bias ? sg + bias[e] : sg;
+  }
+  __syncwarp();
+  const int gs = E / groups;
+  for (int g = lane; g < groups; g += 32) {
+    float m1 = -INFINITY, m2 = -INFINITY;
+    for (int i = 0; i < gs; i++) {
+      const float x = b[g * gs + i];
+      if (x > m1) {
+        m2 = m1;
+        m1 = x;
+      } else if (x > m2) {
+        m2 = x;
+      }
+    }
+    gsc[g] = gs >= 2 ? m1 + m2 : m1;
+    keep[g] = 0;
+  }
+  __syncwarp();
+  if (lane == 0)
+    for (int r = 0; r < topk_groups && r < groups; r++) {
+      int best = -1;
+      for (int g = 0; g < groups; g++)
+        if (!keep[g] && (best < 0 || gsc[g] > gsc[best])) best = g;
+      keep[best] = 1;
+    }
+  __syncwarp();
+  for (int e = lane; e < E; e += 32) avail[e] = keep[e / gs];
+  __syncwarp();
+  float sum = 0.f;
+  for (int k = 0; k < K; k++) {
+    float bv = 0.f;
+    int be = -1;
+    for (int e = lane; e < E; e += 32)
+      if (avail[e] && (be < 0 || b[e] > bv)) {
+        bv = b[e];
+        be = e;
+      }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, off);
+      if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) {
+        bv = ov;
+        be = oe;
+      }
+    }
+    if (lane == 0) {
+      idx[(long)t * K + k] = be;
+      wout[(long)t * K + k] = be >= 0 ? s[be] : 0.f;
+      if (be >= 0) {
+        avail[be] = 0;
+        sum = __fadd_rn(sum, s[be]);
+      }
+    }
+    __syncwarp();
+  }
+  if (lane == 0)
+    for (int k = 0; k < K; k++) {
+      float x = wout[(long)t * K + k];
+      if (normalize) x = __fdiv_rn(x, sum);
+      wout[(long)t * K + k] = __fmul_rn(x, scaling);
+    }
+}
+
+__global__ void k_fp8_probe(const float *in, float scale, uint8_t *out, long n) {
+  for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+    out[i] = fp8_of(in[i], scale);
+}
+
+/* ---------------- launches ---------------- */
+
+static int grid_for(long work, int per_block) {
+  long g = (work + per_block - 1) / per_block;
+  if (g < 1) g = 1;
+  if (g > 65535) g = 65535;
+  return (int)g;
+}
+
+extern "C" {
+
+int mp_ep_launch_sanitize(const mp_ep_view *v, const int32_t *idx, int Treal, cudaStream_t s) {
+  k_sanitize<<<grid_for(Treal, 256), 256, 0, s>>>(*v, idx, Treal);
+  return launched();
+}
+
+int mp_ep_launch_scan(const mp_ep_view *v, cudaStream_t s) {
+  k_scan<<<mp_ep_scan_units(v), 512, 0, s>>>(*v);
+  return launched();
+}
+
+int mp_ep_launch_msg_a(const mp_ep_view *v, cudaStream_t s) {
+  k_msg_a<<<1, 256, 0, s>>>(*v);
+  return launched();
+}
+
+int mp_ep_launch_msg_b(const mp_ep_view *v, cudaStream_t s) {
+  k_msg_b<<<1, 256, 0, s>>>(*v);
+  return launched();
+}
+
+int mp_ep_launch_offsets(const mp_ep_view *v, cudaStream_t s) {
+  k_offsets<<<1, 256, 0, s>>>(*v);
+  return launched();
+}
+
+int mp_ep_launch_token_in_rank(const mp_ep_view *v, uint8_t *flags, cudaStream_t s) {
+  k_token_in_rank<<<grid_for(v->T / v->expand, 256), 256, 0, s>>>(*v, flags);
+  return launched();
+}
+
+int mp_ep_launch_pack(const mp_ep_view *v, const uint16_t *x, const float *w, int blocks, cudaStream_t s) {
+  k_pack<<<blocks, MP_EP_BLOCK, 0, s>>>(*v, x, w);
+  return launched();
+}
+
+int mp_ep_launch_forward(const mp_ep_view *v, int blocks, cudaStream_t s) {
+  k_forward<<<blocks, MP_EP_BLOCK, 0, s>>>(*v);
+  return launched();
+}
+
+int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s) {
+  k_unpack<<<blocks, MP_EP_BLOCK, 0, s>>>(*v);
+  return launched();
+}
+
+int mp_ep_launch_combine_expert(const mp_ep_view *v, const uint16_t *y, int blocks, cudaStream_t s) {
+  k_combine_expert<<<blocks, MP_EP_BLOCK, 0, s>>>(*v, y);
+  return launched();
+}
+
+int mp_ep_launch_combine_node(const mp_ep_view *v, int blocks, cudaStream_t s) {
+  k_combine_node<<<blocks, MP_EP_BLOCK, 0, s>>>(*v);
+  return launched();
+}
+
+int mp_ep_launch_combine_out(const mp_ep_view *v, uint16_t *out, int blocks, cudaStream_t s) {
+  k_combine_out<<<blocks, MP_EP_BLOCK, 0, s>>>(*v, out);
+  return launched();
+}
+
+int mp_ep_launch_dequant(const mp_ep_view *v, uint16_t *y, int blocks, cudaStream_t s) {
+  k_dequant<<<blocks, MP_EP_BLOCK, 0, s>>>(*v, y);
+  return launched();
+}
+
+int mp_ep_launch_route(const float *logits, const float *bias, int T, int E, int K, int groups, int topk_groups,
+                       float scaling, int normalize, int32_t *idx, float *w, cudaStream_t s) {
+  const int wpb = 8;
+  size_t per_warp = sizeof(float) * (size_t)(2 * E + groups + (E + groups + 3) / 4);
+  size_t smem = per_warp * wpb;
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return (int)e;
+  }
+  k_route<<<grid_for(T, wpb), 32 * wpb, smem, s>>>(logits, bias, T, E, K, groups, topk_groups, scaling, normalize, idx, w);
+  return launched();
+}
+
+int mp_ep_launch_fp8_probe(const float *in, float scale, uint8_t *out, long n, cudaStream_t s) {
+  k_fp8_probe<<<grid_for(n, 256), 256, 0, s>>>(in, scale, out, n);
+  return launched();
+}
+
+} /* extern "C" */

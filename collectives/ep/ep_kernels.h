@@ -1,0 +1,46 @@
+/* libmplane-ep: the kernels' launch functions (ep_kernels.cu), called by the C host code. Each
+ * returns a cudaError_t (as int) from the launch. Every kernel walks the planner's functions of
+ * ep_plan.h; the CPU twin of each is in ep_sim.c. */
+#ifndef MPLANE_EP_KERNELS_H
+#define MPLANE_EP_KERNELS_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "ep_plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MP_EP_BLOCK 512 /* threads of a data-kernel block */
+
+/* layout: cleaned ids (Treal rows of K * expand), scans, the A and B count messages, offsets */
+int mp_ep_launch_sanitize(const mp_ep_view *v, const int32_t *idx, int Treal, cudaStream_t s);
+int mp_ep_launch_scan(const mp_ep_view *v, cudaStream_t s);
+int mp_ep_launch_msg_a(const mp_ep_view *v, cudaStream_t s);
+int mp_ep_launch_msg_b(const mp_ep_view *v, cudaStream_t s);
+int mp_ep_launch_offsets(const mp_ep_view *v, cudaStream_t s);
+int mp_ep_launch_token_in_rank(const mp_ep_view *v, uint8_t *flags, cudaStream_t s);
+/* dispatch */
+int mp_ep_launch_pack(const mp_ep_view *v, const uint16_t *x, const float *w, int blocks, cudaStream_t s);
+int mp_ep_launch_forward(const mp_ep_view *v, int blocks, cudaStream_t s);
+int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s);
+/* combine */
+int mp_ep_launch_combine_expert(const mp_ep_view *v, const uint16_t *y, int blocks, cudaStream_t s);
+int mp_ep_launch_combine_node(const mp_ep_view *v, int blocks, cudaStream_t s);
+int mp_ep_launch_combine_out(const mp_ep_view *v, uint16_t *out, int blocks, cudaStream_t s);
+/* helpers */
+int mp_ep_launch_dequant(const mp_ep_view *v, uint16_t *y, int blocks, cudaStream_t s);
+int mp_ep_launch_route(const float *logits, const float *bias, int T, int E, int K, int groups, int topk_groups,
+                       float scaling, int normalize, int32_t *idx, float *w, cudaStream_t s);
+/* The hardware FP8 conversion of n floats divided by scale (what pack does), for the GPU test to
+ * compare with the CPU twin. */
+int mp_ep_launch_fp8_probe(const float *in, float scale, uint8_t *out, long n, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
