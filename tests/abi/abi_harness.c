@@ -1767,6 +1767,75 @@ static int sc_abort(void) {
   return pair_finish(&pp, rank);
 }
 
+/* A sender that closes its comm (and exits) as soon as its sends report done, before the receiver
+ * has even tested: every byte still arrives and the receives complete without an error. */
+static int sc_close_early(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  size_t sizes[] = {0, 1, 4096, (1 << 20) + 3, (8 << 20) + 5, 3 << 20, 16 << 20};
+  enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+  for (int round = 0; round < 12; round++) {
+    struct op ops[N];
+    void *bufs[N];
+    memset(ops, 0, sizeof(ops));
+    for (int i = 0; i < N; i++) {
+      struct op *o = &ops[i];
+      o->n = 1;
+      o->tag[0] = i;
+      o->send = rank == 0;
+      bufs[i] = alloc_buf(sizes[i], 64);
+      o->data[0] = bufs[i];
+      o->size[0] = sizes[i];
+      if (o->send) fill(bufs[i], sizes[i], msg_id(0, (uint32_t)(round * N + i)));
+      o->expect[0] = sizes[i];
+      o->msg[0] = msg_id(0, (uint32_t)(round * N + i));
+      reg(&nd, o->send ? l.sc : l.rc, bufs[i], sizes[i] ? sizes[i] : 1, &o->mh[0]);
+    }
+    struct run_stats st;
+    size_t mark = abi_log_mark();
+    if (rank == 1) {
+      /* post every receive, then look away while the sender finishes and closes */
+      for (int i = 0; i < N; i++) {
+        double deadline = abi_now() + 10;
+        while (!ops[i].req) {
+          if (abi_irecv(&nd.net, l.rc, 1, ops[i].data, ops[i].size, ops[i].tag, ops[i].mh, &ops[i].req) != ncclSuccess) abi_fail("irecv");
+          if (abi_now() > deadline) abi_fail("irecv gave no request in 10 s");
+        }
+        ops[i].posted = 1;
+      }
+      if (round == 0) {
+        char c;
+        chan_recv(pp.fd, &c, 1); /* the sender has closed */
+        usleep(100000);
+      } /* other rounds: test all along, while the sender's close overtakes its last chunks */
+      if (run_ops(&nd, NULL, l.rc, ops, N, 0, 30, &st)) fail_run("receives after the sender closed", &st, ops, mark);
+      verify_recvs(ops, N, 64);
+      for (int i = 0; i < N; i++) dereg(&nd, l.rc, ops[i].mh[0]);
+      abi_close_recv(&nd.net, l.rc);
+      l.rc = NULL;
+    } else {
+      if (run_ops(&nd, l.sc, NULL, ops, N, 0, 30, &st)) fail_run("sends", &st, ops, mark);
+      for (int i = 0; i < N; i++) dereg(&nd, l.sc, ops[i].mh[0]);
+      abi_close_send(&nd.net, l.sc); /* at once: the receiver has not tested anything yet */
+      l.sc = NULL;
+      char c = 'c';
+      if (round == 0) chan_send(pp.fd, &c, 1);
+    }
+    for (int i = 0; i < N; i++) free(bufs[i]);
+    barrier(pp.fd);
+    /* next round on a fresh pair of comms */
+    link_down(&nd, &l);
+    if (round < 11) link_up(&nd, pp.fd, &l);
+  }
+  abi_note("12 rounds: the sender closed right after its sends completed; every receive completed intact");
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static const struct {
@@ -1787,6 +1856,7 @@ static const struct {
     {"fake-peer", sc_fake_peer, "plain TCP clients sending garbage to the listen address (socket only)"},
     {"fake-version", sc_fake_version, "a peer of another protocol version: WARN and NACK (socket only)"},
     {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
+    {"close-early", sc_close_early, "sender closes right after its sends complete: the receiver still gets every byte"},
     {"abort", sc_abort, "comms closed with large sends/receives in flight on both sides: prompt, no crash"},
     {"threads", sc_threads, "3 communicators per process, each on its own thread, concurrently"},
     {"dead-listener", sc_dead_listener, "connect to a closed listener: error within 10 s, WARN names peer"},
