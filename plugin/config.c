@@ -43,6 +43,9 @@ static const struct row rows[] = {
     {"MPLANE_SOCKET_SPLIT_BYTES", K_SIZE, OFF(socket_split_bytes), 0, "256K", 1, 1L << 30, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 1 to 1G",
      "messages at least this big are split across the streams; smaller ones ride one stream"},
+    {"MPLANE_SOCKET_SPEED", K_INT, OFF(socket_speed_mbps), 0, "10000", 1, 10000000, NULL,
+     "Mb/s, an integer from 1 to 10000000",
+     "speed reported for interfaces whose driver reports none (virtio, veth, lo); NCCL sizes its channels by it"},
     {"MPLANE_SOCKET_SPIN_US", K_INT, OFF(socket_spin_us), 0, "-1", -1, 10000, NULL,
      "-1 (automatic) or microseconds from 0 to 10000",
      "how long a helper thread polls for the next message before it sleeps (automatic: 50 on machines "

@@ -85,16 +85,17 @@ static int read_sysfs_int(const char *ifname, const char *leaf, int dflt) {
   return v;
 }
 
-static void fill_props(struct mps_dev *d, int index) {
+static void fill_props(struct mps_dev *d, int index, int speed_if_unknown) {
   struct mplane_dev_props *p = &d->props;
   memset(p, 0, sizeof(*p));
   snprintf(p->name, sizeof(p->name), "%s", d->ifname);
   char link[256], real[PATH_MAX];
   snprintf(link, sizeof(link), "/sys/class/net/%s/device", d->ifname);
   if (realpath(link, real) != NULL) snprintf(p->pci_path, sizeof(p->pci_path), "%s", real);
-  /* Virtual interfaces (veth, lo) report -1 or nothing: assume 10 Gb/s so NCCL's model is sane. */
+  /* Virtual interfaces (virtio, veth, lo) report -1 or nothing: use MPLANE_SOCKET_SPEED (default
+   * 10 Gb/s, NCCL's own assumption). */
   int speed = read_sysfs_int(d->ifname, "speed", -1);
-  p->speed_mbps = speed > 0 ? speed : 10000;
+  p->speed_mbps = speed > 0 ? speed : speed_if_unknown;
   /* The guid tells NCCL which devices share a physical NIC: the PCI function's path, else the MAC. */
   char mac[64] = "";
   snprintf(link, sizeof(link), "/sys/class/net/%s/address", d->ifname);
@@ -146,7 +147,7 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
       snprintf(d->ifname, sizeof(d->ifname), "%s", a->ifa_name);
       d->addrlen = family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
       memcpy(&d->addr, a->ifa_addr, d->addrlen);
-      fill_props(d, ndevs);
+      fill_props(d, ndevs, cfg->socket_speed_mbps);
       memset(&masks[ndevs], 0, sizeof(masks[ndevs]));
       if (a->ifa_netmask) memcpy(&masks[ndevs], a->ifa_netmask, d->addrlen);
       ndevs++;
