@@ -257,8 +257,10 @@ ncclResult_t mplane_topo_from_hwloc(struct mplane_topo *t, const char *xml_path,
     }
     hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_ALL);
   } else {
-    /* GPU components would initialize CUDA or OpenCL inside NCCL's process: leave them out. */
-    const char *skip[] = {"cuda", "opencl", "rsmi", "levelzero", "gl"};
+    /* GPU components would initialize CUDA or OpenCL inside NCCL's process: leave them out. The
+     * libpciaccess one ("pci") leaks and loads more libraries; hwloc's Linux backend reads the same
+     * PCI tree from sysfs without it (as it does where libhwloc-plugins is not installed). */
+    const char *skip[] = {"cuda", "opencl", "rsmi", "levelzero", "gl", "pci"};
     for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++)
       hwloc_topology_set_components(topo, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, skip[i]);
     hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
