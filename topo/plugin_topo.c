@@ -79,6 +79,9 @@ ncclResult_t mplane_topo_annotate_props(struct mplane_topo *t, struct mplane_dev
     }
     if (props[a].guid == 0 && nic_of[a] >= 0) props[a].guid = t->nics[nic_of[a]].guid;
   }
+  /* The NCCL XML carries what getProperties reports. */
+  for (int d = 0; d < n && d < 64; d++)
+    if (nic_of[d] >= 0 && t->nics[nic_of[d]].dev == d) t->nics[nic_of[d]].guid = props[d].guid;
   return ncclSuccess;
 }
 

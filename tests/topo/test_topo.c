@@ -739,6 +739,9 @@ static void test_annotate_props(void **state) {
   assert_string_equal(xt_attr(net, "guid"), "0xa088c20300d1002a");
   struct xt_node *lonet = xt_find(root, "net", "name", "lo");
   assert_non_null(lonet);
+  char guid[32];
+  snprintf(guid, sizeof(guid), "0x%llx", (unsigned long long)p[2].guid);
+  assert_string_equal(xt_attr(lonet, "guid"), guid); /* what getProperties reports */
   assert_string_equal(lonet->parent->name, "nic");
   assert_string_equal(lonet->parent->parent->name, "cpu"); /* virtual NICs hang off the first CPU */
   assert_string_equal(xt_attr(lonet->parent->parent, "numaid"), "0");
