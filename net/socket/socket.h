@@ -83,7 +83,7 @@ int mps_dev_count(void);
 const struct mps_dev *mps_dev_get(int dev);
 ncclResult_t mps_iface_discover(const struct mplane_config *cfg);
 const struct mplane_config *mps_config(void);
-/* Helper-thread spin time from MPLANE_SOCKET_SPIN_US (-1: by CPU count). */
+/* Helper-thread spin time from MPLANE_SOCKET_SPIN_US. */
 uint64_t mps_spin_ns(const struct mplane_config *cfg);
 /* 1 if ifname is selected by an NCCL_SOCKET_IFNAME-style spec ("" = automatic choice). */
 int mps_iface_match(const char *spec, const char *ifname, int is_loopback);

@@ -119,11 +119,7 @@ static void queue_init(struct mps_queue *q, unsigned cap) {
   q->tasks = calloc(cap, sizeof(*q->tasks));
 }
 
-uint64_t mps_spin_ns(const struct mplane_config *cfg) {
-  if (cfg->socket_spin_us >= 0) return (uint64_t)cfg->socket_spin_us * 1000u;
-  /* Spinning pays only when helper threads do not steal the cores the proxy and GPU feeders need. */
-  return sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 50000u : 0u;
-}
+uint64_t mps_spin_ns(const struct mplane_config *cfg) { return (uint64_t)cfg->socket_spin_us * 1000u; }
 
 static void spin_until_work(struct mps_queue *q, const int *stop, uint64_t spin_ns) {
   if (spin_ns == 0) return;

@@ -85,6 +85,14 @@ static int read_sysfs_int(const char *ifname, const char *leaf, int dflt) {
   return v;
 }
 
+/* Speed for an interface whose driver reports none (MPLANE_SOCKET_SPEED, -1 = automatic). Loopback
+ * has no link: it moves bytes at memory speed (about 200-300 Gb/s of TCP on an H200 host), and telling
+ * NCCL 10 Gb/s makes it build too few channels to keep the host busy. */
+static int unknown_speed(const struct mplane_config *cfg, int is_loopback) {
+  if (cfg->socket_speed_mbps > 0) return cfg->socket_speed_mbps;
+  return is_loopback ? 400000 : 10000;
+}
+
 static void fill_props(struct mps_dev *d, int index, int speed_if_unknown) {
   struct mplane_dev_props *p = &d->props;
   memset(p, 0, sizeof(*p));
@@ -147,7 +155,7 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
       snprintf(d->ifname, sizeof(d->ifname), "%s", a->ifa_name);
       d->addrlen = family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
       memcpy(&d->addr, a->ifa_addr, d->addrlen);
-      fill_props(d, ndevs, cfg->socket_speed_mbps);
+      fill_props(d, ndevs, unknown_speed(cfg, loop));
       memset(&masks[ndevs], 0, sizeof(masks[ndevs]));
       if (a->ifa_netmask) memcpy(&masks[ndevs], a->ifa_netmask, d->addrlen);
       ndevs++;

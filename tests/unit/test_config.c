@@ -159,7 +159,8 @@ static const struct int_row int_rows[] = {
     {"MPLANE_IB_RETRY_CNT", F(ib_retry_cnt), 0, 7, 7},
     {"MPLANE_IB_QPS", F(ib_qps), 1, 16, 2},
     {"MPLANE_DEBUG", F(debug), 0, 2, 0},
-    {"MPLANE_SOCKET_SPIN_US", F(socket_spin_us), -1, 10000, -1},
+    {"MPLANE_SOCKET_SPIN_US", F(socket_spin_us), 0, 10000, 0},
+    {"MPLANE_SOCKET_SPEED", F(socket_speed_mbps), -1, 10000000, -1},
     /* booleans are integers 0..1 */
     {"MPLANE_NCCL_TOPO", F(nccl_topo), 0, 1, 1},
     {"MPLANE_NCCL_DEFAULTS", F(nccl_defaults), 0, 1, 1},
