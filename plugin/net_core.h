@@ -61,4 +61,14 @@ ncclResult_t mplane_net_set_attr(struct mplane_net_ctx *ctx, const ncclNetAttr_v
     (out)->netDeviceVersion = 0;                \
   } while (0)
 
+/* The fields v9 added (forced flush, one-NIC vNIC, transfer limits), shared by v9..v12. */
+#define MPLANE_FILL_PROPS_V9(out, p, dev)       \
+  do {                                          \
+    (out)->forceFlush = (p)->force_flush;       \
+    (out)->vProps.ndevs = 1;                    \
+    (out)->vProps.devs[0] = (dev);              \
+    (out)->maxP2pBytes = (p)->max_p2p_bytes;    \
+    (out)->maxCollBytes = (p)->max_coll_bytes;  \
+  } while (0)
+
 #endif

@@ -7,11 +7,7 @@ static ncclResult_t v12_get_properties(int dev, ncclNetProperties_v12_t *out) {
   ncclResult_t res = mplane_net_get_properties(dev, &p);
   if (res != ncclSuccess) return res;
   MPLANE_FILL_PROPS_COMMON(out, p);
-  out->forceFlush = p->force_flush;
-  out->vProps.ndevs = 1;
-  out->vProps.devs[0] = dev;
-  out->maxP2pBytes = p->max_p2p_bytes;
-  out->maxCollBytes = p->max_coll_bytes;
+  MPLANE_FILL_PROPS_V9(out, p, dev);
   out->maxMultiRequestSize = 1;
   out->railId = (int16_t)(p->rail >= 0 ? p->rail : NCCL_NET_ID_UNDEF);
   out->planeId = (int16_t)(p->plane >= 0 ? p->plane : NCCL_NET_ID_UNDEF);
