@@ -41,7 +41,9 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "abi.h"
@@ -1724,15 +1726,16 @@ static int sc_abort(void) {
     barrier(pp.fd);
     /* post everything; stop at a point that differs per round and per side */
     double t0 = abi_now(), stop_after = 0.005 * (round + 1) * (rank + 1);
-    int nsent = 0, nrecv = 0, tag = 1;
-    while (abi_now() - t0 < stop_after || (nsent == 0 && abi_now() - t0 < 5)) {
+    int nsent = 0, nrecv = 0, tag = 1, errors = 0;
+    while (!errors && (abi_now() - t0 < stop_after || (nsent == 0 && abi_now() - t0 < 5))) {
+      /* the peer may abort first: then an error here is the right answer, and we abort too */
       size_t sz = size;
-      if (nrecv < N && abi_irecv(&nd.net, l.rc, 1, &rbuf[nrecv], &sz, &tag, &rmh[nrecv], &rreq[nrecv]) != ncclSuccess) abi_fail("irecv");
+      if (nrecv < N && abi_irecv(&nd.net, l.rc, 1, &rbuf[nrecv], &sz, &tag, &rmh[nrecv], &rreq[nrecv]) != ncclSuccess) errors++;
       if (nrecv < N && rreq[nrecv]) nrecv++;
-      if (nsent < N && abi_isend(&nd.net, l.sc, sbuf[nsent], size, tag, smh[nsent], &sreq[nsent]) != ncclSuccess) abi_fail("isend");
+      if (nsent < N && abi_isend(&nd.net, l.sc, sbuf[nsent], size, tag, smh[nsent], &sreq[nsent]) != ncclSuccess) errors++;
       if (nsent < N && sreq[nsent]) nsent++;
       int done;
-      if (nsent && round % 2) abi_test(&nd.net, sreq[0], &done, NULL); /* sometimes a little progress */
+      if (nsent && round % 2 && abi_test(&nd.net, sreq[0], &done, NULL) != ncclSuccess) errors++; /* a little progress */
     }
     /* abort: deregister and close with requests in flight (the peer may already be gone too) */
     double t1 = abi_now();
@@ -1836,6 +1839,140 @@ static int sc_close_early(void) {
   return pair_finish(&pp, rank);
 }
 
+/* A receiver whose helper threads fell behind (its socket buffers full, the sender blocked on a
+ * zero window) closes its comm: the sender's close, test or isend must then end promptly, not after
+ * the kernel's FIN timeout. The receiver's non-main threads are held in a signal handler to make
+ * "fell behind" deterministic. Rank 0 sends, rank 1 receives. */
+static volatile sig_atomic_t g_hold;
+static void hold_handler(int sig) {
+  (void)sig;
+  struct timespec ts = {0, 1000000};
+  while (g_hold) nanosleep(&ts, NULL);
+}
+
+static int hold_other_threads(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = hold_handler;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, NULL);
+  g_hold = 1;
+  pid_t me = (pid_t)syscall(SYS_gettid);
+  int n = 0;
+  DIR *d = opendir("/proc/self/task");
+  for (struct dirent *e; d && (e = readdir(d));) {
+    pid_t tid = (pid_t)atoi(e->d_name);
+    if (tid <= 0 || tid == me) continue;
+    if (syscall(SYS_tgkill, getpid(), tid, SIGUSR1) == 0) n++;
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+static void *release_later(void *arg) {
+  (void)arg;
+  usleep(300000);
+  g_hold = 0;
+  return NULL;
+}
+
+static void *close_watchdog(void *arg) {
+  double limit = *(double *)arg;
+  usleep((useconds_t)(limit * 1e6));
+  abi_fail("a close/test after the peer closed is still blocked after %.0f s (a sender stuck on a zero window "
+           "until the kernel gives up?)", limit);
+}
+
+static int sc_stalled_close(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  enum { N = 4 };
+  const size_t size = 48u << 20;
+  for (int round = 0; round < 2; round++) {
+    struct link l;
+    link_up(&nd, pp.fd, &l);
+    void *buf[N], *mh[N], *req[N] = {0};
+    void *comm = rank == 0 ? l.sc : l.rc;
+    for (int i = 0; i < N; i++) {
+      buf[i] = alloc_buf(size, 0);
+      reg(&nd, comm, buf[i], size, &mh[i]);
+    }
+    char c;
+    if (rank == 1) {
+      int tag = 1;
+      for (int i = 0; i < N; i++) {
+        size_t sz = size;
+        double deadline = abi_now() + 10;
+        while (!req[i]) {
+          if (abi_irecv(&nd.net, l.rc, 1, &buf[i], &sz, &tag, &mh[i], &req[i]) != ncclSuccess) abi_fail("irecv");
+          if (abi_now() > deadline) abi_fail("irecv gave no request in 10 s");
+        }
+      }
+      c = 'r';
+      chan_send(pp.fd, &c, 1);
+      chan_recv(pp.fd, &c, 1); /* the sender has its requests: the data is on its way */
+      int held = hold_other_threads();
+      c = 'h';
+      chan_send(pp.fd, &c, 1);
+      chan_recv(pp.fd, &c, 1); /* the sender is blocked now */
+      pthread_t rel;
+      pthread_create(&rel, NULL, release_later, NULL);
+      for (int i = 0; i < N; i++) abi_dereg_mr(&nd.net, l.rc, mh[i]);
+      double t0 = abi_now();
+      abi_close_recv(&nd.net, l.rc); /* its threads are released while it waits for them */
+      timed(t0 + 0.3, "closeRecv");
+      pthread_join(rel, NULL);
+      l.rc = NULL;
+      abi_note("round %d: closed the receive comm with %d threads held and its buffers full", round, held);
+      c = 'c';
+      chan_send(pp.fd, &c, 1);
+    } else {
+      chan_recv(pp.fd, &c, 1); /* the receives are posted */
+      for (int i = 0; i < N; i++) {
+        fill(buf[i], 64, (uint32_t)i);
+        double deadline = abi_now() + 10;
+        while (!req[i]) {
+          if (abi_isend(&nd.net, l.sc, buf[i], size, 1, mh[i], &req[i]) != ncclSuccess) abi_fail("isend");
+          if (abi_now() > deadline) abi_fail("isend gave no request in 10 s");
+        }
+      }
+      c = 'p';
+      chan_send(pp.fd, &c, 1);
+      chan_recv(pp.fd, &c, 1); /* the receiver's threads are held */
+      usleep(300000); /* the send side fills the socket buffers and blocks */
+      c = 's';
+      chan_send(pp.fd, &c, 1);
+      chan_recv(pp.fd, &c, 1); /* the receiver has closed */
+      double limit = 10;
+      pthread_t wd;
+      pthread_create(&wd, NULL, close_watchdog, &limit);
+      double t0 = abi_now();
+      if (round == 0) {
+        /* NCCL tests its requests: they must fail, not spin */
+        ncclResult_t res = ncclSuccess;
+        for (int done = 0; res == ncclSuccess && abi_now() - t0 < 10;) {
+          res = abi_test(&nd.net, req[N - 1], &done, NULL);
+          if (done) abi_fail("a send into a closed receive comm completed");
+        }
+        if (res == ncclSuccess) abi_fail("the receiver closed 10 s ago and test() reports nothing");
+      }
+      for (int i = 0; i < N; i++) abi_dereg_mr(&nd.net, l.sc, mh[i]);
+      abi_close_send(&nd.net, l.sc);
+      l.sc = NULL;
+      pthread_cancel(wd);
+      pthread_join(wd, NULL);
+      abi_note("round %d: %s after the receiver closed in %.3f s", round, round == 0 ? "test failed and closeSend returned" : "closeSend returned", abi_now() - t0);
+    }
+    barrier(pp.fd);
+    link_down(&nd, &l);
+    for (int i = 0; i < N; i++) free(buf[i]);
+  }
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static const struct {
@@ -1857,6 +1994,7 @@ static const struct {
     {"fake-version", sc_fake_version, "a peer of another protocol version: WARN and NACK (socket only)"},
     {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
     {"close-early", sc_close_early, "sender closes right after its sends complete: the receiver still gets every byte"},
+    {"stalled-close", sc_stalled_close, "receiver closes with full socket buffers: the blocked sender fails fast"},
     {"abort", sc_abort, "comms closed with large sends/receives in flight on both sides: prompt, no crash"},
     {"threads", sc_threads, "3 communicators per process, each on its own thread, concurrently"},
     {"dead-listener", sc_dead_listener, "connect to a closed listener: error within 10 s, WARN names peer"},
