@@ -574,7 +574,14 @@ ncclResult_t mps_close_recv(void *recv_comm) {
   STORE(&c->stop, 1);
   for (int i = 0; i < c->nstreams; i++) shutdown(c->fds[i], SHUT_RDWR); /* wakes threads in recv/poll */
   for (int t = 0; t < c->threads_started; t++) pthread_join(c->threads[t], NULL);
-  for (int i = 0; i < c->nstreams; i++) close(c->fds[i]);
+  /* Close with a reset, not a FIN: after shutdown the threads drain what was queued without
+   * reopening the TCP window, so a sender blocked on a full window would otherwise wait for the
+   * kernel's FIN timeout (a minute) instead of failing now. */
+  struct linger abort_close = {.l_onoff = 1, .l_linger = 0};
+  for (int i = 0; i < c->nstreams; i++) {
+    setsockopt(c->fds[i], SOL_SOCKET, SO_LINGER, &abort_close, sizeof(abort_close));
+    close(c->fds[i]);
+  }
   close(c->ctrl_fd);
   free(c);
   return ncclSuccess;
