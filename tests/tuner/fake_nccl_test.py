@@ -12,10 +12,17 @@ size is known in advance. It honours the environment the way NCCL would:
   otherwise                NCCL's default choice, deliberately not the best one (DEFAULT_CHOICE)
 Test knobs: FAKE_NOISE (relative noise, default 0), FAKE_HANG ("Algo/Proto" that never finishes),
 FAKE_FAIL_DEFAULT=1 (the default run fails), FAKE_NODES (hosts to spread ranks over, default 1),
-FAKE_SLEEP (seconds each run takes, default 0). With NCCL_DEBUG=INFO and TUNING in NCCL_DEBUG_SUBSYS it
-prints NCCL's per-call "<Coll>: N Bytes -> Algo X proto Y" lines.
+FAKE_SLEEP (seconds each run takes, default 0), FAKE_MODEL ("Ring/LL128=5,120;..." replaces entries of
+MODEL: latency us, bandwidth GB/s).
+Latency modes, as a machine whose whole runs are sometimes slow at small sizes: FAKE_SLOW (default 1.3)
+multiplies the latency of every choice in a slow run. Which runs are slow: FAKE_MODES, a string of F
+(fast) and S (slow), one letter per measuring run in the order they happen (cycled; runs NCCL refuses
+do not count), or FAKE_MODE_SEED (with FAKE_MODE_P, default 0.5, the chance of a slow run) for a seeded
+random pick per run. Both count runs in the file FAKE_STATE (created on first use); FAKE_SEED also seeds
+FAKE_NOISE per run, for repeatable tests.
+With NCCL_DEBUG=INFO and TUNING in NCCL_DEBUG_SUBSYS it prints NCCL's per-call
+"<Coll>: N Bytes -> Algo X proto Y" lines.
 """
-import csv
 import os
 import random
 import sys
@@ -66,6 +73,7 @@ def norm(s):
 
 def table_choice(path, coll, size, nranks, nnodes):
     """First row of an mplane tuner table that matches, as (Algo, Proto), else None."""
+    import csv  # here: it costs half the start-up time, and only runs with a table need it
     with open(path, newline="") as f:
         lines = [l for l in f if l.strip() and not l.lstrip().startswith("#")]
     for row in csv.DictReader(lines):
@@ -80,6 +88,44 @@ def table_choice(path, coll, size, nranks, nnodes):
             continue
         return ALGO_FROM_TABLE[norm(row["algorithm"])], PROTO_FROM_TABLE[norm(row["protocol"])]
     return None
+
+
+def run_index():
+    """This run's number (0, 1, ...) from the counter in FAKE_STATE, which it increments; None without it."""
+    path = os.environ.get("FAKE_STATE")
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            n = int(f.read().strip() or 0)
+    except FileNotFoundError:
+        n = 0
+    with open(path, "w") as f:
+        f.write(str(n + 1))
+    return n
+
+
+def slow_mode(n):
+    """Whether run number n is in the slow latency mode."""
+    modes = os.environ.get("FAKE_MODES", "")
+    if modes:
+        if n is None:
+            nccl_failure("FAKE_MODES needs FAKE_STATE")
+        return modes[n % len(modes)].upper() == "S"
+    if os.environ.get("FAKE_MODE_SEED"):
+        if n is None:
+            nccl_failure("FAKE_MODE_SEED needs FAKE_STATE")
+        rng = random.Random(int(os.environ["FAKE_MODE_SEED"]) * 1000003 + n)
+        return rng.random() < float(os.environ.get("FAKE_MODE_P", "0.5"))
+    return False
+
+
+def apply_model_override():
+    for item in filter(None, os.environ.get("FAKE_MODEL", "").split(";")):
+        key, _, val = item.partition("=")
+        algo, proto = key.strip().split("/")
+        lat, bw = (float(x) for x in val.split(","))
+        MODEL[(algo, proto)] = (lat, bw)
 
 
 def nccl_failure(msg):
@@ -123,8 +169,12 @@ def main():
         time.sleep(3600)
 
     time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+    apply_model_override()
+    n = run_index()
+    slow = float(os.environ.get("FAKE_SLOW", "1.3")) if slow_mode(n) else 1.0
     noise = float(os.environ.get("FAKE_NOISE", "0"))
-    rng = random.Random()
+    rng = random.Random(int(os.environ["FAKE_SEED"]) * 1000003 + (n or 0)) if os.environ.get("FAKE_SEED") \
+        else random.Random()
     factor = {"all_reduce": 2.0 * (nranks - 1) / nranks, "all_gather": (nranks - 1) / nranks,
               "reduce_scatter": (nranks - 1) / nranks, "broadcast": 1.0, "reduce": 1.0}[coll]
     redop = "none" if coll in ("all_gather", "broadcast") else "sum"
@@ -161,7 +211,7 @@ def main():
                   f"proto {choice[1].upper()} channel{{Lo..Hi}}={{0..1}}")
         cols = []
         for _ in ("out-of-place", "in-place"):
-            t = (lat + nbytes / (bw * 1e3)) * (1.0 + rng.uniform(-noise, noise))
+            t = (lat * slow + nbytes / (bw * 1e3)) * (1.0 + rng.uniform(-noise, noise))
             algbw = nbytes / t / 1e3 if nbytes else 0.0
             cols.append(f"  {t:7.2f}  {algbw:6.2f}  {algbw * factor:6.2f}  {0:6d}")
             total_bw += algbw * factor / 2
