@@ -14,6 +14,14 @@
 
 #include "ep_kernels.h"
 
+/* Launches go through one macro so that tests/ep/emu can run this very file on the CPU (each CUDA
+ * thread an OS thread, barriers and warp exchanges emulated, software FP8). */
+#ifdef MP_EP_EMU
+#define MP_LAUNCH(k, grid, block, smem, stream, ...) emu_launch((grid), (block), (smem), [=]() { k(__VA_ARGS__); })
+#else
+#define MP_LAUNCH(k, grid, block, smem, stream, ...) k<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#endif
+
 #define MP_TID ((int)threadIdx.x)
 #define MP_BDIM ((int)blockDim.x)
 
@@ -443,7 +451,11 @@ __global__ void __launch_bounds__(MP_EP_BLOCK) k_dequant(mp_ep_view v, uint16_t 
 /* DeepSeek-V3 gating, one warp per token (ep_ref.c's mp_ep_route_ref is the CPU twin). */
 __global__ void k_route(const float *logits, const float *bias, int T, int E, int K, int groups, int topk_groups,
                         float scaling, int normalize, int32_t *idx, float *wout) {
+#ifdef MP_EP_EMU
+  float *sm = (float *)emu_dynamic_smem();
+#else
   extern __shared__ float sm[];
+#endif
   const int lane = MP_TID & 31, warp = MP_TID >> 5, wpb = MP_BDIM >> 5;
   const int t = blockIdx.x * wpb + warp;
   /* per warp: b[E], s[E], group score[groups], availability bytes[E] (+ group keep bytes) */
@@ -538,67 +550,67 @@ static int grid_for(long work, int per_block) {
 extern "C" {
 
 int mp_ep_launch_sanitize(const mp_ep_view *v, const int32_t *idx, int Treal, cudaStream_t s) {
-  k_sanitize<<<grid_for(Treal, 256), 256, 0, s>>>(*v, idx, Treal);
+  MP_LAUNCH(k_sanitize, grid_for(Treal, 256), 256, 0, s, *v, idx, Treal);
   return launched();
 }
 
 int mp_ep_launch_scan(const mp_ep_view *v, cudaStream_t s) {
-  k_scan<<<mp_ep_scan_units(v), 512, 0, s>>>(*v);
+  MP_LAUNCH(k_scan, mp_ep_scan_units(v), 512, 0, s, *v);
   return launched();
 }
 
 int mp_ep_launch_msg_a(const mp_ep_view *v, cudaStream_t s) {
-  k_msg_a<<<1, 256, 0, s>>>(*v);
+  MP_LAUNCH(k_msg_a, 1, 256, 0, s, *v);
   return launched();
 }
 
 int mp_ep_launch_msg_b(const mp_ep_view *v, cudaStream_t s) {
-  k_msg_b<<<1, 256, 0, s>>>(*v);
+  MP_LAUNCH(k_msg_b, 1, 256, 0, s, *v);
   return launched();
 }
 
 int mp_ep_launch_offsets(const mp_ep_view *v, cudaStream_t s) {
-  k_offsets<<<1, 256, 0, s>>>(*v);
+  MP_LAUNCH(k_offsets, 1, 256, 0, s, *v);
   return launched();
 }
 
 int mp_ep_launch_token_in_rank(const mp_ep_view *v, uint8_t *flags, cudaStream_t s) {
-  k_token_in_rank<<<grid_for(v->T / v->expand, 256), 256, 0, s>>>(*v, flags);
+  MP_LAUNCH(k_token_in_rank, grid_for(v->T / v->expand, 256), 256, 0, s, *v, flags);
   return launched();
 }
 
 int mp_ep_launch_pack(const mp_ep_view *v, const uint16_t *x, const float *w, int blocks, cudaStream_t s) {
-  k_pack<<<blocks, MP_EP_BLOCK, 0, s>>>(*v, x, w);
+  MP_LAUNCH(k_pack, blocks, MP_EP_BLOCK, 0, s, *v, x, w);
   return launched();
 }
 
 int mp_ep_launch_forward(const mp_ep_view *v, int blocks, cudaStream_t s) {
-  k_forward<<<blocks, MP_EP_BLOCK, 0, s>>>(*v);
+  MP_LAUNCH(k_forward, blocks, MP_EP_BLOCK, 0, s, *v);
   return launched();
 }
 
 int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s) {
-  k_unpack<<<blocks, MP_EP_BLOCK, 0, s>>>(*v);
+  MP_LAUNCH(k_unpack, blocks, MP_EP_BLOCK, 0, s, *v);
   return launched();
 }
 
 int mp_ep_launch_combine_expert(const mp_ep_view *v, const uint16_t *y, int blocks, cudaStream_t s) {
-  k_combine_expert<<<blocks, MP_EP_BLOCK, 0, s>>>(*v, y);
+  MP_LAUNCH(k_combine_expert, blocks, MP_EP_BLOCK, 0, s, *v, y);
   return launched();
 }
 
 int mp_ep_launch_combine_node(const mp_ep_view *v, int blocks, cudaStream_t s) {
-  k_combine_node<<<blocks, MP_EP_BLOCK, 0, s>>>(*v);
+  MP_LAUNCH(k_combine_node, blocks, MP_EP_BLOCK, 0, s, *v);
   return launched();
 }
 
 int mp_ep_launch_combine_out(const mp_ep_view *v, uint16_t *out, int blocks, cudaStream_t s) {
-  k_combine_out<<<blocks, MP_EP_BLOCK, 0, s>>>(*v, out);
+  MP_LAUNCH(k_combine_out, blocks, MP_EP_BLOCK, 0, s, *v, out);
   return launched();
 }
 
 int mp_ep_launch_dequant(const mp_ep_view *v, uint16_t *y, int blocks, cudaStream_t s) {
-  k_dequant<<<blocks, MP_EP_BLOCK, 0, s>>>(*v, y);
+  MP_LAUNCH(k_dequant, blocks, MP_EP_BLOCK, 0, s, *v, y);
   return launched();
 }
 
@@ -611,12 +623,12 @@ int mp_ep_launch_route(const float *logits, const float *bias, int T, int E, int
     cudaError_t e = cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return (int)e;
   }
-  k_route<<<grid_for(T, wpb), 32 * wpb, smem, s>>>(logits, bias, T, E, K, groups, topk_groups, scaling, normalize, idx, w);
+  MP_LAUNCH(k_route, grid_for(T, wpb), 32 * wpb, smem, s, logits, bias, T, E, K, groups, topk_groups, scaling, normalize, idx, w);
   return launched();
 }
 
 int mp_ep_launch_fp8_probe(const float *in, float scale, uint8_t *out, long n, cudaStream_t s) {
-  k_fp8_probe<<<grid_for(n, 256), 256, 0, s>>>(in, scale, out, n);
+  MP_LAUNCH(k_fp8_probe, grid_for(n, 256), 256, 0, s, in, scale, out, n);
   return launched();
 }
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# libmplane-ep on a GPU machine: build it, then run mplane-ep-bench on two shapes, in one go:
+#   node1: one node of 2 GPUs (NVLink phase only);
+#   node2: two emulated nodes of 1 GPU each (NCCL_HOSTID differs, so NCCL carries the network
+#          phase through the net plugin - mplane's socket transport over loopback - and the
+#          plugin's byte counters are checked against the model).
+# Each shape runs the correctness checks (GPU vs the CPU reference model), the byte check (node2)
+# and the DeepSeek-V3-shaped benchmark beside the flat all-to-all baseline and the peer-copy ceiling.
+#
+#   scripts/ep-bench.sh [all|build|node1|node2] ...   (default: all)
+#
+# Results go to $OUT (the device tool's folder) when set, else build-ep-dev/ep-bench-out: ep-bench.txt (the
+# tables), build.log, node1.log, node2.log, nccl-net.txt (which network NCCL used), stats.txt.
+# Environment:
+#   NCCL_HOME      folder with include/nccl.h and lib/libnccl.so* (default: searched)
+#   EP_BUILD       build folder (default build-ep-dev)
+#   EP_PLUGIN_DIR  folder holding a prebuilt libnccl-net-mplane.so (used when the meson build of
+#                  the whole project is not possible here, e.g. no hwloc or cmocka headers)
+#   EP_ARGS        extra mplane-ep-bench arguments (e.g. "--iters 10 --sms 0")
+#   EP_TIMEOUT     seconds per shape (default 270)
+# NCCL_NVLS_ENABLE=0 is always set.
+set -uo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+what=("$@")
+[ ${#what[@]} -eq 0 ] && what=(all)
+build="${EP_BUILD:-$here/build-ep-dev}"
+case "$build" in /*) ;; *) build="$here/$build" ;; esac
+out="${OUT:-$build/ep-bench-out}"
+mkdir -p "$out"
+shape_timeout="${EP_TIMEOUT:-270}"
+export NCCL_NVLS_ENABLE=0
+export PATH="/usr/local/cuda/bin:$PATH"
+results="$out/ep-bench.txt"
+
+say() { echo "ep-bench: $*" | tee -a "$results"; }
+
+# ---- NCCL: header and library ----
+find_nccl() {
+  local cands=()
+  [ -n "${NCCL_HOME:-}" ] && cands+=("$NCCL_HOME")
+  cands+=("$here/.deps/nccl" /usr/local/cuda /usr /usr/local)
+  local py
+  for py in python3 /opt/torch/.venv/bin/python3; do
+    local d
+    d=$("$py" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "nccl"))' 2>/dev/null) && cands+=("$d")
+  done
+  cands+=(/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl)
+  NCCL_INC=""; NCCL_LIB=""
+  for d in "${cands[@]}"; do
+    if [ -z "$NCCL_INC" ] && [ -f "$d/include/nccl.h" ]; then NCCL_INC="$d/include"; NCCL_HOME_FOUND="$d"; fi
+  done
+  for d in "${NCCL_HOME_FOUND:-/nonexistent}" "${cands[@]}" /usr/lib/x86_64-linux-gnu; do
+    for l in lib/libnccl.so lib64/libnccl.so lib/x86_64-linux-gnu/libnccl.so libnccl.so \
+             lib/libnccl.so.2 lib64/libnccl.so.2 lib/x86_64-linux-gnu/libnccl.so.2 libnccl.so.2; do
+      if [ -z "$NCCL_LIB" ] && [ -f "$d/$l" ]; then NCCL_LIB="$d/$l"; fi
+    done
+  done
+}
+
+cuda_lib() {
+  local root
+  root="$(dirname "$(dirname "$(command -v nvcc)")")"
+  for l in lib64 lib targets/x86_64-linux/lib; do
+    [ -f "$root/$l/libcudart.so" ] && { echo "$root/$l"; return; }
+  done
+  echo "$root/lib64"
+}
+
+env_report() {
+  say "date $(date -u +%Y-%m-%dT%H:%MZ), host $(hostname)"
+  nvidia-smi -L 2>&1 | sed 's/^/ep-bench:   /' | tee -a "$results"
+  nvidia-smi topo -m 2>&1 | head -6 | sed 's/^/ep-bench:   /' | tee -a "$results"
+  say "nvcc: $(nvcc --version 2>&1 | tail -1)"
+  say "NCCL header: ${NCCL_INC:-none} ($(grep -hE '#define NCCL_(MAJOR|MINOR|PATCH)' "${NCCL_INC:-/x}/nccl.h" 2>/dev/null | awk '{printf "%s.", $3}')) library: ${NCCL_LIB:-none}"
+  say "meson: $(meson --version 2>&1 | head -1), ninja: $(ninja --version 2>&1 | head -1)"
+}
+
+# ---- build ----
+BENCH=""; EPLIB_DIR=""; PLUGIN_DIR=""
+direct_build() {
+  # libmplane-ep and the launcher without meson (needs only nvcc, a C compiler and NCCL)
+  local d="$build/direct" ep="$here/collectives/ep" cl
+  cl="$(cuda_lib)"
+  mkdir -p "$d"
+  local inc=(-I"$ep" -I"$ep/tools" -I"$(dirname "$(command -v nvcc)")/../include" -I"$NCCL_INC")
+  set -x
+  nvcc -std=c++17 -O2 -Xcompiler -fPIC "-gencode=arch=compute_90,code=[sm_90,compute_90]" "${inc[@]}" \
+    -c "$ep/ep_kernels.cu" -o "$d/ep_kernels.o" &&
+  cc -std=gnu11 -O2 -fPIC -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -c "$ep/ep_host.c" -o "$d/ep_host.o" &&
+  cc -std=gnu11 -O2 -fPIC -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -c "$ep/ep_sched.c" -o "$d/ep_sched.o" &&
+  cc -shared -o "$d/libmplane-ep.so" "$d/ep_kernels.o" "$d/ep_host.o" "$d/ep_sched.o" \
+    -L"$cl" -lcudart "$NCCL_LIB" -lstdc++ -Wl,-rpath,"$cl" -Wl,-rpath,"$(dirname "$NCCL_LIB")" &&
+  cc -std=gnu11 -O2 -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -o "$d/mplane-ep-bench" \
+    "$ep/tools/mplane_ep_bench.c" "$ep/tools/bench_run.c" "$ep/ep_model.c" "$ep/ep_check.c" "$ep/ep_ref.c" \
+    -L"$d" -lmplane-ep -L"$cl" -lcudart "$NCCL_LIB" -lm -lpthread \
+    -Wl,-rpath,"$d" -Wl,-rpath,"$cl" -Wl,-rpath,"$(dirname "$NCCL_LIB")"
+  local rc=$?
+  set +x
+  [ $rc -eq 0 ] && BENCH="$d/mplane-ep-bench" && EPLIB_DIR="$d"
+  return $rc
+}
+
+do_build() {
+  find_nccl
+  env_report
+  if [ -z "$NCCL_INC" ] || [ -z "$NCCL_LIB" ]; then
+    say "FAIL: no NCCL header/library found. Set NCCL_HOME, or carry one: mkdir -p .deps/nccl/include .deps/nccl/lib &&"
+    say "      cp /usr/local/cuda/include/nccl.h .deps/nccl/include/ (on the dev machine; .deps is ignored by git; name .deps in carry)"
+    return 1
+  fi
+  export NCCL_HOME="$NCCL_HOME_FOUND"
+  {
+    echo "== meson setup $build (whole project) =="
+    if [ ! -f "$build/build.ninja" ]; then meson setup "$build" "$here"; fi && ninja -C "$build"
+  } >"$out/build.log" 2>&1
+  if [ -x "$build/collectives/ep/mplane-ep-bench" ]; then
+    BENCH="$build/collectives/ep/mplane-ep-bench"
+    EPLIB_DIR="$build/collectives/ep"
+    say "built with meson: $BENCH"
+  else
+    say "meson build of the whole project failed (see build.log: often missing hwloc/cmocka headers); building libmplane-ep directly"
+    if direct_build >>"$out/build.log" 2>&1; then say "built directly: $BENCH"
+    else say "FAIL: direct build failed, see build.log"; tail -30 "$out/build.log"; return 1; fi
+  fi
+  if [ -n "${EP_PLUGIN_DIR:-}" ] && [ -f "$EP_PLUGIN_DIR/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$EP_PLUGIN_DIR"
+  elif [ -f "$build/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$build"
+  elif [ -f "$here/build/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$here/build"; fi
+  if [ -n "$PLUGIN_DIR" ]; then say "net plugin: $PLUGIN_DIR/libnccl-net-mplane.so"
+  else say "net plugin: NOT available - the two-node shape will use NCCL's own Socket transport and has no plugin counters"; fi
+  return 0
+}
+
+# ---- a shape ----
+run_shape() {
+  local name=$1 nodes=$2
+  local tmp; tmp="$(mktemp -d /tmp/ep-bench-XXXXXX)"
+  local env=(LD_LIBRARY_PATH="$EPLIB_DIR:${PLUGIN_DIR:+$PLUGIN_DIR:}$(dirname "$NCCL_LIB"):$(cuda_lib):${LD_LIBRARY_PATH:-}"
+             NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$tmp/nccl.%h.%p.log"
+             NCCL_SOCKET_IFNAME=lo MPLANE_SOCKET_IFNAME=lo)
+  local args=(--gpus 2 --nodes "$nodes" --mode all --out "$results" --timeout $((shape_timeout - 15)))
+  if [ -n "$PLUGIN_DIR" ]; then
+    env+=(NCCL_NET_PLUGIN=mplane)
+    [ "$nodes" -gt 1 ] && args+=(--stats-file "$tmp/stats-%p.json")
+  else
+    env+=(NCCL_NET_PLUGIN=none)
+  fi
+  # shellcheck disable=SC2206
+  args+=(${EP_ARGS:-})
+  say "---- $name: $nodes node(s), $(env "${env[@]}" sh -c 'echo NCCL_NET_PLUGIN=$NCCL_NET_PLUGIN'); $BENCH ${args[*]}"
+  echo "## $name" >>"$results"
+  env "${env[@]}" timeout -k 10 "$shape_timeout" "$BENCH" "${args[@]}" >"$out/$name.log" 2>&1
+  local rc=$?
+  cat "$out/$name.log"
+  { echo "== $name =="; grep -hE "Using network|NET/(Plugin|mplane|Socket|IB)|NCCL_NET|Loaded net plugin|Failed to load" "$tmp"/nccl.*.log 2>/dev/null | sort | uniq -c | head -40; } >>"$out/nccl-net.txt"
+  { for f in "$tmp"/stats-*.json; do [ -f "$f" ] && { echo "== $name $f"; cat "$f"; }; done; } >>"$out/stats.txt" 2>/dev/null
+  local net; net=$(grep -hoE "Using network [A-Za-z0-9_]+" "$tmp"/nccl.*.log 2>/dev/null | sort -u | tr '\n' ' ')
+  say "$name: exit $rc; NCCL says: ${net:-no network used (intra-node only)}"
+  rm -rf "$tmp"
+  return $rc
+}
+
+rc=0
+: >"$results"
+for w in "${what[@]}"; do
+  case "$w" in
+    build) do_build || rc=1 ;;
+    node1|node2|all)
+      if [ -z "$BENCH" ]; then do_build || { rc=1; break; }; fi
+      if [ "$w" = all ] || [ "$w" = node1 ]; then run_shape node1 1 || rc=1; fi
+      if [ "$w" = all ] || [ "$w" = node2 ]; then run_shape node2 2 || rc=1; fi ;;
+    *) echo "ep-bench.sh: unknown step '$w' (all, build, node1, node2)" >&2; exit 2 ;;
+  esac
+done
+say "done: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
+exit $rc

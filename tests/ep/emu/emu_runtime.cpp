@@ -1,0 +1,501 @@
+/* CPU emulator of the CUDA runtime, the CUDA device side and NCCL, enough to run libmplane-ep's own
+ * host code (ep_host.c) and kernels (ep_kernels.cu) for several ranks in one process
+ * (tests/ep/test_ep_emu.c). See the headers beside this file. */
+#include <pthread.h>
+#include <ucontext.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cuda_runtime.h"
+#include "nccl.h"
+
+/* ---------------- device side ----------------
+ * A block's CUDA threads are coroutines (ucontext) on the launching thread: each runs until it
+ * waits at a barrier or ends, and the scheduler then resumes another, in a shuffled order, so code
+ * that reads shared data without the barrier that should order it sees stale data. Threads that
+ * all wait with nobody left to arrive are a barrier deadlock: reported, then abort(). */
+
+thread_local emu_dim3 threadIdx, blockIdx;
+emu_dim3 blockDim, gridDim;
+
+#if defined(__x86_64__) && !defined(EMU_NO_ASM)
+#define EMU_ASM_SWITCH 1
+/* Save the callee-saved registers on the current stack, store its pointer in *save, continue on
+ * the stack next (whose top holds the same six registers and a return address). ucontext's
+ * swapcontext makes a system call per switch, which made the test slow. */
+extern "C" void emu_switch(void **save, void *next);
+asm(".text\n"
+    ".globl emu_switch\n"
+    ".type emu_switch,@function\n"
+    "emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_switch, .-emu_switch\n");
+#else
+#define EMU_ASM_SWITCH 0
+#endif
+
+namespace {
+
+enum { RUN = 0, AT_BLOCK_BAR, AT_WARP_BAR, DONE };
+
+struct Coro {
+#if EMU_ASM_SWITCH
+  void *sp;
+#else
+  ucontext_t ctx;
+#endif
+  char *stack;
+  int state;
+};
+
+struct Warp {
+  int arrived;
+  unsigned u[32];
+  float f[32];
+  int i[32];
+};
+
+struct Sched {
+#if EMU_ASM_SWITCH
+  void *main_sp;
+#else
+  ucontext_t main;
+#endif
+  std::vector<Coro> co;
+  std::vector<Warp> warps;
+  std::vector<char> smem;
+  int n, cur, bar_arrived, done;
+  std::function<void()> *fn;
+  uint64_t rng;
+};
+
+const size_t kStack = 256 * 1024;
+std::mutex kernel_mutex;
+Sched *S; /* the block being run (one at a time in the process) */
+std::vector<char *> stacks;
+
+int alive_in_warp(int w) {
+  int a = 0;
+  for (int t = w * 32; t < w * 32 + 32 && t < S->n; t++) a += S->co[t].state != DONE;
+  return a;
+}
+
+void release_block_barrier() {
+  if (S->bar_arrived > 0 && S->bar_arrived == S->n - S->done) {
+    for (auto &c : S->co)
+      if (c.state == AT_BLOCK_BAR) c.state = RUN;
+    S->bar_arrived = 0;
+  }
+}
+
+void release_warp_barrier(int w) {
+  Warp &wp = S->warps[(size_t)w];
+  if (wp.arrived > 0 && wp.arrived == alive_in_warp(w)) {
+    for (int t = w * 32; t < w * 32 + 32 && t < S->n; t++)
+      if (S->co[t].state == AT_WARP_BAR) S->co[t].state = RUN;
+    wp.arrived = 0;
+  }
+}
+
+#if EMU_ASM_SWITCH
+void yield_to_scheduler() { emu_switch(&S->co[(size_t)S->cur].sp, S->main_sp); }
+#else
+void yield_to_scheduler() { swapcontext(&S->co[(size_t)S->cur].ctx, &S->main); }
+#endif
+
+void trampoline(int i) {
+  (*S->fn)();
+  S->co[(size_t)i].state = DONE;
+  S->done++;
+  /* an ended thread counts as arrived at the barriers the others wait at */
+  release_block_barrier();
+  release_warp_barrier(i / 32);
+  yield_to_scheduler();
+}
+
+Warp &my_warp() { return S->warps[threadIdx.x / 32]; }
+
+#if EMU_ASM_SWITCH
+void coro_entry() {
+  trampoline(S->cur);
+  abort(); /* not reached: an ended coroutine is never resumed */
+}
+#endif
+
+}  // namespace
+
+void __syncthreads() {
+  S->co[(size_t)S->cur].state = AT_BLOCK_BAR;
+  S->bar_arrived++;
+  release_block_barrier();
+  yield_to_scheduler();
+}
+
+void __syncwarp(unsigned) {
+  int w = S->cur / 32;
+  S->co[(size_t)S->cur].state = AT_WARP_BAR;
+  S->warps[(size_t)w].arrived++;
+  release_warp_barrier(w);
+  yield_to_scheduler();
+}
+
+unsigned __ballot_sync(unsigned, int pred) {
+  Warp &w = my_warp();
+  w.u[threadIdx.x & 31] = pred ? 1u : 0u;
+  __syncwarp();
+  unsigned r = 0;
+  for (int l = 0; l < 32; l++) r |= w.u[l] << l;
+  __syncwarp();
+  return r;
+}
+
+float __shfl_xor_sync(unsigned, float v, int lane_mask, int width) {
+  Warp &w = my_warp();
+  int lane = threadIdx.x & 31;
+  w.f[lane] = v;
+  __syncwarp();
+  int src = lane ^ lane_mask;
+  if ((src / width) != (lane / width)) src = lane;
+  float r = w.f[src];
+  __syncwarp();
+  return r;
+}
+
+int __shfl_xor_sync(unsigned, int v, int lane_mask, int width) {
+  Warp &w = my_warp();
+  int lane = threadIdx.x & 31;
+  w.i[lane] = v;
+  __syncwarp();
+  int src = lane ^ lane_mask;
+  if ((src / width) != (lane / width)) src = lane;
+  int r = w.i[src];
+  __syncwarp();
+  return r;
+}
+
+void *emu_dynamic_smem() { return S->smem.data(); }
+
+void emu_launch(int grid, int block, size_t smem, std::function<void()> fn) {
+  if (grid < 1 || block < 32 || block % 32 || block > 1024) {
+    fprintf(stderr, "emu: invalid launch configuration grid %d block %d\n", grid, block);
+    abort();
+  }
+  std::lock_guard<std::mutex> g(kernel_mutex);
+  static uint64_t launches;
+  launches++;
+  while (stacks.size() < (size_t)block) stacks.push_back((char *)malloc(kStack));
+  gridDim = emu_dim3{(unsigned)grid, 1, 1};
+  blockDim = emu_dim3{(unsigned)block, 1, 1};
+  std::vector<int> order((size_t)block);
+  for (int b = 0; b < grid; b++) {
+    Sched sched;
+    S = &sched;
+    sched.n = block;
+    sched.co.resize((size_t)block);
+    sched.warps.assign((size_t)block / 32, Warp{});
+    sched.smem.assign(smem + 16, (char)0x5a);
+    sched.bar_arrived = sched.done = 0;
+    sched.fn = &fn;
+    sched.rng = 0x9E3779B97F4A7C15ull * (launches * 131 + (uint64_t)b + 1);
+    for (int t = 0; t < block; t++) {
+      Coro &c = sched.co[(size_t)t];
+      c.stack = stacks[(size_t)t];
+#if EMU_ASM_SWITCH
+      void **sp = (void **)(((uintptr_t)(c.stack + kStack)) & ~(uintptr_t)15);
+      *--sp = nullptr;              /* the entry's return address: never used */
+      *--sp = (void *)coro_entry;   /* where emu_switch's ret goes */
+      for (int r = 0; r < 6; r++) *--sp = nullptr; /* rbp rbx r12-r15 */
+      c.sp = sp;
+#else
+      getcontext(&c.ctx);
+      c.ctx.uc_stack.ss_sp = c.stack;
+      c.ctx.uc_stack.ss_size = kStack;
+      c.ctx.uc_link = nullptr;
+      makecontext(&c.ctx, (void (*)())trampoline, 1, t);
+#endif
+      c.state = RUN;
+    }
+    blockIdx = emu_dim3{(unsigned)b, 0, 0};
+    while (sched.done < block) {
+      /* a shuffled pass over the threads that can run */
+      for (int t = 0; t < block; t++) order[(size_t)t] = t;
+      for (int t = block - 1; t > 0; t--) {
+        sched.rng ^= sched.rng << 13;
+        sched.rng ^= sched.rng >> 7;
+        sched.rng ^= sched.rng << 17;
+        int j = (int)(sched.rng % (uint64_t)(t + 1));
+        std::swap(order[(size_t)t], order[(size_t)j]);
+      }
+      int ran = 0;
+      for (int k = 0; k < block; k++) {
+        int t = order[(size_t)k];
+        if (sched.co[(size_t)t].state != RUN) continue;
+        sched.cur = t;
+        threadIdx = emu_dim3{(unsigned)t, 0, 0};
+#if EMU_ASM_SWITCH
+        emu_switch(&sched.main_sp, sched.co[(size_t)t].sp);
+#else
+        swapcontext(&sched.main, &sched.co[(size_t)t].ctx);
+#endif
+        ran++;
+      }
+      if (!ran && sched.done < block) {
+        int at_b = 0, at_w = 0;
+        for (auto &c : sched.co) {
+          at_b += c.state == AT_BLOCK_BAR;
+          at_w += c.state == AT_WARP_BAR;
+        }
+        fprintf(stderr, "emu: barrier deadlock in block %d: %d threads at __syncthreads, %d at a warp barrier, %d ended\n",
+                b, at_b, at_w, sched.done);
+        abort();
+      }
+    }
+    S = nullptr;
+  }
+}
+
+/* ---------------- runtime ---------------- */
+
+static std::atomic<long> live_allocs{0};
+
+extern "C" {
+
+cudaError_t cudaMalloc(void **p, size_t n) {
+  size_t sz = (n + 255) / 256 * 256;
+  *p = aligned_alloc(256, sz ? sz : 256);
+  if (!*p) return cudaErrorMemoryAllocation;
+  memset(*p, 0xA5, sz ? sz : 256); /* device memory starts as garbage */
+  live_allocs++;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+  if (p) {
+    free(p);
+    live_allocs--;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t n) {
+  *p = malloc(n ? n : 1);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFreeHost(void *p) {
+  free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
+  if (n) memmove(d, s, n);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) {
+  return cudaMemcpy(d, s, n, k);
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t n) {
+  memset(p, v, n);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+
+cudaError_t cudaGetDevice(int *d) {
+  *d = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr, int) {
+  *v = 3; /* few "SMs": the grid-stride loops go round */
+  return cudaSuccess;
+}
+
+const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated CUDA error"; }
+
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+
+long emu_cuda_live_allocations(void) { return live_allocs.load(); }
+
+}  // extern "C"
+
+/* ---------------- NCCL ---------------- */
+
+struct EmuWorld {
+  int n;
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::pair<int, int>, std::deque<std::vector<char>>> box;
+  std::map<std::pair<int, int>, long long> sent;
+  pthread_barrier_t bar;
+  std::vector<char> gather;
+};
+
+struct emu_nccl_comm {
+  EmuWorld *w;
+  int rank;
+  char err[256];
+};
+
+namespace {
+
+struct PendingRecv {
+  void *buf;
+  size_t bytes;
+  int peer;
+  ncclComm_t comm;
+};
+
+thread_local int group_depth;
+thread_local std::vector<PendingRecv> pending;
+thread_local ncclResult_t group_error;
+
+size_t type_size(ncclDataType_t t) {
+  switch (t) {
+  case ncclInt8:
+  case ncclUint8: return 1;
+  case ncclFloat16: return 2;
+  case ncclInt32:
+  case ncclUint32:
+  case ncclFloat32: return 4;
+  default: return 8;
+  }
+}
+
+ncclResult_t complete_group() {
+  ncclResult_t res = group_error;
+  for (auto &r : pending) {
+    EmuWorld *w = r.comm->w;
+    std::unique_lock<std::mutex> lk(w->m);
+    auto key = std::make_pair(r.peer, r.comm->rank);
+    if (!w->cv.wait_for(lk, std::chrono::seconds(60), [&] { return !w->box[key].empty(); })) {
+      snprintf(r.comm->err, sizeof(r.comm->err), "emu: rank %d waited 60 s for a message from rank %d", r.comm->rank, r.peer);
+      res = ncclSystemError;
+      continue;
+    }
+    std::vector<char> msg = std::move(w->box[key].front());
+    w->box[key].pop_front();
+    if (msg.size() != r.bytes) {
+      snprintf(r.comm->err, sizeof(r.comm->err), "emu: rank %d receives %zu bytes from rank %d, which sent %zu",
+               r.comm->rank, r.bytes, r.peer, msg.size());
+      res = ncclInvalidUsage;
+      continue;
+    }
+    if (r.bytes) memcpy(r.buf, msg.data(), r.bytes);
+  }
+  pending.clear();
+  group_error = ncclSuccess;
+  return res;
+}
+
+}  // namespace
+
+extern "C" {
+
+void emu_nccl_world_create(int n, ncclComm_t *comms) {
+  EmuWorld *w = new EmuWorld();
+  w->n = n;
+  pthread_barrier_init(&w->bar, nullptr, (unsigned)n);
+  for (int r = 0; r < n; r++) {
+    comms[r] = new emu_nccl_comm();
+    comms[r]->w = w;
+    comms[r]->rank = r;
+    comms[r]->err[0] = 0;
+  }
+}
+
+void emu_nccl_world_free(ncclComm_t *comms, int n) {
+  EmuWorld *w = comms[0]->w;
+  pthread_barrier_destroy(&w->bar);
+  delete w;
+  for (int r = 0; r < n; r++) delete comms[r];
+}
+
+long long emu_nccl_sent(ncclComm_t comm, int peer) {
+  std::lock_guard<std::mutex> lk(comm->w->m);
+  return comm->w->sent[std::make_pair(comm->rank, peer)];
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
+  *count = comm->w->n;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t, int *device) {
+  *device = 0;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t) {
+  EmuWorld *w = comm->w;
+  size_t chunk = count * type_size(type);
+  if (comm->rank == 0) w->gather.assign(chunk * (size_t)w->n, 0);
+  pthread_barrier_wait(&w->bar);
+  memcpy(w->gather.data() + chunk * (size_t)comm->rank, sendbuff, chunk);
+  pthread_barrier_wait(&w->bar);
+  memcpy(recvbuff, w->gather.data(), chunk * (size_t)w->n);
+  pthread_barrier_wait(&w->bar);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupStart(void) {
+  group_depth++;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+  if (group_depth <= 0) return ncclInvalidUsage;
+  if (--group_depth > 0) return ncclSuccess;
+  return complete_group();
+}
+
+ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+  EmuWorld *w = comm->w;
+  if (peer < 0 || peer >= w->n || peer == comm->rank) return ncclInvalidArgument;
+  size_t bytes = count * type_size(type);
+  std::vector<char> msg(bytes);
+  if (bytes) memcpy(msg.data(), buf, bytes);
+  {
+    std::lock_guard<std::mutex> lk(w->m);
+    w->box[std::make_pair(comm->rank, peer)].push_back(std::move(msg));
+    w->sent[std::make_pair(comm->rank, peer)] += (long long)bytes;
+  }
+  w->cv.notify_all();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+  if (peer < 0 || peer >= comm->w->n || peer == comm->rank) return ncclInvalidArgument;
+  pending.push_back(PendingRecv{buf, count * type_size(type), peer, comm});
+  if (group_depth == 0) return complete_group();
+  return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "emulated NCCL error"; }
+
+const char *ncclGetLastError(ncclComm_t comm) { return comm ? comm->err : ""; }
+
+}  // extern "C"
