@@ -1843,11 +1843,11 @@ static int sc_close_early(void) {
  * zero window) closes its comm: the sender's close, test or isend must then end promptly, not after
  * the kernel's FIN timeout. The receiver's non-main threads are held in a signal handler to make
  * "fell behind" deterministic. Rank 0 sends, rank 1 receives. */
-static volatile sig_atomic_t g_hold;
+static int g_hold; /* atomic: read by every held thread, cleared by release_later */
 static void hold_handler(int sig) {
   (void)sig;
   struct timespec ts = {0, 1000000};
-  while (g_hold) nanosleep(&ts, NULL);
+  while (__atomic_load_n(&g_hold, __ATOMIC_ACQUIRE)) nanosleep(&ts, NULL);
 }
 
 static int hold_other_threads(void) {
@@ -1856,7 +1856,7 @@ static int hold_other_threads(void) {
   sa.sa_handler = hold_handler;
   sa.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &sa, NULL);
-  g_hold = 1;
+  __atomic_store_n(&g_hold, 1, __ATOMIC_RELEASE);
   pid_t me = (pid_t)syscall(SYS_gettid);
   int n = 0;
   DIR *d = opendir("/proc/self/task");
@@ -1872,7 +1872,7 @@ static int hold_other_threads(void) {
 static void *release_later(void *arg) {
   (void)arg;
   usleep(300000);
-  g_hold = 0;
+  __atomic_store_n(&g_hold, 0, __ATOMIC_RELEASE);
   return NULL;
 }
 
