@@ -185,3 +185,20 @@ long mp_ep_check_tolerance(int fmt, int T, int H, int K, int E, const uint16_t *
   if (max_ratio) *max_ratio = worst;
   return bad;
 }
+
+long long mp_ep_stats_tx_bytes(const char *json, long long *closed) {
+  const char *c = strstr(json, "\"comms_closed\"");
+  const char *colon = c ? strchr(c, ':') : NULL;
+  *closed = colon ? strtoll(colon + 1, NULL, 10) : -1;
+  const char *p = strstr(json, "\"planes\"");
+  if (!p) return -2;
+  const char *open = strchr(p, '[');
+  const char *end = open ? strchr(open, ']') : NULL;
+  if (!open || !end) return -2;
+  long long tx = 0;
+  for (const char *q = strstr(open, "\"tx_bytes\""); q && q < end; q = strstr(q + 1, "\"tx_bytes\"")) {
+    const char *k = strchr(q, ':');
+    if (k) tx += strtoll(k + 1, NULL, 10);
+  }
+  return tx;
+}

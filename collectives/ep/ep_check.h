@@ -38,4 +38,9 @@ long mp_ep_check_exact(const uint16_t *got, const uint16_t *want, long n, char *
 long mp_ep_check_tolerance(int fmt, int T, int H, int K, int E, const uint16_t *x, const int32_t *idx, const float *w,
                            const uint16_t *out, double *max_ratio, char *msg, size_t msglen);
 
+/* The plugin's counters (net/stats.c, MPLANE_STATS_FILE): the sum of "tx_bytes" over the "planes"
+ * array of its JSON text, and "comms_closed" in *closed (-1 if absent). Returns -2 when the text
+ * has no "planes" array. */
+long long mp_ep_stats_tx_bytes(const char *json, long long *closed);
+
 #endif

@@ -95,10 +95,14 @@ static uint64_t fnv1a(const char *s, uint64_t h) {
   return h;
 }
 
+/* tests/ep/emu defines this to give each emulated rank (a thread) its own host; absent here. */
+extern const char *mp_ep_emu_hostid(void) __attribute__((weak));
+
 /* The identity NCCL gives this host: NCCL_HOSTID when set, else host name and boot id. */
 static uint64_t host_key(void) {
   uint64_t h = 0xcbf29ce484222325ull;
-  const char *id = getenv("NCCL_HOSTID");
+  const char *id = mp_ep_emu_hostid ? mp_ep_emu_hostid() : NULL;
+  if (!id) id = getenv("NCCL_HOSTID");
   if (id && *id) return fnv1a(id, fnv1a("hostid:", h));
   char name[256] = "";
   if (gethostname(name, sizeof(name) - 1) != 0) snprintf(name, sizeof(name), "unknown");

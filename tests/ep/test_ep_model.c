@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "ep_check.h"
 #include "ep_model.h"
 #include "ep_num.h"
 #include "ep_plan.h"
@@ -223,11 +224,30 @@ static void test_tolerance_formula(void **state) {
   assert_true(t8 > 2.5 / 16 && t8 < 2.5 * 0.08);
 }
 
+/* The plugin's MPLANE_STATS_FILE JSON (net/stats.c writes it): tx bytes summed over planes only. */
+static void test_stats_json(void **state) {
+  (void)state;
+  const char *json =
+      "{\n  \"pid\": 123,\n  \"node_id\": \"00000000deadbeef\",\n  \"comms_opened\": 4,\n  \"comms_closed\": 3,\n"
+      "  \"planes\": [\n    {\"plane\": 0, \"tx_bytes\": 1000, \"tx_msgs\": 2, \"rx_bytes\": 500, \"rx_msgs\": 1, \"relayed_bytes\": 0},\n"
+      "    {\"plane\": 3, \"tx_bytes\": 24, \"tx_msgs\": 1, \"rx_bytes\": 0, \"rx_msgs\": 0, \"relayed_bytes\": 24}\n  ],\n"
+      "  \"classes\": [\n    {\"class\": \"default\", \"sl\": 0, \"tx_bytes\": 1024, \"tx_msgs\": 3, \"rx_bytes\": 500, "
+      "\"rx_msgs\": 1, \"relayed_bytes\": 24}\n  ]\n}\n";
+  long long closed = 0;
+  assert_int_equal(mp_ep_stats_tx_bytes(json, &closed), 1024);
+  assert_int_equal(closed, 3);
+  assert_int_equal(mp_ep_stats_tx_bytes("{\"comms_closed\": 0, \"planes\": [], \"classes\": [{\"tx_bytes\": 9}]}", &closed), 0);
+  assert_int_equal(closed, 0);
+  assert_int_equal(mp_ep_stats_tx_bytes("{}", &closed), -2);
+  assert_int_equal(closed, -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bytes_one_token),        cmocka_unit_test(test_bytes_own_node_and_dropped),
       cmocka_unit_test(test_deepseek_formula),       cmocka_unit_test(test_rows_order_and_combine),
       cmocka_unit_test(test_combine_rounding_points), cmocka_unit_test(test_tolerance_formula),
+      cmocka_unit_test(test_stats_json),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

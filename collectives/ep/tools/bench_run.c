@@ -23,7 +23,7 @@
 #include "ep_ref.h"
 #include "mplane_ep.h"
 
-static int g_rank;
+static __thread int g_rank; /* thread-local: the CPU emulator runs ranks as threads */
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...) {
@@ -564,22 +564,21 @@ static void expand_pattern(const char *pat, char *out, size_t len) {
   out[o] = 0;
 }
 
-/* Sum of tx_bytes over the "planes" array of the plugin's JSON; -1 if the file is not there. */
+/* Sum of tx_bytes over the plugin's planes; -1 if the file is not there. */
 static long long stats_tx(const char *path, long long *closed) {
   FILE *f = fopen(path, "r");
   if (!f) return -1;
-  static char buf[1 << 16];
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  size_t cap = 1 << 16;
+  char *buf = malloc(cap);
+  if (!buf) {
+    fclose(f);
+    return -1;
+  }
+  size_t n = fread(buf, 1, cap - 1, f);
   fclose(f);
   buf[n] = 0;
-  long long tx = 0;
-  const char *c = strstr(buf, "\"comms_closed\"");
-  *closed = c ? strtoll(strchr(c, ':') + 1, NULL, 10) : -1;
-  const char *p = strstr(buf, "\"planes\"");
-  if (!p) return -2;
-  const char *end = strchr(p, ']');
-  for (const char *q = strstr(p, "\"tx_bytes\""); q && (!end || q < end); q = strstr(q + 1, "\"tx_bytes\""))
-    tx += strtoll(strchr(q, ':') + 1, NULL, 10);
+  long long tx = mp_ep_stats_tx_bytes(buf, closed);
+  free(buf);
   return tx;
 }
 

@@ -10,8 +10,22 @@
 extern "C" {
 #endif
 
-typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 } cudaError_t;
+typedef enum cudaError {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorStreamCaptureUnsupported = 900
+} cudaError_t;
 typedef struct CUstream_st *cudaStream_t;
+typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+} cudaStreamCaptureMode;
+#define cudaStreamNonBlocking 0x01
 typedef enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
   cudaMemcpyHostToDevice = 1,
@@ -35,6 +49,29 @@ cudaError_t cudaSetDevice(int d);
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int dev);
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaGetLastError(void);
+
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+/* Capture runs the work at once; the "graph" replays nothing. Calls CUDA forbids during capture
+ * (synchronising, synchronous copies, allocation) fail here too, so a host wait hidden in a
+ * worst-case-mode call is caught. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaDeviceCanAccessPeer(int *can, int dev, int peer);
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags);
+cudaError_t cudaMemcpyPeerAsync(void *d, int dd, const void *s, int sd, size_t n, cudaStream_t st);
 
 /* emulator only: device allocations still outstanding */
 long emu_cuda_live_allocations(void);

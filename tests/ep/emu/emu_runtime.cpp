@@ -2,6 +2,7 @@
  * host code (ep_host.c) and kernels (ep_kernels.cu) for several ranks in one process
  * (tests/ep/test_ep_emu.c). See the headers beside this file. */
 #include <pthread.h>
+#include <unistd.h>
 #include <ucontext.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+#include <ctime>
 
 #include "cuda_runtime.h"
 #include "nccl.h"
@@ -270,10 +272,93 @@ void emu_launch(int grid, int block, size_t smem, std::function<void()> fn) {
 /* ---------------- runtime ---------------- */
 
 static std::atomic<long> live_allocs{0};
+static thread_local int capturing;
+
+static cudaError_t no_capture(const char *what) {
+  if (!capturing) return cudaSuccess;
+  fprintf(stderr, "emu: %s during stream capture (CUDA refuses it: cudaErrorStreamCaptureUnsupported)\n", what);
+  return cudaErrorStreamCaptureUnsupported;
+}
+
+struct CUevent_st {
+  double t;
+};
+
+static double now_ms() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
 
 extern "C" {
 
+cudaError_t cudaGetDeviceCount(int *n) {
+  *n = 2;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return no_capture("cudaDeviceSynchronize"); }
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+  *s = (cudaStream_t)malloc(8);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  free(s);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+  *e = new CUevent_st{0};
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  e->t = now_ms();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return no_capture("cudaEventSynchronize"); }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+  *ms = (float)(b->t - a->t);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  if (capturing) return cudaErrorInvalidValue;
+  capturing = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) {
+  if (!capturing) return cudaErrorInvalidValue;
+  capturing = 0;
+  *g = (cudaGraph_t)malloc(8);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t, unsigned long long) {
+  *e = (cudaGraphExec_t)malloc(8);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  free(e);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  free(g);
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int *can, int, int) {
+  *can = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int, unsigned) { return cudaSuccess; }
+cudaError_t cudaMemcpyPeerAsync(void *d, int, const void *s, int, size_t n, cudaStream_t) {
+  memmove(d, s, n);
+  return cudaSuccess;
+}
+
 cudaError_t cudaMalloc(void **p, size_t n) {
+  if (cudaError_t e = no_capture("cudaMalloc")) return e;
   size_t sz = (n + 255) / 256 * 256;
   *p = aligned_alloc(256, sz ? sz : 256);
   if (!*p) return cudaErrorMemoryAllocation;
@@ -291,6 +376,7 @@ cudaError_t cudaFree(void *p) {
 }
 
 cudaError_t cudaMallocHost(void **p, size_t n) {
+  if (cudaError_t e = no_capture("cudaMallocHost")) return e;
   *p = malloc(n ? n : 1);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
@@ -301,12 +387,17 @@ cudaError_t cudaFreeHost(void *p) {
 }
 
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
+  if (cudaError_t e = no_capture("cudaMemcpy")) return e;
   if (n) memmove(d, s, n);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) {
-  return cudaMemcpy(d, s, n, k);
+  /* a copy to pageable or pinned host memory in a capture would be a host dependency: refuse it */
+  if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyHostToDevice)
+    if (cudaError_t e = no_capture("cudaMemcpyAsync between host and device")) return e;
+  if (n) memmove(d, s, n);
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int v, size_t n) {
@@ -314,7 +405,7 @@ cudaError_t cudaMemset(void *p, int v, size_t n) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return no_capture("cudaStreamSynchronize"); }
 
 cudaError_t cudaGetDevice(int *d) {
   *d = 0;
@@ -353,6 +444,44 @@ struct emu_nccl_comm {
   int rank;
   char err[256];
 };
+
+/* Worlds made through ncclGetUniqueId / ncclCommInitRank, by id number. */
+static std::mutex registry_m;
+static std::map<long long, EmuWorld *> registry;
+static std::map<long long, int> registry_left;
+static std::atomic<long long> next_id{1};
+
+/* The plugin's counters, emulated: every byte a rank thread sends counts as network traffic (use
+ * it with one GPU per emulated node), and ncclCommDestroy rewrites the JSON file that net/stats.c
+ * would, named from emu_stats_pattern with %p = getpid() (bench_emu gives each thread its own). */
+extern "C" {
+const char *emu_stats_pattern;
+}
+static thread_local long long emu_tx_total, emu_tx_msgs, emu_closed;
+
+static void emu_write_stats() {
+  if (!emu_stats_pattern || !*emu_stats_pattern) return;
+  char path[512];
+  size_t o = 0;
+  for (const char *p = emu_stats_pattern; *p && o + 24 < sizeof(path); p++) {
+    if (p[0] == '%' && p[1] == 'p') {
+      o += (size_t)snprintf(path + o, sizeof(path) - o, "%d", (int)getpid());
+      p++;
+    } else {
+      path[o++] = *p;
+    }
+  }
+  path[o] = 0;
+  FILE *f = fopen(path, "w");
+  if (!f) return;
+  fprintf(f, "{\n  \"pid\": %d,\n  \"node_id\": \"0\",\n  \"comms_opened\": %lld,\n  \"comms_closed\": %lld,\n",
+          (int)getpid(), emu_closed, emu_closed);
+  fprintf(f, "  \"planes\": [\n    {\"plane\": 0, \"tx_bytes\": %lld, \"tx_msgs\": %lld, \"rx_bytes\": 0, \"rx_msgs\": 0, \"relayed_bytes\": 0}\n  ],\n",
+          emu_tx_total, emu_tx_msgs);
+  fprintf(f, "  \"classes\": [\n    {\"class\": \"default\", \"sl\": 0, \"tx_bytes\": %lld, \"tx_msgs\": 0, \"rx_bytes\": 0, \"rx_msgs\": 0, \"relayed_bytes\": 0}\n  ]\n}\n",
+          emu_tx_total);
+  fclose(f);
+}
 
 namespace {
 
@@ -461,6 +590,96 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t count, n
   return ncclSuccess;
 }
 
+ncclResult_t ncclGetVersion(int *v) {
+  *v = 22809;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+  memset(id, 0, sizeof(*id));
+  long long n = next_id++;
+  memcpy(id->internal, &n, sizeof(n));
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+  long long n;
+  memcpy(&n, id.internal, sizeof(n));
+  EmuWorld *w;
+  {
+    std::lock_guard<std::mutex> lk(registry_m);
+    auto it = registry.find(n);
+    if (it == registry.end()) {
+      w = new EmuWorld();
+      w->n = nranks;
+      pthread_barrier_init(&w->bar, nullptr, (unsigned)nranks);
+      registry[n] = w;
+      registry_left[n] = nranks;
+    } else {
+      w = it->second;
+    }
+  }
+  *comm = new emu_nccl_comm();
+  (*comm)->w = w;
+  (*comm)->rank = rank;
+  (*comm)->err[0] = 0;
+  pthread_barrier_wait(&w->bar); /* like NCCL: returns when every rank has joined */
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  EmuWorld *w = comm->w;
+  pthread_barrier_wait(&w->bar);
+  emu_closed++;
+  emu_write_stats();
+  delete comm;
+  std::lock_guard<std::mutex> lk(registry_m);
+  for (auto it = registry.begin(); it != registry.end(); ++it)
+    if (it->second == w && --registry_left[it->first] == 0) {
+      pthread_barrier_destroy(&w->bar);
+      delete w;
+      registry_left.erase(it->first);
+      registry.erase(it);
+      break;
+    }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t) {
+  EmuWorld *w = comm->w;
+  size_t ts = type_size(type), bytes = count * ts;
+  if (comm->rank == 0) w->gather.assign(bytes * (size_t)w->n, 0);
+  pthread_barrier_wait(&w->bar);
+  memcpy(w->gather.data() + bytes * (size_t)comm->rank, sendbuff, bytes);
+  pthread_barrier_wait(&w->bar);
+  for (size_t i = 0; i < count; i++) {
+    double acc = 0;
+    long long iacc = 0;
+    for (int r = 0; r < w->n; r++) {
+      const char *p = w->gather.data() + bytes * (size_t)r + i * ts;
+      if (type == ncclDouble) {
+        double v;
+        memcpy(&v, p, 8);
+        acc = r == 0 ? v : op == ncclSum ? acc + v : op == ncclMax ? (v > acc ? v : acc) : op == ncclMin ? (v < acc ? v : acc) : acc * v;
+      } else if (type == ncclInt32) {
+        int v;
+        memcpy(&v, p, 4);
+        iacc = r == 0 ? v : op == ncclSum ? iacc + v : op == ncclMax ? (v > iacc ? v : iacc) : op == ncclMin ? (v < iacc ? v : iacc) : iacc * v;
+      } else {
+        abort(); /* not needed by the tests */
+      }
+    }
+    if (type == ncclDouble) memcpy((char *)recvbuff + i * ts, &acc, 8);
+    else {
+      int v = (int)iacc;
+      memcpy((char *)recvbuff + i * ts, &v, 4);
+    }
+  }
+  pthread_barrier_wait(&w->bar);
+  return ncclSuccess;
+}
+
 ncclResult_t ncclGroupStart(void) {
   group_depth++;
   return ncclSuccess;
@@ -483,6 +702,8 @@ ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int pe
     w->box[std::make_pair(comm->rank, peer)].push_back(std::move(msg));
     w->sent[std::make_pair(comm->rank, peer)] += (long long)bytes;
   }
+  emu_tx_total += (long long)bytes;
+  emu_tx_msgs++;
   w->cv.notify_all();
   return ncclSuccess;
 }

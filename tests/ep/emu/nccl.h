@@ -22,6 +22,10 @@ typedef enum {
   ncclInvalidUsage = 5
 } ncclResult_t;
 typedef struct emu_nccl_comm *ncclComm_t;
+typedef struct {
+  char internal[128];
+} ncclUniqueId;
+typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;
 typedef enum {
   ncclInt8 = 0,
   ncclUint8 = 1,
@@ -45,6 +49,12 @@ ncclResult_t ncclGroupEnd(void);
 ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t s);
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t s);
 const char *ncclGetErrorString(ncclResult_t r);
+ncclResult_t ncclGetVersion(int *version);
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream);
 const char *ncclGetLastError(ncclComm_t comm);
 
 /* emulator only: a world of n ranks (comms[i] is rank i's), its byte counters, and its end */
