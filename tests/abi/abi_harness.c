@@ -25,7 +25,18 @@
  *   MPLANE_ABI_TIMEOUT    seconds before a scenario is declared hung (default 90)
  *   MPLANE_ABI_VERBOSE=1  echo every plugin log line, not only WARNs
  *
- * Only the fake-peer scenarios speak TCP themselves; they skip (77) on other transports.
+ * Scenarios (--list prints them with one line each): props, sizes, inflight, inflight-max, multirecv,
+ * reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, close-early,
+ * stalled-close, abort, threads, dead-listener, v12, v10, v9, v8 drive any transport;
+ * fake-peer, fake-version, connect-timeout and half-open speak TCP to the listen address themselves
+ * and skip (77) on other transports.
+ *
+ * Examples
+ *
+ *   abi-harness --plugin build/libnccl-net-mplane.so all
+ *   MPLANE_TRANSPORT=ib MPLANE_IBVERBS_LIB=build/tests/softverbs/libsoftverbs.so \
+ *     abi-harness --plugin build/libnccl-net-mplane.so sizes kill-sender
+ *   MPLANE_SOCKET_IFNAME=eth0 abi-harness --version 12 --dev 1 sizes multirecv
  */
 #include <arpa/inet.h>
 #include <dirent.h>
