@@ -146,107 +146,145 @@ __global__ void k_token_in_rank(mp_ep_view v, uint8_t *flags) {
   }
 }
 
-/* ---------------- dispatch ---------------- */
+/* ---------------- dispatch ----------------
+ * Data kernels: one warp per item (token, row or arrival), MP_EP_WARPS items in flight per block.
+ * Lane 0 runs the item's plan (a few dependent loads) into the warp's shared-memory slot; the
+ * warp then moves the bytes with 16-byte vectors, loads issued ahead of stores. */
 
-/* Source side: quantise each token once and write it to every staging row its plan names (one
- * per remote node, one per other target GPU of the own node) and to its own expert rows. */
-__global__ void __launch_bounds__(MP_EP_BLOCK) k_pack(mp_ep_view v, const uint16_t *x, const float *w) {
-  __shared__ mp_ep_pack_plan p;
-  __shared__ char *dptr[MP_EP_MAX_DST];
-  const int H = v.H, ntile = H / MP_EP_TILE;
-  for (int t = blockIdx.x; t < v.T; t += gridDim.x) {
+#define MP_EP_WARPS (MP_EP_BLOCK / 32)
+#define MP_LANE (MP_TID & 31)
+#define MP_WARP (MP_TID >> 5)
+#define MP_UNROLL 4
+
+/* items of this warp: warp w of block b takes b * W + w, then strides by the whole grid */
+#define FOR_WARP_ITEMS(i, n) \
+  for (long i = (long)blockIdx.x * MP_EP_WARPS + MP_WARP; i < (n); i += (long)gridDim.x * MP_EP_WARPS)
+
+/* Copy nv 16-byte vectors from src to dst[0..nd) (and nothing else), lane-strided, MP_UNROLL loads
+ * in flight per lane. */
+static __device__ __forceinline__ void warp_copy(const uint4 *src, uint4 *const *dst, int nd, int nv) {
+  for (int base = MP_LANE; base < nv; base += 32 * MP_UNROLL) {
+    uint4 v[MP_UNROLL];
+#pragma unroll
+    for (int u = 0; u < MP_UNROLL; u++) {
+      const int j = base + 32 * u;
+      if (j < nv) v[u] = src[j];
+    }
+#pragma unroll
+    for (int u = 0; u < MP_UNROLL; u++) {
+      const int j = base + 32 * u;
+      if (j < nv)
+        for (int d = 0; d < nd; d++) dst[d][j] = v[u];
+    }
+  }
+}
+
+/* Source side: quantise each token once and write it to every staging row its plan names (one per
+ * remote node, one per other target GPU of the own node) and to its own expert rows. */
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_pack(mp_ep_view v, const uint16_t *x, const float *w) {
+  __shared__ mp_ep_pack_plan plans[MP_EP_WARPS];
+  mp_ep_pack_plan &p = plans[MP_WARP];
+  const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE;
+  FOR_WARP_ITEMS(ti, v.T) {
+    const int t = (int)ti;
     const int32_t *row = v.topk + (long)t * v.K;
     const float *wrow = w + (long)t * v.K;
-    if (MP_TID == 0) {
+    if (lane == 0) {
       mp_ep_pack_plan_make(&v, v.cnt, t, row, &p);
       mp_ep_pack_plan_commit(&v, &p);
-      for (int i = 0; i < p.ndst; i++)
-        dptr[i] = (p.dst_buf[i] == MP_EP_BUF_P1S ? v.p1s : v.p2s) + (long)p.dst_row[i] * v.dstride;
     }
-    __syncthreads();
+    __syncwarp();
     const int ndst = p.ndst, nexp = p.nexp;
     if (ndst + nexp > 0) {
-      if (MP_TID < ndst)
-        mp_ep_meta_write(&v, (int32_t *)(dptr[MP_TID] + v.meta_off), t, row, wrow, v.rrank_k + (long)t * v.K,
-                         v.erank_k + (long)t * v.K, p.dst_node[MP_TID]);
-      if (MP_TID < nexp && p.exp_row[MP_TID] >= 0) {
-        int r = p.exp_row[MP_TID];
-        v.ex_w[r] = wrow[p.exp_k[MP_TID]];
+      if (lane < ndst) {
+        char *dst = (p.dst_buf[lane] == MP_EP_BUF_P1S ? v.p1s : v.p2s) + (long)p.dst_row[lane] * v.dstride;
+        mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, row, wrow, v.rrank_k + (long)t * v.K,
+                         v.erank_k + (long)t * v.K, p.dst_node[lane]);
+      }
+      if (lane < nexp && p.exp_row[lane] >= 0) {
+        const int r = p.exp_row[lane];
+        v.ex_w[r] = wrow[p.exp_k[lane]];
         v.ex_src[2L * r] = v.me;
         v.ex_src[2L * r + 1] = t / v.expand;
       }
       const uint16_t *xr = x + (long)(t / v.expand) * H;
       if (v.fmt == MP_EP_FMT_FP8) {
-        /* a half-warp per 128-value tile; warps take tiles two at a time so shuffles stay warp-wide */
-        const int hl = MP_TID & 15, half = (MP_TID >> 4) & 1;
-        for (int base = (MP_TID >> 5) * 2; base < ntile; base += (MP_BDIM >> 5) * 2) {
-          const int tile = base + half;
-          const bool act = tile < ntile;
-          float f[8];
-          uint4 raw = act ? *(const uint4 *)(xr + tile * MP_EP_TILE + hl * 8) : make_uint4(0, 0, 0, 0);
-          unpack_bf16x8(raw, f);
-          float amax = 0.f;
+        /* a half-warp per 128-value tile: lane hl holds values 8*hl .. 8*hl+7 of it */
+        const int hl = lane & 15, half = lane >> 4;
+        for (int base = 0; base < ntile; base += 2 * MP_UNROLL) {
+          uint4 raw[MP_UNROLL];
 #pragma unroll
-          for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
-#pragma unroll
-          for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, 16));
-          if (!act) continue;
-          const float scale = mp_ep_tile_scale(amax);
-          uint32_t lo = 0, hi = 0;
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            lo |= (uint32_t)fp8_of(f[i], scale) << (8 * i);
-            hi |= (uint32_t)fp8_of(f[4 + i], scale) << (8 * i);
+          for (int u = 0; u < MP_UNROLL; u++) {
+            const int tile = base + 2 * u + half;
+            raw[u] = tile < ntile ? *(const uint4 *)(xr + tile * MP_EP_TILE + hl * 8) : make_uint4(0, 0, 0, 0);
           }
-          const uint2 q = make_uint2(lo, hi);
-          for (int d = 0; d < ndst; d++) {
-            *(uint2 *)(dptr[d] + tile * MP_EP_TILE + hl * 8) = q;
-            if (hl == 0) *(float *)(dptr[d] + H + tile * 4) = scale;
-          }
-          for (int e = 0; e < nexp; e++) {
-            const int r = p.exp_row[e];
-            if (r < 0) continue;
-            *(uint2 *)(v.ex_x + (long)r * H + tile * MP_EP_TILE + hl * 8) = q;
-            if (hl == 0) v.ex_scale[(long)r * ntile + tile] = scale;
+#pragma unroll
+          for (int u = 0; u < MP_UNROLL; u++) {
+            const int tile = base + 2 * u + half;
+            float f[8];
+            unpack_bf16x8(raw[u], f);
+            float amax = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
+#pragma unroll
+            for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, 16));
+            if (tile >= ntile) continue;
+            const float scale = mp_ep_tile_scale(amax);
+            uint32_t lo = 0, hi = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              lo |= (uint32_t)fp8_of(f[i], scale) << (8 * i);
+              hi |= (uint32_t)fp8_of(f[4 + i], scale) << (8 * i);
+            }
+            const uint2 q = make_uint2(lo, hi);
+            for (int d = 0; d < ndst; d++) {
+              char *dst = (p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s : v.p2s) + (long)p.dst_row[d] * v.dstride;
+              *(uint2 *)(dst + tile * MP_EP_TILE + hl * 8) = q;
+              if (hl == 0) *(float *)(dst + H + tile * 4) = scale;
+            }
+            for (int e = 0; e < nexp; e++) {
+              const int r = p.exp_row[e];
+              if (r < 0) continue;
+              *(uint2 *)(v.ex_x + (long)r * H + tile * MP_EP_TILE + hl * 8) = q;
+              if (hl == 0) v.ex_scale[(long)r * ntile + tile] = scale;
+            }
           }
         }
       } else {
-        const uint4 *x4 = (const uint4 *)xr;
-        for (int i = MP_TID; i < H / 8; i += MP_BDIM) {
-          const uint4 val = x4[i];
-          for (int d = 0; d < ndst; d++) ((uint4 *)dptr[d])[i] = val;
-          for (int e = 0; e < nexp; e++)
-            if (p.exp_row[e] >= 0) ((uint4 *)(v.ex_x + (long)p.exp_row[e] * 2 * H))[i] = val;
-        }
+        uint4 *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK];
+        int nd = 0;
+        for (int d = 0; d < ndst; d++)
+          dst[nd++] = (uint4 *)((p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s : v.p2s) + (long)p.dst_row[d] * v.dstride);
+        for (int e = 0; e < nexp; e++)
+          if (p.exp_row[e] >= 0) dst[nd++] = (uint4 *)(v.ex_x + (long)p.exp_row[e] * 2 * H);
+        warp_copy((const uint4 *)xr, dst, nd, H / 8);
       }
     }
-    __syncthreads();
+    __syncwarp();
   }
 }
 
-/* Expert rows from a wire row (payload, scales, weight, source) - forward and unpack share it. */
-static __device__ void write_expert_rows(const mp_ep_view &v, const char *src, const int32_t *m, const int *rows,
-                                         const int *ks, int nexp) {
-  const int H = v.H, ntile = H / MP_EP_TILE;
+/* Expert rows from a wire row (payload, scales, weight, source): forward and unpack share it. */
+static __device__ void warp_expert_rows(const mp_ep_view &v, const char *src, const int32_t *m, const int *rows,
+                                        const int *ks, int nexp) {
+  const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE;
   const long elem = v.fmt == MP_EP_FMT_FP8 ? 1 : 2;
-  const int npv = (int)(H * elem / 16);
-  const uint4 *s4 = (const uint4 *)src;
-  for (int j = MP_TID; j < npv; j += MP_BDIM) {
-    const uint4 val = s4[j];
-    for (int e = 0; e < nexp; e++)
-      if (rows[e] >= 0) ((uint4 *)(v.ex_x + (long)rows[e] * H * elem))[j] = val;
-  }
+  uint4 *dst[MP_EP_MAX_TOPK];
+  int nd = 0;
+  for (int e = 0; e < nexp; e++)
+    if (rows[e] >= 0) dst[nd++] = (uint4 *)(v.ex_x + (long)rows[e] * H * elem);
+  warp_copy((const uint4 *)src, dst, nd, (int)(H * elem / 16));
   if (v.fmt == MP_EP_FMT_FP8) {
     const float *sc = (const float *)(src + H);
-    for (int j = MP_TID; j < ntile; j += MP_BDIM) {
+    for (int j = lane; j < ntile; j += 32) {
       const float s = sc[j];
       for (int e = 0; e < nexp; e++)
         if (rows[e] >= 0) v.ex_scale[(long)rows[e] * ntile + j] = s;
     }
   }
-  if (MP_TID < nexp && rows[MP_TID] >= 0) {
-    const int r = rows[MP_TID];
-    v.ex_w[r] = mp_bits_f32((uint32_t)m[2 + v.K + ks[MP_TID]]);
+  if (lane < nexp && rows[lane] >= 0) {
+    const int r = rows[lane];
+    v.ex_w[r] = mp_bits_f32((uint32_t)m[2 + v.K + ks[lane]]);
     v.ex_src[2L * r] = m[0];
     v.ex_src[2L * r + 1] = m[1] / v.expand;
   }
@@ -254,61 +292,60 @@ static __device__ void write_expert_rows(const mp_ep_view &v, const char *src, c
 
 /* Forwarder: each phase-1 row from a remote node goes to the other target GPUs of this node
  * (phase-2 staging rows) and, when this GPU is a target, straight into its expert rows. */
-__global__ void __launch_bounds__(MP_EP_BLOCK) k_forward(mp_ep_view v) {
-  __shared__ mp_ep_fwd_plan p;
-  __shared__ int go;
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_forward(mp_ep_view v) {
+  __shared__ mp_ep_fwd_plan plans[MP_EP_WARPS];
+  __shared__ int gos[MP_EP_WARPS];
+  mp_ep_fwd_plan &p = plans[MP_WARP];
   const long n1 = v.cnt[v.cl.off1r + v.N];
-  for (long i = blockIdx.x; i < n1; i += gridDim.x) {
+  FOR_WARP_ITEMS(i, n1) {
     const char *src = v.p1r + i * v.dstride;
     const int32_t *m = (const int32_t *)(src + v.meta_off);
-    if (MP_TID == 0) {
+    if (MP_LANE == 0) {
       int seg;
-      go = mp_ep_p1r_valid(&v, v.cnt, i, &seg) && seg != v.my_node;
-      if (go) {
+      gos[MP_WARP] = mp_ep_p1r_valid(&v, v.cnt, i, &seg) && seg != v.my_node;
+      if (gos[MP_WARP]) {
         mp_ep_fwd_plan_make(&v, v.cnt, m, &p);
         mp_ep_fwd_plan_commit(&v, i, &p);
       }
     }
-    __syncthreads();
-    if (go) {
-      const uint4 *s4 = (const uint4 *)src;
-      const int nv = (int)(v.dstride / 16), nd = p.ndst;
-      for (int j = MP_TID; j < nv; j += MP_BDIM) {
-        const uint4 val = s4[j];
-        for (int d = 0; d < nd; d++) ((uint4 *)(v.p2s + (long)p.dst_row[d] * v.dstride))[j] = val;
-      }
-      write_expert_rows(v, src, m, p.exp_row, p.exp_k, p.nexp);
+    __syncwarp();
+    if (gos[MP_WARP]) {
+      uint4 *dst[MP_EP_MAX_GPN];
+      for (int d = 0; d < p.ndst; d++) dst[d] = (uint4 *)(v.p2s + (long)p.dst_row[d] * v.dstride);
+      warp_copy((const uint4 *)src, dst, p.ndst, (int)(v.dstride / 16));
+      warp_expert_rows(v, src, m, p.exp_row, p.exp_k, p.nexp);
     }
-    __syncthreads();
+    __syncwarp();
   }
 }
 
 /* Destination: phase-2 rows from the node's other forwarders into the expert rows. */
-__global__ void __launch_bounds__(MP_EP_BLOCK) k_unpack(mp_ep_view v) {
-  __shared__ int rows[MP_EP_MAX_TOPK], ks[MP_EP_MAX_TOPK];
-  __shared__ int nexp;
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_unpack(mp_ep_view v) {
+  __shared__ int rows[MP_EP_WARPS][MP_EP_MAX_TOPK], ks[MP_EP_WARPS][MP_EP_MAX_TOPK];
+  __shared__ int nexps[MP_EP_WARPS];
+  const int wp = MP_WARP;
   const long n2 = v.cnt[v.cl.off2r + v.G];
-  for (long u = blockIdx.x; u < n2; u += gridDim.x) {
+  FOR_WARP_ITEMS(u, n2) {
     const char *src = v.p2r + u * v.dstride;
     const int32_t *m = (const int32_t *)(src + v.meta_off);
-    if (MP_TID == 0) {
-      int seg;
-      nexp = 0;
+    if (MP_LANE == 0) {
+      int seg, n = 0;
       if (mp_ep_p2r_valid(&v, v.cnt, u, &seg) && seg != v.my_local) {
         mp_ep_unpack_plan(&v, v.cnt, u, m);
         for (int k = 0; k < v.K; k++) {
           const int r = v.dest_rows[u * v.K + k];
           if (r >= 0) {
-            rows[nexp] = r;
-            ks[nexp] = k;
-            nexp++;
+            rows[wp][n] = r;
+            ks[wp][n] = k;
+            n++;
           }
         }
       }
+      nexps[wp] = n;
     }
-    __syncthreads();
-    if (nexp > 0) write_expert_rows(v, src, m, rows, ks, nexp);
-    __syncthreads();
+    __syncwarp();
+    if (nexps[wp] > 0) warp_expert_rows(v, src, m, rows[wp], ks[wp], nexps[wp]);
+    __syncwarp();
   }
 }
 
@@ -316,121 +353,142 @@ __global__ void __launch_bounds__(MP_EP_BLOCK) k_unpack(mp_ep_view v) {
 
 /* At the expert's GPU: per arrival, the weighted sum of its local experts' outputs, rounded to
  * BF16 once, into the phase-2 row it arrived on (sent back to its forwarder). */
-__global__ void __launch_bounds__(MP_EP_BLOCK) k_combine_expert(mp_ep_view v, const uint16_t *y) {
-  __shared__ int rows[MP_EP_MAX_TOPK];
-  __shared__ float wts[MP_EP_MAX_TOPK];
-  __shared__ int go;
-  const int H = v.H;
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_expert(mp_ep_view v, const uint16_t *y) {
+  __shared__ int rows[MP_EP_WARPS][MP_EP_MAX_TOPK];
+  __shared__ float wts[MP_EP_WARPS][MP_EP_MAX_TOPK];
+  __shared__ int nrs[MP_EP_WARPS];
+  const int H = v.H, wp = MP_WARP, lane = MP_LANE;
   const long n2 = v.cnt[v.cl.off2r + v.G];
-  for (long u = blockIdx.x; u < n2; u += gridDim.x) {
-    if (MP_TID == 0) {
-      int seg;
-      go = mp_ep_p2r_valid(&v, v.cnt, u, &seg);
-    }
-    __syncthreads();
-    if (go && MP_TID < v.K) { /* padding entries (worst-case mode) hold no indices */
-      const int r = v.dest_rows[u * v.K + MP_TID];
-      rows[MP_TID] = r;
-      wts[MP_TID] = r >= 0 ? v.ex_w[r] : 0.f;
-    }
-    __syncthreads();
-    if (go) {
-      uint4 *dst = (uint4 *)(v.p2r + u * v.cstride);
-      for (int c = MP_TID; c < H / 8; c += MP_BDIM) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  FOR_WARP_ITEMS(u, n2) {
+    if (lane == 0) {
+      int seg, n = -1;
+      if (mp_ep_p2r_valid(&v, v.cnt, u, &seg)) { /* padding entries (worst-case mode) hold no indices */
+        n = 0;
         for (int k = 0; k < v.K; k++) {
-          const int r = rows[k];
+          const int r = v.dest_rows[u * v.K + k];
           if (r < 0) continue;
-          float f[8];
-          unpack_bf16x8(((const uint4 *)(y + (long)r * H))[c], f);
+          rows[wp][n] = r;
+          wts[wp][n] = v.ex_w[r];
+          n++;
+        }
+      }
+      nrs[wp] = n;
+    }
+    __syncwarp();
+    const int nr = nrs[wp];
+    if (nr >= 0) {
+      uint4 *dst = (uint4 *)(v.p2r + u * v.cstride);
+      for (int c = lane; c < H / 8; c += 32) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        uint4 yv[MP_EP_MAX_TOPK > 8 ? 8 : MP_EP_MAX_TOPK];
+        for (int k0 = 0; k0 < nr; k0 += 8) {
+          const int kn = nr - k0 < 8 ? nr - k0 : 8;
+          for (int k = 0; k < kn; k++) yv[k] = ((const uint4 *)(y + (long)rows[wp][k0 + k] * H))[c];
+          for (int k = 0; k < kn; k++) {
+            float f[8];
+            unpack_bf16x8(yv[k], f);
 #pragma unroll
-          for (int q = 0; q < 8; q++) acc[q] = __fmaf_rn(wts[k], f[q], acc[q]);
+            for (int q = 0; q < 8; q++) acc[q] = __fmaf_rn(wts[wp][k0 + k], f[q], acc[q]);
+          }
         }
         dst[c] = pack_bf16x8(acc);
       }
     }
-    __syncthreads();
+    __syncwarp();
   }
 }
 
 /* At the forwarder: per phase-1 row, the sum over the node's target GPUs, ascending local index,
  * rounded to BF16 once, into the phase-1 row (sent back to the source). */
-__global__ void __launch_bounds__(MP_EP_BLOCK) k_combine_node(mp_ep_view v) {
-  __shared__ int pos[MP_EP_MAX_GPN];
-  __shared__ int go;
-  const int H = v.H;
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_node(mp_ep_view v) {
+  __shared__ const char *srcs[MP_EP_WARPS][MP_EP_MAX_GPN];
+  __shared__ int ns[MP_EP_WARPS];
+  const int H = v.H, wp = MP_WARP, lane = MP_LANE;
   const long n1 = v.cnt[v.cl.off1r + v.N];
-  for (long i = blockIdx.x; i < n1; i += gridDim.x) {
-    if (MP_TID == 0) {
-      int seg;
-      go = mp_ep_p1r_valid(&v, v.cnt, i, &seg);
-    }
-    __syncthreads();
-    if (go && MP_TID < v.G) pos[MP_TID] = v.fwd_pos[i * v.G + MP_TID];
-    __syncthreads();
-    if (go) {
-      uint4 *dst = (uint4 *)(v.p1r + i * v.cstride);
-      for (int c = MP_TID; c < H / 8; c += MP_BDIM) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  FOR_WARP_ITEMS(i, n1) {
+    if (lane == 0) {
+      int seg, n = -1;
+      if (mp_ep_p1r_valid(&v, v.cnt, i, &seg)) {
+        n = 0;
         for (int j = 0; j < v.G; j++) {
-          if (pos[j] < 0) continue;
-          const char *src = (j == v.my_local ? v.p2r : v.p2s) + (long)pos[j] * v.cstride;
+          const int pos = v.fwd_pos[i * v.G + j];
+          if (pos >= 0) srcs[wp][n++] = (j == v.my_local ? v.p2r : v.p2s) + (long)pos * v.cstride;
+        }
+      }
+      ns[wp] = n;
+    }
+    __syncwarp();
+    const int n = ns[wp];
+    if (n >= 0) {
+      uint4 *dst = (uint4 *)(v.p1r + i * v.cstride);
+      for (int c = lane; c < H / 8; c += 32) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        uint4 sv[MP_EP_MAX_GPN];
+        for (int j = 0; j < n; j++) sv[j] = ((const uint4 *)srcs[wp][j])[c];
+        for (int j = 0; j < n; j++) {
           float f[8];
-          unpack_bf16x8(((const uint4 *)src)[c], f);
+          unpack_bf16x8(sv[j], f);
 #pragma unroll
           for (int q = 0; q < 8; q++) acc[q] = __fadd_rn(acc[q], f[q]);
         }
         dst[c] = pack_bf16x8(acc);
       }
     }
-    __syncthreads();
+    __syncwarp();
   }
 }
 
 /* At the source: per token, the sum over its nodes, ascending, rounded to BF16 once. */
-__global__ void __launch_bounds__(MP_EP_BLOCK) k_combine_out(mp_ep_view v, uint16_t *out) {
-  __shared__ const char *srcs[MP_EP_MAX_TOPK];
-  __shared__ int nsrc;
-  const int H = v.H, Treal = v.T / v.expand;
-  for (int t = blockIdx.x; t < Treal; t += gridDim.x) {
-    if (MP_TID == 0) {
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_out(mp_ep_view v, uint16_t *out) {
+  __shared__ const char *srcs[MP_EP_WARPS][MP_EP_MAX_TOPK];
+  __shared__ int ns[MP_EP_WARPS];
+  const int H = v.H, Treal = v.T / v.expand, wp = MP_WARP, lane = MP_LANE;
+  FOR_WARP_ITEMS(ti, Treal) {
+    const int t = (int)ti;
+    if (lane == 0) {
       int n = 0;
       for (int q = t * v.expand; q < (t + 1) * v.expand; q++) {
         int bufs[MP_EP_MAX_TOPK];
         long rws[MP_EP_MAX_TOPK];
         const int c = mp_ep_out_sources(&v, v.cnt, q, v.topk + (long)q * v.K, bufs, rws);
         for (int i = 0; i < c && n < MP_EP_MAX_TOPK; i++)
-          srcs[n++] = (bufs[i] == MP_EP_BUF_P1R ? v.p1r : v.p1s) + rws[i] * v.cstride;
+          srcs[wp][n++] = (bufs[i] == MP_EP_BUF_P1R ? v.p1r : v.p1s) + rws[i] * v.cstride;
       }
-      nsrc = n;
+      ns[wp] = n;
     }
-    __syncthreads();
+    __syncwarp();
+    const int n = ns[wp];
     uint4 *dst = (uint4 *)(out + (long)t * H);
-    for (int c = MP_TID; c < H / 8; c += MP_BDIM) {
+    for (int c = lane; c < H / 8; c += 32) {
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int i = 0; i < nsrc; i++) {
-        float f[8];
-        unpack_bf16x8(((const uint4 *)srcs[i])[c], f);
+      for (int i0 = 0; i0 < n; i0 += 8) {
+        uint4 sv[8];
+        const int kn = n - i0 < 8 ? n - i0 : 8;
+        for (int i = 0; i < kn; i++) sv[i] = ((const uint4 *)srcs[wp][i0 + i])[c];
+        for (int i = 0; i < kn; i++) {
+          float f[8];
+          unpack_bf16x8(sv[i], f);
 #pragma unroll
-        for (int q = 0; q < 8; q++) acc[q] = __fadd_rn(acc[q], f[q]);
+          for (int q = 0; q < 8; q++) acc[q] = __fadd_rn(acc[q], f[q]);
+        }
       }
       dst[c] = pack_bf16x8(acc);
     }
-    __syncthreads();
+    __syncwarp();
   }
 }
 
 /* ---------------- helpers ---------------- */
 
-__global__ void __launch_bounds__(MP_EP_BLOCK) k_dequant(mp_ep_view v, uint16_t *y) {
-  const int H = v.H, ntile = H / MP_EP_TILE;
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_dequant(mp_ep_view v, uint16_t *y) {
+  const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE;
   long rows = v.cnt[v.cl.status + MP_EP_ST_EXTOTAL];
   if (rows > v.cap_rows) rows = v.cap_rows;
-  for (long r = blockIdx.x; r < rows; r += gridDim.x) {
+  FOR_WARP_ITEMS(r, rows) {
     uint4 *dst = (uint4 *)(y + r * H);
     if (v.fmt == MP_EP_FMT_FP8) {
       const uint2 *q2 = (const uint2 *)(v.ex_x + r * H);
-      for (int c = MP_TID; c < H / 8; c += MP_BDIM) {
+      for (int c = lane; c < H / 8; c += 32) {
         const float s = v.ex_scale[r * ntile + (c * 8) / MP_EP_TILE];
         const uint2 q = q2[c];
         float f[8];
@@ -442,8 +500,8 @@ __global__ void __launch_bounds__(MP_EP_BLOCK) k_dequant(mp_ep_view v, uint16_t 
         dst[c] = pack_bf16x8(f);
       }
     } else {
-      const uint4 *s4 = (const uint4 *)(v.ex_x + r * 2 * H);
-      for (int c = MP_TID; c < H / 8; c += MP_BDIM) dst[c] = s4[c];
+      uint4 *d1[1] = {dst};
+      warp_copy((const uint4 *)(v.ex_x + r * 2 * H), d1, 1, H / 8);
     }
   }
 }

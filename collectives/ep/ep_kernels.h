@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define MP_EP_BLOCK 512 /* threads of a data-kernel block */
+#define MP_EP_BLOCK 1024 /* threads of a data-kernel block: 32 warps, one item (token, row) per warp */
 
 /* layout: cleaned ids (Treal rows of K * expand), scans, the A and B count messages, offsets */
 int mp_ep_launch_sanitize(const mp_ep_view *v, const int32_t *idx, int Treal, cudaStream_t s);

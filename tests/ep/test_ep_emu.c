@@ -274,6 +274,9 @@ static const emu_case cases[] = {
     {"2x2-mixed-bf16", 4, 2, 32, 6, 128, 13, MP_EP_ROUTE_MIXED, MP_EP_FMT_BF16, 0, 0, 0},
     {"2x2-worst-case-bf16", 4, 2, 16, 4, 128, 11, MP_EP_ROUTE_MIXED, MP_EP_FMT_BF16, 1, 0, 0},
     {"2x2-flat-worst-case", 4, 2, 16, 3, 128, 9, MP_EP_ROUTE_UNIFORM, MP_EP_FMT_BF16, 1, 1, 0},
+    /* long enough that every warp loops over several items, wide enough for the unrolled copies */
+    {"2-nodes-long-fp8", 2, 1, 16, 6, 1024, 120, MP_EP_ROUTE_UNIFORM, MP_EP_FMT_FP8, 0, 0, 0},
+    {"node-of-2-long-bf16", 2, 2, 16, 6, 1024, 100, MP_EP_ROUTE_MIXED, MP_EP_FMT_BF16, 0, 0, 0},
 };
 
 static void test_emulated_gpu(void **state) {
