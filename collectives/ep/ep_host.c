@@ -35,8 +35,24 @@ struct mplane_ep_ctx {
   float *ex_scale, *ex_w;
   int *ex_src;
   mp_ep_xfer *xfer;
+  int prof_on;
+  cudaEvent_t prof_ev[3][6]; /* layout, dispatch, combine: an event before each of 5 steps and one after */
+  int prof_valid[3];
   char err[1024];
 };
+
+enum { PROF_LAYOUT = 0, PROF_DISPATCH = 1, PROF_COMBINE = 2 };
+static const char *prof_names[MPLANE_EP_PROFILE_STEPS] = {
+    "layout.scan",      "layout.count_net",  "layout.count_nvlink", "layout.offsets", "layout.host_wait",
+    "dispatch.pack",    "dispatch.network",  "dispatch.forward",    "dispatch.nvlink", "dispatch.unpack",
+    "combine.experts",  "combine.nvlink",    "combine.node_sum",    "combine.network", "combine.token_sum"};
+
+/* Event i of operation op, when profiling (never inside a capture: the caller turns it off). */
+static void prof_mark(mplane_ep_ctx *ctx, int op, int i, cudaStream_t stream) {
+  if (!ctx->prof_on) return;
+  if (cudaEventRecord(ctx->prof_ev[op][i], stream) != cudaSuccess) ctx->prof_on = 0;
+  if (i == 5) ctx->prof_valid[op] = 1;
+}
 
 struct mplane_ep_layout {
   mplane_ep_ctx *ctx;
@@ -193,6 +209,9 @@ out:
 
 int mplane_ep_destroy(mplane_ep_ctx *ctx) {
   if (!ctx) return MPLANE_EP_OK;
+  if (ctx->prof_ev[0][0])
+    for (int o = 0; o < 3; o++)
+      for (int i = 0; i < 6; i++) cudaEventDestroy(ctx->prof_ev[o][i]);
   cudaFree(ctx->d_topo);
   cudaFree(ctx->p1s);
   cudaFree(ctx->p1r);
@@ -476,17 +495,24 @@ int mplane_ep_get_layout(mplane_ep_ctx *ctx, const int32_t *topk_idx, int num_to
   lo->ready = lo->dispatched = 0;
   lo->num_tokens = num_tokens;
   v->T = num_tokens * v->expand;
+  ctx->prof_valid[PROF_LAYOUT] = 0;
+  prof_mark(ctx, PROF_LAYOUT, 0, stream);
   if (num_tokens > 0) KERNEL_TRY(ctx, mp_ep_launch_sanitize(v, topk_idx, num_tokens, stream));
   KERNEL_TRY(ctx, mp_ep_launch_scan(v, stream));
   KERNEL_TRY(ctx, mp_ep_launch_msg_a(v, stream));
+  prof_mark(ctx, PROF_LAYOUT, 1, stream);
   int rc = run_step(ctx, lo, v, MP_EP_STEP_A, stream);
   if (rc) return rc;
+  prof_mark(ctx, PROF_LAYOUT, 2, stream);
   KERNEL_TRY(ctx, mp_ep_launch_msg_b(v, stream));
   if ((rc = run_step(ctx, lo, v, MP_EP_STEP_B, stream))) return rc;
+  prof_mark(ctx, PROF_LAYOUT, 3, stream);
   KERNEL_TRY(ctx, mp_ep_launch_offsets(v, stream));
+  prof_mark(ctx, PROF_LAYOUT, 4, stream);
   if (!v->graph) {
     CUDA_TRY(ctx, cudaMemcpyAsync(lo->h_cnt, lo->d_cnt, 4L * (size_t)v->cl.total, cudaMemcpyDeviceToHost, stream));
     CUDA_TRY(ctx, cudaStreamSynchronize(stream));
+    prof_mark(ctx, PROF_LAYOUT, 5, stream);
     if ((rc = check_offsets(ctx, lo))) return rc;
     if (lo->h_cnt[v->cl.status + MP_EP_ST_OVERFLOW])
       return EP_FAIL(ctx, MPLANE_EP_ERR_CAPACITY, "rank %d would receive %d expert rows, max_recv_rows is %d: raise it (0 = worst case)",
@@ -590,12 +616,22 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
   v->meta_off = mp_ep_payload_bytes(fmt, v->H);
   use_recv(ctx, v, recv);
   int blocks = ctx->num_sms, rc;
-  int pack_blocks = v->T < blocks ? (v->T > 0 ? v->T : 1) : blocks;
+  int pack_blocks = (v->T + MP_EP_BLOCK / 32 - 1) / (MP_EP_BLOCK / 32);
+  if (pack_blocks > blocks) pack_blocks = blocks;
+  if (pack_blocks < 1) pack_blocks = 1;
+  ctx->prof_valid[PROF_DISPATCH] = 0;
+  prof_mark(ctx, PROF_DISPATCH, 0, stream);
   KERNEL_TRY(ctx, mp_ep_launch_pack(v, (const uint16_t *)x, topk_weights, pack_blocks, stream));
+  prof_mark(ctx, PROF_DISPATCH, 1, stream);
   if ((rc = run_step(ctx, lo, v, MP_EP_STEP_D1, stream))) return rc;
-  KERNEL_TRY(ctx, mp_ep_launch_forward(v, blocks, stream));
+  prof_mark(ctx, PROF_DISPATCH, 2, stream);
+  /* normal mode knows when there is nothing to forward (one node) or to unpack (one GPU a node) */
+  if (v->graph || v->N > 1) KERNEL_TRY(ctx, mp_ep_launch_forward(v, blocks, stream));
+  prof_mark(ctx, PROF_DISPATCH, 3, stream);
   if ((rc = run_step(ctx, lo, v, MP_EP_STEP_D2, stream))) return rc;
-  KERNEL_TRY(ctx, mp_ep_launch_unpack(v, blocks, stream));
+  prof_mark(ctx, PROF_DISPATCH, 4, stream);
+  if (v->graph || v->G > 1) KERNEL_TRY(ctx, mp_ep_launch_unpack(v, blocks, stream));
+  prof_mark(ctx, PROF_DISPATCH, 5, stream);
   if (recv) {
     recv->x = v->ex_x;
     recv->scales = v->ex_scale;
@@ -614,14 +650,22 @@ int mplane_ep_combine(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *y, v
   if (lo->num_tokens > 0 && !out) return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_combine: out is NULL");
   mp_ep_view *v = &lo->view;
   int blocks = ctx->num_sms, rc;
+  ctx->prof_valid[PROF_COMBINE] = 0;
+  prof_mark(ctx, PROF_COMBINE, 0, stream);
   KERNEL_TRY(ctx, mp_ep_launch_combine_expert(v, (const uint16_t *)y, blocks, stream));
+  prof_mark(ctx, PROF_COMBINE, 1, stream);
   if ((rc = run_step(ctx, lo, v, MP_EP_STEP_C2, stream))) return rc;
+  prof_mark(ctx, PROF_COMBINE, 2, stream);
   KERNEL_TRY(ctx, mp_ep_launch_combine_node(v, blocks, stream));
+  prof_mark(ctx, PROF_COMBINE, 3, stream);
   if ((rc = run_step(ctx, lo, v, MP_EP_STEP_C1, stream))) return rc;
+  prof_mark(ctx, PROF_COMBINE, 4, stream);
   if (lo->num_tokens > 0) {
-    int ob = lo->num_tokens < blocks ? lo->num_tokens : blocks;
+    int ob = (lo->num_tokens + MP_EP_BLOCK / 32 - 1) / (MP_EP_BLOCK / 32);
+    if (ob > blocks) ob = blocks;
     KERNEL_TRY(ctx, mp_ep_launch_combine_out(v, (uint16_t *)out, ob, stream));
   }
+  prof_mark(ctx, PROF_COMBINE, 5, stream);
   return MPLANE_EP_OK;
 }
 
@@ -633,4 +677,35 @@ int mplane_ep_dequant(mplane_ep_ctx *ctx, const mplane_ep_layout *lo, const mpla
   if (recv) use_recv(ctx, &v, recv);
   KERNEL_TRY(ctx, mp_ep_launch_dequant(&v, (uint16_t *)y, ctx->num_sms, stream));
   return MPLANE_EP_OK;
+}
+
+/* ---------- diagnostics ---------- */
+
+int mplane_ep_set_profiling(mplane_ep_ctx *ctx, int on) {
+  if (!ctx) return EP_FAIL(NULL, MPLANE_EP_ERR_INVALID, "mplane_ep_set_profiling: ctx is NULL");
+  if (on && !ctx->prof_ev[0][0])
+    for (int o = 0; o < 3; o++)
+      for (int i = 0; i < 6; i++) CUDA_TRY(ctx, cudaEventCreate(&ctx->prof_ev[o][i]));
+  ctx->prof_on = on ? 1 : 0;
+  memset(ctx->prof_valid, 0, sizeof(ctx->prof_valid));
+  return MPLANE_EP_OK;
+}
+
+int mplane_ep_get_profile(mplane_ep_ctx *ctx, float *us) {
+  if (!ctx || !us) return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_get_profile: NULL argument");
+  for (int o = 0; o < 3; o++)
+    for (int i = 0; i < 5; i++) {
+      float ms = -1.f;
+      if (ctx->prof_valid[o]) {
+        CUDA_TRY(ctx, cudaEventSynchronize(ctx->prof_ev[o][5]));
+        CUDA_TRY(ctx, cudaEventElapsedTime(&ms, ctx->prof_ev[o][i], ctx->prof_ev[o][i + 1]));
+        ms *= 1000.f;
+      }
+      us[o * 5 + i] = ms;
+    }
+  return MPLANE_EP_OK;
+}
+
+const char *mplane_ep_profile_name(int step) {
+  return step >= 0 && step < MPLANE_EP_PROFILE_STEPS ? prof_names[step] : "?";
 }

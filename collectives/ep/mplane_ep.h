@@ -143,6 +143,15 @@ int mplane_ep_combine(mplane_ep_ctx *ctx, mplane_ep_layout *layout, const void *
 int mplane_ep_dequant(mplane_ep_ctx *ctx, const mplane_ep_layout *layout, const mplane_ep_recv *recv, void *y,
                       cudaStream_t stream);
 
+/* Diagnostics: with profiling on (not while capturing a graph), each layout, dispatch and combine
+ * records CUDA events between its steps; mplane_ep_get_profile waits for them and gives the GPU time
+ * of each step of the last call of each kind, in microseconds, MPLANE_EP_PROFILE_STEPS values named
+ * by mplane_ep_profile_name (e.g. "dispatch.pack", "dispatch.nvlink"). */
+#define MPLANE_EP_PROFILE_STEPS 15
+int mplane_ep_set_profiling(mplane_ep_ctx *ctx, int on);
+int mplane_ep_get_profile(mplane_ep_ctx *ctx, float *us);
+const char *mplane_ep_profile_name(int step);
+
 #ifdef __cplusplus
 }
 #endif

@@ -772,6 +772,7 @@ static int mode_bytes(const bench_opts *o, rank_env *env, cudaStream_t st) {
 
 typedef struct timing {
   double layout, dispatch, combine; /* microseconds, averaged */
+  double steps[MPLANE_EP_PROFILE_STEPS]; /* one profiled iteration */
   double d_net, d_nvl, c_net, c_nvl, counts; /* bytes this rank sends */
   double recv_tokens;
 } timing;
@@ -815,6 +816,18 @@ static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane
   tm->layout /= o->iters;
   tm->dispatch /= o->iters;
   tm->combine /= o->iters;
+  /* one more round with the library's per-step events, to see where the time goes */
+  EP_OR(ctx, mplane_ep_set_profiling(ctx, 1), -1);
+  NCCL_OR(ncclAllReduce(d_bar, d_bar, 1, ncclInt32, ncclSum, comm, st), -1);
+  CUDA_OR(cudaStreamSynchronize(st), -1);
+  EP_OR(ctx, mplane_ep_get_layout(ctx, d_idx, T, lo, st), -1);
+  EP_OR(ctx, mplane_ep_dispatch(ctx, lo, d_x, d_w, fmt, &recv, st), -1);
+  EP_OR(ctx, mplane_ep_combine(ctx, lo, d_y, d_out, st), -1);
+  CUDA_OR(cudaStreamSynchronize(st), -1);
+  float us[MPLANE_EP_PROFILE_STEPS];
+  EP_OR(ctx, mplane_ep_get_profile(ctx, us), -1);
+  EP_OR(ctx, mplane_ep_set_profiling(ctx, 0), -1);
+  for (int i = 0; i < MPLANE_EP_PROFILE_STEPS; i++) tm->steps[i] = us[i];
   mplane_ep_layout_info li;
   mplane_ep_layout_get_info(lo, &li);
   tm->d_net = (double)li.dispatch_net_bytes;
@@ -833,7 +846,9 @@ static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane
 static int reduce_timing(ncclComm_t comm, cudaStream_t st, timing *tm, int R) {
   double t[3] = {tm->layout, tm->dispatch, tm->combine};
   double b[6] = {tm->d_net, tm->d_nvl, tm->c_net, tm->c_nvl, tm->counts, tm->recv_tokens};
-  if (allreduce(comm, st, t, 3, ncclMax) || allreduce(comm, st, b, 6, ncclSum)) return -1;
+  if (allreduce(comm, st, t, 3, ncclMax) || allreduce(comm, st, b, 6, ncclSum) ||
+      allreduce(comm, st, tm->steps, MPLANE_EP_PROFILE_STEPS, ncclMax))
+    return -1;
   tm->layout = t[0];
   tm->dispatch = t[1];
   tm->combine = t[2];
@@ -953,6 +968,13 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
                    vars[i].fmt == MPLANE_EP_FMT_FP8 ? "FP8" : "BF16", info.num_sms, tm.layout, tm.dispatch, tm.combine, dwire,
                    tm.d_net / (tm.dispatch * 1e3), tm.d_nvl / (tm.dispatch * 1e3), dlog / (tm.dispatch * 1e3), cwire,
                    clog / (tm.combine * 1e3));
+    if (g_rank == 0) {
+      char line[1024];
+      int off = snprintf(line, sizeof(line), "  steps of one profiled round, us (max over ranks):");
+      for (int k = 0; k < MPLANE_EP_PROFILE_STEPS && off < (int)sizeof(line) - 40; k++)
+        off += snprintf(line + off, sizeof(line) - (size_t)off, " %s %.0f", mplane_ep_profile_name(k), tm.steps[k]);
+      bench_report(o, "%s\n", line);
+    }
     double total = tm.layout + tm.dispatch + tm.combine;
     if (i == 0) {
       ours_total = total;
