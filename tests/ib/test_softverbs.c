@@ -225,11 +225,62 @@ static void test_bad_rkey(void **state) {
   V.destroy_qp(e);
 }
 
+/* Real RC: a peer QP that goes away leaves the local QP alone until a request of ours goes unanswered.
+ * Receives already completed stay completed, posted receives are not flushed, and only the next
+ * request fails (transport retries exhausted), flushing the rest. */
+static void test_peer_destroyed(void **state) {
+  (void)state;
+  load();
+  struct ibv_qp *a = qp_new(), *b = qp_new();
+  int rw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  assert_int_equal(to_init(a, rw), 0);
+  assert_int_equal(to_init(b, rw), 0);
+  assert_int_equal(to_rts(a, b->qp_num, V.lid), 0);
+  assert_int_equal(to_rts(b, a->qp_num, V.lid), 0);
+  static char sa[64], da[64], sb[64], db[64];
+  struct ibv_mr *msa = V.reg_mr(V.pd, sa, 64, rw), *mda = V.reg_mr(V.pd, da, 64, rw);
+  struct ibv_mr *msb = V.reg_mr(V.pd, sb, 64, rw), *mdb = V.reg_mr(V.pd, db, 64, rw);
+  /* b writes to a once, so b's requester side is connected to a */
+  assert_int_equal(post_write(b, IBV_WR_RDMA_WRITE, sb, 8, msb->lkey, (uintptr_t)da, mda->rkey, 20), 0);
+  struct ibv_wc wc = wait_wc();
+  assert_int_equal(wc.wr_id, 20);
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  /* a writes with immediate to b: both complete; b keeps a second receive posted */
+  struct ibv_recv_wr rwr, *rbad = NULL;
+  memset(&rwr, 0, sizeof(rwr));
+  rwr.wr_id = 21;
+  assert_int_equal(ibv_post_recv(b, &rwr, &rbad), 0);
+  rwr.wr_id = 22;
+  assert_int_equal(ibv_post_recv(b, &rwr, &rbad), 0);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE_WITH_IMM, sa, 8, msa->lkey, (uintptr_t)db, mdb->rkey, 23), 0);
+  for (int i = 0; i < 2; i++) {
+    wc = wait_wc();
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    assert_true(wc.wr_id == 21 || wc.wr_id == 23);
+  }
+  V.destroy_qp(a);
+  /* nothing happens on b while it sends nothing */
+  for (int i = 0; i < 50; i++) {
+    assert_int_equal(ibv_poll_cq(V.cq, 1, &wc), 0);
+    usleep(10000);
+  }
+  /* its next request finds nobody: retries exhausted, then the posted receive is flushed */
+  assert_int_equal(post_write(b, IBV_WR_RDMA_WRITE, sb, 8, msb->lkey, (uintptr_t)da, mda->rkey, 24), 0);
+  wc = wait_wc();
+  assert_int_equal(wc.wr_id, 24);
+  assert_int_equal(wc.status, IBV_WC_RETRY_EXC_ERR);
+  wc = wait_wc();
+  assert_int_equal(wc.wr_id, 22);
+  assert_int_equal(wc.status, IBV_WC_WR_FLUSH_ERR);
+  V.destroy_qp(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_state_rules),
       cmocka_unit_test(test_data_and_keys),
       cmocka_unit_test(test_bad_rkey),
+      cmocka_unit_test(test_peer_destroyed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

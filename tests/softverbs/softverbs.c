@@ -11,7 +11,9 @@
  * on a QP that is not RTS (send) / still RESET (recv) fails with EINVAL; local keys and bounds
  * (IBV_WC_LOC_PROT_ERR); remote keys, access rights and bounds (IBV_WC_REM_ACCESS_ERR on the
  * requester); address checks (dest QPN, LID/GID, subnet) - a mismatch is a silent drop on real
- * fabrics, so it ends in IBV_WC_RETRY_EXC_ERR; a dead peer also ends in IBV_WC_RETRY_EXC_ERR; after
+ * fabrics, so it ends in IBV_WC_RETRY_EXC_ERR; a dead peer also ends in IBV_WC_RETRY_EXC_ERR (for the
+ * requests it leaves unanswered: a peer that goes away while nothing is outstanding is noticed only at
+ * the next request, and never fails receives or completions already delivered); after
  * an error the QP is in ERR and everything else is flushed (IBV_WC_WR_FLUSH_ERR).
  * An RDMA write lands in ascending address order (small writes: the last 8 bytes after the rest),
  * the property real HCAs give and FIFO protocols rely on.
@@ -1344,7 +1346,16 @@ static void qp_input(struct sv_qp *q) {
     if (q->rhave < sizeof(q->rhdr)) {
       ssize_t r = recv(q->ofd, (char *)&q->rhdr + q->rhave, sizeof(q->rhdr) - q->rhave, MSG_DONTWAIT);
       if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        /* the responder vanished (process died, QP destroyed, port down) */
+        /* The responder vanished (process died, QP destroyed, port down). Real RC notices only
+         * when a request goes unanswered: with nothing awaiting a response the QP stays in RTS
+         * (posted receives and completed work untouched) and the next request ends in
+         * IBV_WC_RETRY_EXC_ERR (qp_output, obroken). */
+        if (q->rhave == 0 && q->sq_done == q->sq_sent && !q->out_busy) {
+          close(q->ofd);
+          q->ofd = -1;
+          q->obroken = 1;
+          return;
+        }
         qp_fail(q, IBV_WC_RETRY_EXC_ERR);
         return;
       }
