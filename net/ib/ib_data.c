@@ -1,6 +1,7 @@
 /* mplane: the IB data path (protocol in ib.h). Only the proxy thread calls in here; it posts work
  * requests and polls the comm's completion queue. Nothing blocks, and every failure - an error
- * completion, an async event, the peer's side channel closing - becomes an error of test(). */
+ * completion, an async event, the peer's side channel closing - becomes an error of test() for every
+ * request not complete by then (one already complete still reports success). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,7 +258,7 @@ static ncclResult_t send_failed(struct mpib_send_comm *c, void **request) {
   struct mpib_send_req *r = send_req_alloc(c, &ri);
   if (!r) return mpib_error_check(&c->b.err);
   r->size = 0;
-  r->pending = 0;
+  r->pending = 1; /* nothing was posted: it never completes, its test reports the error */
   r->trunc = 0;
   *request = r;
   return ncclSuccess;
@@ -396,17 +397,25 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
   return ncclSuccess;
 }
 
+/* A request whose work completed successfully reports success even when the connection failed
+ * afterwards (the peer closed as soon as it had the data, a later request failed): only the
+ * requests still waiting report the error. The side channel is checked before the last CQ poll, so
+ * whatever completed before the peer went away is counted before its EOF fails anything. */
+static void poll_and_check_peer(struct mpib_comm_base *b) {
+  check_peer(b);
+  if (__atomic_load_n(&b->err.state, __ATOMIC_ACQUIRE) > 0) poll_cq(b);
+}
+
 static ncclResult_t send_test(struct mpib_send_req *r, int *done, int *sizes) {
   struct mpib_send_comm *c = r->comm;
   poll_cq(&c->b);
-  MP_CHECK(mpib_error_check(&c->b.err));
+  if (r->pending != 0) poll_and_check_peer(&c->b);
   if (r->pending == 0) {
     *done = 1;
     if (sizes) sizes[0] = (int)r->size;
     r->used = 0;
     return ncclSuccess;
   }
-  check_peer(&c->b);
   return mpib_error_check(&c->b.err);
 }
 
@@ -481,9 +490,18 @@ ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int 
   return ncclSuccess;
 }
 
+/* All data and immediates are in. The FIFO write's own completion is awaited while the connection is
+ * healthy (its staging slot is reused by a later irecv); once the connection failed it may never
+ * come (flushed), but the sender having written the data proves the FIFO entry reached it. */
+static int recv_complete(struct mpib_recv_req *r) {
+  return r->done_entries == r->n &&
+         (!r->fifo_pending || __atomic_load_n(&r->comm->b.err.state, __ATOMIC_ACQUIRE) > 0);
+}
+
 static ncclResult_t recv_test(struct mpib_recv_req *r, int *done, int *sizes) {
   struct mpib_recv_comm *c = r->comm;
   poll_cq(&c->b);
+  if (!recv_complete(r)) poll_and_check_peer(&c->b);
   for (int i = 0; i < r->n; i++)
     if (r->e[i].trunc == 1) {
       r->e[i].trunc = 2; /* report once */
@@ -493,15 +511,13 @@ static ncclResult_t recv_test(struct mpib_recv_req *r, int *done, int *sizes) {
     } else if (r->e[i].trunc) {
       return ncclInvalidUsage;
     }
-  MP_CHECK(mpib_error_check(&c->b.err));
-  if (r->done_entries == r->n && !r->fifo_pending) {
+  if (recv_complete(r)) {
     for (int i = 0; i < r->n; i++)
       if (sizes) sizes[i] = (int)r->e[i].bytes;
     r->used = 0;
     *done = 1;
     return ncclSuccess;
   }
-  check_peer(&c->b);
   return mpib_error_check(&c->b.err);
 }
 

@@ -378,6 +378,88 @@ static int sc_flush(void) {
   return 0;
 }
 
+/* The sender closes as soon as its sends completed, before the receiver tested anything. The receives
+ * whose data and immediates arrived must report success with their data, even after the connection
+ * has failed: the receiver first notices the close on a receive that never gets data (side-channel
+ * EOF) and then on one posted afterwards (its FIFO write finds no QP: retries exhausted). */
+static int sc_close_complete(void) {
+  env_base("mlx5_0:ib");
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  enum { N = 3, SZ = 200 << 10 };
+  static char sbuf[N][SZ], rbuf[N + 2][SZ];
+  void *smh[N], *rmh[N + 2], *sreq[N] = {0}, *rreq[N + 2] = {0};
+  for (int i = 0; i < N; i++) {
+    memset(sbuf[i], 'a' + i, SZ);
+    if (mplane_net_reg_mr(p.sc, sbuf[i], SZ, NCCL_PTR_HOST, &smh[i]) != ncclSuccess) fail("regMr send");
+  }
+  for (int i = 0; i < N + 2; i++)
+    if (mplane_net_reg_mr(p.rc, rbuf[i], SZ, NCCL_PTR_HOST, &rmh[i]) != ncclSuccess) fail("regMr recv");
+  int tag = 3, sz[1];
+  size_t rsz = SZ;
+  /* N + 1 receives; the sender sends N and waits for them only */
+  double t0 = now();
+  for (int i = 0; i < N + 1; i++) {
+    void *d = rbuf[i];
+    while (!rreq[i]) {
+      if (mplane_net_irecv(p.rc, 1, &d, &rsz, &tag, &rmh[i], &rreq[i]) != ncclSuccess) fail("irecv %d", i);
+      if (now() - t0 > 20) fail("irecv %d not accepted in 20 s", i);
+    }
+  }
+  for (int i = 0; i < N; i++) {
+    int done = 0;
+    while (!sreq[i]) {
+      if (mplane_net_isend(p.sc, sbuf[i], SZ, tag, smh[i], &sreq[i]) != ncclSuccess) fail("isend %d", i);
+      if (now() - t0 > 20) fail("isend %d not accepted in 20 s", i);
+    }
+    while (!done) {
+      if (mplane_net_test(sreq[i], &done, sz) != ncclSuccess) fail("send %d failed", i);
+      if (now() - t0 > 20) fail("send %d not done in 20 s", i);
+    }
+  }
+  for (int i = 0; i < N; i++) mplane_net_dereg_mr(p.sc, smh[i]);
+  mplane_net_close_send(p.sc);
+  p.sc = NULL;
+  /* the extra receive fails (peer gone), within the side channel's notice, not a hang */
+  int done = 0;
+  ncclResult_t res = ncclSuccess;
+  t0 = now();
+  while (res == ncclSuccess && !done) {
+    res = mplane_net_test(rreq[N], &done, sz);
+    if (now() - t0 > 10) fail("a receive with no sender left neither failed nor finished in 10 s");
+  }
+  if (res == ncclSuccess) fail("a receive completed though nobody sent it");
+  /* a receive posted now fails as well (FIFO write to a destroyed QP, or the failed connection) */
+  void *d = rbuf[N + 1];
+  void *late = NULL;
+  res = mplane_net_irecv(p.rc, 1, &d, &rsz, &tag, &rmh[N + 1], &late);
+  done = 0;
+  t0 = now();
+  while (res == ncclSuccess && late && !done) {
+    res = mplane_net_test(late, &done, sz);
+    if (now() - t0 > 10) fail("a receive posted after the sender closed neither failed nor finished in 10 s");
+  }
+  if (res == ncclSuccess && done) fail("a receive posted after the sender closed completed");
+  /* the receives that did get their data report it */
+  for (int i = 0; i < N; i++) {
+    done = 0;
+    sz[0] = -1;
+    res = mplane_net_test(rreq[i], &done, sz);
+    if (res != ncclSuccess) fail("receive %d had all its data before the sender closed, but its test failed (%d)", i, res);
+    if (!done) fail("receive %d had all its data before the sender closed, but is not done", i);
+    if (sz[0] != SZ) fail("receive %d reports %d bytes, expected %d", i, sz[0], (int)SZ);
+    for (int k = 0; k < SZ; k++)
+      if (rbuf[i][k] != 'a' + i) fail("receive %d: byte %d is 0x%02x", i, k, (unsigned char)rbuf[i][k]);
+  }
+  for (int i = 0; i < N + 2; i++) mplane_net_dereg_mr(p.rc, rmh[i]);
+  mplane_net_close_recv(p.rc);
+  mplane_net_close_listen(p.lc);
+  mplane_net_ctx_destroy(p.ctx);
+  note("%d receives complete before the sender closed reported success; later ones failed", N);
+  return 0;
+}
+
 /* Devices: every active port, MPLANE_IB_HCA grammar, planes from IB subnets, auto picks IB. */
 static int sc_devices(void) {
   const char *devs = getenv("IB_TEST_DEVS");
@@ -450,7 +532,8 @@ int main(int argc, char **argv) {
     int (*fn)(void);
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
-             {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs}};
+             {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
+             {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {
       int rc = all[i].fn();
