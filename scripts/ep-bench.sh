@@ -8,6 +8,10 @@
 # and the DeepSeek-V3-shaped benchmark beside the flat all-to-all baseline and the peer-copy ceiling.
 #
 #   scripts/ep-bench.sh [all|build|node1|node2] ...   (default: all)
+#   scripts/ep-bench.sh prepare     (on the development machine, not the GPU one: copies the built
+#                                    net plugin with its libhwloc, and nccl.h, into .deps/ - ignored
+#                                    by git - for a device whose image cannot build them; then
+#                                    name .deps in the device call's carry)
 #
 # Results go to $OUT (the device tool's folder) when set, else build-ep-dev/ep-bench-out: ep-bench.txt (the
 # tables), build.log, node1.log, node2.log, nccl-net.txt (which network NCCL used), stats.txt.
@@ -17,7 +21,9 @@
 #   EP_PLUGIN_DIR  folder holding a prebuilt libnccl-net-mplane.so (used when the meson build of
 #                  the whole project is not possible here, e.g. no hwloc or cmocka headers)
 #   EP_ARGS        extra mplane-ep-bench arguments (e.g. "--iters 10 --sms 0")
-#   EP_TIMEOUT     seconds per shape (default 270)
+#   EP_TIMEOUT     seconds per shape at most (default 270)
+#   EP_BUDGET      seconds for the whole script (default 570: the device tool stops a command at 600);
+#                  a shape gets what is left, and is skipped with a message under 60 s
 # NCCL_NVLS_ENABLE=0 is always set.
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,6 +34,8 @@ case "$build" in /*) ;; *) build="$here/$build" ;; esac
 out="${OUT:-$build/ep-bench-out}"
 mkdir -p "$out"
 shape_timeout="${EP_TIMEOUT:-270}"
+budget="${EP_BUDGET:-570}"
+t_start=$(date +%s)
 export NCCL_NVLS_ENABLE=0
 export PATH="/usr/local/cuda/bin:$PATH"
 results="$out/ep-bench.txt"
@@ -124,7 +132,8 @@ do_build() {
   fi
   if [ -n "${EP_PLUGIN_DIR:-}" ] && [ -f "$EP_PLUGIN_DIR/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$EP_PLUGIN_DIR"
   elif [ -f "$build/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$build"
-  elif [ -f "$here/build/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$here/build"; fi
+  elif [ -f "$here/build/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$here/build"
+  elif [ -f "$here/.deps/ep-plugin/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$here/.deps/ep-plugin"; fi
   if [ -n "$PLUGIN_DIR" ]; then say "net plugin: $PLUGIN_DIR/libnccl-net-mplane.so"
   else say "net plugin: NOT available - the two-node shape will use NCCL's own Socket transport and has no plugin counters"; fi
   return 0
@@ -133,11 +142,18 @@ do_build() {
 # ---- a shape ----
 run_shape() {
   local name=$1 nodes=$2
+  local left=$((budget - ($(date +%s) - t_start)))
+  local limit=$shape_timeout
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 60 ]; then
+    say "---- $name: SKIPPED: only ${left}s of the ${budget}s budget left (run 'scripts/ep-bench.sh $name' on its own)"
+    return 1
+  fi
   local tmp; tmp="$(mktemp -d /tmp/ep-bench-XXXXXX)"
   local env=(LD_LIBRARY_PATH="$EPLIB_DIR:${PLUGIN_DIR:+$PLUGIN_DIR:}$(dirname "$NCCL_LIB"):$(cuda_lib):${LD_LIBRARY_PATH:-}"
              NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$tmp/nccl.%h.%p.log"
              NCCL_SOCKET_IFNAME=lo MPLANE_SOCKET_IFNAME=lo)
-  local args=(--gpus 2 --nodes "$nodes" --mode all --out "$results" --timeout $((shape_timeout - 15)))
+  local args=(--gpus 2 --nodes "$nodes" --mode all --out "$results" --timeout $((limit - 15)))
   if [ -n "$PLUGIN_DIR" ]; then
     env+=(NCCL_NET_PLUGIN=mplane)
     [ "$nodes" -gt 1 ] && args+=(--stats-file "$tmp/stats-%p.json")
@@ -148,10 +164,10 @@ run_shape() {
   args+=(${EP_ARGS:-})
   say "---- $name: $nodes node(s), $(env "${env[@]}" sh -c 'echo NCCL_NET_PLUGIN=$NCCL_NET_PLUGIN'); $BENCH ${args[*]}"
   echo "## $name" >>"$results"
-  env "${env[@]}" timeout -k 10 "$shape_timeout" "$BENCH" "${args[@]}" >"$out/$name.log" 2>&1
+  env "${env[@]}" timeout -k 5 "$limit" "$BENCH" "${args[@]}" >"$out/$name.log" 2>&1
   local rc=$?
   cat "$out/$name.log"
-  { echo "== $name =="; grep -hE "Using network|NET/(Plugin|mplane|Socket|IB)|NCCL_NET|Loaded net plugin|Failed to load" "$tmp"/nccl.*.log 2>/dev/null | sort | uniq -c | head -40; } >>"$out/nccl-net.txt"
+  { echo "== $name =="; grep -hE "Using network|NET/(Plugin|mplane|Socket|IB)|NCCL_NET|Loaded net plugin|Failed to load|WARN" "$tmp"/nccl.*.log 2>/dev/null | sed -E 's/^[^ ]+ [0-9]+:[0-9]+ //' | sort | uniq -c | sort -rn | head -60; } >>"$out/nccl-net.txt"
   { for f in "$tmp"/stats-*.json; do [ -f "$f" ] && { echo "== $name $f"; cat "$f"; }; done; } >>"$out/stats.txt" 2>/dev/null
   local net; net=$(grep -hoE "Using network [A-Za-z0-9_]+" "$tmp"/nccl.*.log 2>/dev/null | sort -u | tr '\n' ' ')
   say "$name: exit $rc; NCCL says: ${net:-no network used (intra-node only)}"
@@ -159,7 +175,24 @@ run_shape() {
   return $rc
 }
 
+prepare() {
+  local so=""
+  for d in "$build" "$here/build" "$here"/build-*; do
+    [ -f "$d/libnccl-net-mplane.so" ] && { so="$d/libnccl-net-mplane.so"; break; }
+  done
+  [ -n "$so" ] || { echo "prepare: build the project first (meson setup build && ninja -C build)"; return 1; }
+  mkdir -p "$here/.deps/ep-plugin" "$here/.deps/nccl/include"
+  cp -L "$so" "$here/.deps/ep-plugin/"
+  ldd "$so" | awk '/libhwloc/ {print $3}' | xargs -r -I{} cp -L {} "$here/.deps/ep-plugin/"
+  for h in /usr/local/cuda/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h; do
+    [ -f "$h" ] && { cp "$h" "$here/.deps/nccl/include/"; break; }
+  done
+  ls -la "$here/.deps/ep-plugin" "$here/.deps/nccl/include"
+  echo "prepare: done; in the device call name .deps in carry (EP_PLUGIN_DIR is found there)"
+}
+
 rc=0
+if [ "${what[0]}" = prepare ]; then prepare; exit $?; fi
 : >"$results"
 for w in "${what[@]}"; do
   case "$w" in

@@ -884,7 +884,7 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
   /* routing: DeepSeek-V3 gating on the GPU; timed on its own */
   double route_us = 0;
   {
-    mplane_ep_config cfg = make_cfg(0, E, H, K, T, 0, 0, 0);
+    mplane_ep_config cfg = make_cfg(0, E, 128, K, 1, 0, 0, 0); /* gating needs E and K only */
     mplane_ep_ctx *ctx = NULL;
     EP_OR(NULL, mplane_ep_create(&ctx, comm, &cfg, st), 2);
     double wd;
