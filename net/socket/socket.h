@@ -149,7 +149,8 @@ struct mps_send_comm {
   int nstreams, nthreads;
   int fds[MPS_MAX_STREAMS];
   char peer[80];
-  int acked;                       /* the acceptor's ACK has arrived */
+  int acked;                       /* the acceptor's ACK (or a CTS, which follows it) has arrived */
+  uint64_t ack_deadline_ns;        /* isend fails if no ACK by then (MPLANE_CONNECT_TIMEOUT after connect) */
   size_t split_bytes;
   uint64_t spin_ns;                /* helper threads poll this long before sleeping */
   unsigned rr;                     /* stream of the next unsplit message */

@@ -162,6 +162,9 @@ static void *send_thread(void *argp) {
 ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg) {
   c->split_bytes = (size_t)cfg->socket_split_bytes;
   c->spin_ns = mps_spin_ns(cfg);
+  /* connect finished when our hellos were written, not when the acceptor answered: a listener that
+   * is not mplane (accepts TCP, stays silent) is only noticed by the missing ACK */
+  c->ack_deadline_ns = now_ns() + (uint64_t)cfg->connect_timeout_s * 1000000000ull;
   c->nthreads = cfg->socket_threads < c->nstreams ? cfg->socket_threads : c->nstreams;
   for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
   /* Worst case per thread: every slot's message split over all streams, all on this thread. */
@@ -224,6 +227,7 @@ static ncclResult_t send_poll_ctrl(struct mps_send_comm *c) {
                     m.type, m.n);
       return mps_error_check(&c->err);
     }
+    c->acked = 1; /* the acceptor sends its ACK first; a CTS proves the handshake as well */
     struct mps_cts_group *g = &c->cts[c->cts_tail % MPS_MAX_GROUPS];
     memset(g, 0, sizeof(*g));
     g->seq = m.seq;
@@ -261,6 +265,12 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   *request = NULL;
   MP_CHECK(mps_error_check(&c->err));
   MP_CHECK(send_poll_ctrl(c));
+  if (!c->acked && now_ns() > c->ack_deadline_ns) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s accepted TCP but sent no mplane handshake within %d s "
+                  "(MPLANE_CONNECT_TIMEOUT): not an mplane rank, or one that never calls accept", c->peer,
+                  mps_config()->connect_timeout_s);
+    return mps_error_check(&c->err);
+  }
   if (c->cts_head == c->cts_tail) return ncclSuccess; /* receiver has not posted yet: NCCL retries */
   struct mps_cts_group *g = &c->cts[c->cts_head % MPS_MAX_GROUPS];
   int k = -1;

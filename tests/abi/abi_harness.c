@@ -28,8 +28,8 @@
  * Scenarios (--list prints them with one line each): props, sizes, inflight, inflight-max, multirecv,
  * reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, close-early,
  * stalled-close, abort, threads, dead-listener, v12, v10, v9, v8 drive any transport;
- * fake-peer, fake-version, connect-timeout and half-open speak TCP to the listen address themselves
- * and skip (77) on other transports.
+ * fake-peer, fake-version, connect-timeout, silent-listener and half-open speak TCP to the listen
+ * address themselves and skip (77) on other transports.
  *
  * Examples
  *
@@ -1600,6 +1600,94 @@ static int sc_connect_timeout(void) {
   return 0;
 }
 
+/* A plain TCP listener that accepts every connection and never says a word (not mplane, or an
+ * mplane rank that never calls accept): connect completes (our hellos fit in the kernel), but the
+ * acceptor's ACK never comes, so isend must fail - with a WARN naming the peer and the variable -
+ * about MPLANE_CONNECT_TIMEOUT (2 s here) after connect, never block, never return NULL forever
+ * (socket only). */
+static int sc_silent_listener(void) {
+  setenv("MPLANE_CONNECT_TIMEOUT", "2", 1);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  unsigned char h[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, nd.ctx, nd.dev, h, &lc) != ncclSuccess) abi_fail("listen failed");
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (!handle_sockaddr(h, &ss, &sl)) {
+    abi_note("SKIP: the listen handle is not a TCP address (transport is not socket)");
+    return 77;
+  }
+  int lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  struct sockaddr_storage la = ss;
+  if (la.ss_family == AF_INET) ((struct sockaddr_in *)&la)->sin_port = 0;
+  else ((struct sockaddr_in6 *)&la)->sin6_port = 0;
+  if (lfd < 0 || bind(lfd, (struct sockaddr *)&la, sl) != 0 || listen(lfd, 64) != 0)
+    abi_fail("plain listener: %s", strerror(errno));
+  socklen_t ll = sl;
+  getsockname(lfd, (struct sockaddr *)&la, &ll);
+  /* the same handle, pointing at that listener */
+  struct mplane_handle mh;
+  char why[256];
+  mplane_handle_decode(h, &mh, why, sizeof(why));
+  memcpy(mh.payload, &la, sl);
+  unsigned char fake[HANDLE_SIZE];
+  if (mplane_handle_encode(&mh, fake) != ncclSuccess) abi_fail("encode");
+  int port = ntohs(la.ss_family == AF_INET ? ((struct sockaddr_in *)&la)->sin_port : ((struct sockaddr_in6 *)&la)->sin6_port);
+  char port_text[16];
+  snprintf(port_text, sizeof(port_text), ":%d", port);
+  int acc[MPS_MAX_STREAMS + 1], nacc = 0;
+  size_t mark = abi_log_mark();
+  void *sc = NULL;
+  double t0 = abi_now();
+  while (!sc) {
+    double t1 = abi_now();
+    if (abi_connect(&nd.net, nd.ctx, nd.dev, fake, &sc) != ncclSuccess) abi_fail("connect to a listening port failed");
+    timed(t1, "connect");
+    int fd;
+    while (nacc < (int)(sizeof(acc) / sizeof(acc[0])) && (fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) >= 0) acc[nacc++] = fd;
+    if (abi_now() - t0 > 10) abi_fail("connect to a silent listener neither completed nor failed in 10 s");
+    usleep(1000);
+  }
+  double connected = abi_now();
+  char buf[64] = {0};
+  void *bmh = NULL, *req = NULL;
+  reg(&nd, sc, buf, sizeof(buf), &bmh);
+  ncclResult_t res = ncclSuccess;
+  long calls = 0;
+  while (res == ncclSuccess) {
+    double t1 = abi_now();
+    res = abi_isend(&nd.net, sc, buf, sizeof(buf), 1, bmh, &req);
+    timed(t1, "isend");
+    calls++;
+    if (res == ncclSuccess && req) abi_fail("isend to a listener that never offered a receive returned a request");
+    int fd;
+    while (nacc < (int)(sizeof(acc) / sizeof(acc[0])) && (fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) >= 0) acc[nacc++] = fd;
+    if (abi_now() - connected > 8)
+      abi_fail("isend to a silent listener still returns NULL requests %.1f s after connect (MPLANE_CONNECT_TIMEOUT=2, %ld calls)",
+               abi_now() - connected, calls);
+    usleep(1000);
+  }
+  double dt = abi_now() - connected;
+  if (dt < 1.9) abi_fail("isend failed %.2f s after connect, before MPLANE_CONNECT_TIMEOUT=2 ran out (result %d)", dt, res);
+  if (!abi_log_warn_has(mark, port_text, "no mplane handshake within 2 s (MPLANE_CONNECT_TIMEOUT)", NULL)) {
+    abi_log_dump(mark, "WARN check");
+    abi_fail("no WARN names the silent peer (%s) and MPLANE_CONNECT_TIMEOUT", port_text);
+  }
+  /* and it stays failed */
+  if (abi_isend(&nd.net, sc, buf, sizeof(buf), 1, bmh, &req) == ncclSuccess) abi_fail("a later isend succeeded");
+  abi_note("isend failed %.2f s after connect with result %d (%d sockets accepted by the silent listener)", dt, res, nacc);
+  dereg(&nd, sc, bmh);
+  double t1 = abi_now();
+  abi_close_send(&nd.net, sc);
+  timed(t1, "close");
+  for (int i = 0; i < nacc; i++) close(acc[i]);
+  close(lfd);
+  abi_close_listen(&nd.net, lc);
+  node_down(&nd);
+  return 0;
+}
+
 /* Connections that said a valid hello and then went away, or never completed their set of
  * streams, must not pile up until the listener stops accepting; a stream set that does not add up
  * must never become a connection (socket only). */
@@ -2013,6 +2101,7 @@ static const struct {
     {"threads", sc_threads, "3 communicators per process, each on its own thread, concurrently"},
     {"dead-listener", sc_dead_listener, "connect to a closed listener: error within 10 s, WARN names peer"},
     {"connect-timeout", sc_connect_timeout, "TCP handshakes that never complete: MPLANE_CONNECT_TIMEOUT ends connect (socket only)"},
+    {"silent-listener", sc_silent_listener, "a TCP listener that accepts and never answers: isend fails after MPLANE_CONNECT_TIMEOUT (socket only)"},
     {"half-open", sc_half_open, "abandoned and inconsistent handshakes do not clog the listener (socket only)"},
     {"v12", sc_v12, "ncclNet_v12 round trip, planeId/railId"},
     {"v10", sc_v10, "ncclNet_v10 round trip"},
