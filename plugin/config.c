@@ -27,6 +27,16 @@ struct row {
   int (*validate)(const char *value, char *why, size_t whylen);
 };
 
+/* MPLANE_SOCKET_SPEED: the range check allows -1..10000000; 0 is in it but is no speed. */
+static int speed_validate(const char *value, char *why, size_t whylen) {
+  long v;
+  if (mplane_parse_long(value, -1, 10000000, &v) == 0 && v == 0) {
+    snprintf(why, whylen, "0 Mb/s is no speed (-1 asks for the automatic one)");
+    return -1;
+  }
+  return 0;
+}
+
 #define OFF(f) offsetof(struct mplane_config, f)
 #define STR(f) OFF(f), sizeof(((struct mplane_config *)0)->f)
 
@@ -46,7 +56,8 @@ static const struct row rows[] = {
     {"MPLANE_SOCKET_SPEED", K_INT, OFF(socket_speed_mbps), 0, "-1", -1, 10000000, NULL,
      "-1 (automatic) or Mb/s from 1 to 10000000",
      "speed reported where the driver reports none; NCCL sizes its channels by it (automatic: loopback "
-     "400000, since it has no link and moves bytes at memory speed; other interfaces 10000, NCCL's own guess)"},
+     "400000, since it has no link and moves bytes at memory speed; other interfaces 10000, NCCL's own guess)",
+     speed_validate},
     {"MPLANE_SOCKET_SPIN_US", K_INT, OFF(socket_spin_us), 0, "0", 0, 10000, NULL,
      "microseconds, an integer from 0 to 10000",
      "how long a helper thread polls for the next message before it sleeps (0: sleep at once)"},

@@ -298,6 +298,20 @@ static void test_int_rows(void **state) {
   }
 }
 
+/* MPLANE_SOCKET_SPEED: -1 (automatic) or 1..10000000; 0 lies inside the range but is no speed. */
+static void test_socket_speed_refuses_zero(void **state) {
+  (void)state;
+  size_t off = F(socket_speed_mbps);
+  const char *zeros[] = {"0", "00", "-0", "+0"};
+  for (size_t i = 0; i < sizeof(zeros) / sizeof(zeros[0]); i++) {
+    expect_refused("MPLANE_SOCKET_SPEED", zeros[i]);
+    assert_non_null(strstr(err, "-1 (automatic) or Mb/s from 1 to 10000000"));
+  }
+  expect_int("MPLANE_SOCKET_SPEED", "-1", off, -1);
+  expect_int("MPLANE_SOCKET_SPEED", "1", off, 1);
+  expect_int("MPLANE_SOCKET_SPEED", "400000", off, 400000);
+}
+
 static void test_streams_form_is_explicit(void **state) {
   (void)state;
   /* The brief's example, word for word: the WARN a user sees. */
@@ -450,6 +464,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_described_defaults_parse, setup, teardown),
       cmocka_unit_test_setup_teardown(test_every_row_refuses_garbage, setup, teardown),
       cmocka_unit_test_setup_teardown(test_int_rows, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_socket_speed_refuses_zero, setup, teardown),
       cmocka_unit_test_setup_teardown(test_streams_form_is_explicit, setup, teardown),
       cmocka_unit_test_setup_teardown(test_size_row, setup, teardown),
       cmocka_unit_test_setup_teardown(test_enum_rows, setup, teardown),
