@@ -182,7 +182,7 @@ ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t err
       return ncclInternalError;
     }
     const char *value = getenv(r->name);
-    if (value == NULL) continue;
+    if (value == NULL || value[0] == '\0') continue; /* empty is unset, as NCCL reads its variables */
     if (parse_row(r, value, cfg) != 0) {
       snprintf(err, errlen, "%s='%s' is not valid: expected %s", r->name, value, r->form);
       return ncclInvalidArgument;

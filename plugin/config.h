@@ -44,8 +44,9 @@ struct mplane_config {
   int debug;                                 /* MPLANE_DEBUG; log.c reads it directly (before config) */
 };
 
-/* Read the environment into cfg (defaults first). On a bad value returns ncclInvalidArgument and
- * writes "MPLANE_X='value' is not valid: expected <form>" into err. */
+/* Read the environment into cfg (defaults first; a variable set to "" counts as unset). On a bad
+ * value returns ncclInvalidArgument and writes "MPLANE_X='value' is not valid: expected <form>" into
+ * err. */
 ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t errlen);
 
 /* The process-wide configuration, loaded by the first call (thread-safe). NULL plus a WARN if the
