@@ -57,6 +57,14 @@ find_nccl() {
   for d in "${cands[@]}"; do
     if [ -z "$NCCL_INC" ] && [ -f "$d/include/nccl.h" ]; then NCCL_INC="$d/include"; NCCL_HOME_FOUND="$d"; fi
   done
+  # a bare nccl.h carried in .deps/<something>/ (other scripts carry one that way)
+  if [ -z "$NCCL_INC" ]; then
+    for h in "$here"/.deps/*/nccl.h; do
+      [ -f "$h" ] || continue
+      mkdir -p "$build/nccl-inc/include" && cp "$h" "$build/nccl-inc/include/" &&
+        { NCCL_INC="$build/nccl-inc/include"; NCCL_HOME_FOUND="$build/nccl-inc"; break; }
+    done
+  fi
   for d in "${NCCL_HOME_FOUND:-/nonexistent}" "${cands[@]}" /usr/lib/x86_64-linux-gnu; do
     for l in lib/libnccl.so lib64/libnccl.so lib/x86_64-linux-gnu/libnccl.so libnccl.so \
              lib/libnccl.so.2 lib64/libnccl.so.2 lib/x86_64-linux-gnu/libnccl.so.2 libnccl.so.2; do
