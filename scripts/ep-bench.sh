@@ -191,7 +191,8 @@ prepare() {
   [ -n "$so" ] || { echo "prepare: build the project first (meson setup build && ninja -C build)"; return 1; }
   mkdir -p "$here/.deps/ep-plugin" "$here/.deps/nccl/include"
   cp -L "$so" "$here/.deps/ep-plugin/"
-  ldd "$so" | awk '/libhwloc/ {print $3}' | xargs -r -I{} cp -L {} "$here/.deps/ep-plugin/"
+  # hwloc and what it needs (libudev), which GPU images tend to lack; glibc itself stays
+  ldd "$so" | awk '/libhwloc|libudev/ {print $3}' | xargs -r -I{} cp -L {} "$here/.deps/ep-plugin/"
   for h in /usr/local/cuda/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h; do
     [ -f "$h" ] && { cp "$h" "$here/.deps/nccl/include/"; break; }
   done
