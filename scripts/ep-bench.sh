@@ -197,7 +197,7 @@ prepare() {
     [ -f "$h" ] && { cp "$h" "$here/.deps/nccl/include/"; break; }
   done
   ls -la "$here/.deps/ep-plugin" "$here/.deps/nccl/include"
-  echo "prepare: done; in the device call name .deps in carry (EP_PLUGIN_DIR is found there)"
+  echo "prepare: done; name .deps/ep-plugin and .deps/nccl in the device call's carry (found there by this script)"
 }
 
 rc=0
