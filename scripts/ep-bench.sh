@@ -138,10 +138,16 @@ do_build() {
     if direct_build >>"$out/build.log" 2>&1; then say "built directly: $BENCH"
     else say "FAIL: direct build failed, see build.log"; tail -30 "$out/build.log"; return 1; fi
   fi
-  if [ -n "${EP_PLUGIN_DIR:-}" ] && [ -f "$EP_PLUGIN_DIR/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$EP_PLUGIN_DIR"
-  elif [ -f "$build/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$build"
-  elif [ -f "$here/build/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$here/build"
-  elif [ -f "$here/.deps/ep-plugin/libnccl-net-mplane.so" ]; then PLUGIN_DIR="$here/.deps/ep-plugin"; fi
+  # the first plugin whose libraries all resolve here
+  for d in ${EP_PLUGIN_DIR:+"$EP_PLUGIN_DIR"} "$build" "$here/.deps/ep-plugin" "$here/build"; do
+    [ -f "$d/libnccl-net-mplane.so" ] || continue
+    if LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" ldd "$d/libnccl-net-mplane.so" | grep -q "not found"; then
+      say "net plugin $d/libnccl-net-mplane.so: $(LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" ldd "$d/libnccl-net-mplane.so" | grep "not found" | tr -s ' \t' ' ' | tr '\n' ';') - skipped"
+      continue
+    fi
+    PLUGIN_DIR="$d"
+    break
+  done
   if [ -n "$PLUGIN_DIR" ]; then say "net plugin: $PLUGIN_DIR/libnccl-net-mplane.so"
   else say "net plugin: NOT available - the two-node shape will use NCCL's own Socket transport and has no plugin counters"; fi
   return 0
