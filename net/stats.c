@@ -113,8 +113,9 @@ struct listen_rec {
   int dev, cls;
 };
 
+/* Bytes on a device with no plane (loopback, a NIC topo/ left out) still count: under plane -1. */
 static struct mplane_stats_counters *plane_ctr(int plane) {
-  if (plane < 0 || plane >= MPLANE_STATS_MAX_PLANES) return NULL;
+  if (plane < 0 || plane >= MPLANE_STATS_MAX_PLANES) return &totals.plane_unknown;
   return &totals.plane[plane];
 }
 
@@ -284,6 +285,7 @@ static void copy_ctr(struct mplane_stats_counters *d, const struct mplane_stats_
 void mplane_stats_snapshot(struct mplane_stats_totals *out) {
   memset(out, 0, sizeof(*out));
   for (int p = 0; p < MPLANE_STATS_MAX_PLANES; p++) copy_ctr(&out->plane[p], &totals.plane[p]);
+  copy_ctr(&out->plane_unknown, &totals.plane_unknown);
   for (int c = 0; c < 8; c++) copy_ctr(&out->cls[c], &totals.cls[c]);
   out->comms_opened = LOAD(&totals.comms_opened);
   out->comms_closed = LOAD(&totals.comms_closed);
@@ -307,10 +309,11 @@ void mplane_stats_write_json(FILE *f) {
           (unsigned long long)t.comms_closed);
   fprintf(f, "  \"planes\": [");
   int first = 1;
-  for (int p = 0; p < MPLANE_STATS_MAX_PLANES; p++) {
-    if (ctr_zero(&t.plane[p])) continue;
+  for (int p = -1; p < MPLANE_STATS_MAX_PLANES; p++) {
+    const struct mplane_stats_counters *k = p < 0 ? &t.plane_unknown : &t.plane[p];
+    if (ctr_zero(k)) continue;
     fprintf(f, "%s\n    {\"plane\": %d, ", first ? "" : ",", p);
-    json_ctr(f, &t.plane[p]);
+    json_ctr(f, k);
     fprintf(f, "}");
     first = 0;
   }

@@ -22,6 +22,7 @@ struct mplane_stats_counters {
 
 struct mplane_stats_totals {
   struct mplane_stats_counters plane[MPLANE_STATS_MAX_PLANES];
+  struct mplane_stats_counters plane_unknown; /* devices no plane was assigned to (e.g. loopback) */
   struct mplane_stats_counters cls[8];
   uint64_t comms_opened, comms_closed;
 };
