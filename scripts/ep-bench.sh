@@ -102,11 +102,12 @@ direct_build() {
   set -x
   nvcc -std=c++17 -O2 -Xcompiler -fPIC "-gencode=arch=compute_90,code=[sm_90,compute_90]" "${inc[@]}" \
     -c "$ep/ep_kernels.cu" -o "$d/ep_kernels.o" &&
-  cc -std=gnu11 -O2 -fPIC -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -c "$ep/ep_host.c" -o "$d/ep_host.o" &&
-  cc -std=gnu11 -O2 -fPIC -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -c "$ep/ep_sched.c" -o "$d/ep_sched.o" &&
+  cc -std=gnu11 -O2 -g -fPIC -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -c "$ep/ep_host.c" -o "$d/ep_host.o" &&
+  cc -std=gnu11 -O2 -g -fPIC -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -c "$ep/ep_sched.c" -o "$d/ep_sched.o" &&
   cc -shared -o "$d/libmplane-ep.so" "$d/ep_kernels.o" "$d/ep_host.o" "$d/ep_sched.o" \
     -L"$cl" -lcudart "$NCCL_LIB" -lstdc++ -Wl,-rpath,"$cl" -Wl,-rpath,"$(dirname "$NCCL_LIB")" &&
-  cc -std=gnu11 -O2 -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -o "$d/mplane-ep-bench" \
+  # -g -rdynamic: a crashing rank prints a backtrace with function names (mplane_ep_bench.c)
+  cc -std=gnu11 -O2 -g -rdynamic -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -o "$d/mplane-ep-bench" \
     "$ep/tools/mplane_ep_bench.c" "$ep/tools/bench_run.c" "$ep/ep_model.c" "$ep/ep_check.c" "$ep/ep_ref.c" \
     -L"$d" -lmplane-ep -L"$cl" -lcudart "$NCCL_LIB" -lm -lpthread \
     -Wl,-rpath,"$d" -Wl,-rpath,"$cl" -Wl,-rpath,"$(dirname "$NCCL_LIB")"

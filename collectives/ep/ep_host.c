@@ -320,7 +320,10 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     memcpy(h, ctx->node_of, 4L * (size_t)R);
     memcpy(h + R, ctx->local_of, 4L * (size_t)R);
     memcpy(h + 2 * R, ctx->rank_of, 4L * (size_t)R);
-    cudaError_t e = cudaMemcpy(ctx->d_topo, h, 4L * 3 * (size_t)R, cudaMemcpyHostToDevice);
+    /* on the context's stream (which may be a non-blocking one) and waited for: the kernels that
+     * read the topology run on that stream */
+    cudaError_t e = cudaMemcpyAsync(ctx->d_topo, h, 4L * 3 * (size_t)R, cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
     free(h);
     if (e != cudaSuccess) {
       rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "copying the topology: %s", cudaGetErrorString(e));
@@ -375,9 +378,21 @@ static char *step_buf(mplane_ep_ctx *ctx, mplane_ep_layout *lo, int b) {
   return NULL;
 }
 
+/* The view with the host's copies of the topology arrays: a view's node_of/local_of/rank_of are
+ * device pointers (for the kernels), and the host planner (mp_ep_schedule, mp_ep_offsets) must
+ * never read through them - on a GPU that is a SIGSEGV (the CPU emulator makes it one too). */
+static mp_ep_view host_view(const mplane_ep_ctx *ctx, const mp_ep_view *v) {
+  mp_ep_view hv = *v;
+  hv.node_of = ctx->node_of;
+  hv.local_of = ctx->local_of;
+  hv.rank_of = ctx->rank_of;
+  return hv;
+}
+
 static int run_step(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const mp_ep_view *v, int step, cudaStream_t stream) {
   mp_ep_xfer *x = ctx->xfer;
-  int n = mp_ep_schedule(v, lo->h_cnt, ctx->phys_node, step, x);
+  const mp_ep_view hv = host_view(ctx, v);
+  int n = mp_ep_schedule(&hv, lo->h_cnt, ctx->phys_node, step, x);
   if (n == 0) return MPLANE_EP_OK;
   ncclResult_t first = ncclSuccess;
   const char *what = "";
@@ -452,10 +467,7 @@ int mplane_ep_layout_create(mplane_ep_ctx *ctx, mplane_ep_layout **out) {
   memset(lo->h_cnt, 0, 4L * (size_t)words);
   /* worst-case mode: the host's copy only ever holds the fixed segment grid */
   if (v->graph) {
-    mp_ep_view hv = *v;
-    hv.node_of = ctx->node_of;
-    hv.local_of = ctx->local_of;
-    hv.rank_of = ctx->rank_of;
+    mp_ep_view hv = host_view(ctx, v);
     mp_ep_offsets(&hv, lo->h_cnt);
   }
   v->cnt = lo->d_cnt;
@@ -471,10 +483,7 @@ int mplane_ep_layout_create(mplane_ep_ctx *ctx, mplane_ep_layout **out) {
 
 /* The host's planner over the counts the GPU exchanged: the offsets must come out the same. */
 static int check_offsets(mplane_ep_ctx *ctx, mplane_ep_layout *lo) {
-  mp_ep_view hv = lo->view;
-  hv.node_of = ctx->node_of;
-  hv.local_of = ctx->local_of;
-  hv.rank_of = ctx->rank_of;
+  mp_ep_view hv = host_view(ctx, &lo->view);
   long words = hv.cl.total;
   memcpy(lo->h_check, lo->h_cnt, 4L * (size_t)words);
   mp_ep_offsets(&hv, lo->h_check);
@@ -545,10 +554,7 @@ int mplane_ep_layout_get_info(const mplane_ep_layout *lo, mplane_ep_layout_info 
   info->tokens_per_node = c + L->cnt_node;
   info->tokens_per_expert = c + L->cnt_exp;
   info->recv_expert_offsets = c + L->ex_off;
-  mp_ep_view hv = *v;
-  hv.node_of = ctx->node_of;
-  hv.local_of = ctx->local_of;
-  hv.rank_of = ctx->rank_of;
+  mp_ep_view hv = host_view(ctx, v);
   if (!lo->dispatched) {
     hv.dstride = mp_ep_dstride(MP_EP_FMT_FP8, v->H, v->K, v->G);
   }

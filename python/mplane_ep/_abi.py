@@ -26,6 +26,7 @@ MPLANE_EP_ERR_NCCL = 3        # an NCCL call failed
 MPLANE_EP_ERR_NOMEM = 4       # device or host memory
 MPLANE_EP_ERR_CAPACITY = 5    # more expert rows arrive than max_recv_rows
 MPLANE_EP_ERR_INTERNAL = 6    # GPU and host planner disagree (a bug)
+MPLANE_EP_PROFILE_STEPS = 15  # GPU times mplane_ep_get_profile gives (layout, dispatch, combine x 5 steps)
 
 CONSTANTS = {k: v for k, v in dict(globals()).items() if k.startswith("MPLANE_EP_")}
 ERROR_NAMES = {v: k for k, v in CONSTANTS.items() if k.startswith("MPLANE_EP_ERR_") or k == "MPLANE_EP_OK"}
@@ -122,6 +123,10 @@ FUNCTIONS = {
     "mplane_ep_combine": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
     # dequant(ctx, layout, recv, y, stream)
     "mplane_ep_dequant": (c_int, [c_void_p, c_void_p, POINTER(mplane_ep_recv), c_void_p, c_void_p]),
+    # diagnostics: set_profiling(ctx, on); get_profile(ctx, float us[MPLANE_EP_PROFILE_STEPS]); profile_name(step)
+    "mplane_ep_set_profiling": (c_int, [c_void_p, c_int]),
+    "mplane_ep_get_profile": (c_int, [c_void_p, POINTER(c_float)]),
+    "mplane_ep_profile_name": (c_char_p, [c_int]),
 }
 
 

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -378,8 +381,58 @@ static void test_emulated_capacity(void **state) {
   assert_int_equal(emu_cuda_live_allocations(), 0);
 }
 
+/* The emulator keeps host code out of device memory as a GPU does: a host read of a cudaMalloc
+ * pointer dies of SIGSEGV (in a child), copies must name the right kind, NCCL takes device
+ * buffers only. This is what makes a host-side dereference of a device pointer in ep_host.c (the
+ * bug where the host planner read the device copy of rank_of, a SIGSEGV on the H200s) fail here:
+ * every multi-rank case of test_emulated_gpu and tests ep_bench_emu_* would crash on it. */
+static void test_emulated_device_memory_is_not_host_memory(void **state) {
+  (void)state;
+  int *d = NULL;
+  assert_int_equal(cudaMalloc((void **)&d, 64), cudaSuccess);
+  assert_true(emu_cuda_is_device_pointer(d));
+  int h[16] = {0}, back[16] = {0};
+  for (int i = 0; i < 16; i++) h[i] = i * 3;
+  assert_int_equal(cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice), cudaSuccess);
+  assert_int_equal(cudaMemcpy(back, d, sizeof(back), cudaMemcpyDeviceToHost), cudaSuccess);
+  assert_memory_equal(h, back, sizeof(h));
+  if (emu_cuda_devmem_mode() == 0) {
+    cudaFree(d);
+    fail_msg("EMU_DEVMEM_OPEN=1: device memory is host-readable, this test cannot run (unset it)");
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    signal(SIGSEGV, SIG_DFL); /* neither cmocka's handler nor the emulator's message here */
+    volatile int v = d[5]; /* what run_step's planner did with the view's rank_of */
+    (void)v;
+    _exit(0);
+  }
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFSIGNALED(st));
+  assert_int_equal(WTERMSIG(st), SIGSEGV);
+  /* wrong kinds, ranges past the allocation, host buffers to NCCL */
+  assert_int_not_equal(cudaMemcpy(d, h, sizeof(h), cudaMemcpyDeviceToHost), cudaSuccess);
+  assert_int_not_equal(cudaMemcpy(back, d, sizeof(back), cudaMemcpyHostToDevice), cudaSuccess);
+  assert_int_not_equal(cudaMemcpy(back, h, sizeof(h), cudaMemcpyHostToDevice), cudaSuccess);
+  assert_int_not_equal(cudaMemcpy(back, d + 8, 4096, cudaMemcpyDeviceToHost), cudaSuccess);
+  assert_int_not_equal(cudaMemset(h, 0, sizeof(h)), cudaSuccess);
+  assert_int_equal(cudaMemcpy(back, d, sizeof(back), cudaMemcpyDefault), cudaSuccess);
+  ncclComm_t comm[2];
+  emu_nccl_world_create(2, comm);
+  assert_int_not_equal(ncclSend(h, 4, ncclInt32, 1, comm[0], NULL), ncclSuccess);
+  assert_non_null(strstr(ncclGetLastError(comm[0]), "not (all) device memory"));
+  emu_nccl_world_free(comm, 2);
+  cudaFree(d);
+  assert_int_equal(emu_cuda_live_allocations(), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_emulated_device_memory_is_not_host_memory),
       cmocka_unit_test(test_emulated_route),
       cmocka_unit_test(test_emulated_capacity),
       cmocka_unit_test(test_emulated_gpu),

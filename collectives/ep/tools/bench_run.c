@@ -89,10 +89,19 @@ static int new_comm(rank_env *env, ncclComm_t *comm) {
   return 0;
 }
 
+/* Host to device, complete when it returns. A plain cudaMemcpy runs on the legacy default stream,
+ * which a cudaStreamNonBlocking stream (the ranks' `st`) does not wait for, and a copy from pageable
+ * memory may still be in flight when cudaMemcpy returns: wait for the device before a kernel on st
+ * reads the data. */
+static cudaError_t h2d(void *dst, const void *src, size_t bytes) {
+  cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  return e != cudaSuccess ? e : cudaDeviceSynchronize();
+}
+
 static int allreduce(ncclComm_t comm, cudaStream_t s, double *v, int n, ncclRedOp_t op) {
   double *d = NULL;
   CUDA_OR(cudaMalloc((void **)&d, sizeof(double) * (size_t)n), -1);
-  CUDA_OR(cudaMemcpy(d, v, sizeof(double) * (size_t)n, cudaMemcpyHostToDevice), -1);
+  CUDA_OR(h2d(d, v, sizeof(double) * (size_t)n), -1);
   NCCL_OR(ncclAllReduce(d, d, (size_t)n, ncclDouble, op, comm, s), -1);
   CUDA_OR(cudaStreamSynchronize(s), -1);
   CUDA_OR(cudaMemcpy(v, d, sizeof(double) * (size_t)n, cudaMemcpyDeviceToHost), -1);
@@ -205,8 +214,8 @@ static long route_gpu(const bench_opts *o, mplane_ep_ctx *ctx, cudaStream_t st, 
   long bad = -1;
   if (!lg || !bias || !ridx || !rw || !d_lg || !d_bias || !d_idx || !d_w) goto out;
   gen_logits(o->seed, g_rank, T, E, lg, bias);
-  if (cudaMemcpy(d_lg, lg, sizeof(float) * (size_t)T * E, cudaMemcpyHostToDevice) != cudaSuccess ||
-      cudaMemcpy(d_bias, bias, sizeof(float) * (size_t)E, cudaMemcpyHostToDevice) != cudaSuccess)
+  if (h2d(d_lg, lg, sizeof(float) * (size_t)T * E) != cudaSuccess ||
+      h2d(d_bias, bias, sizeof(float) * (size_t)E) != cudaSuccess)
     goto out;
   if (mplane_ep_route(ctx, d_lg, d_bias, T, o->groups, o->topk_groups, o->scaling, 1, d_idx, d_w, st) != MPLANE_EP_OK) {
     say("mplane_ep_route: %s", mplane_ep_last_error(ctx));
@@ -297,8 +306,8 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
     if (ok) {
       int32_t *d_i = dalloc(sizeof(int32_t) * (size_t)Tmax * K);
       float *d_ww = dalloc(sizeof(float) * (size_t)Tmax * K);
-      ok = d_i && d_ww && cudaMemcpy(d_i, idx, sizeof(int32_t) * (size_t)Tmax * K, cudaMemcpyHostToDevice) == cudaSuccess &&
-           cudaMemcpy(d_ww, w, sizeof(float) * (size_t)Tmax * K, cudaMemcpyHostToDevice) == cudaSuccess &&
+      ok = d_i && d_ww && h2d(d_i, idx, sizeof(int32_t) * (size_t)Tmax * K) == cudaSuccess &&
+           h2d(d_ww, w, sizeof(float) * (size_t)Tmax * K) == cudaSuccess &&
            ncclAllGather(d_i, d_all_i, (size_t)Tmax * K, ncclInt32, comm, st) == ncclSuccess &&
            ncclAllGather(d_ww, d_all_w, (size_t)Tmax * K, ncclFloat32, comm, st) == ncclSuccess &&
            cudaStreamSynchronize(st) == cudaSuccess;
@@ -330,10 +339,10 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
     say("%s: cudaMalloc failed", c->name);
     goto out;
   }
-  CUDA_OR(cudaMemcpy(d_x, in.x[me], 2 * (size_t)T * H, cudaMemcpyHostToDevice), 2);
-  CUDA_OR(cudaMemcpy(d_idx, in.idx[me], sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice), 2);
-  CUDA_OR(cudaMemcpy(d_w, in.w[me], sizeof(float) * (size_t)T * K, cudaMemcpyHostToDevice), 2);
-  CUDA_OR(cudaMemset(d_out, 0xff, 2 * (size_t)Tmax * H), 2);
+  CUDA_OR(h2d(d_x, in.x[me], 2 * (size_t)T * H), 2);
+  CUDA_OR(h2d(d_idx, in.idx[me], sizeof(int32_t) * (size_t)T * K), 2);
+  CUDA_OR(h2d(d_w, in.w[me], sizeof(float) * (size_t)T * K), 2);
+  CUDA_OR(cudaMemsetAsync(d_out, 0xff, 2 * (size_t)Tmax * H, st), 2);
   EP_OR(ctx, mplane_ep_layout_create(ctx, &lo), 2);
   mplane_ep_recv recv;
   memset(&recv, 0, sizeof(recv));
@@ -479,7 +488,7 @@ static long fp8_probe(cudaStream_t st, long *n_out) {
     double mag = ldexp(mp_ep_rand_unit(&rs) * 2.0, (int)(mp_ep_rand_next(&rs) % 30) - 18);
     h[i] = (float)((mp_ep_rand_next(&rs) & 1) ? -mag : mag);
   }
-  if (cudaMemcpy(d_in, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess) goto out;
+  if (h2d(d_in, h, sizeof(float) * (size_t)n) != cudaSuccess) goto out;
   if (mp_ep_launch_fp8_probe(d_in, 1.0f, d_q, n, st) != 0) goto out;
   if (cudaStreamSynchronize(st) != cudaSuccess || cudaMemcpy(q, d_q, (size_t)n, cudaMemcpyDeviceToHost) != cudaSuccess)
     goto out;
@@ -646,9 +655,9 @@ static int bytes_run(const bench_opts *o, rank_env *env, cudaStream_t st, const 
   float *d_w = dalloc(sizeof(float) * (size_t)T * K);
   if (!x || !d_x || !d_y || !d_out || !d_idx || !d_w) return 2;
   mp_ep_gen_tokens(o->seed, g_rank, T, H, x);
-  CUDA_OR(cudaMemcpy(d_x, x, 2 * (size_t)T * H, cudaMemcpyHostToDevice), 2);
-  CUDA_OR(cudaMemcpy(d_idx, ra->idx[g_rank], sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice), 2);
-  CUDA_OR(cudaMemcpy(d_w, ra->w[g_rank], sizeof(float) * (size_t)T * K, cudaMemcpyHostToDevice), 2);
+  CUDA_OR(h2d(d_x, x, 2 * (size_t)T * H), 2);
+  CUDA_OR(h2d(d_idx, ra->idx[g_rank], sizeof(int32_t) * (size_t)T * K), 2);
+  CUDA_OR(h2d(d_w, ra->w[g_rank], sizeof(float) * (size_t)T * K), 2);
   EP_OR(ctx, mplane_ep_layout_create(ctx, &lo), 2);
   mplane_ep_recv recv;
   memset(&recv, 0, sizeof(recv));
@@ -786,7 +795,7 @@ static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane
   for (int i = 0; i < 5; i++) CUDA_OR(cudaEventCreate(&ev[i]), -1);
   int *d_bar = dalloc(sizeof(int));
   if (!d_bar) return -1;
-  CUDA_OR(cudaMemset(d_bar, 0, sizeof(int)), -1);
+  CUDA_OR(cudaMemsetAsync(d_bar, 0, sizeof(int), st), -1);
   mplane_ep_recv recv;
   memset(&recv, 0, sizeof(recv));
   memset(tm, 0, sizeof(*tm));
@@ -880,7 +889,7 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     return 2;
   }
   mp_ep_gen_tokens(o->seed, g_rank, T, H, x);
-  CUDA_OR(cudaMemcpy(d_x, x, 2 * (size_t)T * H, cudaMemcpyHostToDevice), 2);
+  CUDA_OR(h2d(d_x, x, 2 * (size_t)T * H), 2);
   /* routing: DeepSeek-V3 gating on the GPU; timed on its own */
   double route_us = 0;
   {
@@ -892,8 +901,8 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     float *lg = malloc(sizeof(float) * (size_t)T * E), *bias = malloc(sizeof(float) * (size_t)E);
     float *d_lg = dalloc(sizeof(float) * (size_t)T * E), *d_bias = dalloc(sizeof(float) * (size_t)E);
     gen_logits(o->seed, g_rank, T, E, lg, bias);
-    cudaMemcpy(d_lg, lg, sizeof(float) * (size_t)T * E, cudaMemcpyHostToDevice);
-    cudaMemcpy(d_bias, bias, sizeof(float) * (size_t)E, cudaMemcpyHostToDevice);
+    h2d(d_lg, lg, sizeof(float) * (size_t)T * E);
+    h2d(d_bias, bias, sizeof(float) * (size_t)E);
     cudaEvent_t a, b;
     cudaEventCreate(&a);
     cudaEventCreate(&b);
@@ -913,8 +922,8 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     cudaFree(d_bias);
     mplane_ep_destroy(ctx);
   }
-  CUDA_OR(cudaMemcpy(d_idx, idx, sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice), 2);
-  CUDA_OR(cudaMemcpy(d_w, w, sizeof(float) * (size_t)T * K, cudaMemcpyHostToDevice), 2);
+  CUDA_OR(h2d(d_idx, idx, sizeof(int32_t) * (size_t)T * K), 2);
+  CUDA_OR(h2d(d_w, w, sizeof(float) * (size_t)T * K), 2);
   double fp8_row = H + H / 128.0 * 4, bf16_row = 2.0 * H;
   if (g_rank == 0) {
     bench_report(o, "\n## libmplane-ep benchmark: %d GPU(s) as %d node(s) x %d, %d tokens/GPU, hidden %d, top-%d of %d experts, %d groups, top-%d groups\n",

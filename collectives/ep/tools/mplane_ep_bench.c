@@ -8,6 +8,7 @@
  *   mplane-ep-bench --gpus 2 --nodes 2 --mode all --stats-file /tmp/ep-stats-%p.json
  */
 #include <errno.h>
+#include <execinfo.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -199,6 +200,76 @@ static double now_s(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* A rank that crashes says where: signal, faulting address and a backtrace (symbol names need the
+ * -rdynamic -g of scripts/ep-bench.sh and meson.build), then dies of the same signal so that the
+ * launcher still reports "killed by signal N". Async-signal-safe calls only. */
+static int crash_rank = -1;
+
+static void put_str(const char *s) {
+  size_t n = strlen(s);
+  while (n) {
+    ssize_t w = write(2, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+static void put_num(unsigned long v, int base) {
+  char buf[32];
+  int i = (int)sizeof(buf) - 1;
+  buf[i] = 0;
+  do {
+    buf[--i] = "0123456789abcdef"[v % (unsigned)base];
+    v /= (unsigned)base;
+  } while (v && i > 0);
+  if (base == 16) buf[--i] = 'x', buf[--i] = '0';
+  put_str(buf + i);
+}
+
+static void crash_handler(int sig, siginfo_t *si, void *uc) {
+  (void)uc;
+  put_str("mplane-ep-bench: [rank ");
+  put_num((unsigned long)(crash_rank < 0 ? 0 : crash_rank), 10);
+  put_str("] caught signal ");
+  put_num((unsigned long)sig, 10);
+  put_str(sig == SIGSEGV ? " (SIGSEGV)" : sig == SIGBUS ? " (SIGBUS)" : sig == SIGABRT ? " (SIGABRT)" : "");
+  put_str(", fault address ");
+  put_num((unsigned long)(uintptr_t)si->si_addr, 16);
+  put_str(", si_code ");
+  if (si->si_code < 0) put_str("-");
+  put_num((unsigned long)(si->si_code < 0 ? -si->si_code : si->si_code), 10);
+  put_str("; backtrace (addr2line -f -e <binary or .so> <offset> for lines):\n");
+  void *bt[64];
+  int n = backtrace(bt, 64);
+  backtrace_symbols_fd(bt, n, 2);
+  put_str("mplane-ep-bench: end of backtrace\n");
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void install_crash_handler(int rank) {
+  crash_rank = rank;
+  void *warm[2];
+  backtrace(warm, 2); /* loads libgcc's unwinder now, not inside the handler */
+  static char alt[1 << 16];
+  stack_t ss;
+  memset(&ss, 0, sizeof(ss));
+  ss.ss_sp = alt;
+  ss.ss_size = sizeof(alt);
+  sigaltstack(&ss, NULL); /* a stack overflow still gets its backtrace */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_sigaction = crash_handler;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, NULL);
+  sigaction(SIGBUS, &sa, NULL);
+  sigaction(SIGABRT, &sa, NULL);
+  sigaction(SIGFPE, &sa, NULL);
+  sigaction(SIGILL, &sa, NULL);
+}
+
 int main(int argc, char **argv) {
   bench_opts o;
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -242,6 +313,7 @@ int main(int argc, char **argv) {
       close(up[0]);
       for (int q = 0; q < r; q++) close(down_w[q]);
       if (r != 0) close(up[1]);
+      install_crash_handler(r);
       char host[64];
       if (o.nodes > 1) {
         snprintf(host, sizeof(host), "mplane-ep-node%d", r / o.per_node);

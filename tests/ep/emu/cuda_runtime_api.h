@@ -1,5 +1,7 @@
 /* CPU emulator of the CUDA runtime for libmplane-ep's tests (tests/ep/emu): just the calls the
- * library and its test use. Device memory is host memory (poisoned on allocation); streams and
+ * library and its test use. Device memory is host memory (poisoned on allocation) in mappings of
+ * its own that host code cannot read or write (only emulated kernels, copies and NCCL transfers
+ * can, as on a GPU: see emu_runtime.cpp); copies check their kind against the pointers; streams and
  * copies are synchronous; kernels run on OS threads (emu_device.h). Not NVIDIA's header. */
 #ifndef EMU_CUDA_RUNTIME_API_H
 #define EMU_CUDA_RUNTIME_API_H
@@ -43,6 +45,7 @@ cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaMemset(void *p, int v, size_t n);
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaSetDevice(int d);
@@ -75,6 +78,11 @@ cudaError_t cudaMemcpyPeerAsync(void *d, int dd, const void *s, int sd, size_t n
 
 /* emulator only: device allocations still outstanding */
 long emu_cuda_live_allocations(void);
+/* emulator only: 1 if p lies in a cudaMalloc allocation */
+int emu_cuda_is_device_pointer(const void *p);
+/* emulator only: how host code is kept out of device memory: 2 protection keys (per thread),
+ * 1 PROT_NONE while no thread is inside the device, 0 not at all (EMU_DEVMEM_OPEN=1) */
+int emu_cuda_devmem_mode(void);
 
 #ifdef __cplusplus
 }

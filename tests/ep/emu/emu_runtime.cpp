@@ -1,7 +1,10 @@
 /* CPU emulator of the CUDA runtime, the CUDA device side and NCCL, enough to run libmplane-ep's own
  * host code (ep_host.c) and kernels (ep_kernels.cu) for several ranks in one process
  * (tests/ep/test_ep_emu.c). See the headers beside this file. */
+#include <execinfo.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <ucontext.h>
 
@@ -19,6 +22,170 @@
 
 #include "cuda_runtime.h"
 #include "nccl.h"
+
+/* ---------------- device memory ----------------
+ * "Device" memory is a mapping of its own per cudaMalloc that host code cannot touch: only the
+ * emulated device (kernels, copies, memsets, NCCL's transfers) opens it, for the time it runs. A
+ * host dereference of a device pointer - which on a GPU is a SIGSEGV - is one here too, with a
+ * message naming the allocation. Where the CPU has protection keys (pkeys) the opening is per
+ * thread, so a rank thread's host code is caught even while another rank runs a kernel; without
+ * them the mappings are PROT_NONE while no thread is inside the device (catching it whenever the
+ * other ranks are not in a device call at that moment). EMU_DEVMEM_OPEN=1 turns the protection
+ * off (device memory stays host-readable, as the emulator used to be). */
+
+namespace {
+
+struct Region {
+  size_t len;      /* mapped bytes (whole pages) */
+  size_t asked;    /* bytes the caller asked for */
+};
+
+std::mutex dev_m;
+std::map<uintptr_t, Region> dev_regions;
+int dev_pkey = -2;        /* -2: not decided; -1: no pkeys (mprotect fallback) */
+int dev_open_global = 0;  /* fallback: threads inside the device */
+int dev_unprotected = 0;  /* EMU_DEVMEM_OPEN=1 */
+thread_local int dev_depth;
+size_t page_size;
+
+void dev_init_locked();
+struct sigaction prev_segv; /* the handler ours replaced (the launcher's backtrace, cmocka's) */
+
+void segv_handler(int sig, siginfo_t *si, void *) {
+  uintptr_t a = (uintptr_t)si->si_addr;
+  char buf[256];
+  int n = 0;
+  /* no locks here: a racy look-up is fine on the way to abort() */
+  for (auto &r : dev_regions)
+    if (a >= r.first && a < r.first + r.second.len) {
+      n = snprintf(buf, sizeof(buf),
+                   "emu: host code touched DEVICE memory at %p (offset %zu of a %zu-byte cudaMalloc at %p): "
+                   "on a GPU this is a SIGSEGV. Backtrace:\n",
+                   (void *)a, (size_t)(a - r.first), r.second.asked, (void *)r.first);
+      break;
+    }
+  if (!n) n = snprintf(buf, sizeof(buf), "emu: signal %d at %p (not device memory). Backtrace:\n", sig, (void *)a);
+  if (write(2, buf, (size_t)n) < 0) {
+  }
+  void *bt[64];
+  int k = backtrace(bt, 64);
+  backtrace_symbols_fd(bt, k, 2);
+  sigaction(sig, &prev_segv, nullptr); /* then whatever handled it before us, or the default */
+  raise(sig);
+}
+
+void dev_init_locked() {
+  if (dev_pkey != -2) return;
+  page_size = (size_t)sysconf(_SC_PAGESIZE);
+  const char *open_env = getenv("EMU_DEVMEM_OPEN");
+  dev_unprotected = open_env && open_env[0] == '1';
+  dev_pkey = -1;
+  if (!dev_unprotected) {
+    const char *nopk = getenv("EMU_DEVMEM_NO_PKEYS");
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 27))
+    if (!(nopk && nopk[0] == '1')) dev_pkey = pkey_alloc(0, PKEY_DISABLE_ACCESS);
+#else
+    (void)nopk;
+#endif
+    if (dev_pkey < 0) dev_pkey = -1;
+  }
+}
+
+/* Our SIGSEGV message, unless something (cmocka) put its own handler in since. */
+void dev_handler_locked() {
+  if (dev_unprotected) return;
+  struct sigaction cur;
+  if (sigaction(SIGSEGV, nullptr, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == segv_handler)
+    return;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_sigaction = segv_handler;
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigaction(SIGSEGV, &sa, &prev_segv);
+}
+
+void dev_protect_all_locked(int prot) {
+  for (auto &r : dev_regions) mprotect((void *)r.first, r.second.len, prot);
+}
+
+}  // namespace
+
+/* Inside the emulated device (RAII): device memory is open to this thread. */
+struct DevAccess {
+  DevAccess() {
+    if (dev_depth++ > 0) return;
+    if (dev_pkey == -2) {
+      std::lock_guard<std::mutex> g(dev_m);
+      dev_init_locked();
+    }
+    if (dev_unprotected) return;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 27))
+    if (dev_pkey >= 0) {
+      pkey_set(dev_pkey, 0);
+      return;
+    }
+#endif
+    std::lock_guard<std::mutex> g(dev_m);
+    if (dev_open_global++ == 0) dev_protect_all_locked(PROT_READ | PROT_WRITE);
+  }
+  ~DevAccess() {
+    if (--dev_depth > 0) return;
+    if (dev_unprotected) return;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 27))
+    if (dev_pkey >= 0) {
+      pkey_set(dev_pkey, PKEY_DISABLE_ACCESS);
+      return;
+    }
+#endif
+    std::lock_guard<std::mutex> g(dev_m);
+    if (--dev_open_global == 0) dev_protect_all_locked(PROT_NONE);
+  }
+};
+
+/* The device allocation holding [p, p + n), or 0 (host memory). */
+static int emu_is_device(const void *p, size_t n) {
+  std::lock_guard<std::mutex> g(dev_m);
+  uintptr_t a = (uintptr_t)p;
+  auto it = dev_regions.upper_bound(a);
+  if (it == dev_regions.begin()) return 0;
+  --it;
+  return a >= it->first && a + (n ? n : 1) <= it->first + it->second.len;
+}
+
+static void *dev_map(size_t n) {
+  std::lock_guard<std::mutex> g(dev_m);
+  dev_init_locked();
+  dev_handler_locked();
+  size_t len = (n + page_size - 1) / page_size * page_size;
+  if (!len) len = page_size;
+  void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  memset(p, 0xA5, len); /* device memory starts as garbage */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 27))
+  if (dev_pkey >= 0) pkey_mprotect(p, len, PROT_READ | PROT_WRITE, dev_pkey);
+  else
+#endif
+    if (dev_open_global == 0 && !dev_unprotected) mprotect(p, len, PROT_NONE);
+  dev_regions[(uintptr_t)p] = Region{len, n};
+  return p;
+}
+
+static int dev_unmap(void *p) {
+  std::lock_guard<std::mutex> g(dev_m);
+  auto it = dev_regions.find((uintptr_t)p);
+  if (it == dev_regions.end()) return -1;
+  munmap(p, it->second.len);
+  dev_regions.erase(it);
+  return 0;
+}
+
+extern "C" int emu_cuda_is_device_pointer(const void *p) { return emu_is_device(p, 1); }
+extern "C" int emu_cuda_devmem_mode(void) {
+  std::lock_guard<std::mutex> g(dev_m);
+  dev_init_locked();
+  return dev_unprotected ? 0 : dev_pkey >= 0 ? 2 : 1;
+}
+
 
 /* ---------------- device side ----------------
  * A block's CUDA threads are coroutines (ucontext) on the launching thread: each runs until it
@@ -196,6 +363,7 @@ void emu_launch(int grid, int block, size_t smem, std::function<void()> fn) {
     abort();
   }
   std::lock_guard<std::mutex> g(kernel_mutex);
+  DevAccess dev;
   static uint64_t launches;
   launches++;
   while (stacks.size() < (size_t)block) stacks.push_back((char *)malloc(kStack));
@@ -268,6 +436,7 @@ void emu_launch(int grid, int block, size_t smem, std::function<void()> fn) {
     S = nullptr;
   }
 }
+
 
 /* ---------------- runtime ---------------- */
 
@@ -353,23 +522,29 @@ cudaError_t cudaDeviceCanAccessPeer(int *can, int, int) {
 }
 cudaError_t cudaDeviceEnablePeerAccess(int, unsigned) { return cudaSuccess; }
 cudaError_t cudaMemcpyPeerAsync(void *d, int, const void *s, int, size_t n, cudaStream_t) {
+  if (n && (!emu_is_device(d, n) || !emu_is_device(s, n))) {
+    fprintf(stderr, "emu: cudaMemcpyPeerAsync of %zu bytes %p -> %p: both must be device memory\n", n, s, d);
+    return cudaErrorInvalidValue;
+  }
+  DevAccess dev;
   memmove(d, s, n);
   return cudaSuccess;
 }
 
 cudaError_t cudaMalloc(void **p, size_t n) {
   if (cudaError_t e = no_capture("cudaMalloc")) return e;
-  size_t sz = (n + 255) / 256 * 256;
-  *p = aligned_alloc(256, sz ? sz : 256);
+  *p = dev_map((n + 255) / 256 * 256);
   if (!*p) return cudaErrorMemoryAllocation;
-  memset(*p, 0xA5, sz ? sz : 256); /* device memory starts as garbage */
   live_allocs++;
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void *p) {
   if (p) {
-    free(p);
+    if (dev_unmap(p)) {
+      fprintf(stderr, "emu: cudaFree(%p): not a pointer cudaMalloc returned\n", p);
+      return cudaErrorInvalidValue;
+    }
     live_allocs--;
   }
   return cudaSuccess;
@@ -386,8 +561,41 @@ cudaError_t cudaFreeHost(void *p) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
+static const char *kind_name(cudaMemcpyKind k) {
+  switch (k) {
+  case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
+  case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
+  case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
+  case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
+  default: return "cudaMemcpyDefault";
+  }
+}
+
+/* The kind must match where the pointers are, and a device range must lie inside one allocation. */
+static cudaError_t check_copy(const char *what, void *d, const void *s, size_t n, cudaMemcpyKind k) {
+  if (!n) return cudaSuccess;
+  int dd = emu_is_device(d, n), sd = emu_is_device(s, n);
+  int want_d = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
+  int want_s = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+  if (k == cudaMemcpyDefault) {
+    /* any direction, but a pointer into device memory must lie inside its allocation */
+    if ((emu_is_device(d, 1) && !dd) || (emu_is_device(s, 1) && !sd)) want_d = !dd, want_s = !sd;
+    else return cudaSuccess;
+  }
+  if (dd != want_d || sd != want_s) {
+    fprintf(stderr, "emu: %s of %zu bytes %p (%s) -> %p (%s) with %s: the kind does not match the memory, "
+                    "or a device range runs past its cudaMalloc\n",
+            what, n, s, sd ? "device" : emu_is_device(s, 1) ? "device, range too long" : "host", d,
+            dd ? "device" : emu_is_device(d, 1) ? "device, range too long" : "host", kind_name(k));
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
   if (cudaError_t e = no_capture("cudaMemcpy")) return e;
+  if (cudaError_t e = check_copy("cudaMemcpy", d, s, n, k)) return e;
+  DevAccess dev;
   if (n) memmove(d, s, n);
   return cudaSuccess;
 }
@@ -396,14 +604,23 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, 
   /* a copy to pageable or pinned host memory in a capture would be a host dependency: refuse it */
   if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyHostToDevice)
     if (cudaError_t e = no_capture("cudaMemcpyAsync between host and device")) return e;
+  if (cudaError_t e = check_copy("cudaMemcpyAsync", d, s, n, k)) return e;
+  DevAccess dev;
   if (n) memmove(d, s, n);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int v, size_t n) {
+  if (n && !emu_is_device(p, n)) {
+    fprintf(stderr, "emu: cudaMemset of %zu bytes at %p: not (all) device memory\n", n, p);
+    return cudaErrorInvalidValue;
+  }
+  DevAccess dev;
   memset(p, v, n);
   return cudaSuccess;
 }
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) { return cudaMemset(p, v, n); }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return no_capture("cudaStreamSynchronize"); }
 
@@ -527,11 +744,20 @@ ncclResult_t complete_group() {
       res = ncclInvalidUsage;
       continue;
     }
+    DevAccess dev;
     if (r.bytes) memcpy(r.buf, msg.data(), r.bytes);
   }
   pending.clear();
   group_error = ncclSuccess;
   return res;
+}
+
+/* NCCL moves device memory: a host buffer (or a range past its allocation) is an error here. */
+ncclResult_t nccl_dev_buf(ncclComm_t comm, const char *what, const void *p, size_t bytes) {
+  if (!bytes || emu_is_device(p, bytes)) return ncclSuccess;
+  snprintf(comm->err, sizeof(comm->err), "emu: %s of %zu bytes at %p: not (all) device memory", what, bytes, p);
+  fprintf(stderr, "%s\n", comm->err);
+  return ncclInvalidArgument;
 }
 
 }  // namespace
@@ -581,6 +807,9 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t count, n
                            cudaStream_t) {
   EmuWorld *w = comm->w;
   size_t chunk = count * type_size(type);
+  if (ncclResult_t r = nccl_dev_buf(comm, "ncclAllGather send", sendbuff, chunk)) return r;
+  if (ncclResult_t r = nccl_dev_buf(comm, "ncclAllGather receive", recvbuff, chunk * (size_t)w->n)) return r;
+  DevAccess dev;
   if (comm->rank == 0) w->gather.assign(chunk * (size_t)w->n, 0);
   pthread_barrier_wait(&w->bar);
   memcpy(w->gather.data() + chunk * (size_t)comm->rank, sendbuff, chunk);
@@ -649,6 +878,9 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
                            ncclComm_t comm, cudaStream_t) {
   EmuWorld *w = comm->w;
   size_t ts = type_size(type), bytes = count * ts;
+  if (ncclResult_t r = nccl_dev_buf(comm, "ncclAllReduce send", sendbuff, bytes)) return r;
+  if (ncclResult_t r = nccl_dev_buf(comm, "ncclAllReduce receive", recvbuff, bytes)) return r;
+  DevAccess dev;
   if (comm->rank == 0) w->gather.assign(bytes * (size_t)w->n, 0);
   pthread_barrier_wait(&w->bar);
   memcpy(w->gather.data() + bytes * (size_t)comm->rank, sendbuff, bytes);
@@ -695,8 +927,12 @@ ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int pe
   EmuWorld *w = comm->w;
   if (peer < 0 || peer >= w->n || peer == comm->rank) return ncclInvalidArgument;
   size_t bytes = count * type_size(type);
+  if (ncclResult_t r = nccl_dev_buf(comm, "ncclSend", buf, bytes)) return r;
   std::vector<char> msg(bytes);
-  if (bytes) memcpy(msg.data(), buf, bytes);
+  {
+    DevAccess dev;
+    if (bytes) memcpy(msg.data(), buf, bytes);
+  }
   {
     std::lock_guard<std::mutex> lk(w->m);
     w->box[std::make_pair(comm->rank, peer)].push_back(std::move(msg));
@@ -710,6 +946,7 @@ ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int pe
 
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
   if (peer < 0 || peer >= comm->w->n || peer == comm->rank) return ncclInvalidArgument;
+  if (ncclResult_t r = nccl_dev_buf(comm, "ncclRecv", buf, count * type_size(type))) return r;
   pending.push_back(PendingRecv{buf, count * type_size(type), peer, comm});
   if (group_depth == 0) return complete_group();
   return ncclSuccess;
