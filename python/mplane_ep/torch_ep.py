@@ -83,10 +83,12 @@ def _need(t, name, dtype=None, dims=None, device=None):
 
 
 class _DeviceInts:
-    """A read-only view of library-owned device int32 memory, for torch.as_tensor (zero copy)."""
+    """A view of library-owned device int32 memory, for torch.as_tensor (zero copy; callers clone it).
+    Marked writable: torch 2.11 refuses read-only CUDA array interfaces ("the read only flag is not
+    supported"), as seen on the H200 run."""
 
     def __init__(self, ptr, n):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, True), "version": 3,
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, False), "version": 3,
                                          "strides": None, "stream": None}
 
 

@@ -700,12 +700,16 @@ static int mode_bytes(const bench_opts *o, rank_env *env, cudaStream_t st) {
       free_routing(&ra);
       return rc;
     }
-    /* the plugin rewrites its file when NCCL closes the connections; give the proxy a moment */
-    long long closed_before = closed, after = -1;
-    for (int tries = 0; o->stats[0] && tries < 50; tries++) {
+    /* The plugin rewrites its file at every connection close, and NCCL's proxy closes them one by
+     * one: wait until the file shows new closes and then stops changing (on the H200 the first
+     * close was enough to stop the old loop, and the flat run read as 0 bytes). */
+    long long closed_before = closed, after = -1, last_after = -2, last_closed = -2;
+    for (int tries = 0; o->stats[0] && tries < 60; tries++) {
       after = stats_tx(path, &closed);
-      if (after >= 0 && closed > closed_before) break;
-      usleep(100000);
+      if (after >= 0 && closed > closed_before && after == last_after && closed == last_closed) break;
+      last_after = after;
+      last_closed = closed;
+      usleep(200000);
     }
     if (after >= 0) {
       meas[flat] = (double)(after - before);
