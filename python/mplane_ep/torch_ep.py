@@ -355,7 +355,7 @@ class Context:
         accumulation). `dispatched` must be its layout's latest dispatch."""
         self._alive()
         lay = dispatched.layout
-        if dispatched._seq != lay._dispatch_seq - 1 or not lay._h:
+        if dispatched._seq != lay._dispatch_seq or not lay._h:
             raise ValueError("combine must use the latest dispatch of its layout")
         _need(y, "y", torch.bfloat16, 2, self.device)
         rows = dispatched.x.shape[0]

@@ -1033,6 +1033,16 @@ int bench_rank_main(const bench_opts *o, rank_env *env) {
         getenv("NCCL_HOSTID") ? getenv("NCCL_HOSTID") : "(unset)",
         getenv("NCCL_NET_PLUGIN") ? getenv("NCCL_NET_PLUGIN") : "(unset)");
   }
+  /* NCCL 2.28 unloads a net plugin when the last communicator using it is destroyed, and its reload
+   * then fails (the library's name was cleared with its state), so every later communicator falls
+   * back silently to NCCL's Socket transport: on the H200 only the first mode's communicator ran
+   * through mplane. An idle communicator held for the whole run keeps the plugin loaded; it makes
+   * no connection (NCCL connects when a communicator is first used). */
+  ncclComm_t anchor = NULL;
+  if (new_comm(env, &anchor)) {
+    cudaStreamDestroy(st);
+    return 2;
+  }
   /* bytes first: the plugin's counters are per process, and nothing may have used the network yet */
   if ((o->modes & MODE_BYTES) && o->nodes < 2) {
     if (env->rank == 0) say("bytes: one node - nothing crosses the network (run with --nodes 2 for the counter check)");
@@ -1051,6 +1061,7 @@ int bench_rank_main(const bench_opts *o, rank_env *env) {
     if (rc > worst) worst = rc;
   }
 done:
+  ncclCommDestroy(anchor);
   if (env->up_fd >= 0) close(env->up_fd);
   cudaStreamDestroy(st);
   return worst;
