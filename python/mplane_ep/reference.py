@@ -57,7 +57,10 @@ def fp8_quantize_ref(x):
     T, H = x.shape
     xf = x.float().view(T, H // TILE, TILE)
     amax = xf.abs().amax(dim=2)
-    scale = torch.clamp_min(amax, AMAX_FLOOR) / FP8_MAX
+    # Divide by a tensor, not a Python number: on CUDA, torch turns division by a CPU scalar into a
+    # multiplication by its reciprocal, one ulp off the library's IEEE division for many amax values
+    # (on the H200 every FP8 scale differed from the library's by that ulp).
+    scale = torch.clamp_min(amax, AMAX_FLOOR) / torch.full_like(amax, FP8_MAX)
     q = (xf / scale.unsqueeze(2)).to(torch.float8_e4m3fn)
     return q.view(T, H), scale
 
