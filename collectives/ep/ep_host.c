@@ -35,6 +35,10 @@ struct mplane_ep_ctx {
   float *ex_scale, *ex_w;
   int *ex_src;
   mp_ep_xfer *xfer;
+  int direct;                               /* nvlink_direct in effect (same-node peers mapped) */
+  char *peer_p2r[MP_EP_MAX_GPN];            /* IPC mappings of the same-node peers' p2r; own: NULL */
+  int *d_peer_off;                          /* device [R][G+1]: every rank's p2r segment starts */
+  int *d_bar;                               /* device [R]: the barrier's tiny all-gather */
   int prof_on;
   cudaEvent_t prof_ev[3][6]; /* layout, dispatch, combine: an event before each of 5 steps and one after */
   int prof_valid[3];
@@ -205,6 +209,76 @@ out:
   return rc;
 }
 
+/* ---------- nvlink_direct: the same-node peers' p2r buffers through CUDA IPC ---------- */
+
+/* Collective (every rank calls it, with or without the direct path: the all-gather is on the
+ * communicator). Each rank publishes its p2r's IPC handle; the ranks of this node open theirs. */
+static int open_peers(mplane_ep_ctx *ctx, int want, cudaStream_t stream) {
+  const int R = ctx->R, G = ctx->shape.G;
+  const size_t hs = sizeof(cudaIpcMemHandle_t);
+  cudaIpcMemHandle_t *h = calloc((size_t)R, hs);
+  char *d_h = NULL;
+  int rc = MPLANE_EP_OK;
+  if (!h) return EP_FAIL(ctx, MPLANE_EP_ERR_NOMEM, "out of host memory");
+  cudaError_t ce = cudaSuccess;
+  if (want && ctx->p2r) ce = cudaIpcGetMemHandle(&h[ctx->me], ctx->p2r);
+  if (ce != cudaSuccess) {
+    rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct=1: cudaIpcGetMemHandle of the phase-2 receive rows: %s",
+                 cudaGetErrorString(ce));
+    want = 0; /* still take part in the all-gather below, so the other ranks do not hang */
+  }
+  ce = cudaMalloc((void **)&d_h, hs * (size_t)R);
+  if (ce == cudaSuccess) ce = cudaMemcpyAsync(d_h + hs * ctx->me, &h[ctx->me], hs, cudaMemcpyHostToDevice, stream);
+  if (ce != cudaSuccess) {
+    if (!rc) rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct handle exchange: %s", cudaGetErrorString(ce));
+    goto out;
+  }
+  {
+    ncclResult_t nr = ncclAllGather(d_h + hs * ctx->me, d_h, hs, ncclUint8, ctx->comm, stream);
+    if (nr != ncclSuccess) {
+      if (!rc) rc = EP_FAIL(ctx, MPLANE_EP_ERR_NCCL, "ncclAllGather of the IPC handles: %s", ncclGetErrorString(nr));
+      goto out;
+    }
+  }
+  ce = cudaMemcpyAsync(h, d_h, hs * (size_t)R, cudaMemcpyDeviceToHost, stream);
+  if (ce == cudaSuccess) ce = cudaStreamSynchronize(stream);
+  if (ce != cudaSuccess) {
+    if (!rc) rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct handle exchange: %s", cudaGetErrorString(ce));
+    goto out;
+  }
+  if (!want || rc) goto out;
+  for (int j = 0; j < G; j++) {
+    if (j == ctx->base.my_local) continue;
+    int peer = ctx->rank_of[ctx->base.my_node * G + j];
+    if (ctx->phys_node[peer] != ctx->phys_node[ctx->me]) {
+      rc = EP_FAIL(ctx, MPLANE_EP_ERR_INTERNAL, "nvlink_direct: rank %d (local %d) is not on this host", peer, j);
+      goto out;
+    }
+    void *p = NULL;
+    ce = cudaIpcOpenMemHandle(&p, h[peer], cudaIpcMemLazyEnablePeerAccess);
+    if (ce != cudaSuccess) {
+      rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA,
+                   "nvlink_direct=1: cudaIpcOpenMemHandle of rank %d's phase-2 receive rows: %s (needs one process "
+                   "per GPU and peer access between the GPUs; use nvlink_direct=0)",
+                   peer, cudaGetErrorString(ce));
+      goto out;
+    }
+    ctx->peer_p2r[j] = p;
+  }
+  ctx->direct = 1;
+out:
+  cudaFree(d_h);
+  free(h);
+  return rc;
+}
+
+/* Stream-ordered barrier of all ranks (a one-int all-gather): once it completes on this rank,
+ * every rank's earlier work on its stream (kernels writing into this rank's p2r) has completed. */
+static int direct_barrier(mplane_ep_ctx *ctx, cudaStream_t stream) {
+  NCCL_TRY(ctx, ncclAllGather(ctx->d_bar + ctx->me, ctx->d_bar, 1, ncclInt32, ctx->comm, stream));
+  return MPLANE_EP_OK;
+}
+
 /* ---------- context ---------- */
 
 int mplane_ep_destroy(mplane_ep_ctx *ctx) {
@@ -212,6 +286,10 @@ int mplane_ep_destroy(mplane_ep_ctx *ctx) {
   if (ctx->prof_ev[0][0])
     for (int o = 0; o < 3; o++)
       for (int i = 0; i < 6; i++) cudaEventDestroy(ctx->prof_ev[o][i]);
+  for (int j = 0; j < MP_EP_MAX_GPN; j++)
+    if (ctx->peer_p2r[j]) cudaIpcCloseMemHandle(ctx->peer_p2r[j]);
+  cudaFree(ctx->d_peer_off);
+  cudaFree(ctx->d_bar);
   cudaFree(ctx->d_topo);
   cudaFree(ctx->p1s);
   cudaFree(ctx->p1r);
@@ -341,6 +419,25 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     v->ex_scale = ctx->ex_scale;
     v->ex_w = ctx->ex_w;
     v->ex_src = ctx->ex_src;
+  }
+  /* every rank decides the same way (same config, same topology), so the all-gathers match */
+  if (cfg->nvlink_direct && !cfg->flat && ctx->shape.G > 1) {
+    const int R = ctx->R, G = ctx->shape.G;
+    if (G > MP_EP_MAX_GPN) {
+      rc = EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "nvlink_direct=1: %d GPUs a node, at most %d", G, MP_EP_MAX_GPN);
+      goto fail;
+    }
+    CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_peer_off, 4L * R * (G + 1), "nvlink_direct segment starts"));
+    CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_bar, 4L * R, "nvlink_direct barrier"));
+    if (cudaMemsetAsync(ctx->d_bar, 0, 4L * R, stream) != cudaSuccess) {
+      rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct: clearing the barrier word");
+      goto fail;
+    }
+    CREATE_TRY(open_peers(ctx, 1, stream));
+    mp_ep_view *v = &ctx->base;
+    v->direct = 1;
+    for (int j = 0; j < G; j++) v->peer_p2r[j] = ctx->peer_p2r[j];
+    v->peer_off = ctx->d_peer_off;
   }
   *out = ctx;
   return MPLANE_EP_OK;
@@ -627,6 +724,13 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
   if (pack_blocks < 1) pack_blocks = 1;
   ctx->prof_valid[PROF_DISPATCH] = 0;
   prof_mark(ctx, PROF_DISPATCH, 0, stream);
+  if (v->direct) {
+    /* every rank's p2r segment starts (where this rank's rows land at each peer); also a barrier:
+     * no peer still reads its p2r (previous unpack / combine) when the pack writes into it */
+    const int G1 = v->G + 1;
+    NCCL_TRY(ctx, ncclAllGather(lo->d_cnt + v->cl.off2r, ctx->d_peer_off, (size_t)G1, ncclInt32,
+                                ctx->comm, stream));
+  }
   KERNEL_TRY(ctx, mp_ep_launch_pack(v, (const uint16_t *)x, topk_weights, pack_blocks, stream));
   prof_mark(ctx, PROF_DISPATCH, 1, stream);
   if ((rc = run_step(ctx, lo, v, MP_EP_STEP_D1, stream))) return rc;
@@ -634,7 +738,12 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
   /* normal mode knows when there is nothing to forward (one node) or to unpack (one GPU a node) */
   if (v->graph || v->N > 1) KERNEL_TRY(ctx, mp_ep_launch_forward(v, blocks, stream));
   prof_mark(ctx, PROF_DISPATCH, 3, stream);
-  if ((rc = run_step(ctx, lo, v, MP_EP_STEP_D2, stream))) return rc;
+  if (v->direct) {
+    /* the rows are already in place (written by the peers' pack / forward): wait for them */
+    if ((rc = direct_barrier(ctx, stream))) return rc;
+  } else if ((rc = run_step(ctx, lo, v, MP_EP_STEP_D2, stream))) {
+    return rc;
+  }
   prof_mark(ctx, PROF_DISPATCH, 4, stream);
   if (v->graph || v->G > 1) KERNEL_TRY(ctx, mp_ep_launch_unpack(v, blocks, stream));
   prof_mark(ctx, PROF_DISPATCH, 5, stream);

@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_pack(mp_ep_view v, const uin
     const int ndst = p.ndst, nexp = p.nexp;
     if (ndst + nexp > 0) {
       if (lane < ndst) {
-        char *dst = (p.dst_buf[lane] == MP_EP_BUF_P1S ? v.p1s : v.p2s) + (long)p.dst_row[lane] * v.dstride;
+        char *dst = (p.dst_buf[lane] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[lane] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[lane], v.dstride));
         mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, row, wrow, v.rrank_k + (long)t * v.K,
                          v.erank_k + (long)t * v.K, p.dst_node[lane]);
       }
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_pack(mp_ep_view v, const uin
             }
             const uint2 q = make_uint2(lo, hi);
             for (int d = 0; d < ndst; d++) {
-              char *dst = (p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s : v.p2s) + (long)p.dst_row[d] * v.dstride;
+              char *dst = (p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[d] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride));
               *(uint2 *)(dst + tile * MP_EP_TILE + hl * 8) = q;
               if (hl == 0) *(float *)(dst + H + tile * 4) = scale;
             }
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_pack(mp_ep_view v, const uin
         uint4 *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK];
         int nd = 0;
         for (int d = 0; d < ndst; d++)
-          dst[nd++] = (uint4 *)((p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s : v.p2s) + (long)p.dst_row[d] * v.dstride);
+          dst[nd++] = (uint4 *)((p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[d] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride)));
         for (int e = 0; e < nexp; e++)
           if (p.exp_row[e] >= 0) dst[nd++] = (uint4 *)(v.ex_x + (long)p.exp_row[e] * 2 * H);
         warp_copy((const uint4 *)xr, dst, nd, H / 8);
@@ -262,6 +262,7 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_pack(mp_ep_view v, const uin
     }
     __syncwarp();
   }
+  if (v.direct) __threadfence_system(); /* peer rows written before the barrier */
 }
 
 /* Expert rows from a wire row (payload, scales, weight, source): forward and unpack share it. */
@@ -311,12 +312,13 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_forward(mp_ep_view v) {
     __syncwarp();
     if (gos[MP_WARP]) {
       uint4 *dst[MP_EP_MAX_GPN];
-      for (int d = 0; d < p.ndst; d++) dst[d] = (uint4 *)(v.p2s + (long)p.dst_row[d] * v.dstride);
+      for (int d = 0; d < p.ndst; d++) dst[d] = (uint4 *)mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
       warp_copy((const uint4 *)src, dst, p.ndst, (int)(v.dstride / 16));
       warp_expert_rows(v, src, m, p.exp_row, p.exp_k, p.nexp);
     }
     __syncwarp();
   }
+  if (v.direct) __threadfence_system(); /* peer rows written before the barrier */
 }
 
 /* Destination: phase-2 rows from the node's other forwarders into the expert rows. */

@@ -81,7 +81,25 @@ typedef struct mp_ep_view {
   uint8_t *ex_x;
   float *ex_scale, *ex_w;
   int *ex_src; /* [rows][2]: source rank, source token */
+  /* nvlink_direct: phase-2 rows for local target j go straight to peer_p2r[j] (the peer's p2r, an
+   * IPC mapping) at the peer's segment for this forwarder; peer_off [R][G+1] holds every rank's
+   * p2r segment starts (gathered on the stream before the pack). 0 / NULL: the staging path. */
+  int direct;
+  char *peer_p2r[MP_EP_MAX_GPN];
+  const int *peer_off;
 } mp_ep_view;
+
+/* Where phase-2 send row `row` (a p2s row index) is written: the own p2s (staging), or in direct
+ * mode the target peer's p2r row that the NCCL step would have received it into. */
+MP_HD char *mp_ep_p2s_dst(const mp_ep_view *v, long row, long stride) {
+  if (!v->direct) return v->p2s + row * stride;
+  const int *o2s = v->cnt + v->cl.off2s;
+  int j = 0;
+  while (j + 1 < v->G && row >= o2s[j + 1]) j++;
+  const int peer = v->rank_of[v->my_node * v->G + j];
+  const long roff = v->peer_off[(long)peer * (v->G + 1) + v->my_local];
+  return v->peer_p2r[j] + (roff + row - o2s[j]) * stride;
+}
 
 MP_HD long mp_ep_align16(long x) { return (x + 15) & ~15L; }
 MP_HD int mp_ep_meta_words(int K, int G) { return 2 + 3 * K + G; }

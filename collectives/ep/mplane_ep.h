@@ -58,6 +58,9 @@ typedef struct mplane_ep_config {
   int worst_case;    /* 1: worst-case sizes and no host synchronisation, capturable in a CUDA graph */
   int flat;          /* 1: plain all-to-all, one copy per (token, expert), no forwarding (the baseline) */
   int num_sms;       /* blocks (one per SM) of the data kernels; 0: every SM of the device */
+  int nvlink_direct; /* 1: dispatch writes phase-2 rows straight into the same-node peers' receive
+                      * buffers (CUDA IPC, handles exchanged at create) instead of NCCL send/recv;
+                      * 0 (default): the NCCL path. Ignored in flat mode and with one GPU a node. */
 } mplane_ep_config;
 
 /* What a context resolved. */

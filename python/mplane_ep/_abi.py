@@ -46,6 +46,7 @@ class mplane_ep_config(ctypes.Structure):
         ("worst_case", c_int),      # 1: worst-case sizes, no host synchronisation (CUDA graphs)
         ("flat", c_int),            # 1: plain all-to-all, one copy per (token, expert) (the baseline)
         ("num_sms", c_int),         # blocks of the data kernels; 0: every SM
+        ("nvlink_direct", c_int),   # 1: phase-2 rows written straight into same-node peers (CUDA IPC)
     ]
 
 

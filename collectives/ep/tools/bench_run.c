@@ -276,6 +276,7 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
     goto out;
   }
   mplane_ep_config cfg = make_cfg(0, E, H, K, Tmax, c->worst, c->flat, 0);
+  cfg.nvlink_direct = o->nvlink_direct;
   if (mplane_ep_create(&ctx, comm, &cfg, st) != MPLANE_EP_OK) {
     say("%s: mplane_ep_create: %s", c->name, mplane_ep_last_error(NULL));
     goto out;
@@ -434,8 +435,8 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
     say("%s: FAIL tolerance: %ld values outside the documented bound; first: %s", c->name, tbad, msg);
     fail = 1;
   }
-  say("check %-20s %s: %d tokens out, %d expert rows in, dispatch %s, combine %s, worst error %.2f of the %s tolerance",
-      c->name, fail ? "FAIL" : "PASS", T, nrows, bad ? "DIFFERS" : "bit-exact", cbad ? "DIFFERS" : "bit-exact", ratio,
+  say("check %-20s %s%s: %d tokens out, %d expert rows in, dispatch %s, combine %s, worst error %.2f of the %s tolerance",
+      c->name, cfg.nvlink_direct && !c->flat ? "[nvlink-direct] " : "", fail ? "FAIL" : "PASS", T, nrows, bad ? "DIFFERS" : "bit-exact", cbad ? "DIFFERS" : "bit-exact", ratio,
       c->fmt == MP_EP_FMT_FP8 ? "FP8" : "BF16");
   rc = fail;
 out:
@@ -943,14 +944,19 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
   double ours_total = 0, base_total = 0, ours_nvl_gbs = 0, logical_fp8 = 0, logical_bf16c = 0;
   struct variant {
     const char *name;
-    int flat, sms, fmt;
-  } vars[8];
+    int flat, sms, fmt, direct;
+  } vars[12];
   int nv = 0;
-  for (int i = 0; i < o->n_sms && nv < 6; i++) vars[nv++] = (struct variant){"node-limited", 0, o->sms[i], MPLANE_EP_FMT_FP8};
-  vars[nv++] = (struct variant){"node-limited", 0, o->sms[0], MPLANE_EP_FMT_BF16};
-  vars[nv++] = (struct variant){"flat all-to-all (baseline)", 1, 0, MPLANE_EP_FMT_FP8};
+  for (int i = 0; i < o->n_sms && nv < 6; i++) vars[nv++] = (struct variant){"node-limited", 0, o->sms[i], MPLANE_EP_FMT_FP8, 0};
+  vars[nv++] = (struct variant){"node-limited", 0, o->sms[0], MPLANE_EP_FMT_BF16, 0};
+  vars[nv++] = (struct variant){"flat all-to-all (baseline)", 1, 0, MPLANE_EP_FMT_FP8, 0};
+  if (o->nvlink_direct) { /* the direct intranode path, beside the NCCL path above */
+    vars[nv++] = (struct variant){"node-limited nvlink-direct", 0, o->sms[0], MPLANE_EP_FMT_FP8, 1};
+    vars[nv++] = (struct variant){"node-limited nvlink-direct", 0, o->sms[0], MPLANE_EP_FMT_BF16, 1};
+  }
   for (int i = 0; i < nv; i++) {
     mplane_ep_config cfg = make_cfg(0, E, H, K, T, 0, vars[i].flat, vars[i].sms);
+    cfg.nvlink_direct = vars[i].direct;
     mplane_ep_ctx *ctx = NULL;
     if (mplane_ep_create(&ctx, comm, &cfg, st) != MPLANE_EP_OK) {
       say("bench: mplane_ep_create: %s", mplane_ep_last_error(NULL));

@@ -34,6 +34,8 @@ static void usage(FILE *f) {
           "  --groups G        expert groups (8)   --topk-groups TG (4)   --scaling S (2.5)\n"
           "  --iters I         timed iterations (20), after --warmup W (3)\n"
           "  --sms LIST        data-kernel SM counts to benchmark, 0 = all (default 0,24)\n"
+          "  --nvlink-direct   check mode runs the direct intranode path (nvlink_direct = 1: phase-2 rows written\n"
+          "                    into the peers' buffers through CUDA IPC); bench mode times it beside the NCCL path\n"
           "  --stats-file PAT  plugin counters: sets MPLANE_STATS_FILE=PAT (%%p = pid) in the ranks and reads it\n"
           "  --out FILE        append the results to FILE\n"
           "  --seed S          (1)   --timeout SEC (540)\n");
@@ -103,6 +105,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     else if (!strcmp(a, "--scaling")) { NEXT(); o->scaling = (float)atof(v); }
     else if (!strcmp(a, "--iters")) { NEXT(); o->iters = atoi(v); }
     else if (!strcmp(a, "--warmup")) { NEXT(); o->warmup = atoi(v); }
+    else if (!strcmp(a, "--nvlink-direct")) o->nvlink_direct = 1;
     else if (!strcmp(a, "--sms")) {
       NEXT();
       char buf[128];

@@ -60,8 +60,10 @@ static void *relay(void *p) {
 int main(int argc, char **argv) {
   bench_opts o;
   memset(&o, 0, sizeof(o));
+  /* bench_emu NODES [direct]: direct = --nvlink-direct (phase-2 rows through emulated CUDA IPC) */
   o.gpus = 2;
   o.nodes = argc > 1 ? atoi(argv[1]) : 1;
+  o.nvlink_direct = argc > 2 && !strcmp(argv[2], "direct");
   o.per_node = o.gpus / o.nodes;
   o.modes = MODE_CHECK | MODE_BYTES | MODE_BENCH;
   o.tokens = 48;

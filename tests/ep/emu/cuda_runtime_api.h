@@ -75,6 +75,16 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaDeviceCanAccessPeer(int *can, int dev, int peer);
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags);
 cudaError_t cudaMemcpyPeerAsync(void *d, int dd, const void *s, int sd, size_t n, cudaStream_t st);
+/* CUDA IPC: the emulated ranks are threads of one process sharing its device mappings, so a
+ * handle carries the allocation's address and opening it returns that address (the allocation
+ * must be a live cudaMalloc; an open handle must be closed) */
+typedef struct cudaIpcMemHandle_st {
+  char reserved[64];
+} cudaIpcMemHandle_t;
+#define cudaIpcMemLazyEnablePeerAccess 0x01
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags);
+cudaError_t cudaIpcCloseMemHandle(void *p);
 
 /* emulator only: device allocations still outstanding */
 long emu_cuda_live_allocations(void);

@@ -531,6 +531,37 @@ cudaError_t cudaMemcpyPeerAsync(void *d, int, const void *s, int, size_t n, cuda
   return cudaSuccess;
 }
 
+static std::atomic<long> ipc_open{0};
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) {
+  if (!h || !emu_is_device(p, 1)) {
+    fprintf(stderr, "emu: cudaIpcGetMemHandle of %p: not device memory\n", p);
+    return cudaErrorInvalidValue;
+  }
+  memset(h, 0, sizeof(*h));
+  memcpy(h->reserved, "emu-ipc", 8);
+  memcpy(h->reserved + 8, &p, sizeof(p));
+  return cudaSuccess;
+}
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned) {
+  void *q = NULL;
+  memcpy(&q, h.reserved + 8, sizeof(q));
+  if (memcmp(h.reserved, "emu-ipc", 8) != 0 || !emu_is_device(q, 1)) {
+    fprintf(stderr, "emu: cudaIpcOpenMemHandle: not a handle of a live allocation\n");
+    return cudaErrorInvalidValue;
+  }
+  *p = q;
+  ipc_open++;
+  return cudaSuccess;
+}
+cudaError_t cudaIpcCloseMemHandle(void *p) {
+  if (!p || ipc_open.load() <= 0) {
+    fprintf(stderr, "emu: cudaIpcCloseMemHandle of %p: no open handle\n", p);
+    return cudaErrorInvalidValue;
+  }
+  ipc_open--;
+  return cudaSuccess;
+}
+
 cudaError_t cudaMalloc(void **p, size_t n) {
   if (cudaError_t e = no_capture("cudaMalloc")) return e;
   *p = dev_map((n + 255) / 256 * 256);
