@@ -1151,50 +1151,90 @@ static int closed_by_peer(int fd, double secs) {
   return 0;
 }
 
+/* The real peer of the socket-only "fakes" scenarios (child side): waits for the listener's handle
+ * (all zeros: the scenario skipped), connects like any rank and sends one message. */
+static int real_peer_send_one(struct pair *pp, struct node *nd, size_t size, int msg, int tag, const char *what) {
+  unsigned char h[HANDLE_SIZE];
+  chan_recv(pp->fd, h, HANDLE_SIZE);
+  if (h[0] == 0) _exit(77);
+  void *sc = NULL;
+  double deadline = abi_now() + 30;
+  while (!sc) {
+    if (abi_connect(&nd->net, nd->ctx, nd->dev, h, &sc) != ncclSuccess) abi_fail("connect %s failed", what);
+    if (abi_now() > deadline) abi_fail("no connection %s in 30 s", what);
+    sched_yield();
+  }
+  void *buf = alloc_buf(size, 0), *mh;
+  fill(buf, size, msg);
+  reg(nd, sc, buf, size, &mh);
+  struct op op = {.send = 1, .n = 1, .data = {buf}, .size = {size}, .tag = {tag}, .mh = {mh}};
+  struct run_stats st;
+  if (run_ops(nd, sc, NULL, &op, 1, 0, 30, &st)) fail_run("send", &st, &op, 0);
+  barrier(pp->fd);
+  dereg(nd, sc, mh);
+  abi_close_send(&nd->net, sc);
+  free(buf);
+  node_down(nd);
+  return pair_finish(pp, 1);
+}
+
+/* Listen and read the TCP address out of the handle. 0 when the transport is not socket: the
+ * scenario skips (and, with a child waiting in real_peer_send_one, releases it). */
+static int listen_tcp(struct node *nd, struct pair *pp, unsigned char *handle, void **lc, struct sockaddr_storage *ss,
+                      socklen_t *sl) {
+  if (abi_listen(&nd->net, nd->ctx, nd->dev, handle, lc) != ncclSuccess) abi_fail("listen failed");
+  if (handle_sockaddr(handle, ss, sl)) return 1;
+  abi_note("SKIP: the listen handle is not a TCP address (transport is not socket)");
+  if (pp) {
+    unsigned char no[HANDLE_SIZE] = {0};
+    chan_send(pp->fd, no, HANDLE_SIZE);
+    int st;
+    waitpid(pp->child, &st, 0);
+  }
+  return 0;
+}
+
+/* Listener side of real_peer_send_one: hand it the handle, accept within limit_s (why names what
+ * a late accept means), receive and check its one message, then close. Seconds until accepted. */
+static double accept_real_peer(struct node *nd, struct pair *pp, const unsigned char *handle, void *lc, size_t size,
+                               int msg, int tag, double limit_s, const char *why) {
+  chan_send(pp->fd, handle, HANDLE_SIZE);
+  void *rc = NULL;
+  double t0 = abi_now();
+  while (!rc) {
+    double t1 = abi_now();
+    if (abi_accept(&nd->net, lc, &rc) != ncclSuccess) abi_fail("accept of the real peer failed");
+    timed(t1, "accept");
+    if (abi_now() - t0 > limit_s) abi_fail("the real peer was not accepted within %.0f s %s", limit_s, why);
+    sched_yield();
+  }
+  double waited = abi_now() - t0;
+  void *buf = alloc_buf(size, 64), *mh;
+  reg(nd, rc, buf, size, &mh);
+  struct op op = {.n = 1, .data = {buf}, .size = {size}, .tag = {tag}, .mh = {mh}, .expect = {size}, .msg = {msg}};
+  struct run_stats st;
+  size_t mark = abi_log_mark();
+  if (run_ops(nd, NULL, rc, &op, 1, 0, 30, &st)) fail_run("receive from the real peer", &st, &op, mark);
+  verify_recvs(&op, 1, 64);
+  barrier(pp->fd);
+  dereg(nd, rc, mh);
+  abi_close_recv(&nd->net, rc);
+  free(buf);
+  return waited;
+}
+
 static int sc_fake_peer(void) {
   struct pair pp;
   int rank = pair_fork(&pp);
   struct node nd;
   node_up(&nd, g_opts.version);
-  if (rank == 1) {
-    /* the real peer: waits until the fakes were dealt with, then connects like any rank */
-    unsigned char h[HANDLE_SIZE];
-    chan_recv(pp.fd, h, HANDLE_SIZE);
-    if (h[0] == 0) _exit(77);
-    void *sc = NULL;
-    double deadline = abi_now() + 30;
-    while (!sc) {
-      if (abi_connect(&nd.net, nd.ctx, nd.dev, h, &sc) != ncclSuccess) abi_fail("connect after the fakes failed");
-      if (abi_now() > deadline) abi_fail("no connection after the fakes in 30 s");
-      sched_yield();
-    }
-    size_t size = 300001;
-    void *buf = alloc_buf(size, 0), *mh;
-    fill(buf, size, 77);
-    reg(&nd, sc, buf, size, &mh);
-    struct op op = {.send = 1, .n = 1, .data = {buf}, .size = {size}, .tag = {3}, .mh = {mh}};
-    struct run_stats st;
-    if (run_ops(&nd, sc, NULL, &op, 1, 0, 30, &st)) fail_run("send after the fakes", &st, &op, 0);
-    barrier(pp.fd);
-    dereg(&nd, sc, mh);
-    abi_close_send(&nd.net, sc);
-    free(buf);
-    node_down(&nd);
-    return pair_finish(&pp, rank);
-  }
+  /* the real peer: waits until the fakes were dealt with, then connects like any rank */
+  if (rank == 1) return real_peer_send_one(&pp, &nd, 300001, 77, 3, "after the fakes");
   unsigned char handle[HANDLE_SIZE];
   void *lc = NULL;
-  if (abi_listen(&nd.net, nd.ctx, nd.dev, handle, &lc) != ncclSuccess) abi_fail("listen failed");
   struct sockaddr_storage ss;
   socklen_t sl;
-  if (!handle_sockaddr(handle, &ss, &sl)) {
-    unsigned char no[HANDLE_SIZE] = {0};
-    chan_send(pp.fd, no, HANDLE_SIZE);
-    abi_note("SKIP: the listen handle is not a TCP address (transport is not socket)");
-    int st;
-    waitpid(pp.child, &st, 0);
-    return 77;
-  }
+  if (!listen_tcp(&nd, &pp, handle, &lc, &ss, &sl)) return 77;
   char port_text[16];
   int port;
   /* 1: HTTP-looking garbage */
@@ -1223,31 +1263,10 @@ static int sc_fake_peer(void) {
   accept_until_warn(&nd, lc, mark, 5, "random bytes from a plain TCP client", "not mplane", port_text);
   close(f5);
   /* a real peer still gets through, with the silent fakes still pending */
-  chan_send(pp.fd, handle, HANDLE_SIZE);
-  void *rc = NULL;
-  double deadline = abi_now() + 30;
-  while (!rc) {
-    double t1 = abi_now();
-    if (abi_accept(&nd.net, lc, &rc) != ncclSuccess) abi_fail("accept of the real peer failed");
-    timed(t1, "accept");
-    if (abi_now() > deadline) abi_fail("the real peer was not accepted in 30 s");
-    sched_yield();
-  }
-  size_t size = 300001;
-  void *buf = alloc_buf(size, 64), *mh;
-  reg(&nd, rc, buf, size, &mh);
-  struct op op = {.n = 1, .data = {buf}, .size = {size}, .tag = {3}, .mh = {mh}, .expect = {size}, .msg = {77}};
-  struct run_stats st;
-  mark = abi_log_mark();
-  if (run_ops(&nd, NULL, rc, &op, 1, 0, 30, &st)) fail_run("receive after the fakes", &st, &op, mark);
-  verify_recvs(&op, 1, 64);
-  barrier(pp.fd);
-  dereg(&nd, rc, mh);
-  abi_close_recv(&nd.net, rc);
+  accept_real_peer(&nd, &pp, handle, lc, 300001, 77, 3, 30, "after the fakes");
   abi_close_listen(&nd.net, lc);
   close(f3);
   close(f4);
-  free(buf);
   node_down(&nd);
   return pair_finish(&pp, rank);
 }
@@ -1259,13 +1278,9 @@ static int sc_fake_version(void) {
   node_up(&nd, g_opts.version);
   unsigned char handle[HANDLE_SIZE];
   void *lc = NULL;
-  if (abi_listen(&nd.net, nd.ctx, nd.dev, handle, &lc) != ncclSuccess) abi_fail("listen failed");
   struct sockaddr_storage ss;
   socklen_t sl;
-  if (!handle_sockaddr(handle, &ss, &sl)) {
-    abi_note("SKIP: the listen handle is not a TCP address (transport is not socket)");
-    return 77;
-  }
+  if (!listen_tcp(&nd, NULL, handle, &lc, &ss, &sl)) return 77;
   int port;
   int fd = tcp_client(&ss, sl, &port);
   struct mps_hello hello;
@@ -1696,44 +1711,12 @@ static int sc_half_open(void) {
   int rank = pair_fork(&pp);
   struct node nd;
   node_up(&nd, g_opts.version);
-  if (rank == 1) {
-    unsigned char h[HANDLE_SIZE];
-    chan_recv(pp.fd, h, HANDLE_SIZE);
-    if (h[0] == 0) _exit(77);
-    void *sc = NULL;
-    double deadline = abi_now() + 30;
-    while (!sc) {
-      if (abi_connect(&nd.net, nd.ctx, nd.dev, h, &sc) != ncclSuccess) abi_fail("connect failed");
-      if (abi_now() > deadline) abi_fail("no connection in 30 s");
-      sched_yield();
-    }
-    size_t size = 100003;
-    void *buf = alloc_buf(size, 0), *mh;
-    fill(buf, size, 88);
-    reg(&nd, sc, buf, size, &mh);
-    struct op op = {.send = 1, .n = 1, .data = {buf}, .size = {size}, .tag = {4}, .mh = {mh}};
-    struct run_stats st;
-    if (run_ops(&nd, sc, NULL, &op, 1, 0, 30, &st)) fail_run("send", &st, &op, 0);
-    barrier(pp.fd);
-    dereg(&nd, sc, mh);
-    abi_close_send(&nd.net, sc);
-    free(buf);
-    node_down(&nd);
-    return pair_finish(&pp, rank);
-  }
+  if (rank == 1) return real_peer_send_one(&pp, &nd, 100003, 88, 4, "after the half-open sockets");
   unsigned char handle[HANDLE_SIZE];
   void *lc = NULL;
-  if (abi_listen(&nd.net, nd.ctx, nd.dev, handle, &lc) != ncclSuccess) abi_fail("listen failed");
   struct sockaddr_storage ss;
   socklen_t sl;
-  if (!handle_sockaddr(handle, &ss, &sl)) {
-    unsigned char no[HANDLE_SIZE] = {0};
-    chan_send(pp.fd, no, HANDLE_SIZE);
-    abi_note("SKIP: the listen handle is not a TCP address (transport is not socket)");
-    int st;
-    waitpid(pp.child, &st, 0);
-    return 77;
-  }
+  if (!listen_tcp(&nd, &pp, handle, &lc, &ss, &sl)) return 77;
   struct mps_hello hello;
   memset(&hello, 0, sizeof(hello));
   hello.magic = MPLANE_HANDLE_MAGIC;
@@ -1774,30 +1757,10 @@ static int sc_half_open(void) {
     close(fd);
   }
   /* a real peer must still get through, promptly */
-  chan_send(pp.fd, handle, HANDLE_SIZE);
-  void *rc = NULL;
-  double t0 = abi_now();
-  while (!rc) {
-    double t1 = abi_now();
-    if (abi_accept(&nd.net, lc, &rc) != ncclSuccess) abi_fail("accept of the real peer failed");
-    timed(t1, "accept");
-    if (abi_now() - t0 > 10) abi_fail("the real peer was not accepted within 10 s after 80 abandoned handshakes: the listener is clogged");
-    sched_yield();
-  }
-  size_t size = 100003;
-  void *buf = alloc_buf(size, 64), *mh;
-  reg(&nd, rc, buf, size, &mh);
-  struct op op = {.n = 1, .data = {buf}, .size = {size}, .tag = {4}, .mh = {mh}, .expect = {size}, .msg = {88}};
-  struct run_stats st;
-  size_t mark = abi_log_mark();
-  if (run_ops(&nd, NULL, rc, &op, 1, 0, 30, &st)) fail_run("receive", &st, &op, mark);
-  verify_recvs(&op, 1, 64);
-  abi_note("the real peer was accepted %.3f s after 80 abandoned handshakes", abi_now() - t0);
-  barrier(pp.fd);
-  dereg(&nd, rc, mh);
-  abi_close_recv(&nd.net, rc);
+  double waited = accept_real_peer(&nd, &pp, handle, lc, 100003, 88, 4, 10,
+                                   "after 80 abandoned handshakes: the listener is clogged");
+  abi_note("the real peer was accepted %.3f s after 80 abandoned handshakes", waited);
   abi_close_listen(&nd.net, lc);
-  free(buf);
   node_down(&nd);
   return pair_finish(&pp, rank);
 }
