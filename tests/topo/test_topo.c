@@ -1053,15 +1053,12 @@ static void test_reports_bcd(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  snprintf(tmpdir, sizeof(tmpdir), "/tmp/mplane-topo-test.XXXXXX");
-  return mkdtemp(tmpdir) ? 0 : -1;
+  return tmpdir_make(tmpdir, sizeof(tmpdir), "mplane-topo-test");
 }
 
 static int teardown(void **state) {
   (void)state;
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return tmpdir_remove(tmpdir);
 }
 
 int main(void) {

@@ -199,15 +199,12 @@ static void test_cli_live(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  snprintf(tmpdir, sizeof(tmpdir), "/tmp/mplane-topo-cli.XXXXXX");
-  return mkdtemp(tmpdir) ? 0 : -1;
+  return tmpdir_make(tmpdir, sizeof(tmpdir), "mplane-topo-cli");
 }
 
 static int teardown(void **state) {
   (void)state;
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return tmpdir_remove(tmpdir);
 }
 
 int main(void) {

@@ -225,16 +225,13 @@ static void test_plugin_live(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  snprintf(tmpdir, sizeof(tmpdir), "/tmp/mplane-topo-plugin.XXXXXX");
   snprintf(fixture_env, sizeof(fixture_env), "MPLANE_TOPO_FILE=%s", fixture("h800-8gpu-8nic.xml"));
-  return mkdtemp(tmpdir) ? 0 : -1;
+  return tmpdir_make(tmpdir, sizeof(tmpdir), "mplane-topo-plugin");
 }
 
 static int teardown(void **state) {
   (void)state;
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return tmpdir_remove(tmpdir);
 }
 
 int main(void) {

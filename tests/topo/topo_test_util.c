@@ -303,3 +303,14 @@ int tokens(const char *line, char tok[][64], int max) {
   }
   return n;
 }
+
+int tmpdir_make(char *dir, size_t len, const char *prefix) {
+  snprintf(dir, len, "/tmp/%s.XXXXXX", prefix);
+  return mkdtemp(dir) ? 0 : -1;
+}
+
+int tmpdir_remove(const char *dir) {
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  return system(cmd) == 0 ? 0 : -1;
+}

@@ -37,5 +37,9 @@ const char *fixture(const char *name);
 int line_with(const char *text, const char *a, const char *b, const char *c, char *line, size_t len);
 /* Split a line on blanks into at most max tokens; returns how many. */
 int tokens(const char *line, char tok[][64], int max);
+/* A fresh /tmp/<prefix>.XXXXXX folder in dir (size len) for a test's files; 0 on success. */
+int tmpdir_make(char *dir, size_t len, const char *prefix);
+/* Remove that folder and everything in it; 0 on success. */
+int tmpdir_remove(const char *dir);
 
 #endif
