@@ -128,6 +128,18 @@ static int phys_net(const mp_ep_view *v, const int *phys, int peer) {
   return p[peer] != p[v->me];
 }
 
+/* A data transfer with peer slot k: send rows [c[so+k], c[so+k+1]) of buffer sbuf and receive rows
+ * [c[ro+k], c[ro+k+1]) into rbuf, each row `unit` bytes. Dispatch and combine use it with the
+ * buffers swapped (combine sends back where dispatch received). */
+static void set_rows(mp_ep_xfer *t, const int *c, int k, int sbuf, int so, int rbuf, int ro, long unit) {
+  t->send_buf = sbuf;
+  t->send_off = c[so + k] * unit;
+  t->send_bytes = (long)(c[so + k + 1] - c[so + k]) * unit;
+  t->recv_buf = rbuf;
+  t->recv_off = c[ro + k] * unit;
+  t->recv_bytes = (long)(c[ro + k + 1] - c[ro + k]) * unit;
+}
+
 int mp_ep_schedule(const mp_ep_view *v, const int *c, const int *phys_node_of, int step, mp_ep_xfer *x) {
   const mp_ep_cnt_layout *L = &v->cl;
   int n_out = 0;
@@ -144,19 +156,9 @@ int mp_ep_schedule(const mp_ep_view *v, const int *c, const int *phys_node_of, i
         t.recv_off = 4L * (L->a_recv + n * L->la);
         t.send_bytes = t.recv_bytes = 4L * L->la;
       } else if (step == MP_EP_STEP_D1) {
-        t.send_buf = MP_EP_BUF_P1S;
-        t.send_off = c[L->off1s + n] * ds;
-        t.send_bytes = (long)(c[L->off1s + n + 1] - c[L->off1s + n]) * ds;
-        t.recv_buf = MP_EP_BUF_P1R;
-        t.recv_off = c[L->off1r + n] * ds;
-        t.recv_bytes = (long)(c[L->off1r + n + 1] - c[L->off1r + n]) * ds;
+        set_rows(&t, c, n, MP_EP_BUF_P1S, L->off1s, MP_EP_BUF_P1R, L->off1r, ds);
       } else {
-        t.send_buf = MP_EP_BUF_P1R;
-        t.send_off = c[L->off1r + n] * cs;
-        t.send_bytes = (long)(c[L->off1r + n + 1] - c[L->off1r + n]) * cs;
-        t.recv_buf = MP_EP_BUF_P1S;
-        t.recv_off = c[L->off1s + n] * cs;
-        t.recv_bytes = (long)(c[L->off1s + n + 1] - c[L->off1s + n]) * cs;
+        set_rows(&t, c, n, MP_EP_BUF_P1R, L->off1r, MP_EP_BUF_P1S, L->off1s, cs);
       }
       t.net = phys_net(v, phys_node_of, t.peer);
       if (t.send_bytes || t.recv_bytes) x[n_out++] = t;
@@ -173,19 +175,9 @@ int mp_ep_schedule(const mp_ep_view *v, const int *c, const int *phys_node_of, i
         t.recv_off = 4L * (L->b_recv + j * L->lb);
         t.send_bytes = t.recv_bytes = 4L * L->lb;
       } else if (step == MP_EP_STEP_D2) {
-        t.send_buf = MP_EP_BUF_P2S;
-        t.send_off = c[L->off2s + j] * ds;
-        t.send_bytes = (long)(c[L->off2s + j + 1] - c[L->off2s + j]) * ds;
-        t.recv_buf = MP_EP_BUF_P2R;
-        t.recv_off = c[L->off2r + j] * ds;
-        t.recv_bytes = (long)(c[L->off2r + j + 1] - c[L->off2r + j]) * ds;
+        set_rows(&t, c, j, MP_EP_BUF_P2S, L->off2s, MP_EP_BUF_P2R, L->off2r, ds);
       } else {
-        t.send_buf = MP_EP_BUF_P2R;
-        t.send_off = c[L->off2r + j] * cs;
-        t.send_bytes = (long)(c[L->off2r + j + 1] - c[L->off2r + j]) * cs;
-        t.recv_buf = MP_EP_BUF_P2S;
-        t.recv_off = c[L->off2s + j] * cs;
-        t.recv_bytes = (long)(c[L->off2s + j + 1] - c[L->off2s + j]) * cs;
+        set_rows(&t, c, j, MP_EP_BUF_P2R, L->off2r, MP_EP_BUF_P2S, L->off2s, cs);
       }
       t.net = phys_net(v, phys_node_of, t.peer);
       if (t.send_bytes || t.recv_bytes) x[n_out++] = t;
