@@ -37,6 +37,10 @@ struct mplane_ep_ctx {
   mp_ep_xfer *xfer;
   int direct;                               /* nvlink_direct in effect (same-node peers mapped) */
   char *peer_p2r[MP_EP_MAX_GPN];            /* IPC mappings of the same-node peers' p2r; own: NULL */
+  int *p2r_flag;                            /* device [p2r rows]: ready flags of the fused dispatch */
+  int *peer_flag[MP_EP_MAX_GPN];            /* IPC mappings of the peers' p2r_flag */
+  int *d_epoch;                             /* device: the fused dispatch's epoch */
+  int recv_blocks;                          /* fused dispatch: blocks that unpack (the rest pack) */
   int *d_peer_off;                          /* device [R][G+1]: every rank's p2r segment starts */
   int *d_bar;                               /* device [R]: the barrier's tiny all-gather */
   int prof_on;
@@ -211,17 +215,41 @@ out:
 
 /* ---------- nvlink_direct: the same-node peers' p2r buffers through CUDA IPC ---------- */
 
+/* What a rank publishes for nvlink_direct: its p2r rows and their ready flags. */
+typedef struct {
+  cudaIpcMemHandle_t rows, flags;
+} peer_handles;
+
+/* Map local peer j's p2r and flags (from the handles it published). */
+static int open_peer(mplane_ep_ctx *ctx, int j, int peer, const peer_handles *h) {
+  void *p = NULL, *f = NULL;
+  cudaError_t ce = cudaIpcOpenMemHandle(&p, h->rows, cudaIpcMemLazyEnablePeerAccess);
+  if (ce == cudaSuccess) {
+    ctx->peer_p2r[j] = p;
+    ce = cudaIpcOpenMemHandle(&f, h->flags, cudaIpcMemLazyEnablePeerAccess);
+  }
+  if (ce != cudaSuccess)
+    return EP_FAIL(ctx, MPLANE_EP_ERR_CUDA,
+                   "nvlink_direct=1: cudaIpcOpenMemHandle of rank %d's phase-2 receive rows: %s (needs one process "
+                   "per GPU and peer access between the GPUs; use nvlink_direct=0)",
+                   peer, cudaGetErrorString(ce));
+  ctx->peer_flag[j] = f;
+  return MPLANE_EP_OK;
+}
+
 /* Collective (every rank calls it, with or without the direct path: the all-gather is on the
- * communicator). Each rank publishes its p2r's IPC handle; the ranks of this node open theirs. */
+ * communicator). Each rank publishes its p2r's and flags' IPC handles; the ranks of this node open
+ * theirs. */
 static int open_peers(mplane_ep_ctx *ctx, int want, cudaStream_t stream) {
   const int R = ctx->R, G = ctx->shape.G;
-  const size_t hs = sizeof(cudaIpcMemHandle_t);
-  cudaIpcMemHandle_t *h = calloc((size_t)R, hs);
+  const size_t hs = sizeof(peer_handles);
+  peer_handles *h = calloc((size_t)R, hs);
   char *d_h = NULL;
   int rc = MPLANE_EP_OK;
   if (!h) return EP_FAIL(ctx, MPLANE_EP_ERR_NOMEM, "out of host memory");
   cudaError_t ce = cudaSuccess;
-  if (want && ctx->p2r) ce = cudaIpcGetMemHandle(&h[ctx->me], ctx->p2r);
+  if (want && ctx->p2r) ce = cudaIpcGetMemHandle(&h[ctx->me].rows, ctx->p2r);
+  if (want && ce == cudaSuccess) ce = cudaIpcGetMemHandle(&h[ctx->me].flags, ctx->p2r_flag);
   if (ce != cudaSuccess) {
     rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct=1: cudaIpcGetMemHandle of the phase-2 receive rows: %s",
                  cudaGetErrorString(ce));
@@ -254,22 +282,32 @@ static int open_peers(mplane_ep_ctx *ctx, int want, cudaStream_t stream) {
       rc = EP_FAIL(ctx, MPLANE_EP_ERR_INTERNAL, "nvlink_direct: rank %d (local %d) is not on this host", peer, j);
       goto out;
     }
-    void *p = NULL;
-    ce = cudaIpcOpenMemHandle(&p, h[peer], cudaIpcMemLazyEnablePeerAccess);
-    if (ce != cudaSuccess) {
-      rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA,
-                   "nvlink_direct=1: cudaIpcOpenMemHandle of rank %d's phase-2 receive rows: %s (needs one process "
-                   "per GPU and peer access between the GPUs; use nvlink_direct=0)",
-                   peer, cudaGetErrorString(ce));
-      goto out;
-    }
-    ctx->peer_p2r[j] = p;
+    if ((rc = open_peer(ctx, j, peer, &h[peer]))) goto out;
   }
   ctx->direct = 1;
 out:
   cudaFree(d_h);
   free(h);
   return rc;
+}
+
+/* How many blocks of the fused dispatch unpack: MPLANE_EP_RECV_SMS, else 2/5 of the blocks (the
+ * packers read the tokens and write the own expert rows and the NVLink rows; the unpackers only
+ * copy arrivals). The fused kernel runs max(num_sms, 2) blocks: at least one of each. */
+static int fused_recv_blocks(mplane_ep_ctx *ctx) {
+  const int blocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
+  const char *env = getenv("MPLANE_EP_RECV_SMS");
+  int n = blocks * 2 / 5;
+  if (env && *env) {
+    char *end = NULL;
+    long x = strtol(env, &end, 10);
+    if (*end || x < 1 || x > blocks - 1)
+      return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "MPLANE_EP_RECV_SMS=%s: expected an integer 1..%d (blocks of the fused dispatch that unpack)",
+                     env, blocks - 1);
+    n = (int)x;
+  }
+  ctx->recv_blocks = n < 1 ? 1 : n;
+  return MPLANE_EP_OK;
 }
 
 /* Stream-ordered barrier of all ranks (a one-int all-gather): once it completes on this rank,
@@ -286,8 +324,12 @@ int mplane_ep_destroy(mplane_ep_ctx *ctx) {
   if (ctx->prof_ev[0][0])
     for (int o = 0; o < 3; o++)
       for (int i = 0; i < 6; i++) cudaEventDestroy(ctx->prof_ev[o][i]);
-  for (int j = 0; j < MP_EP_MAX_GPN; j++)
+  for (int j = 0; j < MP_EP_MAX_GPN; j++) {
     if (ctx->peer_p2r[j]) cudaIpcCloseMemHandle(ctx->peer_p2r[j]);
+    if (ctx->peer_flag[j]) cudaIpcCloseMemHandle(ctx->peer_flag[j]);
+  }
+  cudaFree(ctx->p2r_flag);
+  cudaFree(ctx->d_epoch);
   cudaFree(ctx->d_peer_off);
   cudaFree(ctx->d_bar);
   cudaFree(ctx->d_topo);
@@ -429,15 +471,26 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     }
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_peer_off, 4L * R * (G + 1), "nvlink_direct segment starts"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_bar, 4L * R, "nvlink_direct barrier"));
-    if (cudaMemsetAsync(ctx->d_bar, 0, 4L * R, stream) != cudaSuccess) {
-      rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct: clearing the barrier word");
+    CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r_flag, 4L * ctx->rows.p2r, "nvlink_direct row flags"));
+    CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_epoch, 4L, "nvlink_direct epoch"));
+    /* flags start below every epoch (epochs start at 1) */
+    if (cudaMemsetAsync(ctx->d_bar, 0, 4L * R, stream) != cudaSuccess ||
+        (ctx->p2r_flag && cudaMemsetAsync(ctx->p2r_flag, 0, 4L * ctx->rows.p2r, stream) != cudaSuccess) ||
+        cudaMemsetAsync(ctx->d_epoch, 0, 4L, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {
+      rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct: clearing the barrier word, flags and epoch");
       goto fail;
     }
+    CREATE_TRY(fused_recv_blocks(ctx));
     CREATE_TRY(open_peers(ctx, 1, stream));
     mp_ep_view *v = &ctx->base;
     v->direct = 1;
-    for (int j = 0; j < G; j++) v->peer_p2r[j] = ctx->peer_p2r[j];
+    for (int j = 0; j < G; j++) {
+      v->peer_p2r[j] = ctx->peer_p2r[j];
+      v->peer_flag[j] = ctx->peer_flag[j];
+    }
     v->peer_off = ctx->d_peer_off;
+    v->p2r_flag = ctx->p2r_flag;
+    v->epoch = ctx->d_epoch;
   }
   *out = ctx;
   return MPLANE_EP_OK;
@@ -705,6 +758,33 @@ static void use_recv(mplane_ep_ctx *ctx, mp_ep_view *v, const mplane_ep_recv *re
   v->ex_src = recv && recv->src ? recv->src : ctx->ex_src;
 }
 
+/* A dispatch was issued: tell the caller where its rows are. */
+static void dispatch_done(mplane_ep_layout *lo, mplane_ep_recv *recv) {
+  const mp_ep_view *v = &lo->view;
+  if (recv) {
+    recv->x = v->ex_x;
+    recv->scales = v->ex_scale;
+    recv->weights = v->ex_w;
+    recv->src = v->ex_src;
+    recv->expert_offsets = lo->d_cnt + v->cl.ex_off;
+    recv->num_rows = v->graph ? -1 : lo->h_cnt[v->cl.status + MP_EP_ST_EXTOTAL];
+  }
+  lo->dispatched = 1;
+}
+
+/* One node with nvlink_direct: no network phase and no forwarding, so pack and unpack run as one
+ * kernel that overlaps the NVLink writes with the unpacking of the peers' rows (ready flags instead
+ * of a barrier). The profile shows it all as dispatch.pack. */
+static int dispatch_fused(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, const float *w,
+                          mplane_ep_recv *recv, cudaStream_t stream) {
+  const mp_ep_view *v = &lo->view;
+  const int blocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
+  KERNEL_TRY(ctx, mp_ep_launch_dispatch_fused(v, (const uint16_t *)x, w, blocks - ctx->recv_blocks, blocks, stream));
+  for (int i = 1; i <= 5; i++) prof_mark(ctx, PROF_DISPATCH, i, stream);
+  dispatch_done(lo, recv);
+  return MPLANE_EP_OK;
+}
+
 int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, const float *topk_weights, int fmt,
                        mplane_ep_recv *recv, cudaStream_t stream) {
   if (!ctx || !lo || lo->ctx != ctx || !lo->ready)
@@ -731,6 +811,7 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
     NCCL_TRY(ctx, ncclAllGather(lo->d_cnt + v->cl.off2r, ctx->d_peer_off, (size_t)G1, ncclInt32,
                                 ctx->comm, stream));
   }
+  if (v->direct && v->N == 1) return dispatch_fused(ctx, lo, x, topk_weights, recv, stream);
   KERNEL_TRY(ctx, mp_ep_launch_pack(v, (const uint16_t *)x, topk_weights, pack_blocks, stream));
   prof_mark(ctx, PROF_DISPATCH, 1, stream);
   if ((rc = run_step(ctx, lo, v, MP_EP_STEP_D1, stream))) return rc;
@@ -747,15 +828,7 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
   prof_mark(ctx, PROF_DISPATCH, 4, stream);
   if (v->graph || v->G > 1) KERNEL_TRY(ctx, mp_ep_launch_unpack(v, blocks, stream));
   prof_mark(ctx, PROF_DISPATCH, 5, stream);
-  if (recv) {
-    recv->x = v->ex_x;
-    recv->scales = v->ex_scale;
-    recv->weights = v->ex_w;
-    recv->src = v->ex_src;
-    recv->expert_offsets = lo->d_cnt + v->cl.ex_off;
-    recv->num_rows = v->graph ? -1 : lo->h_cnt[v->cl.status + MP_EP_ST_EXTOTAL];
-  }
-  lo->dispatched = 1;
+  dispatch_done(lo, recv);
   return MPLANE_EP_OK;
 }
 

@@ -11,6 +11,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ep_kernels.h"
 
@@ -156,9 +157,10 @@ __global__ void k_token_in_rank(mp_ep_view v, uint8_t *flags) {
 #define MP_WARP (MP_TID >> 5)
 #define MP_UNROLL 4
 
-/* items of this warp: warp w of block b takes b * W + w, then strides by the whole grid */
-#define FOR_WARP_ITEMS(i, n) \
-  for (long i = (long)blockIdx.x * MP_EP_WARPS + MP_WARP; i < (n); i += (long)gridDim.x * MP_EP_WARPS)
+/* items of this warp when `nb` blocks share the work and this block is number b of them: warp w
+ * of block b takes b * W + w, then strides by all nb blocks */
+#define FOR_ITEMS(i, n, b, nb) for (long i = (long)(b) * MP_EP_WARPS + MP_WARP; i < (n); i += (long)(nb) * MP_EP_WARPS)
+#define FOR_WARP_ITEMS(i, n) FOR_ITEMS(i, n, blockIdx.x, gridDim.x)
 
 /* Copy nv 16-byte vectors from src to dst[0..nd) (and nothing else), lane-strided, MP_UNROLL loads
  * in flight per lane. */
@@ -179,87 +181,159 @@ static __device__ __forceinline__ void warp_copy(const uint4 *src, uint4 *const 
   }
 }
 
-/* Source side: quantise each token once and write it to every staging row its plan names (one per
- * remote node, one per other target GPU of the own node) and to its own expert rows. */
+/* ---- the ready flags of the fused direct dispatch ----
+ * A row's writer stores the dispatch's epoch into the row's flag with release semantics at system
+ * scope once the whole warp's stores of the row are done; the reader loads it with acquire, so
+ * the row's bytes are visible once the flag matches. */
+static __device__ __forceinline__ void flag_raise(int *flag, int epoch) {
+#ifdef MP_EP_EMU
+  __atomic_store_n(flag, epoch, __ATOMIC_RELEASE);
+#else
+  asm volatile("st.release.sys.global.s32 [%0], %1;" ::"l"(flag), "r"(epoch) : "memory");
+#endif
+}
+
+/* Wait until *flag == epoch; 0 after MP_EP_WAIT_NS without it (a peer that never dispatches). */
+static __device__ int flag_wait(const int *flag, int epoch) {
+#ifdef MP_EP_EMU
+  return emu_wait_flag(flag, epoch, MP_EP_WAIT_NS);
+#else
+  uint64_t t0 = 0;
+  for (long spin = 0;; spin++) {
+    int x;
+    asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(x) : "l"(flag) : "memory");
+    if (x == epoch) return 1;
+    if ((spin & 1023) == 0) {
+      uint64_t now;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      if (spin == 0) t0 = now;
+      else if (now - t0 > MP_EP_WAIT_NS) return 0;
+    }
+  }
+#endif
+}
+
+/* A wait that timed out: the peer is gone or never called dispatch. Say which row, then end the
+ * kernel with an error (cudaErrorLaunchFailure at the caller's next synchronisation): never hang. */
+static __device__ void flag_timeout(const mp_ep_view &v, long row, int seg) {
+  printf("libmplane-ep: rank %d waited %d s for p2r row %ld from local GPU %d (nvlink_direct dispatch): "
+         "the peer process died or never called mplane_ep_dispatch\n",
+         v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), row, seg);
+#ifdef MP_EP_EMU
+  emu_trap();
+#else
+  __trap();
+#endif
+}
+
+/* Per warp: the token's plan and the address of each staging row (resolved once per token). */
+struct pack_slot {
+  mp_ep_pack_plan p;
+  char *dst[MP_EP_MAX_DST];
+};
+
+/* FP8: a tile of 128 values is 8 lanes x 16 values; a pass covers 4 tiles, MP_UNROLL/2 passes
+ * per iteration keep MP_UNROLL 16-byte loads in flight per lane. Every store is 16 bytes. */
+static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint16_t *xr, const pack_slot &s) {
+  const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE, ql = lane & 7, grp = lane >> 3;
+  const int ndst = s.p.ndst, nexp = s.p.nexp;
+  constexpr int P = MP_UNROLL / 2; /* passes per iteration */
+  for (int base = 0; base < ntile; base += 4 * P) {
+    uint4 raw[P][2];
+#pragma unroll
+    for (int u = 0; u < P; u++) {
+      const int tile = base + 4 * u + grp;
+      const uint4 *src = (const uint4 *)(xr + tile * MP_EP_TILE + ql * 16);
+      raw[u][0] = tile < ntile ? src[0] : make_uint4(0, 0, 0, 0);
+      raw[u][1] = tile < ntile ? src[1] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < P; u++) {
+      const int tile = base + 4 * u + grp;
+      float f[16];
+      unpack_bf16x8(raw[u][0], f);
+      unpack_bf16x8(raw[u][1], f + 8);
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(f[i]));
+#pragma unroll
+      for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, 8));
+      if (tile >= ntile) continue;
+      const float scale = mp_ep_tile_scale(amax);
+      uint32_t q[4];
+#pragma unroll
+      for (int wd = 0; wd < 4; wd++) {
+        q[wd] = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[wd] |= (uint32_t)fp8_of(f[4 * wd + i], scale) << (8 * i);
+      }
+      const uint4 qv = make_uint4(q[0], q[1], q[2], q[3]);
+      const long off = (long)tile * MP_EP_TILE + ql * 16;
+      for (int d = 0; d < ndst; d++) {
+        *(uint4 *)(s.dst[d] + off) = qv;
+        if (ql == 0) *(float *)(s.dst[d] + H + tile * 4) = scale;
+      }
+      for (int e = 0; e < nexp; e++) {
+        const int r = s.p.exp_row[e];
+        if (r < 0) continue;
+        *(uint4 *)(v.ex_x + (long)r * H + off) = qv;
+        if (ql == 0) v.ex_scale[(long)r * ntile + tile] = scale;
+      }
+    }
+  }
+}
+
+/* Source side, one token per warp: quantise it once and write it to every staging row its plan
+ * names (one per remote node, one per other target GPU of the own node) and to its own expert
+ * rows. epoch != 0 (fused direct dispatch): then raise the flag of each peer row written. */
+static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const float *w, int t, pack_slot &s,
+                                  int epoch) {
+  mp_ep_pack_plan &p = s.p;
+  const int lane = MP_LANE;
+  const int32_t *row = v.topk + (long)t * v.K;
+  const float *wrow = w + (long)t * v.K;
+  if (lane == 0) {
+    mp_ep_pack_plan_make(&v, v.cnt, t, row, &p);
+    mp_ep_pack_plan_commit(&v, &p);
+  }
+  __syncwarp();
+  const int ndst = p.ndst, nexp = p.nexp;
+  if (ndst + nexp == 0) return;
+  for (int d = lane; d < ndst; d += 32) {
+    char *dst = p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[d] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
+    s.dst[d] = dst;
+    mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, row, wrow, v.rrank_k + (long)t * v.K,
+                     v.erank_k + (long)t * v.K, p.dst_node[d]);
+  }
+  if (lane < nexp && p.exp_row[lane] >= 0) {
+    const int r = p.exp_row[lane];
+    v.ex_w[r] = wrow[p.exp_k[lane]];
+    v.ex_src[2L * r] = v.me;
+    v.ex_src[2L * r + 1] = t / v.expand;
+  }
+  __syncwarp();
+  const uint16_t *xr = x + (long)(t / v.expand) * v.H;
+  if (v.fmt == MP_EP_FMT_FP8) {
+    pack_fp8(v, xr, s);
+  } else {
+    uint4 *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK];
+    int nd = 0;
+    for (int d = 0; d < ndst; d++) dst[nd++] = (uint4 *)s.dst[d];
+    for (int e = 0; e < nexp; e++)
+      if (p.exp_row[e] >= 0) dst[nd++] = (uint4 *)(v.ex_x + (long)p.exp_row[e] * 2 * v.H);
+    warp_copy((const uint4 *)xr, dst, nd, v.H / 8);
+  }
+  if (epoch) {
+    __syncwarp(); /* every lane's stores of the rows come before the flags */
+    for (int d = lane; d < ndst; d += 32)
+      if (p.dst_buf[d] == MP_EP_BUF_P2S) flag_raise(mp_ep_p2s_flag(&v, p.dst_row[d]), epoch);
+  }
+}
+
 __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_pack(mp_ep_view v, const uint16_t *x, const float *w) {
-  __shared__ mp_ep_pack_plan plans[MP_EP_WARPS];
-  mp_ep_pack_plan &p = plans[MP_WARP];
-  const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE;
-  FOR_WARP_ITEMS(ti, v.T) {
-    const int t = (int)ti;
-    const int32_t *row = v.topk + (long)t * v.K;
-    const float *wrow = w + (long)t * v.K;
-    if (lane == 0) {
-      mp_ep_pack_plan_make(&v, v.cnt, t, row, &p);
-      mp_ep_pack_plan_commit(&v, &p);
-    }
-    __syncwarp();
-    const int ndst = p.ndst, nexp = p.nexp;
-    if (ndst + nexp > 0) {
-      if (lane < ndst) {
-        char *dst = (p.dst_buf[lane] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[lane] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[lane], v.dstride));
-        mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, row, wrow, v.rrank_k + (long)t * v.K,
-                         v.erank_k + (long)t * v.K, p.dst_node[lane]);
-      }
-      if (lane < nexp && p.exp_row[lane] >= 0) {
-        const int r = p.exp_row[lane];
-        v.ex_w[r] = wrow[p.exp_k[lane]];
-        v.ex_src[2L * r] = v.me;
-        v.ex_src[2L * r + 1] = t / v.expand;
-      }
-      const uint16_t *xr = x + (long)(t / v.expand) * H;
-      if (v.fmt == MP_EP_FMT_FP8) {
-        /* a half-warp per 128-value tile: lane hl holds values 8*hl .. 8*hl+7 of it */
-        const int hl = lane & 15, half = lane >> 4;
-        for (int base = 0; base < ntile; base += 2 * MP_UNROLL) {
-          uint4 raw[MP_UNROLL];
-#pragma unroll
-          for (int u = 0; u < MP_UNROLL; u++) {
-            const int tile = base + 2 * u + half;
-            raw[u] = tile < ntile ? *(const uint4 *)(xr + tile * MP_EP_TILE + hl * 8) : make_uint4(0, 0, 0, 0);
-          }
-#pragma unroll
-          for (int u = 0; u < MP_UNROLL; u++) {
-            const int tile = base + 2 * u + half;
-            float f[8];
-            unpack_bf16x8(raw[u], f);
-            float amax = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
-#pragma unroll
-            for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, 16));
-            if (tile >= ntile) continue;
-            const float scale = mp_ep_tile_scale(amax);
-            uint32_t lo = 0, hi = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-              lo |= (uint32_t)fp8_of(f[i], scale) << (8 * i);
-              hi |= (uint32_t)fp8_of(f[4 + i], scale) << (8 * i);
-            }
-            const uint2 q = make_uint2(lo, hi);
-            for (int d = 0; d < ndst; d++) {
-              char *dst = (p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[d] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride));
-              *(uint2 *)(dst + tile * MP_EP_TILE + hl * 8) = q;
-              if (hl == 0) *(float *)(dst + H + tile * 4) = scale;
-            }
-            for (int e = 0; e < nexp; e++) {
-              const int r = p.exp_row[e];
-              if (r < 0) continue;
-              *(uint2 *)(v.ex_x + (long)r * H + tile * MP_EP_TILE + hl * 8) = q;
-              if (hl == 0) v.ex_scale[(long)r * ntile + tile] = scale;
-            }
-          }
-        }
-      } else {
-        uint4 *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK];
-        int nd = 0;
-        for (int d = 0; d < ndst; d++)
-          dst[nd++] = (uint4 *)((p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[d] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride)));
-        for (int e = 0; e < nexp; e++)
-          if (p.exp_row[e] >= 0) dst[nd++] = (uint4 *)(v.ex_x + (long)p.exp_row[e] * 2 * H);
-        warp_copy((const uint4 *)xr, dst, nd, H / 8);
-      }
-    }
+  __shared__ pack_slot slots[MP_EP_WARPS];
+  FOR_WARP_ITEMS(t, v.T) {
+    pack_token(v, x, w, (int)t, slots[MP_WARP], 0);
     __syncwarp();
   }
   if (v.direct) __threadfence_system(); /* peer rows written before the barrier */
@@ -321,34 +395,77 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_forward(mp_ep_view v) {
   if (v.direct) __threadfence_system(); /* peer rows written before the barrier */
 }
 
-/* Destination: phase-2 rows from the node's other forwarders into the expert rows. */
-__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_unpack(mp_ep_view v) {
-  __shared__ int rows[MP_EP_WARPS][MP_EP_MAX_TOPK], ks[MP_EP_WARPS][MP_EP_MAX_TOPK];
-  __shared__ int nexps[MP_EP_WARPS];
-  const int wp = MP_WARP;
-  const long n2 = v.cnt[v.cl.off2r + v.G];
-  FOR_WARP_ITEMS(u, n2) {
-    const char *src = v.p2r + u * v.dstride;
-    const int32_t *m = (const int32_t *)(src + v.meta_off);
-    if (MP_LANE == 0) {
-      int seg, n = 0;
-      if (mp_ep_p2r_valid(&v, v.cnt, u, &seg) && seg != v.my_local) {
-        mp_ep_unpack_plan(&v, v.cnt, u, m);
-        for (int k = 0; k < v.K; k++) {
-          const int r = v.dest_rows[u * v.K + k];
-          if (r >= 0) {
-            rows[wp][n] = r;
-            ks[wp][n] = k;
-            n++;
-          }
+/* Per warp: the expert rows (and top-k slots) one arrival goes to. */
+struct unpack_slot {
+  int rows[MP_EP_MAX_TOPK], ks[MP_EP_MAX_TOPK];
+  int n;
+};
+
+/* Destination, one p2r row per warp: a row from one of the node's other forwarders goes into its
+ * expert rows. epoch != 0 (fused direct dispatch): wait for the row's flag first. */
+static __device__ void unpack_row(const mp_ep_view &v, long u, unpack_slot &s, int epoch) {
+  const char *src = v.p2r + u * v.dstride;
+  const int32_t *m = (const int32_t *)(src + v.meta_off);
+  if (MP_LANE == 0) {
+    int seg, n = 0;
+    if (mp_ep_p2r_valid(&v, v.cnt, u, &seg) && seg != v.my_local) {
+      if (epoch && !flag_wait(v.p2r_flag + u, epoch)) flag_timeout(v, u, seg);
+      mp_ep_unpack_plan(&v, v.cnt, u, m);
+      for (int k = 0; k < v.K; k++) {
+        const int r = v.dest_rows[u * v.K + k];
+        if (r >= 0) {
+          s.rows[n] = r;
+          s.ks[n] = k;
+          n++;
         }
       }
-      nexps[wp] = n;
     }
-    __syncwarp();
-    if (nexps[wp] > 0) warp_expert_rows(v, src, m, rows[wp], ks[wp], nexps[wp]);
+    s.n = n;
+  }
+  __syncwarp();
+  if (s.n > 0) warp_expert_rows(v, src, m, s.rows, s.ks, s.n);
+}
+
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_unpack(mp_ep_view v) {
+  __shared__ unpack_slot slots[MP_EP_WARPS];
+  const long n2 = v.cnt[v.cl.off2r + v.G];
+  FOR_WARP_ITEMS(u, n2) {
+    unpack_row(v, u, slots[MP_WARP], 0);
     __syncwarp();
   }
+}
+
+/* Fused direct dispatch (one node, nvlink_direct): blocks [0, send_blocks) pack, writing the rows
+ * for the node's other GPUs straight into their p2r over NVLink and raising each row's flag; the
+ * other blocks unpack the rows the peers write here as their flags rise. So the NVLink writes, the
+ * own expert rows and the unpacking of arrivals overlap, with no barrier between them. Senders
+ * never wait, and they come first: a GPU runs every block at once (one per SM), the CPU emulator
+ * runs blocks in order. */
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_dispatch_fused(mp_ep_view v, const uint16_t *x, const float *w,
+                                                                    int send_blocks) {
+  __shared__ union {
+    pack_slot pack[MP_EP_WARPS];
+    unpack_slot unpack[MP_EP_WARPS];
+  } sm;
+  const int epoch = *v.epoch;
+  if ((int)blockIdx.x < send_blocks) {
+    FOR_ITEMS(t, v.T, blockIdx.x, send_blocks) {
+      pack_token(v, x, w, (int)t, sm.pack[MP_WARP], epoch);
+      __syncwarp();
+    }
+  } else {
+    const long n2 = v.cnt[v.cl.off2r + v.G];
+    FOR_ITEMS(u, n2, blockIdx.x - send_blocks, gridDim.x - send_blocks) {
+      unpack_row(v, u, sm.unpack[MP_WARP], epoch);
+      __syncwarp();
+    }
+  }
+}
+
+/* One thread: the next dispatch's epoch (every rank bumps its own once per fused dispatch, so the
+ * ranks agree on it without talking). */
+__global__ void k_epoch_bump(int *epoch) {
+  if (MP_TID == 0) *epoch = *epoch == 0x7fffffff ? 1 : *epoch + 1;
 }
 
 /* ---------------- combine ---------------- */
@@ -651,6 +768,15 @@ int mp_ep_launch_forward(const mp_ep_view *v, int blocks, cudaStream_t s) {
 
 int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s) {
   MP_LAUNCH(k_unpack, blocks, MP_EP_BLOCK, 0, s, *v);
+  return launched();
+}
+
+int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const float *w, int send_blocks, int blocks,
+                                cudaStream_t s) {
+  MP_LAUNCH(k_epoch_bump, 1, 32, 0, s, v->epoch);
+  int e = launched();
+  if (e) return e;
+  MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_BLOCK, 0, s, *v, x, w, send_blocks);
   return launched();
 }
 

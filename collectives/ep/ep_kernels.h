@@ -14,6 +14,9 @@
 extern "C" {
 #endif
 
+/* a fused-dispatch wait for a peer's row gives up (and fails the kernel) after this long */
+#define MP_EP_WAIT_NS (60ll * 1000000000ll)
+
 #define MP_EP_BLOCK 1024 /* threads of a data-kernel block: 32 warps, one item (token, row) per warp */
 
 /* layout: cleaned ids (Treal rows of K * expand), scans, the A and B count messages, offsets */
@@ -27,6 +30,10 @@ int mp_ep_launch_token_in_rank(const mp_ep_view *v, uint8_t *flags, cudaStream_t
 int mp_ep_launch_pack(const mp_ep_view *v, const uint16_t *x, const float *w, int blocks, cudaStream_t s);
 int mp_ep_launch_forward(const mp_ep_view *v, int blocks, cudaStream_t s);
 int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s);
+/* one node, nvlink_direct: bump the epoch, then pack on blocks [0, send_blocks) and unpack the
+ * peers' rows (waiting on their flags) on the rest, in one kernel of `blocks` blocks */
+int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const float *w, int send_blocks, int blocks,
+                                cudaStream_t s);
 /* combine */
 int mp_ep_launch_combine_expert(const mp_ep_view *v, const uint16_t *y, int blocks, cudaStream_t s);
 int mp_ep_launch_combine_node(const mp_ep_view *v, int blocks, cudaStream_t s);

@@ -87,18 +87,41 @@ typedef struct mp_ep_view {
   int direct;
   char *peer_p2r[MP_EP_MAX_GPN];
   const int *peer_off;
+  /* fused direct dispatch (one node): a p2r row is ready when its flag (an int per p2r row, in
+   * the receiver's memory; peer_flag[j] maps local peer j's) equals this dispatch's epoch, a
+   * counter every rank bumps once per fused dispatch. NULL: the barrier path. */
+  int *p2r_flag;
+  int *peer_flag[MP_EP_MAX_GPN];
+  int *epoch;
 } mp_ep_view;
+
+/* Direct mode: p2s row `row` is row *peer_row of local peer *j's p2r. */
+MP_HD void mp_ep_p2s_peer(const mp_ep_view *v, long row, int *j, long *peer_row) {
+  const int *o2s = v->cnt + v->cl.off2s;
+  int l = 0;
+  while (l + 1 < v->G && row >= o2s[l + 1]) l++;
+  const int peer = v->rank_of[v->my_node * v->G + l];
+  *j = l;
+  *peer_row = v->peer_off[(long)peer * (v->G + 1) + v->my_local] + row - o2s[l];
+}
 
 /* Where phase-2 send row `row` (a p2s row index) is written: the own p2s (staging), or in direct
  * mode the target peer's p2r row that the NCCL step would have received it into. */
 MP_HD char *mp_ep_p2s_dst(const mp_ep_view *v, long row, long stride) {
   if (!v->direct) return v->p2s + row * stride;
-  const int *o2s = v->cnt + v->cl.off2s;
-  int j = 0;
-  while (j + 1 < v->G && row >= o2s[j + 1]) j++;
-  const int peer = v->rank_of[v->my_node * v->G + j];
-  const long roff = v->peer_off[(long)peer * (v->G + 1) + v->my_local];
-  return v->peer_p2r[j] + (roff + row - o2s[j]) * stride;
+  int j;
+  long pr;
+  mp_ep_p2s_peer(v, row, &j, &pr);
+  return v->peer_p2r[j] + pr * stride;
+}
+
+/* The ready flag of that row at the peer (fused direct dispatch); NULL without flags. */
+MP_HD int *mp_ep_p2s_flag(const mp_ep_view *v, long row) {
+  if (!v->direct || !v->epoch) return NULL;
+  int j;
+  long pr;
+  mp_ep_p2s_peer(v, row, &j, &pr);
+  return v->peer_flag[j] + pr;
 }
 
 MP_HD long mp_ep_align16(long x) { return (x + 15) & ~15L; }

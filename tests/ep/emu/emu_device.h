@@ -1,6 +1,6 @@
 /* CPU emulator of the CUDA device side for ep_kernels.cu (tests/ep/emu): each CUDA thread is an OS
  * thread, __syncthreads and the warp exchanges are barriers, __shared__ variables are statics
- * (kernels run one at a time in the process), and the _rn float intrinsics are the IEEE host ops
+ * of the rank thread (one kernel runs at a time on it), and the _rn float intrinsics are the IEEE host ops
  * (the file is built with -ffp-contract=off). */
 #ifndef EMU_DEVICE_H
 #define EMU_DEVICE_H
@@ -14,14 +14,14 @@ struct emu_dim3 {
   unsigned x, y, z;
 };
 extern thread_local emu_dim3 threadIdx, blockIdx;
-extern emu_dim3 blockDim, gridDim;
+extern thread_local emu_dim3 blockDim, gridDim;
 
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+#define __shared__ static thread_local
 
 struct uint4 {
   unsigned x, y, z, w;
@@ -47,5 +47,8 @@ template <typename F> static inline cudaError_t cudaFuncSetAttribute(F, cudaFunc
 
 void emu_launch(int grid, int block, size_t smem, std::function<void()> fn);
 void *emu_dynamic_smem();
+/* wait until *flag == want (acquire), letting other ranks' kernels run; 0 after timeout_ns */
+int emu_wait_flag(const int *flag, int want, long long timeout_ns);
+[[noreturn]] void emu_trap();
 
 #endif

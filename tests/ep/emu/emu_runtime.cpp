@@ -16,6 +16,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <chrono>
 #include <thread>
 #include <vector>
 #include <ctime>
@@ -194,7 +195,7 @@ extern "C" int emu_cuda_devmem_mode(void) {
  * all wait with nobody left to arrive are a barrier deadlock: reported, then abort(). */
 
 thread_local emu_dim3 threadIdx, blockIdx;
-emu_dim3 blockDim, gridDim;
+thread_local emu_dim3 blockDim, gridDim; /* per rank thread: a rank's kernel can wait on another's */
 
 #if defined(__x86_64__) && !defined(EMU_NO_ASM)
 #define EMU_ASM_SWITCH 1
@@ -252,9 +253,11 @@ struct Sched {
 };
 
 const size_t kStack = 256 * 1024;
+/* One kernel runs at a time in the process, except that a block waiting for another rank's
+ * kernel (emu_wait_flag) lets the others run meanwhile; so what a launch uses is per thread. */
 std::mutex kernel_mutex;
-Sched *S; /* the block being run (one at a time in the process) */
-std::vector<char *> stacks;
+thread_local Sched *S; /* the block being run on this thread */
+thread_local std::vector<char *> stacks;
 
 int alive_in_warp(int w) {
   int a = 0;
@@ -357,6 +360,24 @@ int __shfl_xor_sync(unsigned, int v, int lane_mask, int width) {
 
 void *emu_dynamic_smem() { return S->smem.data(); }
 
+/* A device-side wait for a flag that another rank's kernel raises (fused direct dispatch): the
+ * kernel lock is let go while waiting, so that rank's kernel can run. 0 after timeout_ns. */
+int emu_wait_flag(const int *flag, int want, long long timeout_ns) {
+  auto t0 = std::chrono::steady_clock::now();
+  while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != want) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(timeout_ns)) return 0;
+    kernel_mutex.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    kernel_mutex.lock();
+  }
+  return 1;
+}
+
+void emu_trap() {
+  fprintf(stderr, "emu: __trap() in a kernel\n");
+  abort();
+}
+
 void emu_launch(int grid, int block, size_t smem, std::function<void()> fn) {
   if (grid < 1 || block < 32 || block % 32 || block > 1024) {
     fprintf(stderr, "emu: invalid launch configuration grid %d block %d\n", grid, block);
@@ -364,7 +385,7 @@ void emu_launch(int grid, int block, size_t smem, std::function<void()> fn) {
   }
   std::lock_guard<std::mutex> g(kernel_mutex);
   DevAccess dev;
-  static uint64_t launches;
+  static thread_local uint64_t launches;
   launches++;
   while (stacks.size() < (size_t)block) stacks.push_back((char *)malloc(kStack));
   gridDim = emu_dim3{(unsigned)grid, 1, 1};
