@@ -26,11 +26,21 @@
 #define MP_TID ((int)threadIdx.x)
 #define MP_BDIM ((int)blockDim.x)
 
-static __device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
+/* x times the tile's inverse scale, to e4m3 (ep_num.h's mp_ep_quant is the CPU twin). */
+static __device__ __forceinline__ uint8_t fp8_of(float x, float inv) {
 #ifdef MP_EP_SOFT_FP8
-  return mp_ep_quant(x, scale);
+  return mp_ep_quant(x, inv);
 #else
-  return (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
+  return (uint8_t)__nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE, __NV_E4M3);
+#endif
+}
+
+/* Two of them, a in the low byte: one conversion instruction for the pair. */
+static __device__ __forceinline__ uint32_t fp8x2_of(float a, float b, float inv) {
+#ifdef MP_EP_SOFT_FP8
+  return (uint32_t)mp_ep_quant(a, inv) | ((uint32_t)mp_ep_quant(b, inv) << 8);
+#else
+  return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, inv), __fmul_rn(b, inv)), __NV_SATFINITE, __NV_E4M3);
 #endif
 }
 
@@ -162,18 +172,20 @@ __global__ void k_token_in_rank(mp_ep_view v, uint8_t *flags) {
 #define FOR_ITEMS(i, n, b, nb) for (long i = (long)(b) * MP_EP_WARPS + MP_WARP; i < (n); i += (long)(nb) * MP_EP_WARPS)
 #define FOR_WARP_ITEMS(i, n) FOR_ITEMS(i, n, blockIdx.x, gridDim.x)
 
-/* Copy nv 16-byte vectors from src to dst[0..nd) (and nothing else), lane-strided, MP_UNROLL loads
- * in flight per lane. */
+/* Copy nv 16-byte vectors from src to dst[0..nd) (and nothing else), lane-strided, MP_COPY_UNROLL
+ * loads in flight per lane: the copy kernels wait on memory latency (few rows per warp), so the
+ * more bytes a warp has in flight, the faster. */
+#define MP_COPY_UNROLL 8
 static __device__ __forceinline__ void warp_copy(const uint4 *src, uint4 *const *dst, int nd, int nv) {
-  for (int base = MP_LANE; base < nv; base += 32 * MP_UNROLL) {
-    uint4 v[MP_UNROLL];
+  for (int base = MP_LANE; base < nv; base += 32 * MP_COPY_UNROLL) {
+    uint4 v[MP_COPY_UNROLL];
 #pragma unroll
-    for (int u = 0; u < MP_UNROLL; u++) {
+    for (int u = 0; u < MP_COPY_UNROLL; u++) {
       const int j = base + 32 * u;
       if (j < nv) v[u] = src[j];
     }
 #pragma unroll
-    for (int u = 0; u < MP_UNROLL; u++) {
+    for (int u = 0; u < MP_COPY_UNROLL; u++) {
       const int j = base + 32 * u;
       if (j < nv)
         for (int d = 0; d < nd; d++) dst[d][j] = v[u];
@@ -259,14 +271,11 @@ static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint1
 #pragma unroll
       for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, 8));
       if (tile >= ntile) continue;
-      const float scale = mp_ep_tile_scale(amax);
+      const float scale = mp_ep_tile_scale(amax), inv = mp_ep_tile_inv(amax);
       uint32_t q[4];
 #pragma unroll
-      for (int wd = 0; wd < 4; wd++) {
-        q[wd] = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) q[wd] |= (uint32_t)fp8_of(f[4 * wd + i], scale) << (8 * i);
-      }
+      for (int wd = 0; wd < 4; wd++)
+        q[wd] = fp8x2_of(f[4 * wd], f[4 * wd + 1], inv) | (fp8x2_of(f[4 * wd + 2], f[4 * wd + 3], inv) << 16);
       const uint4 qv = make_uint4(q[0], q[1], q[2], q[3]);
       const long off = (long)tile * MP_EP_TILE + ql * 16;
       for (int d = 0; d < ndst; d++) {
@@ -710,9 +719,9 @@ __global__ void k_route(const float *logits, const float *bias, int T, int E, in
     }
 }
 
-__global__ void k_fp8_probe(const float *in, float scale, uint8_t *out, long n) {
+__global__ void k_fp8_probe(const float *in, float inv, uint8_t *out, long n) {
   for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-    out[i] = fp8_of(in[i], scale);
+    out[i] = fp8_of(in[i], inv);
 }
 
 /* ---------------- launches ---------------- */
@@ -813,8 +822,8 @@ int mp_ep_launch_route(const float *logits, const float *bias, int T, int E, int
   return launched();
 }
 
-int mp_ep_launch_fp8_probe(const float *in, float scale, uint8_t *out, long n, cudaStream_t s) {
-  MP_LAUNCH(k_fp8_probe, grid_for(n, 256), 256, 0, s, in, scale, out, n);
+int mp_ep_launch_fp8_probe(const float *in, float inv, uint8_t *out, long n, cudaStream_t s) {
+  MP_LAUNCH(k_fp8_probe, grid_for(n, 256), 256, 0, s, in, inv, out, n);
   return launched();
 }
 

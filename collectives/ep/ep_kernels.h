@@ -42,9 +42,9 @@ int mp_ep_launch_combine_out(const mp_ep_view *v, uint16_t *out, int blocks, cud
 int mp_ep_launch_dequant(const mp_ep_view *v, uint16_t *y, int blocks, cudaStream_t s);
 int mp_ep_launch_route(const float *logits, const float *bias, int T, int E, int K, int groups, int topk_groups,
                        float scaling, int normalize, int32_t *idx, float *w, cudaStream_t s);
-/* The hardware FP8 conversion of n floats divided by scale (what pack does), for the GPU test to
- * compare with the CPU twin. */
-int mp_ep_launch_fp8_probe(const float *in, float scale, uint8_t *out, long n, cudaStream_t s);
+/* The hardware FP8 conversion of n floats times inv (what pack does), for the GPU test to compare
+ * with the CPU twin. */
+int mp_ep_launch_fp8_probe(const float *in, float inv, uint8_t *out, long n, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -196,9 +196,9 @@ mp_ep_model *mp_ep_model_run(const mp_ep_model_cfg *cfg, const int *T, const int
             float a = fabsf(mp_bf16_to_f32(xs[i]));
             if (a > amax) amax = a;
           }
-          float sc = mp_ep_tile_scale(amax);
-          qs[s][t * ntile + tile] = sc;
-          for (int i = 0; i < MP_EP_TILE; i++) q[s][t * H + tile * MP_EP_TILE + i] = mp_ep_quant(mp_bf16_to_f32(xs[i]), sc);
+          const float inv = mp_ep_tile_inv(amax);
+          qs[s][t * ntile + tile] = mp_ep_tile_scale(amax);
+          for (int i = 0; i < MP_EP_TILE; i++) q[s][t * H + tile * MP_EP_TILE + i] = mp_ep_quant(mp_bf16_to_f32(xs[i]), inv);
         }
     }
   }

@@ -109,7 +109,13 @@ MP_HD float mp_ep_tile_scale(float amax) {
   return MP_DIV(fmaxf(amax, MP_EP_AMAX_FLOOR), MP_EP_FP8_MAX);
 }
 
-MP_HD uint8_t mp_ep_quant(float x, float scale) { return mp_f32_to_e4m3(MP_DIV(x, scale)); }
+/* The tile's inverse scale, 448 / max(amax, floor): the values are multiplied by it, so a tile costs
+ * one division, not one per value (the kernels' quantisation is bound by instruction issue). */
+MP_HD float mp_ep_tile_inv(float amax) {
+  return MP_DIV(MP_EP_FP8_MAX, fmaxf(amax, MP_EP_AMAX_FLOOR));
+}
+
+MP_HD uint8_t mp_ep_quant(float x, float inv) { return mp_f32_to_e4m3(MP_MUL(x, inv)); }
 
 MP_HD uint16_t mp_ep_dequant_bf16(uint8_t q, float scale) {
   return mp_f32_to_bf16(MP_MUL(mp_e4m3_to_f32(q), scale));

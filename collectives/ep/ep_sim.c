@@ -308,10 +308,10 @@ static void quantize_row(const mp_ep_view *v, const uint16_t *x, char *dst) {
   for (int tile = 0; tile < nt; tile++) {
     float amax = 0.f;
     for (int i = 0; i < MP_EP_TILE; i++) amax = fmaxf(amax, fabsf(mp_bf16_to_f32(x[tile * MP_EP_TILE + i])));
-    float s = mp_ep_tile_scale(amax);
-    sc[tile] = s;
+    const float inv = mp_ep_tile_inv(amax);
+    sc[tile] = mp_ep_tile_scale(amax);
     for (int i = 0; i < MP_EP_TILE; i++)
-      ((uint8_t *)dst)[tile * MP_EP_TILE + i] = mp_ep_quant(mp_bf16_to_f32(x[tile * MP_EP_TILE + i]), s);
+      ((uint8_t *)dst)[tile * MP_EP_TILE + i] = mp_ep_quant(mp_bf16_to_f32(x[tile * MP_EP_TILE + i]), inv);
   }
 }
 

@@ -4,7 +4,7 @@ baseline in a model:
 - route_ref: DeepSeek-V3 group-limited gating, the twin of mp_ep_route_ref (collectives/ep/ep_ref.h)
 - effective_topk: which top-k slots count (ids outside [0, E) and repeats of an earlier slot drop)
 - fp8_quantize_ref / fp8_dequantize_ref: e4m3 with one float32 scale per 1x128 tile, the formulas
-  of collectives/ep/ep_num.h (scale = max(amax, 1e-4) / 448, q = e4m3(x / scale), RNE)
+  of collectives/ep/ep_num.h (scale = max(amax, 1e-4) / 448, inv = 448 / max(amax, 1e-4), q = e4m3(x * inv), RNE)
 - tolerance: the documented error bound of dispatch + identity experts + combine (ep_model.h)
 - expected_dispatch: what rank d must receive, per local expert, in the library's row order
 - TorchAllToAllMoE: dispatch/combine with torch.distributed.all_to_all_single, one BF16 copy per
@@ -60,8 +60,10 @@ def fp8_quantize_ref(x):
     # Divide by a tensor, not a Python number: on CUDA, torch turns division by a CPU scalar into a
     # multiplication by its reciprocal, one ulp off the library's IEEE division for many amax values
     # (on the H200 every FP8 scale differed from the library's by that ulp).
-    scale = torch.clamp_min(amax, AMAX_FLOOR) / torch.full_like(amax, FP8_MAX)
-    q = (xf / scale.unsqueeze(2)).to(torch.float8_e4m3fn)
+    a = torch.clamp_min(amax, AMAX_FLOOR)
+    scale = a / torch.full_like(amax, FP8_MAX)
+    inv = torch.full_like(amax, FP8_MAX) / a
+    q = (xf * inv.unsqueeze(2)).to(torch.float8_e4m3fn)
     return q.view(T, H), scale
 
 

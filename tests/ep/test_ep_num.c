@@ -112,17 +112,21 @@ static void test_tile_scale(void **state) {
   (void)state;
   float s = mp_ep_tile_scale(448.0f);
   assert_true(s == 1.0f);
-  assert_int_equal(mp_ep_quant(448.0f, s), 0x7e);
+  assert_true(mp_ep_tile_inv(448.0f) == 1.0f);
+  assert_int_equal(mp_ep_quant(448.0f, mp_ep_tile_inv(448.0f)), 0x7e);
   s = mp_ep_tile_scale(0.0f); /* a tile of zeros: floor, zeros stay zero */
   assert_true(s == 1e-4f / 448.0f);
-  assert_int_equal(mp_ep_quant(0.0f, s), 0);
+  assert_true(mp_ep_tile_inv(0.0f) == 448.0f / 1e-4f);
+  assert_int_equal(mp_ep_quant(0.0f, mp_ep_tile_inv(0.0f)), 0);
   /* the largest element of a tile maps to 448 (or saturates to it) */
   uint64_t rs = 99;
   for (int i = 0; i < 10000; i++) {
     float amax = (float)(mp_ep_rand_unit(&rs) * 100.0 + 1e-3);
-    float sc = mp_ep_tile_scale(amax);
-    assert_int_equal(mp_ep_quant(amax, sc), 0x7e);
-    assert_int_equal(mp_ep_quant(-amax, sc), 0xfe);
+    float sc = mp_ep_tile_scale(amax), inv = mp_ep_tile_inv(amax);
+    assert_int_equal(mp_ep_quant(amax, inv), 0x7e);
+    assert_int_equal(mp_ep_quant(-amax, inv), 0xfe);
+    /* the inverse is the scale's reciprocal to within float rounding */
+    assert_true(fabs((double)sc * inv - 1.0) <= 3 * ldexp(1.0, -24));
     float back = mp_bf16_to_f32(mp_ep_dequant_bf16(0x7e, sc));
     assert_true(fabs((double)back - amax) <= amax * 0.01);
   }
