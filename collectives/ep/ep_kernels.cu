@@ -238,17 +238,33 @@ static __device__ void flag_timeout(const mp_ep_view &v, long row, int seg) {
 #endif
 }
 
-/* Per warp: the token's plan and the address of each staging row (resolved once per token). */
+/* Per warp: the token's expert ids, weights and stream slots (copied in by the whole warp at once,
+ * so the plan reads shared memory, not a chain of global loads), its plan, and the address of each
+ * staging row (resolved once per token). Dynamic shared memory: 32 of them exceed 48 KB. */
 struct pack_slot {
+  int32_t row[MP_EP_MAX_TOPK];
+  int nslot[MP_EP_MAX_TOPK], rrank[MP_EP_MAX_TOPK], erank[MP_EP_MAX_TOPK];
+  float w[MP_EP_MAX_TOPK];
   mp_ep_pack_plan p;
-  char *dst[MP_EP_MAX_DST];
+  int nd;                                   /* rows to write: staging rows, then expert rows */
+  char *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK]; /* their payloads */
+  float *sc[MP_EP_MAX_DST + MP_EP_MAX_TOPK]; /* their FP8 scales */
 };
+
+/* The data kernels' per-warp slots live in dynamic shared memory (the emulator has its own). */
+#ifdef MP_EP_EMU
+#define MP_DYN_SLOTS(T, name) T *name = (T *)emu_dynamic_smem()
+#else
+#define MP_DYN_SLOTS(T, name)                        \
+  extern __shared__ __align__(16) char mp_dyn_smem[]; \
+  T *name = (T *)mp_dyn_smem
+#endif
 
 /* FP8: a tile of 128 values is 8 lanes x 16 values; a pass covers 4 tiles, MP_UNROLL/2 passes
  * per iteration keep MP_UNROLL 16-byte loads in flight per lane. Every store is 16 bytes. */
 static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint16_t *xr, const pack_slot &s) {
   const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE, ql = lane & 7, grp = lane >> 3;
-  const int ndst = s.p.ndst, nexp = s.p.nexp;
+  const int nd = s.nd;
   constexpr int P = MP_UNROLL / 2; /* passes per iteration */
   for (int base = 0; base < ntile; base += 4 * P) {
     uint4 raw[P][2];
@@ -278,15 +294,9 @@ static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint1
         q[wd] = fp8x2_of(f[4 * wd], f[4 * wd + 1], inv) | (fp8x2_of(f[4 * wd + 2], f[4 * wd + 3], inv) << 16);
       const uint4 qv = make_uint4(q[0], q[1], q[2], q[3]);
       const long off = (long)tile * MP_EP_TILE + ql * 16;
-      for (int d = 0; d < ndst; d++) {
+      for (int d = 0; d < nd; d++) {
         *(uint4 *)(s.dst[d] + off) = qv;
-        if (ql == 0) *(float *)(s.dst[d] + H + tile * 4) = scale;
-      }
-      for (int e = 0; e < nexp; e++) {
-        const int r = s.p.exp_row[e];
-        if (r < 0) continue;
-        *(uint4 *)(v.ex_x + (long)r * H + off) = qv;
-        if (ql == 0) v.ex_scale[(long)r * ntile + tile] = scale;
+        if (ql == 0) s.sc[d][tile] = scale;
       }
     }
   }
@@ -299,39 +309,45 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
                                   int epoch) {
   mp_ep_pack_plan &p = s.p;
   const int lane = MP_LANE;
-  const int32_t *row = v.topk + (long)t * v.K;
-  const float *wrow = w + (long)t * v.K;
+  const long tk = (long)t * v.K;
+  for (int k = lane; k < v.K; k += 32) {
+    s.row[k] = v.topk[tk + k];
+    s.nslot[k] = v.nslot_k[tk + k];
+    s.rrank[k] = v.rrank_k[tk + k];
+    s.erank[k] = v.erank_k[tk + k];
+    s.w[k] = w[tk + k];
+  }
+  __syncwarp();
   if (lane == 0) {
-    mp_ep_pack_plan_make(&v, v.cnt, t, row, &p);
+    mp_ep_pack_plan_make(&v, v.cnt, s.row, s.nslot, s.rrank, s.erank, &p);
     mp_ep_pack_plan_commit(&v, &p);
   }
   __syncwarp();
   const int ndst = p.ndst, nexp = p.nexp;
   if (ndst + nexp == 0) return;
+  const long elem = v.fmt == MP_EP_FMT_FP8 ? 1 : 2;
   for (int d = lane; d < ndst; d += 32) {
     char *dst = p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[d] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
     s.dst[d] = dst;
-    mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, row, wrow, v.rrank_k + (long)t * v.K,
-                     v.erank_k + (long)t * v.K, p.dst_node[d]);
+    s.sc[d] = (float *)(dst + v.H);
+    mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, s.row, s.w, s.rrank, s.erank, p.dst_node[d]);
   }
-  if (lane < nexp && p.exp_row[lane] >= 0) {
-    const int r = p.exp_row[lane];
-    v.ex_w[r] = wrow[p.exp_k[lane]];
+  /* the expert rows (not dropped) after the staging rows, in plan order */
+  const bool has = lane < nexp && p.exp_row[lane] >= 0;
+  const unsigned ball = __ballot_sync(0xffffffffu, has);
+  if (has) {
+    const int r = p.exp_row[lane], at = ndst + __popc(ball & ((1u << lane) - 1u));
+    v.ex_w[r] = s.w[p.exp_k[lane]];
     v.ex_src[2L * r] = v.me;
     v.ex_src[2L * r + 1] = t / v.expand;
+    s.dst[at] = (char *)(v.ex_x + (long)r * v.H * elem);
+    s.sc[at] = v.ex_scale + (long)r * (v.H / MP_EP_TILE);
   }
+  if (lane == 0) s.nd = ndst + __popc(ball);
   __syncwarp();
   const uint16_t *xr = x + (long)(t / v.expand) * v.H;
-  if (v.fmt == MP_EP_FMT_FP8) {
-    pack_fp8(v, xr, s);
-  } else {
-    uint4 *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK];
-    int nd = 0;
-    for (int d = 0; d < ndst; d++) dst[nd++] = (uint4 *)s.dst[d];
-    for (int e = 0; e < nexp; e++)
-      if (p.exp_row[e] >= 0) dst[nd++] = (uint4 *)(v.ex_x + (long)p.exp_row[e] * 2 * v.H);
-    warp_copy((const uint4 *)xr, dst, nd, v.H / 8);
-  }
+  if (v.fmt == MP_EP_FMT_FP8) pack_fp8(v, xr, s);
+  else warp_copy((const uint4 *)xr, (uint4 *const *)s.dst, s.nd, v.H / 8);
   if (epoch) {
     __syncwarp(); /* every lane's stores of the rows come before the flags */
     for (int d = lane; d < ndst; d += 32)
@@ -340,7 +356,7 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
 }
 
 __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_pack(mp_ep_view v, const uint16_t *x, const float *w) {
-  __shared__ pack_slot slots[MP_EP_WARPS];
+  MP_DYN_SLOTS(pack_slot, slots);
   FOR_WARP_ITEMS(t, v.T) {
     pack_token(v, x, w, (int)t, slots[MP_WARP], 0);
     __syncwarp();
@@ -350,14 +366,15 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_pack(mp_ep_view v, const uin
 
 /* Expert rows from a wire row (payload, scales, weight, source): forward and unpack share it. */
 static __device__ void warp_expert_rows(const mp_ep_view &v, const char *src, const int32_t *m, const int *rows,
-                                        const int *ks, int nexp) {
+                                        const int *ks, int nexp, uint4 **dst) {
   const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE;
   const long elem = v.fmt == MP_EP_FMT_FP8 ? 1 : 2;
-  uint4 *dst[MP_EP_MAX_TOPK];
-  int nd = 0;
-  for (int e = 0; e < nexp; e++)
-    if (rows[e] >= 0) dst[nd++] = (uint4 *)(v.ex_x + (long)rows[e] * H * elem);
-  warp_copy((const uint4 *)src, dst, nd, (int)(H * elem / 16));
+  /* dst (the warp's scratch in shared memory): the rows not dropped, in order */
+  const bool has = lane < nexp && rows[lane] >= 0;
+  const unsigned ball = __ballot_sync(0xffffffffu, has);
+  if (has) dst[__popc(ball & ((1u << lane) - 1u))] = (uint4 *)(v.ex_x + (long)rows[lane] * H * elem);
+  __syncwarp();
+  warp_copy((const uint4 *)src, dst, __popc(ball), (int)(H * elem / 16));
   if (v.fmt == MP_EP_FMT_FP8) {
     const float *sc = (const float *)(src + H);
     for (int j = lane; j < ntile; j += 32) {
@@ -366,7 +383,7 @@ static __device__ void warp_expert_rows(const mp_ep_view &v, const char *src, co
         if (rows[e] >= 0) v.ex_scale[(long)rows[e] * ntile + j] = s;
     }
   }
-  if (lane < nexp && rows[lane] >= 0) {
+  if (has) {
     const int r = rows[lane];
     v.ex_w[r] = mp_bits_f32((uint32_t)m[2 + v.K + ks[lane]]);
     v.ex_src[2L * r] = m[0];
@@ -379,6 +396,7 @@ static __device__ void warp_expert_rows(const mp_ep_view &v, const char *src, co
 __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_forward(mp_ep_view v) {
   __shared__ mp_ep_fwd_plan plans[MP_EP_WARPS];
   __shared__ int gos[MP_EP_WARPS];
+  __shared__ uint4 *scratch[MP_EP_WARPS][MP_EP_MAX_TOPK];
   mp_ep_fwd_plan &p = plans[MP_WARP];
   const long n1 = v.cnt[v.cl.off1r + v.N];
   FOR_WARP_ITEMS(i, n1) {
@@ -397,46 +415,46 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_forward(mp_ep_view v) {
       uint4 *dst[MP_EP_MAX_GPN];
       for (int d = 0; d < p.ndst; d++) dst[d] = (uint4 *)mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
       warp_copy((const uint4 *)src, dst, p.ndst, (int)(v.dstride / 16));
-      warp_expert_rows(v, src, m, p.exp_row, p.exp_k, p.nexp);
+      warp_expert_rows(v, src, m, p.exp_row, p.exp_k, p.nexp, scratch[MP_WARP]);
     }
     __syncwarp();
   }
   if (v.direct) __threadfence_system(); /* peer rows written before the barrier */
 }
 
-/* Per warp: the expert rows (and top-k slots) one arrival goes to. */
+/* Per warp: one arrival's meta words (copied in by the whole warp at once) and the expert rows
+ * (and top-k slots) it goes to. */
 struct unpack_slot {
+  int32_t m[2 + 3 * MP_EP_MAX_TOPK + MP_EP_MAX_GPN];
   int rows[MP_EP_MAX_TOPK], ks[MP_EP_MAX_TOPK];
   int n;
+  uint4 *dst[MP_EP_MAX_TOPK];
 };
 
 /* Destination, one p2r row per warp: a row from one of the node's other forwarders goes into its
  * expert rows. epoch != 0 (fused direct dispatch): wait for the row's flag first. */
 static __device__ void unpack_row(const mp_ep_view &v, long u, unpack_slot &s, int epoch) {
   const char *src = v.p2r + u * v.dstride;
-  const int32_t *m = (const int32_t *)(src + v.meta_off);
   if (MP_LANE == 0) {
-    int seg, n = 0;
+    int seg;
+    s.n = 0;
     if (mp_ep_p2r_valid(&v, v.cnt, u, &seg) && seg != v.my_local) {
       if (epoch && !flag_wait(v.p2r_flag + u, epoch)) flag_timeout(v, u, seg);
-      mp_ep_unpack_plan(&v, v.cnt, u, m);
-      for (int k = 0; k < v.K; k++) {
-        const int r = v.dest_rows[u * v.K + k];
-        if (r >= 0) {
-          s.rows[n] = r;
-          s.ks[n] = k;
-          n++;
-        }
-      }
+      s.n = 1;
     }
-    s.n = n;
   }
   __syncwarp();
-  if (s.n > 0) warp_expert_rows(v, src, m, s.rows, s.ks, s.n);
+  if (s.n == 0) return;
+  const int32_t *m = (const int32_t *)(src + v.meta_off);
+  for (int i = MP_LANE; i < mp_ep_meta_words(v.K, v.G); i += 32) s.m[i] = m[i];
+  __syncwarp();
+  if (MP_LANE == 0) s.n = mp_ep_unpack_plan(&v, v.cnt, u, s.m, s.rows, s.ks);
+  __syncwarp();
+  if (s.n > 0) warp_expert_rows(v, src, s.m, s.rows, s.ks, s.n, s.dst);
 }
 
 __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_unpack(mp_ep_view v) {
-  __shared__ unpack_slot slots[MP_EP_WARPS];
+  MP_DYN_SLOTS(unpack_slot, slots);
   const long n2 = v.cnt[v.cl.off2r + v.G];
   FOR_WARP_ITEMS(u, n2) {
     unpack_row(v, u, slots[MP_WARP], 0);
@@ -452,20 +470,18 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_unpack(mp_ep_view v) {
  * runs blocks in order. */
 __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_dispatch_fused(mp_ep_view v, const uint16_t *x, const float *w,
                                                                     int send_blocks) {
-  __shared__ union {
-    pack_slot pack[MP_EP_WARPS];
-    unpack_slot unpack[MP_EP_WARPS];
-  } sm;
   const int epoch = *v.epoch;
   if ((int)blockIdx.x < send_blocks) {
+    MP_DYN_SLOTS(pack_slot, slots);
     FOR_ITEMS(t, v.T, blockIdx.x, send_blocks) {
-      pack_token(v, x, w, (int)t, sm.pack[MP_WARP], epoch);
+      pack_token(v, x, w, (int)t, slots[MP_WARP], epoch);
       __syncwarp();
     }
   } else {
+    MP_DYN_SLOTS(unpack_slot, slots);
     const long n2 = v.cnt[v.cl.off2r + v.G];
     FOR_ITEMS(u, n2, blockIdx.x - send_blocks, gridDim.x - send_blocks) {
-      unpack_row(v, u, sm.unpack[MP_WARP], epoch);
+      unpack_row(v, u, slots[MP_WARP], epoch);
       __syncwarp();
     }
   }
@@ -726,6 +742,12 @@ __global__ void k_fp8_probe(const float *in, float inv, uint8_t *out, long n) {
 
 /* ---------------- launches ---------------- */
 
+/* A kernel that takes more than the default 48 KB of dynamic shared memory must say so first. */
+template <typename K> static int smem_opt_in(K kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return 0;
+  return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
 static int grid_for(long work, int per_block) {
   long g = (work + per_block - 1) / per_block;
   if (g < 1) g = 1;
@@ -766,7 +788,10 @@ int mp_ep_launch_token_in_rank(const mp_ep_view *v, uint8_t *flags, cudaStream_t
 }
 
 int mp_ep_launch_pack(const mp_ep_view *v, const uint16_t *x, const float *w, int blocks, cudaStream_t s) {
-  MP_LAUNCH(k_pack, blocks, MP_EP_BLOCK, 0, s, *v, x, w);
+  const size_t smem = MP_EP_WARPS * sizeof(pack_slot);
+  int e = smem_opt_in(k_pack, smem);
+  if (e) return e;
+  MP_LAUNCH(k_pack, blocks, MP_EP_BLOCK, smem, s, *v, x, w);
   return launched();
 }
 
@@ -776,16 +801,22 @@ int mp_ep_launch_forward(const mp_ep_view *v, int blocks, cudaStream_t s) {
 }
 
 int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s) {
-  MP_LAUNCH(k_unpack, blocks, MP_EP_BLOCK, 0, s, *v);
+  const size_t smem = MP_EP_WARPS * sizeof(unpack_slot);
+  int e = smem_opt_in(k_unpack, smem);
+  if (e) return e;
+  MP_LAUNCH(k_unpack, blocks, MP_EP_BLOCK, smem, s, *v);
   return launched();
 }
 
 int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const float *w, int send_blocks, int blocks,
                                 cudaStream_t s) {
-  MP_LAUNCH(k_epoch_bump, 1, 32, 0, s, v->epoch);
-  int e = launched();
+  const size_t ps = MP_EP_WARPS * sizeof(pack_slot), us = MP_EP_WARPS * sizeof(unpack_slot);
+  const size_t smem = ps > us ? ps : us;
+  int e = smem_opt_in(k_dispatch_fused, smem);
   if (e) return e;
-  MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_BLOCK, 0, s, *v, x, w, send_blocks);
+  MP_LAUNCH(k_epoch_bump, 1, 32, 0, s, v->epoch);
+  if ((e = launched())) return e;
+  MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_BLOCK, smem, s, *v, x, w, send_blocks);
   return launched();
 }
 

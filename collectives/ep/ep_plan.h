@@ -409,11 +409,13 @@ typedef struct mp_ep_pack_plan {
   int fwd[MP_EP_MAX_GPN];         /* fwd_pos of v_self */
 } mp_ep_pack_plan;
 
-MP_HD void mp_ep_pack_plan_make(const mp_ep_view *v, const int *c, int t, const int32_t *row,
-                                mp_ep_pack_plan *p) {
+/* Token t's plan from its K expert ids (row) and its slots in the node, rank and expert streams
+ * (nslot, rrank, erank: the layout's rows for t). The kernels pass copies of those four rows in
+ * shared memory, loaded by the whole warp at once: read from global memory one after the other,
+ * their latencies added up to most of the pack kernel's time. */
+MP_HD void mp_ep_pack_plan_make(const mp_ep_view *v, const int *c, const int32_t *row, const int *nslot,
+                                const int *rrank, const int *erank, mp_ep_pack_plan *p) {
   const mp_ep_cnt_layout *L = &v->cl;
-  const int *nslot = v->nslot_k + (long)t * v->K, *rrank = v->rrank_k + (long)t * v->K,
-            *erank = v->erank_k + (long)t * v->K;
   uint32_t local_done = 0;
   p->ndst = 0;
   p->nexp = 0;
@@ -521,17 +523,22 @@ MP_HD void mp_ep_fwd_plan_commit(const mp_ep_view *v, long row_v, const mp_ep_fw
 }
 
 /* ---- dispatch, destination side: phase-2 entry u (from another forwarder of the node) ----
- * Fills dest_rows[u] and returns how many expert rows the entry has. */
-MP_HD int mp_ep_unpack_plan(const mp_ep_view *v, const int *c, long u, const int32_t *m) {
+ * Fills dest_rows[u] and returns how many expert rows the entry has (dropped ones not counted).
+ * When rows is given, also lists them and their top-k slots in rows/ks (the kernel: no read-back
+ * of dest_rows). */
+MP_HD int mp_ep_unpack_plan(const mp_ep_view *v, const int *c, long u, const int32_t *m, int *rows, int *ks) {
   int K = v->K, src = m[0], n = v->node_of[src], l = v->local_of[src], cnt = 0;
   int *dr = v->dest_rows + u * K;
   for (int k = 0; k < K; k++) {
-    int e = m[2 + k];
-    dr[k] = -1;
-    if (e >= 0 && mp_ep_expert_rank(v, e) == v->me) {
-      dr[k] = mp_ep_expert_row(v, c, l, n, e - v->me * v->Er, m[2 + 2 * K + k]);
-      cnt++;
+    int e = m[2 + k], r = -1;
+    if (e >= 0 && mp_ep_expert_rank(v, e) == v->me) r = mp_ep_expert_row(v, c, l, n, e - v->me * v->Er, m[2 + 2 * K + k]);
+    dr[k] = r;
+    if (r < 0) continue;
+    if (rows) {
+      rows[cnt] = r;
+      ks[cnt] = k;
     }
+    cnt++;
   }
   return cnt;
 }

@@ -344,7 +344,8 @@ int mp_ep_sim_dispatch(mp_ep_sim *s, int fmt, const uint16_t *const *x, const fl
       const int32_t *row = v->topk + (long)t * v->K;
       const float *wrow = w[r] + (long)t * v->K;
       mp_ep_pack_plan p;
-      mp_ep_pack_plan_make(v, k->cnt, t, row, &p);
+      const long tk = (long)t * v->K;
+      mp_ep_pack_plan_make(v, k->cnt, row, v->nslot_k + tk, v->rrank_k + tk, v->erank_k + tk, &p);
       mp_ep_pack_plan_commit(v, &p);
       if (p.ndst == 0 && p.nexp == 0) continue;
       quantize_row(v, x[r] + (long)(t / v->expand) * v->H, tmp);
@@ -388,7 +389,7 @@ int mp_ep_sim_dispatch(mp_ep_sim *s, int fmt, const uint16_t *const *x, const fl
       if (!mp_ep_p2r_valid(v, k->cnt, u, &seg) || seg == v->my_local) continue;
       const char *src = v->p2r + u * v->dstride;
       const int32_t *m = (const int32_t *)(src + v->meta_off);
-      mp_ep_unpack_plan(v, k->cnt, u, m);
+      mp_ep_unpack_plan(v, k->cnt, u, m, NULL, NULL);
       for (int q = 0; q < v->K; q++) {
         int row = v->dest_rows[u * v->K + q];
         if (row >= 0) write_expert_row(v, row, src, mp_bits_f32((uint32_t)m[2 + v->K + q]), m[0], m[1]);
