@@ -29,6 +29,7 @@ typedef struct emu_case {
   const char *name;
   int R, G, E, K, H, T;
   int kind, fmt, worst, flat, auto_topo;
+  int direct; /* nvlink_direct: one node = the fused kernel, several = rows written then a barrier */
 } emu_case;
 
 typedef struct rank_out {
@@ -92,6 +93,7 @@ static void *rank_main(void *p) {
   cfg.max_tokens = c->T;
   cfg.worst_case = c->worst;
   cfg.flat = c->flat;
+  cfg.nvlink_direct = c->direct;
   if (mplane_ep_create(&ctx, s->comms[me], &cfg, st)) {
     snprintf(o->err, sizeof(o->err), "create: %s", mplane_ep_last_error(NULL));
     o->rc = 1;
@@ -240,6 +242,8 @@ static void run_case(const emu_case *c) {
       const mplane_ep_layout_info *li = &s.res[r].li;
       want_b += 2 * (li->dispatch_net_bytes + li->dispatch_nvl_bytes + li->combine_net_bytes + li->combine_nvl_bytes +
                      li->counts_net_bytes + li->counts_nvl_bytes);
+      /* nvlink_direct: dispatch's NVLink rows went through the peers' mapped memory, not NCCL */
+      if (c->direct) want_b -= 2 * li->dispatch_nvl_bytes;
     }
     if (c->auto_topo) want_b += 0; /* the host-identity all-gather is not a send */
     assert_true(sent == want_b);
@@ -280,6 +284,11 @@ static const emu_case cases[] = {
     /* long enough that every warp loops over several items, wide enough for the unrolled copies */
     {"2-nodes-long-fp8", 2, 1, 16, 6, 1024, 120, MP_EP_ROUTE_UNIFORM, MP_EP_FMT_FP8, 0, 0, 0},
     {"node-of-2-long-bf16", 2, 2, 16, 6, 1024, 100, MP_EP_ROUTE_MIXED, MP_EP_FMT_BF16, 0, 0, 0},
+    /* nvlink_direct: the fused pack/unpack kernel on one node (ready flags), the barrier path on two */
+    {"node-of-2-direct-long", 2, 2, 16, 6, 1024, 100, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 0, 0, 0, 1},
+    {"node-of-4-direct-bf16", 4, 4, 32, 6, 256, 30, MP_EP_ROUTE_UNIFORM, MP_EP_FMT_BF16, 0, 0, 0, 1},
+    {"node-of-2-direct-worst", 2, 2, 16, 4, 256, 20, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 1, 0, 0, 1},
+    {"2x2-direct", 4, 2, 16, 4, 256, 14, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 0, 0, 0, 1},
 };
 
 static void test_emulated_gpu(void **state) {
