@@ -397,18 +397,25 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_forward(mp_ep_view v) {
   __shared__ mp_ep_fwd_plan plans[MP_EP_WARPS];
   __shared__ int gos[MP_EP_WARPS];
   __shared__ uint4 *scratch[MP_EP_WARPS][MP_EP_MAX_TOPK];
+  __shared__ int32_t metas[MP_EP_WARPS][2 + 3 * MP_EP_MAX_TOPK + MP_EP_MAX_GPN];
   mp_ep_fwd_plan &p = plans[MP_WARP];
+  int32_t *m = metas[MP_WARP]; /* the row's meta, copied by the whole warp before planning */
   const long n1 = v.cnt[v.cl.off1r + v.N];
   FOR_WARP_ITEMS(i, n1) {
     const char *src = v.p1r + i * v.dstride;
-    const int32_t *m = (const int32_t *)(src + v.meta_off);
     if (MP_LANE == 0) {
       int seg;
       gos[MP_WARP] = mp_ep_p1r_valid(&v, v.cnt, i, &seg) && seg != v.my_node;
-      if (gos[MP_WARP]) {
-        mp_ep_fwd_plan_make(&v, v.cnt, m, &p);
-        mp_ep_fwd_plan_commit(&v, i, &p);
-      }
+    }
+    __syncwarp();
+    if (gos[MP_WARP]) {
+      const int32_t *gm = (const int32_t *)(src + v.meta_off);
+      for (int q = MP_LANE; q < mp_ep_meta_words(v.K, v.G); q += 32) m[q] = gm[q];
+    }
+    __syncwarp();
+    if (MP_LANE == 0 && gos[MP_WARP]) {
+      mp_ep_fwd_plan_make(&v, v.cnt, m, &p);
+      mp_ep_fwd_plan_commit(&v, i, &p);
     }
     __syncwarp();
     if (gos[MP_WARP]) {
