@@ -260,12 +260,36 @@ struct pack_slot {
   T *name = (T *)mp_dyn_smem
 #endif
 
-/* FP8: a tile of 128 values is 8 lanes x 16 values; a pass covers 4 tiles, MP_UNROLL/2 passes
- * per iteration keep MP_UNROLL 16-byte loads in flight per lane. Every store is 16 bytes. */
+/* |x| of the two BF16 values of w as float bits (sign cleared, NaN as 0 so that, as fmaxf does in
+ * the CPU twin, a NaN never becomes the amax); non-negative floats order as their bits do. */
+static __device__ __forceinline__ uint32_t umax32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+static __device__ __forceinline__ uint32_t bf16x2_absmax_bits(uint32_t w) {
+  uint32_t lo = w & 0x7fffu, hi = (w >> 16) & 0x7fffu;
+  lo = lo > 0x7f80u ? 0u : lo;
+  hi = hi > 0x7f80u ? 0u : hi;
+  return umax32(lo, hi) << 16;
+}
+
+/* Four BF16 pairs (one 16-byte vector) times inv to 8 e4m3 bytes. */
+static __device__ __forceinline__ uint2 quant_bf16x8(uint4 r, float inv) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+  uint32_t q[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) q[i] = fp8x2_of(mp_bits_f32(w[i] << 16), mp_bits_f32(w[i] & 0xffff0000u), inv);
+  return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+}
+
+/* FP8: a tile of 128 values is 8 lanes x 16 values (two 16-byte loads); a pass covers 4 tiles and
+ * MP_FP8_PASSES passes are loaded before any is converted, so a lane has 2 * MP_FP8_PASSES loads in
+ * flight. The kernel waits on those loads (one memory latency per round, a token takes
+ * ntile / (4 * MP_FP8_PASSES) rounds), so the values stay packed in the loaded registers (no float
+ * copies) to leave room for more of them. Every store is 16 bytes. */
+#define MP_FP8_PASSES 4
 static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint16_t *xr, const pack_slot &s) {
   const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE, ql = lane & 7, grp = lane >> 3;
   const int nd = s.nd;
-  constexpr int P = MP_UNROLL / 2; /* passes per iteration */
+  constexpr int P = MP_FP8_PASSES;
   for (int base = 0; base < ntile; base += 4 * P) {
     uint4 raw[P][2];
 #pragma unroll
@@ -278,21 +302,20 @@ static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint1
 #pragma unroll
     for (int u = 0; u < P; u++) {
       const int tile = base + 4 * u + grp;
-      float f[16];
-      unpack_bf16x8(raw[u][0], f);
-      unpack_bf16x8(raw[u][1], f + 8);
-      float amax = 0.f;
+      uint32_t m = 0;
 #pragma unroll
-      for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(f[i]));
+      for (int h = 0; h < 2; h++) {
+        const uint4 r = raw[u][h];
+        m = umax32(m, umax32(umax32(bf16x2_absmax_bits(r.x), bf16x2_absmax_bits(r.y)),
+                             umax32(bf16x2_absmax_bits(r.z), bf16x2_absmax_bits(r.w))));
+      }
 #pragma unroll
-      for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, 8));
+      for (int off = 4; off > 0; off >>= 1) m = umax32(m, (uint32_t)__shfl_xor_sync(0xffffffffu, (int)m, off, 8));
       if (tile >= ntile) continue;
+      const float amax = mp_bits_f32(m);
       const float scale = mp_ep_tile_scale(amax), inv = mp_ep_tile_inv(amax);
-      uint32_t q[4];
-#pragma unroll
-      for (int wd = 0; wd < 4; wd++)
-        q[wd] = fp8x2_of(f[4 * wd], f[4 * wd + 1], inv) | (fp8x2_of(f[4 * wd + 2], f[4 * wd + 3], inv) << 16);
-      const uint4 qv = make_uint4(q[0], q[1], q[2], q[3]);
+      const uint2 a = quant_bf16x8(raw[u][0], inv), b = quant_bf16x8(raw[u][1], inv);
+      const uint4 qv = make_uint4(a.x, a.y, b.x, b.y);
       const long off = (long)tile * MP_EP_TILE + ql * 16;
       for (int d = 0; d < nd; d++) {
         *(uint4 *)(s.dst[d] + off) = qv;
