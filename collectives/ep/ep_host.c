@@ -799,7 +799,7 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
   v->meta_off = mp_ep_payload_bytes(fmt, v->H);
   use_recv(ctx, v, recv);
   int blocks = ctx->num_sms, rc;
-  int pack_blocks = (v->T + MP_EP_BLOCK / 32 - 1) / (MP_EP_BLOCK / 32);
+  int pack_blocks = (v->T + MP_EP_PACK_BLOCK / 32 - 1) / (MP_EP_PACK_BLOCK / 32);
   if (pack_blocks > blocks) pack_blocks = blocks;
   if (pack_blocks < 1) pack_blocks = 1;
   ctx->prof_valid[PROF_DISPATCH] = 0;

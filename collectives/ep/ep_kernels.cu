@@ -169,7 +169,8 @@ __global__ void k_token_in_rank(mp_ep_view v, uint8_t *flags) {
 
 /* items of this warp when `nb` blocks share the work and this block is number b of them: warp w
  * of block b takes b * W + w, then strides by all nb blocks */
-#define FOR_ITEMS(i, n, b, nb) for (long i = (long)(b) * MP_EP_WARPS + MP_WARP; i < (n); i += (long)(nb) * MP_EP_WARPS)
+#define FOR_ITEMS(i, n, b, nb) \
+  for (long i = (long)(b) * (MP_BDIM >> 5) + MP_WARP; i < (n); i += (long)(nb) * (MP_BDIM >> 5))
 #define FOR_WARP_ITEMS(i, n) FOR_ITEMS(i, n, blockIdx.x, gridDim.x)
 
 /* Copy nv 16-byte vectors from src to dst[0..nd) (and nothing else), lane-strided, MP_COPY_UNROLL
@@ -378,7 +379,7 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   }
 }
 
-__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_pack(mp_ep_view v, const uint16_t *x, const float *w) {
+__global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_pack(mp_ep_view v, const uint16_t *x, const float *w) {
   MP_DYN_SLOTS(pack_slot, slots);
   FOR_WARP_ITEMS(t, v.T) {
     pack_token(v, x, w, (int)t, slots[MP_WARP], 0);
@@ -498,7 +499,7 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_unpack(mp_ep_view v) {
  * own expert rows and the unpacking of arrivals overlap, with no barrier between them. Senders
  * never wait, and they come first: a GPU runs every block at once (one per SM), the CPU emulator
  * runs blocks in order. */
-__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_dispatch_fused(mp_ep_view v, const uint16_t *x, const float *w,
+__global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_view v, const uint16_t *x, const float *w,
                                                                     int send_blocks) {
   const int epoch = *v.epoch;
   if ((int)blockIdx.x < send_blocks) {
@@ -818,10 +819,10 @@ int mp_ep_launch_token_in_rank(const mp_ep_view *v, uint8_t *flags, cudaStream_t
 }
 
 int mp_ep_launch_pack(const mp_ep_view *v, const uint16_t *x, const float *w, int blocks, cudaStream_t s) {
-  const size_t smem = MP_EP_WARPS * sizeof(pack_slot);
+  const size_t smem = (MP_EP_PACK_BLOCK / 32) * sizeof(pack_slot);
   int e = smem_opt_in(k_pack, smem);
   if (e) return e;
-  MP_LAUNCH(k_pack, blocks, MP_EP_BLOCK, smem, s, *v, x, w);
+  MP_LAUNCH(k_pack, blocks, MP_EP_PACK_BLOCK, smem, s, *v, x, w);
   return launched();
 }
 
@@ -840,13 +841,13 @@ int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s) {
 
 int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const float *w, int send_blocks, int blocks,
                                 cudaStream_t s) {
-  const size_t ps = MP_EP_WARPS * sizeof(pack_slot), us = MP_EP_WARPS * sizeof(unpack_slot);
+  const size_t ps = (MP_EP_PACK_BLOCK / 32) * sizeof(pack_slot), us = (MP_EP_PACK_BLOCK / 32) * sizeof(unpack_slot);
   const size_t smem = ps > us ? ps : us;
   int e = smem_opt_in(k_dispatch_fused, smem);
   if (e) return e;
   MP_LAUNCH(k_epoch_bump, 1, 32, 0, s, v->epoch);
   if ((e = launched())) return e;
-  MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_BLOCK, smem, s, *v, x, w, send_blocks);
+  MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_PACK_BLOCK, smem, s, *v, x, w, send_blocks);
   return launched();
 }
 
