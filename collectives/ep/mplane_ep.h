@@ -59,7 +59,9 @@ typedef struct mplane_ep_config {
   int flat;          /* 1: plain all-to-all, one copy per (token, expert), no forwarding (the baseline) */
   int num_sms;       /* blocks (one per SM) of the data kernels; 0: every SM of the device */
   int nvlink_direct; /* 1: dispatch writes phase-2 rows straight into the same-node peers' receive
-                      * buffers (CUDA IPC, handles exchanged at create) instead of NCCL send/recv;
+                      * buffers (CUDA IPC, handles exchanged at create) instead of NCCL send/recv; on
+                      * one node pack and unpack are one kernel synchronised by per-row ready flags
+                      * (MPLANE_EP_RECV_SMS: its blocks that unpack, default half);
                       * 0 (default): the NCCL path. Ignored in flat mode and with one GPU a node. */
 } mplane_ep_config;
 
