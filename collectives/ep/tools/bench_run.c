@@ -941,7 +941,7 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     bench_report(o, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   }
   int rc = 0;
-  double ours_total = 0, base_total = 0, ours_nvl_gbs = 0, logical_fp8 = 0, logical_bf16c = 0;
+  double ours_total = 0, base_total = 0, ours_nvl_gbs = 0, direct_nvl_gbs = 0, logical_fp8 = 0, logical_bf16c = 0;
   struct variant {
     const char *name;
     int flat, sms, fmt, direct;
@@ -999,6 +999,7 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
       ours_total = total;
       ours_nvl_gbs = tm.d_nvl / (tm.dispatch * 1e3);
     }
+    if (vars[i].direct && vars[i].fmt == MPLANE_EP_FMT_FP8) direct_nvl_gbs = tm.d_nvl / (tm.dispatch * 1e3);
     if (vars[i].flat) base_total = total;
     cudaFree(d_y);
     mplane_ep_destroy(ctx);
@@ -1009,7 +1010,11 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     if (o->ceil_uni > 0 && o->nodes == 1 && R > 1)
       bench_report(o, "intranode dispatch wire rate %.1f GB/s = %.0f%% of the one-way peer-copy ceiling, %.0f%% of the each-way ceiling [target >= 60%%]\n",
                    ours_nvl_gbs, 100 * ours_nvl_gbs / o->ceil_uni, o->ceil_bi > 0 ? 100 * ours_nvl_gbs / o->ceil_bi : 0);
-    bench_report(o, "data kernels: one block of %d threads per SM, SMs as in the table; NCCL's own kernels run between them\n", MP_EP_BLOCK);
+    if (o->ceil_uni > 0 && o->nodes == 1 && R > 1 && direct_nvl_gbs > 0)
+      bench_report(o, "intranode dispatch wire rate, nvlink-direct FP8: %.1f GB/s = %.0f%% of the one-way peer-copy ceiling [target >= 60%%]\n",
+                   direct_nvl_gbs, 100 * direct_nvl_gbs / o->ceil_uni);
+    bench_report(o, "data kernels: one block per SM (%d threads; pack and the fused direct dispatch %d), SMs as in the table; NCCL's own kernels run between them\n",
+                 MP_EP_BLOCK, MP_EP_PACK_BLOCK);
   }
   free(x);
   free(idx);
