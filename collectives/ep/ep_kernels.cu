@@ -165,7 +165,6 @@ __global__ void k_token_in_rank(mp_ep_view v, uint8_t *flags) {
 #define MP_EP_WARPS (MP_EP_BLOCK / 32)
 #define MP_LANE (MP_TID & 31)
 #define MP_WARP (MP_TID >> 5)
-#define MP_UNROLL 4
 
 /* items of this warp when `nb` blocks share the work and this block is number b of them: warp w
  * of block b takes b * W + w, then strides by all nb blocks */
@@ -241,7 +240,8 @@ static __device__ void flag_timeout(const mp_ep_view &v, long row, int seg) {
 
 /* Per warp: the token's expert ids, weights and stream slots (copied in by the whole warp at once,
  * so the plan reads shared memory, not a chain of global loads), its plan, and the address of each
- * staging row (resolved once per token). Dynamic shared memory: 32 of them exceed 48 KB. */
+ * staging row and of its peer ready flag (resolved once per token). Dynamic shared memory: a
+ * block's slots exceed the 48 KB static limit. */
 struct pack_slot {
   int32_t row[MP_EP_MAX_TOPK];
   int nslot[MP_EP_MAX_TOPK], rrank[MP_EP_MAX_TOPK], erank[MP_EP_MAX_TOPK];
@@ -250,6 +250,7 @@ struct pack_slot {
   int nd;                                   /* rows to write: staging rows, then expert rows */
   char *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK]; /* their payloads */
   float *sc[MP_EP_MAX_DST + MP_EP_MAX_TOPK]; /* their FP8 scales */
+  int *flag[MP_EP_MAX_DST];                 /* staging rows: the peer's ready flag, or NULL */
 };
 
 /* The data kernels' per-warp slots live in dynamic shared memory (the emulator has its own). */
@@ -354,6 +355,7 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
     char *dst = p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[d] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
     s.dst[d] = dst;
     s.sc[d] = (float *)(dst + v.H);
+    s.flag[d] = epoch && p.dst_buf[d] == MP_EP_BUF_P2S ? mp_ep_p2s_flag(&v, p.dst_row[d]) : NULL;
     mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, s.row, s.w, s.rrank, s.erank, p.dst_node[d]);
   }
   /* the expert rows (not dropped) after the staging rows, in plan order */
@@ -375,7 +377,7 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   if (epoch) {
     __syncwarp(); /* every lane's stores of the rows come before the flags */
     for (int d = lane; d < ndst; d += 32)
-      if (p.dst_buf[d] == MP_EP_BUF_P2S) flag_raise(mp_ep_p2s_flag(&v, p.dst_row[d]), epoch);
+      if (s.flag[d]) flag_raise(s.flag[d], epoch);
   }
 }
 
