@@ -34,6 +34,8 @@ struct mplane_ep_ctx {
   uint8_t *ex_x;
   float *ex_scale, *ex_w;
   int *ex_src;
+  int32_t *row_token; /* token_rows: [cap_rows] */
+  char *p2c;          /* token_rows: combine's phase-2 rows (p2r holds the token rows until the next dispatch) */
   mp_ep_xfer *xfer;
   int direct;                               /* nvlink_direct in effect (same-node peers mapped) */
   char *peer_p2r[MP_EP_MAX_GPN];            /* IPC mappings of the same-node peers' p2r; own: NULL */
@@ -341,6 +343,8 @@ int mplane_ep_destroy(mplane_ep_ctx *ctx) {
   cudaFree(ctx->ex_scale);
   cudaFree(ctx->ex_w);
   cudaFree(ctx->ex_src);
+  cudaFree(ctx->row_token);
+  cudaFree(ctx->p2c);
   free(ctx->phys_node);
   free(ctx->phys_local);
   free(ctx->node_of);
@@ -390,6 +394,10 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
       goto fail;
     }
   }
+  if (cfg->token_rows && cfg->flat) {
+    rc = EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "config: token_rows=1 needs the node-limited mode (flat=0): the flat baseline has no token rows");
+    goto fail;
+  }
   if (cfg->topk < 1 || cfg->topk > MP_EP_MAX_TOPK || cfg->max_tokens < 1 || cfg->num_experts < 1 || cfg->hidden < 1) {
     rc = EP_FAIL(ctx, MPLANE_EP_ERR_INVALID,
                  "config: topk=%d (1..%d), max_tokens=%d, num_experts=%d, hidden=%d must all be positive", cfg->topk,
@@ -428,8 +436,13 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p1r, rw->p1r * rw->row_bytes, "phase-1 receive rows"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2s, rw->p2s * rw->row_bytes, "phase-2 send rows"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r, rw->p2r * rw->row_bytes, "phase-2 receive rows"));
-    CREATE_TRY(dmalloc(ctx, (void **)&ctx->ex_x, rw->cap_rows * 2L * H, "expert rows"));
-    CREATE_TRY(dmalloc(ctx, (void **)&ctx->ex_scale, rw->cap_rows * 4L * (H / MP_EP_TILE), "expert scales"));
+    if (cfg->token_rows) { /* the payloads stay in p2r; expert rows only name their token row */
+      CREATE_TRY(dmalloc(ctx, (void **)&ctx->row_token, rw->cap_rows * 4L, "expert rows' token rows"));
+      CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2c, rw->p2r * mp_ep_cstride(H), "combine phase-2 rows"));
+    } else {
+      CREATE_TRY(dmalloc(ctx, (void **)&ctx->ex_x, rw->cap_rows * 2L * H, "expert rows"));
+      CREATE_TRY(dmalloc(ctx, (void **)&ctx->ex_scale, rw->cap_rows * 4L * (H / MP_EP_TILE), "expert scales"));
+    }
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->ex_w, rw->cap_rows * 4L, "expert weights"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->ex_src, rw->cap_rows * 8L, "expert sources"));
     int *h = malloc(4L * 3 * (size_t)R);
@@ -461,6 +474,8 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     v->ex_scale = ctx->ex_scale;
     v->ex_w = ctx->ex_w;
     v->ex_src = ctx->ex_src;
+    v->token_rows = cfg->token_rows ? 1 : 0;
+    v->row_token = ctx->row_token;
   }
   /* every rank decides the same way (same config, same topology), so the all-gathers match */
   if (cfg->nvlink_direct && !cfg->flat && ctx->shape.G > 1) {
@@ -517,7 +532,9 @@ int mplane_ep_get_info(const mplane_ep_ctx *ctx, mplane_ep_info *info) {
 
 /* ---------- NCCL steps ---------- */
 
-static char *step_buf(mplane_ep_ctx *ctx, mplane_ep_layout *lo, int b) {
+static char *step_buf(mplane_ep_ctx *ctx, mplane_ep_layout *lo, int step, int b) {
+  /* token rows: combine stages its phase-2 rows apart, so the token rows outlive it */
+  if (b == MP_EP_BUF_P2R && ctx->p2c && (step == MP_EP_STEP_C1 || step == MP_EP_STEP_C2)) return ctx->p2c;
   switch (b) {
   case MP_EP_BUF_CNT: return (char *)lo->d_cnt;
   case MP_EP_BUF_P1S: return ctx->p1s;
@@ -550,12 +567,12 @@ static int run_step(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const mp_ep_view *
   for (int i = 0; i < n && first == ncclSuccess; i++) {
     ncclResult_t r = ncclSuccess;
     if (x[i].send_bytes > 0) {
-      r = ncclSend(step_buf(ctx, lo, x[i].send_buf) + x[i].send_off, (size_t)x[i].send_bytes, ncclUint8, x[i].peer,
+      r = ncclSend(step_buf(ctx, lo, step, x[i].send_buf) + x[i].send_off, (size_t)x[i].send_bytes, ncclUint8, x[i].peer,
                    ctx->comm, stream);
       what = "ncclSend";
     }
     if (r == ncclSuccess && x[i].recv_bytes > 0) {
-      r = ncclRecv(step_buf(ctx, lo, x[i].recv_buf) + x[i].recv_off, (size_t)x[i].recv_bytes, ncclUint8, x[i].peer,
+      r = ncclRecv(step_buf(ctx, lo, step, x[i].recv_buf) + x[i].recv_off, (size_t)x[i].recv_bytes, ncclUint8, x[i].peer,
                    ctx->comm, stream);
       what = "ncclRecv";
     }
@@ -752,8 +769,9 @@ int mplane_ep_route(mplane_ep_ctx *ctx, const float *logits, const float *bias, 
 /* ---------- dispatch / combine ---------- */
 
 static void use_recv(mplane_ep_ctx *ctx, mp_ep_view *v, const mplane_ep_recv *recv) {
-  v->ex_x = recv && recv->x ? (uint8_t *)recv->x : ctx->ex_x;
-  v->ex_scale = recv && recv->scales ? recv->scales : ctx->ex_scale;
+  const int tok = ctx->cfg.token_rows; /* no expert-row payloads: x and scales are not written */
+  v->ex_x = !tok && recv && recv->x ? (uint8_t *)recv->x : ctx->ex_x;
+  v->ex_scale = !tok && recv && recv->scales ? recv->scales : ctx->ex_scale;
   v->ex_w = recv && recv->weights ? recv->weights : ctx->ex_w;
   v->ex_src = recv && recv->src ? recv->src : ctx->ex_src;
 }
@@ -768,6 +786,10 @@ static void dispatch_done(mplane_ep_layout *lo, mplane_ep_recv *recv) {
     recv->src = v->ex_src;
     recv->expert_offsets = lo->d_cnt + v->cl.ex_off;
     recv->num_rows = v->graph ? -1 : lo->h_cnt[v->cl.status + MP_EP_ST_EXTOTAL];
+    recv->tokens = v->token_rows ? (const uint8_t *)v->p2r : NULL;
+    recv->token_stride = v->token_rows ? v->dstride : 0;
+    recv->row_token = v->row_token;
+    recv->num_tokens = v->token_rows && !v->graph ? lo->h_cnt[v->cl.off2r + v->G] : -1;
   }
   lo->dispatched = 1;
 }
@@ -804,6 +826,8 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
   if (pack_blocks < 1) pack_blocks = 1;
   ctx->prof_valid[PROF_DISPATCH] = 0;
   prof_mark(ctx, PROF_DISPATCH, 0, stream);
+  if (v->token_rows) /* -1: an expert row no arrival named (dequant writes zeros for it) */
+    CUDA_TRY(ctx, cudaMemsetAsync(v->row_token, 0xff, 4L * (size_t)v->cap_rows, stream));
   if (v->direct) {
     /* every rank's p2r segment starts (where this rank's rows land at each peer); also a barrier:
      * no peer still reads its p2r (previous unpack / combine) when the pack writes into it */
@@ -836,7 +860,8 @@ int mplane_ep_combine(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *y, v
   if (!ctx || !lo || lo->ctx != ctx || !lo->dispatched)
     return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_combine: needs a layout that was dispatched on this context");
   if (lo->num_tokens > 0 && !out) return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_combine: out is NULL");
-  mp_ep_view *v = &lo->view;
+  mp_ep_view cv = lo->view, *v = &cv;
+  if (ctx->p2c) v->p2r = ctx->p2c; /* token rows: leave them in place */
   int blocks = ctx->num_sms, rc;
   ctx->prof_valid[PROF_COMBINE] = 0;
   prof_mark(ctx, PROF_COMBINE, 0, stream);

@@ -358,7 +358,8 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
     s.flag[d] = epoch && p.dst_buf[d] == MP_EP_BUF_P2S ? mp_ep_p2s_flag(&v, p.dst_row[d]) : NULL;
     mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, s.row, s.w, s.rrank, s.erank, p.dst_node[d]);
   }
-  /* the expert rows (not dropped) after the staging rows, in plan order */
+  /* after the staging rows: the expert rows (not dropped), in plan order; with token rows
+   * instead the token's own p2r entry, once, which the expert rows then name */
   const bool has = lane < nexp && p.exp_row[lane] >= 0;
   const unsigned ball = __ballot_sync(0xffffffffu, has);
   if (has) {
@@ -366,10 +367,21 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
     v.ex_w[r] = s.w[p.exp_k[lane]];
     v.ex_src[2L * r] = v.me;
     v.ex_src[2L * r + 1] = t / v.expand;
-    s.dst[at] = (char *)(v.ex_x + (long)r * v.H * elem);
-    s.sc[at] = v.ex_scale + (long)r * (v.H / MP_EP_TILE);
+    if (v.token_rows) {
+      v.row_token[r] = p.entry;
+    } else {
+      s.dst[at] = (char *)(v.ex_x + (long)r * v.H * elem);
+      s.sc[at] = v.ex_scale + (long)r * (v.H / MP_EP_TILE);
+    }
   }
-  if (lane == 0) s.nd = ndst + __popc(ball);
+  const bool own = v.token_rows && p.entry >= 0;
+  if (lane == 0) {
+    if (own) {
+      s.dst[ndst] = v.p2r + (long)p.entry * v.dstride;
+      s.sc[ndst] = (float *)(s.dst[ndst] + v.H);
+    }
+    s.nd = ndst + (v.token_rows ? (own ? 1 : 0) : __popc(ball));
+  }
   __syncwarp();
   const uint16_t *xr = x + (long)(t / v.expand) * v.H;
   if (v.fmt == MP_EP_FMT_FP8) pack_fp8(v, xr, s);
@@ -388,6 +400,20 @@ __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_pack(mp_ep_view v, cons
     __syncwarp();
   }
   if (v.direct) __threadfence_system(); /* peer rows written before the barrier */
+}
+
+/* An arrival's expert rows get its top-k weight for that expert and its source (rank, token);
+ * with token rows (token >= 0) also the arrival's p2r entry, where its payload is. */
+static __device__ void expert_row_meta(const mp_ep_view &v, const int32_t *m, const int *rows, const int *ks, int nexp,
+                                       long token) {
+  const int lane = MP_LANE;
+  if (lane < nexp && rows[lane] >= 0) {
+    const int r = rows[lane];
+    v.ex_w[r] = mp_bits_f32((uint32_t)m[2 + v.K + ks[lane]]);
+    v.ex_src[2L * r] = m[0];
+    v.ex_src[2L * r + 1] = m[1] / v.expand;
+    if (token >= 0) v.row_token[r] = (int32_t)token;
+  }
 }
 
 /* Expert rows from a wire row (payload, scales, weight, source): forward and unpack share it. */
@@ -409,12 +435,7 @@ static __device__ void warp_expert_rows(const mp_ep_view &v, const char *src, co
         if (rows[e] >= 0) v.ex_scale[(long)rows[e] * ntile + j] = s;
     }
   }
-  if (has) {
-    const int r = rows[lane];
-    v.ex_w[r] = mp_bits_f32((uint32_t)m[2 + v.K + ks[lane]]);
-    v.ex_src[2L * r] = m[0];
-    v.ex_src[2L * r + 1] = m[1] / v.expand;
-  }
+  expert_row_meta(v, m, rows, ks, nexp, -1);
 }
 
 /* Forwarder: each phase-1 row from a remote node goes to the other target GPUs of this node
@@ -445,10 +466,13 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_forward(mp_ep_view v) {
     }
     __syncwarp();
     if (gos[MP_WARP]) {
-      uint4 *dst[MP_EP_MAX_GPN];
+      uint4 *dst[MP_EP_MAX_GPN + 1];
       for (int d = 0; d < p.ndst; d++) dst[d] = (uint4 *)mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
-      warp_copy((const uint4 *)src, dst, p.ndst, (int)(v.dstride / 16));
-      warp_expert_rows(v, src, m, p.exp_row, p.exp_k, p.nexp, scratch[MP_WARP]);
+      if (v.token_rows && p.entry >= 0) dst[p.ndst] = (uint4 *)(v.p2r + (long)p.entry * v.dstride);
+      const int own = v.token_rows && p.entry >= 0 ? 1 : 0;
+      warp_copy((const uint4 *)src, dst, p.ndst + own, (int)(v.dstride / 16));
+      if (v.token_rows) expert_row_meta(v, m, p.exp_row, p.exp_k, p.nexp, p.entry);
+      else warp_expert_rows(v, src, m, p.exp_row, p.exp_k, p.nexp, scratch[MP_WARP]);
     }
     __syncwarp();
   }
@@ -483,7 +507,9 @@ static __device__ void unpack_row(const mp_ep_view &v, long u, unpack_slot &s, i
   __syncwarp();
   if (MP_LANE == 0) s.n = mp_ep_unpack_plan(&v, v.cnt, u, s.m, s.rows, s.ks);
   __syncwarp();
-  if (s.n > 0) warp_expert_rows(v, src, s.m, s.rows, s.ks, s.n, s.dst);
+  if (s.n <= 0) return;
+  if (v.token_rows) expert_row_meta(v, s.m, s.rows, s.ks, s.n, u); /* the payload stays where it arrived */
+  else warp_expert_rows(v, src, s.m, s.rows, s.ks, s.n, s.dst);
 }
 
 __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_unpack(mp_ep_view v) {
@@ -657,16 +683,38 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_out(mp_ep_view v, ui
 
 /* ---------------- helpers ---------------- */
 
+/* Where expert row r's payload and FP8 scales are: its own row, or with token rows the p2r entry
+ * it names. 0 for an entry that names no row. */
+static __device__ int expert_row_src(const mp_ep_view &v, long r, const uint8_t **x, const float **sc) {
+  const int H = v.H;
+  if (!v.token_rows) {
+    *x = v.ex_x + r * H * (v.fmt == MP_EP_FMT_FP8 ? 1 : 2);
+    *sc = v.ex_scale + r * (H / MP_EP_TILE);
+    return 1;
+  }
+  const int u = v.row_token[r];
+  if (u < 0 || u >= v.cnt[v.cl.off2r + v.G]) return 0;
+  *x = (const uint8_t *)v.p2r + (long)u * v.dstride;
+  *sc = (const float *)(*x + H);
+  return 1;
+}
+
 __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_dequant(mp_ep_view v, uint16_t *y) {
-  const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE;
+  const int H = v.H, lane = MP_LANE;
   long rows = v.cnt[v.cl.status + MP_EP_ST_EXTOTAL];
   if (rows > v.cap_rows) rows = v.cap_rows;
   FOR_WARP_ITEMS(r, rows) {
     uint4 *dst = (uint4 *)(y + r * H);
+    const uint8_t *x;
+    const float *sc;
+    if (!expert_row_src(v, r, &x, &sc)) { /* a token row that was never written: zeros */
+      for (int c = lane; c < H / 8; c += 32) dst[c] = make_uint4(0, 0, 0, 0);
+      continue;
+    }
     if (v.fmt == MP_EP_FMT_FP8) {
-      const uint2 *q2 = (const uint2 *)(v.ex_x + r * H);
+      const uint2 *q2 = (const uint2 *)x;
       for (int c = lane; c < H / 8; c += 32) {
-        const float s = v.ex_scale[r * ntile + (c * 8) / MP_EP_TILE];
+        const float s = sc[(c * 8) / MP_EP_TILE];
         const uint2 q = q2[c];
         float f[8];
 #pragma unroll
@@ -678,7 +726,7 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_dequant(mp_ep_view v, uint16
       }
     } else {
       uint4 *d1[1] = {dst};
-      warp_copy((const uint4 *)(v.ex_x + r * 2 * H), d1, 1, H / 8);
+      warp_copy((const uint4 *)x, d1, 1, H / 8);
     }
   }
 }

@@ -81,6 +81,10 @@ typedef struct mp_ep_view {
   uint8_t *ex_x;
   float *ex_scale, *ex_w;
   int *ex_src; /* [rows][2]: source rank, source token */
+  /* token rows (config token_rows): each (token, this rank) arrival's payload stays in its p2r
+   * entry, written once, and expert row r names it in row_token[r] (ex_x / ex_scale unused) */
+  int token_rows;
+  int32_t *row_token; /* [rows] */
   /* nvlink_direct: phase-2 rows for local target j go straight to peer_p2r[j] (the peer's p2r, an
    * IPC mapping) at the peer's segment for this forwarder; peer_off [R][G+1] holds every rank's
    * p2r segment starts (gathered on the stream before the pack). 0 / NULL: the staging path. */

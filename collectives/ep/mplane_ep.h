@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define MPLANE_EP_ABI_VERSION 1
+#define MPLANE_EP_ABI_VERSION 2 /* 2: config.token_rows and the recv token fields */
 #define MPLANE_EP_TILE 128 /* values per FP8 scale (one float32 scale per 1x128 tile) */
 
 enum {
@@ -63,6 +63,11 @@ typedef struct mplane_ep_config {
                       * one node pack and unpack are one kernel synchronised by per-row ready flags
                       * (MPLANE_EP_RECV_SMS: its blocks that unpack, default half);
                       * 0 (default): the NCCL path. Ignored in flat mode and with one GPU a node. */
+  int token_rows;    /* 1: dispatch leaves each received token once in a token row (as DeepEP's
+                      * normal mode does) and each expert row names its token row (recv.row_token)
+                      * instead of holding a copy: 1 payload write per (token, GPU) instead of one
+                      * per (token, expert). recv.x / recv.scales are then not written.
+                      * 0 (default): payload copies in expert rows. Not with flat. */
 } mplane_ep_config;
 
 /* What a context resolved. */
@@ -92,7 +97,7 @@ typedef struct mplane_ep_layout_info {
   long long counts_net_bytes, counts_nvl_bytes; /* the layout's two count exchanges */
 } mplane_ep_layout_info;
 
-/* Received tokens, grouped by local expert. Pass NULL pointers to use the context's buffers
+/* Received tokens, grouped by local expert (token_rows: by reference, see below). Pass NULL pointers to use the context's buffers
  * (sized max_recv_rows; overwritten by the next dispatch on the context); dispatch fills them in. */
 typedef struct mplane_ep_recv {
   void *x;               /* device [max_recv_rows][H]: FP8 e4m3 bytes, or BF16 */
@@ -101,6 +106,14 @@ typedef struct mplane_ep_recv {
   int32_t *src;          /* device [max_recv_rows][2]: source rank, source token index */
   const int32_t *expert_offsets; /* out: device [local_experts + 1] */
   int num_rows;          /* out: rows received (normal mode), -1 in worst-case mode */
+  /* out, token_rows contexts (else NULL / 0 / -1): the received tokens, one row per (token, this
+   * rank), in the context's buffer (valid until the next dispatch on the context; combine leaves them). Row
+   * u is token_stride bytes at tokens + u * token_stride: H payload values (FP8 bytes or BF16),
+   * then for FP8 its H / 128 float32 scales. Expert row r's token is row row_token[r] (-1: none). */
+  const uint8_t *tokens;
+  long long token_stride;
+  const int32_t *row_token; /* device [max_recv_rows] */
+  int num_tokens;           /* token rows (normal mode), -1 in worst-case mode */
 } mplane_ep_recv;
 
 int mplane_ep_abi_version(void);
@@ -144,7 +157,8 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *layout, const void 
  * accumulated in float32 (rounded to BF16 once per rank, node and token). */
 int mplane_ep_combine(mplane_ep_ctx *ctx, mplane_ep_layout *layout, const void *y, void *out, cudaStream_t stream);
 
-/* Identity expert / helper: y [rows][H] BF16 = the dispatched rows (FP8 rows dequantised). */
+/* Identity expert / helper: y [rows][H] BF16 = the dispatched rows (FP8 rows dequantised); with
+ * token_rows, each expert row's token row. */
 int mplane_ep_dequant(mplane_ep_ctx *ctx, const mplane_ep_layout *layout, const mplane_ep_recv *recv, void *y,
                       cudaStream_t stream);
 

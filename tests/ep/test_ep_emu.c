@@ -30,6 +30,7 @@ typedef struct emu_case {
   int R, G, E, K, H, T;
   int kind, fmt, worst, flat, auto_topo;
   int direct; /* nvlink_direct: one node = the fused kernel, several = rows written then a barrier */
+  int tokens; /* token_rows: expert rows name their token row instead of holding a copy */
 } emu_case;
 
 typedef struct rank_out {
@@ -44,6 +45,41 @@ typedef struct rank_out {
   uint8_t *flags;
   mplane_ep_layout_info li;
 } rank_out;
+
+/* Token rows: each expert row's payload and scales from the token row it names, so that the
+ * expert-row checks apply as they are. Fails on an expert row naming no token row or one past
+ * the token rows, and (normal mode) when the token-row count is not the layout's arrivals. */
+static int gather_token_rows(const emu_case *c, const mplane_ep_recv *recv, const mplane_ep_layout_info *li, int n,
+                             uint8_t *x, float *scale, char *err, size_t errlen) {
+  const int H = c->H, nt = H / 128;
+  const long elem = c->fmt == MP_EP_FMT_FP8 ? 1 : 2, stride = (long)recv->token_stride;
+  if (!c->worst && recv->num_tokens != li->num_recv_tokens) {
+    snprintf(err, errlen, "token rows %d, layout arrivals %d", recv->num_tokens, li->num_recv_tokens);
+    return 1;
+  }
+  if (stride < H * elem || !recv->tokens || !recv->row_token) {
+    snprintf(err, errlen, "token rows not reported (stride %lld)", recv->token_stride);
+    return 1;
+  }
+  int32_t *rt = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  int ntok = 0, rc = 0;
+  cudaMemcpy(rt, recv->row_token, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
+  for (int r = 0; r < n; r++) ntok = rt[r] + 1 > ntok ? rt[r] + 1 : ntok;
+  uint8_t *tok = malloc((size_t)stride * (size_t)(ntok + 1));
+  cudaMemcpy(tok, recv->tokens, (size_t)stride * (size_t)ntok, cudaMemcpyDeviceToHost);
+  for (int r = 0; r < n && !rc; r++) {
+    if (rt[r] < 0 || (recv->num_tokens >= 0 && rt[r] >= recv->num_tokens)) {
+      snprintf(err, errlen, "expert row %d names token row %d (of %d)", r, rt[r], recv->num_tokens);
+      rc = 1;
+      break;
+    }
+    memcpy(x + (long)r * H * elem, tok + (long)rt[r] * stride, (size_t)(H * elem));
+    if (c->fmt == MP_EP_FMT_FP8) memcpy(scale + (long)r * nt, tok + (long)rt[r] * stride + H, sizeof(float) * (size_t)nt);
+  }
+  free(rt);
+  free(tok);
+  return rc;
+}
 
 typedef struct shared_in {
   const emu_case *c;
@@ -94,6 +130,7 @@ static void *rank_main(void *p) {
   cfg.worst_case = c->worst;
   cfg.flat = c->flat;
   cfg.nvlink_direct = c->direct;
+  cfg.token_rows = c->tokens;
   if (mplane_ep_create(&ctx, s->comms[me], &cfg, st)) {
     snprintf(o->err, sizeof(o->err), "create: %s", mplane_ep_last_error(NULL));
     o->rc = 1;
@@ -142,8 +179,15 @@ static void *rank_main(void *p) {
     o->out = malloc(2 * (size_t)(T + 1) * H);
     o->flags = malloc((size_t)(T + 1) * c->R);
     cudaMemcpy(o->off, recv.expert_offsets, sizeof(int) * (size_t)(Er + 1), cudaMemcpyDeviceToHost);
-    cudaMemcpy(o->x, recv.x, (size_t)n * H * elem, cudaMemcpyDeviceToHost);
-    if (c->fmt == MP_EP_FMT_FP8) cudaMemcpy(o->scale, recv.scales, sizeof(float) * (size_t)n * nt, cudaMemcpyDeviceToHost);
+    if (c->tokens) {
+      if (gather_token_rows(c, &recv, &o->li, n, o->x, o->scale, o->err, sizeof(o->err))) {
+        o->rc = 1;
+        goto out;
+      }
+    } else {
+      cudaMemcpy(o->x, recv.x, (size_t)n * H * elem, cudaMemcpyDeviceToHost);
+      if (c->fmt == MP_EP_FMT_FP8) cudaMemcpy(o->scale, recv.scales, sizeof(float) * (size_t)n * nt, cudaMemcpyDeviceToHost);
+    }
     cudaMemcpy(o->w, recv.weights, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost);
     cudaMemcpy(o->src, recv.src, sizeof(int) * 2 * (size_t)n, cudaMemcpyDeviceToHost);
     cudaMemcpy(o->out, d_out, 2 * (size_t)T * H, cudaMemcpyDeviceToHost);
@@ -289,6 +333,11 @@ static const emu_case cases[] = {
     {"node-of-4-direct-bf16", 4, 4, 32, 6, 256, 30, MP_EP_ROUTE_UNIFORM, MP_EP_FMT_BF16, 0, 0, 0, 1},
     {"node-of-2-direct-worst", 2, 2, 16, 4, 256, 20, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 1, 0, 0, 1},
     {"2x2-direct", 4, 2, 16, 4, 256, 14, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 0, 0, 0, 1},
+    /* token rows: the fused kernel, the NCCL path with forwarding, the direct barrier path in a graph */
+    {"node-of-2-direct-tokens", 2, 2, 16, 6, 512, 60, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 0, 0, 0, 1, 1},
+    {"2x2-tokens-bf16", 4, 2, 16, 4, 128, 13, MP_EP_ROUTE_MIXED, MP_EP_FMT_BF16, 0, 0, 0, 0, 1},
+    {"2-nodes-tokens", 2, 1, 16, 4, 256, 17, MP_EP_ROUTE_UNIFORM, MP_EP_FMT_FP8, 0, 0, 0, 0, 1},
+    {"2x2-direct-tokens-worst", 4, 2, 16, 4, 256, 12, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 1, 0, 0, 1, 1},
 };
 
 static void test_emulated_gpu(void **state) {

@@ -253,6 +253,48 @@ out:
 }
 
 /* One correctness case on this rank: 0 pass, 1 fail, 2 could not run. */
+/* Token rows: rebuild each expert row (payload and FP8 scales) on the host from the token row it
+ * names, so that the expert-row checks below apply unchanged. An expert row that names no token
+ * row, or one past the token rows, is an error. 0 when all named rows exist. */
+static int expert_rows_from_tokens(const ck_case *c, const mplane_ep_recv *recv, int nrows, int H, uint8_t *hx,
+                                   float *hs) {
+  const long elem = c->fmt == MP_EP_FMT_FP8 ? 1 : 2, ntile = H / 128, stride = (long)recv->token_stride;
+  int rc = 0, ntok = 0;
+  int32_t *rt = malloc(sizeof(int32_t) * (size_t)(nrows + 1));
+  uint8_t *tok = NULL;
+  if (!rt || cudaMemcpy(rt, recv->row_token, sizeof(int32_t) * (size_t)nrows, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    say("%s: FAIL: reading row_token", c->name);
+    rc = 1;
+    goto out;
+  }
+  for (int r = 0; r < nrows; r++) ntok = rt[r] + 1 > ntok ? rt[r] + 1 : ntok;
+  if (recv->num_tokens >= 0 && ntok > recv->num_tokens) {
+    say("%s: FAIL: an expert row names token row %d of %d", c->name, ntok - 1, recv->num_tokens);
+    rc = 1;
+    goto out;
+  }
+  tok = malloc((size_t)stride * (size_t)(ntok + 1));
+  if (!tok || cudaMemcpy(tok, recv->tokens, (size_t)stride * (size_t)ntok, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    say("%s: FAIL: reading the token rows", c->name);
+    rc = 1;
+    goto out;
+  }
+  for (int r = 0; r < nrows; r++) {
+    if (rt[r] < 0) {
+      say("%s: FAIL: expert row %d names no token row", c->name, r);
+      rc = 1;
+      goto out;
+    }
+    const uint8_t *row = tok + (long)rt[r] * stride;
+    memcpy(hx + (long)r * H * elem, row, (size_t)(H * elem));
+    if (c->fmt == MP_EP_FMT_FP8) memcpy(hs + (long)r * ntile, row + H, sizeof(float) * (size_t)ntile);
+  }
+out:
+  free(rt);
+  free(tok);
+  return rc;
+}
+
 static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const ck_case *c) {
   int R = o->gpus, me = g_rank, K = c->K, H = c->H, E = c->E, Tmax = c->T;
   int fail = 0, rc = 2;
@@ -277,6 +319,7 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
   }
   mplane_ep_config cfg = make_cfg(0, E, H, K, Tmax, c->worst, c->flat, 0);
   cfg.nvlink_direct = o->nvlink_direct;
+  cfg.token_rows = o->token_rows && !c->flat;
   if (mplane_ep_create(&ctx, comm, &cfg, st) != MPLANE_EP_OK) {
     say("%s: mplane_ep_create: %s", c->name, mplane_ep_last_error(NULL));
     goto out;
@@ -394,8 +437,12 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
   hoff = malloc(sizeof(int) * (size_t)(Er + 1));
   hout = malloc(2 * (size_t)(T + 1) * H);
   if (!hx || !hs || !hw || !hsrc || !hoff || !hout) goto out;
-  CUDA_OR(cudaMemcpy(hx, recv.x, (size_t)nrows * H * elem, cudaMemcpyDeviceToHost), 2);
-  if (c->fmt == MP_EP_FMT_FP8) CUDA_OR(cudaMemcpy(hs, recv.scales, sizeof(float) * (size_t)nrows * ntile, cudaMemcpyDeviceToHost), 2);
+  if (cfg.token_rows) {
+    if (expert_rows_from_tokens(c, &recv, nrows, H, hx, hs)) fail = 1;
+  } else {
+    CUDA_OR(cudaMemcpy(hx, recv.x, (size_t)nrows * H * elem, cudaMemcpyDeviceToHost), 2);
+    if (c->fmt == MP_EP_FMT_FP8) CUDA_OR(cudaMemcpy(hs, recv.scales, sizeof(float) * (size_t)nrows * ntile, cudaMemcpyDeviceToHost), 2);
+  }
   CUDA_OR(cudaMemcpy(hw, recv.weights, sizeof(float) * (size_t)nrows, cudaMemcpyDeviceToHost), 2);
   CUDA_OR(cudaMemcpy(hsrc, recv.src, sizeof(int) * 2 * (size_t)nrows, cudaMemcpyDeviceToHost), 2);
   CUDA_OR(cudaMemcpy(hoff, recv.expert_offsets, sizeof(int) * (size_t)(Er + 1), cudaMemcpyDeviceToHost), 2);
@@ -435,8 +482,8 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
     say("%s: FAIL tolerance: %ld values outside the documented bound; first: %s", c->name, tbad, msg);
     fail = 1;
   }
-  say("check %-20s %s%s: %d tokens out, %d expert rows in, dispatch %s, combine %s, worst error %.2f of the %s tolerance",
-      c->name, cfg.nvlink_direct && !c->flat ? "[nvlink-direct] " : "", fail ? "FAIL" : "PASS", T, nrows, bad ? "DIFFERS" : "bit-exact", cbad ? "DIFFERS" : "bit-exact", ratio,
+  say("check %-20s %s%s%s: %d tokens out, %d expert rows in, dispatch %s, combine %s, worst error %.2f of the %s tolerance",
+      c->name, cfg.nvlink_direct && !c->flat ? "[nvlink-direct] " : "", cfg.token_rows ? "[token-rows] " : "", fail ? "FAIL" : "PASS", T, nrows, bad ? "DIFFERS" : "bit-exact", cbad ? "DIFFERS" : "bit-exact", ratio,
       c->fmt == MP_EP_FMT_FP8 ? "FP8" : "BF16");
   rc = fail;
 out:
@@ -944,19 +991,28 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
   double ours_total = 0, base_total = 0, ours_nvl_gbs = 0, direct_nvl_gbs = 0, logical_fp8 = 0, logical_bf16c = 0;
   struct variant {
     const char *name;
-    int flat, sms, fmt, direct;
-  } vars[12];
+    int flat, sms, fmt, direct, tokens;
+  } vars[16];
   int nv = 0;
-  for (int i = 0; i < o->n_sms && nv < 6; i++) vars[nv++] = (struct variant){"node-limited", 0, o->sms[i], MPLANE_EP_FMT_FP8, 0};
-  vars[nv++] = (struct variant){"node-limited", 0, o->sms[0], MPLANE_EP_FMT_BF16, 0};
-  vars[nv++] = (struct variant){"flat all-to-all (baseline)", 1, 0, MPLANE_EP_FMT_FP8, 0};
+  for (int i = 0; i < o->n_sms && nv < 6; i++) vars[nv++] = (struct variant){"node-limited", 0, o->sms[i], MPLANE_EP_FMT_FP8, 0, 0};
+  vars[nv++] = (struct variant){"node-limited", 0, o->sms[0], MPLANE_EP_FMT_BF16, 0, 0};
+  vars[nv++] = (struct variant){"flat all-to-all (baseline)", 1, 0, MPLANE_EP_FMT_FP8, 0, 0};
   if (o->nvlink_direct) { /* the direct intranode path, beside the NCCL path above */
-    vars[nv++] = (struct variant){"node-limited nvlink-direct", 0, o->sms[0], MPLANE_EP_FMT_FP8, 1};
-    vars[nv++] = (struct variant){"node-limited nvlink-direct", 0, o->sms[0], MPLANE_EP_FMT_BF16, 1};
+    vars[nv++] = (struct variant){"node-limited nvlink-direct", 0, o->sms[0], MPLANE_EP_FMT_FP8, 1, 0};
+    vars[nv++] = (struct variant){"node-limited nvlink-direct", 0, o->sms[0], MPLANE_EP_FMT_BF16, 1, 0};
   }
+  if (o->token_rows) { /* one row per received token instead of one per expert row */
+    vars[nv++] = (struct variant){"node-limited token-rows", 0, o->sms[0], MPLANE_EP_FMT_FP8, 0, 1};
+    if (o->nvlink_direct) {
+      vars[nv++] = (struct variant){"node-limited nvlink-direct token-rows", 0, o->sms[0], MPLANE_EP_FMT_FP8, 1, 1};
+      vars[nv++] = (struct variant){"node-limited nvlink-direct token-rows", 0, o->sms[0], MPLANE_EP_FMT_BF16, 1, 1};
+    }
+  }
+  double direct_tok_gbs = 0;
   for (int i = 0; i < nv; i++) {
     mplane_ep_config cfg = make_cfg(0, E, H, K, T, 0, vars[i].flat, vars[i].sms);
     cfg.nvlink_direct = vars[i].direct;
+    cfg.token_rows = vars[i].tokens;
     mplane_ep_ctx *ctx = NULL;
     if (mplane_ep_create(&ctx, comm, &cfg, st) != MPLANE_EP_OK) {
       say("bench: mplane_ep_create: %s", mplane_ep_last_error(NULL));
@@ -999,7 +1055,8 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
       ours_total = total;
       ours_nvl_gbs = tm.d_nvl / (tm.dispatch * 1e3);
     }
-    if (vars[i].direct && vars[i].fmt == MPLANE_EP_FMT_FP8) direct_nvl_gbs = tm.d_nvl / (tm.dispatch * 1e3);
+    if (vars[i].direct && vars[i].fmt == MPLANE_EP_FMT_FP8 && !vars[i].tokens) direct_nvl_gbs = tm.d_nvl / (tm.dispatch * 1e3);
+    if (vars[i].direct && vars[i].fmt == MPLANE_EP_FMT_FP8 && vars[i].tokens) direct_tok_gbs = tm.d_nvl / (tm.dispatch * 1e3);
     if (vars[i].flat) base_total = total;
     cudaFree(d_y);
     mplane_ep_destroy(ctx);
@@ -1013,6 +1070,9 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     if (o->ceil_uni > 0 && o->nodes == 1 && R > 1 && direct_nvl_gbs > 0)
       bench_report(o, "intranode dispatch wire rate, nvlink-direct FP8: %.1f GB/s = %.0f%% of the one-way peer-copy ceiling [target >= 60%%]\n",
                    direct_nvl_gbs, 100 * direct_nvl_gbs / o->ceil_uni);
+    if (o->ceil_uni > 0 && o->nodes == 1 && R > 1 && direct_tok_gbs > 0)
+      bench_report(o, "intranode dispatch wire rate, nvlink-direct FP8 token rows: %.1f GB/s = %.0f%% of the one-way peer-copy ceiling [target >= 60%%]\n",
+                   direct_tok_gbs, 100 * direct_tok_gbs / o->ceil_uni);
     bench_report(o, "data kernels: one block per SM (%d threads; pack and the fused direct dispatch %d), SMs as in the table; NCCL's own kernels run between them\n",
                  MP_EP_BLOCK, MP_EP_PACK_BLOCK);
   }

@@ -36,6 +36,8 @@ static void usage(FILE *f) {
           "  --sms LIST        data-kernel SM counts to benchmark, 0 = all (default 0,24)\n"
           "  --nvlink-direct   check mode runs the direct intranode path (nvlink_direct = 1: phase-2 rows written\n"
           "                    into the peers' buffers through CUDA IPC); bench mode times it beside the NCCL path\n"
+          "  --token-rows      check mode uses token rows (token_rows = 1: one row per received token, expert rows\n"
+          "                    name it); bench mode times them beside the expert-row copies\n"
           "  --stats-file PAT  plugin counters: sets MPLANE_STATS_FILE=PAT (%%p = pid) in the ranks and reads it\n"
           "  --out FILE        append the results to FILE\n"
           "  --seed S          (1)   --timeout SEC (540)\n");
@@ -106,6 +108,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     else if (!strcmp(a, "--iters")) { NEXT(); o->iters = atoi(v); }
     else if (!strcmp(a, "--warmup")) { NEXT(); o->warmup = atoi(v); }
     else if (!strcmp(a, "--nvlink-direct")) o->nvlink_direct = 1;
+    else if (!strcmp(a, "--token-rows")) o->token_rows = 1;
     else if (!strcmp(a, "--sms")) {
       NEXT();
       char buf[128];

@@ -60,10 +60,18 @@ static void *relay(void *p) {
 int main(int argc, char **argv) {
   bench_opts o;
   memset(&o, 0, sizeof(o));
-  /* bench_emu NODES [direct]: direct = --nvlink-direct (phase-2 rows through emulated CUDA IPC) */
+  /* bench_emu NODES [direct] [tokens]: direct = --nvlink-direct (phase-2 rows through emulated CUDA
+   * IPC), tokens = --token-rows */
   o.gpus = 2;
   o.nodes = argc > 1 ? atoi(argv[1]) : 1;
-  o.nvlink_direct = argc > 2 && !strcmp(argv[2], "direct");
+  for (int i = 2; i < argc; i++) {
+    if (!strcmp(argv[i], "direct")) o.nvlink_direct = 1;
+    else if (!strcmp(argv[i], "tokens")) o.token_rows = 1;
+    else {
+      fprintf(stderr, "bench_emu: unknown argument %s (expected direct or tokens)\n", argv[i]);
+      return 2;
+    }
+  }
   o.per_node = o.gpus / o.nodes;
   o.modes = MODE_CHECK | MODE_BYTES | MODE_BENCH;
   o.tokens = 48;
