@@ -42,7 +42,8 @@ struct mplane_ep_ctx {
   int *p2r_flag;                            /* device [p2r rows]: ready flags of the fused dispatch */
   int *peer_flag[MP_EP_MAX_GPN];            /* IPC mappings of the peers' p2r_flag */
   int *d_epoch;                             /* device: the fused dispatch's epoch */
-  int recv_blocks;                          /* fused dispatch: blocks that unpack (the rest pack) */
+  int link_blocks, recv_blocks;             /* fused dispatch: blocks that copy to the peers / unpack (the rest pack) */
+  int *p2s_flag;                            /* device [p2s rows]: staged-row flags of the fused dispatch */
   int *d_peer_off;                          /* device [R][G+1]: every rank's p2r segment starts */
   int *d_bar;                               /* device [R]: the barrier's tiny all-gather */
   int prof_on;
@@ -217,6 +218,9 @@ out:
 
 /* ---------- nvlink_direct: the same-node peers' p2r buffers through CUDA IPC ---------- */
 
+/* blocks of the fused dispatch: one of each kind at least */
+static int fused_blocks(const mplane_ep_ctx *ctx) { return ctx->num_sms < 3 ? 3 : ctx->num_sms; }
+
 /* What a rank publishes for nvlink_direct: its p2r rows and their ready flags. */
 typedef struct {
   cudaIpcMemHandle_t rows, flags;
@@ -293,23 +297,31 @@ out:
   return rc;
 }
 
-/* How many blocks of the fused dispatch unpack: MPLANE_EP_RECV_SMS, else half of them (measured on
- * 2x H200, DeepSeek-V3 shape, FP8: 33 of 132 -> 196 us, 52 -> 180, 66 -> 175). The fused kernel runs
- * max(num_sms, 2) blocks: at least one of each. */
-static int fused_recv_blocks(mplane_ep_ctx *ctx) {
-  const int blocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
-  const char *env = getenv("MPLANE_EP_RECV_SMS");
-  int n = blocks / 2;
-  if (env && *env) {
-    char *end = NULL;
-    long x = strtol(env, &end, 10);
-    if (*end || x < 1 || x > blocks - 1)
-      return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "MPLANE_EP_RECV_SMS=%s: expected an integer 1..%d (blocks of the fused dispatch that unpack)",
-                     env, blocks - 1);
-    n = (int)x;
-  }
-  ctx->recv_blocks = n < 1 ? 1 : n;
+/* Blocks of the fused dispatch, max(num_sms, 3) in all: link blocks copy the staged rows to the
+ * peers (MPLANE_EP_LINK_SMS, default 16: on 2x H200, 8 SMs that only copy carry 310 GB/s over
+ * NVLink, 16 carry 318), unpack blocks take the peers' rows (MPLANE_EP_RECV_SMS; default 16 with
+ * token rows, where unpacking only writes indices, else half of what the link leaves), the rest
+ * pack. A bad value fails create, naming it. */
+static int env_blocks(mplane_ep_ctx *ctx, const char *name, int lo, int hi, int dflt, int *out) {
+  const char *env = getenv(name);
+  *out = dflt;
+  if (!env || !*env) return MPLANE_EP_OK;
+  char *end = NULL;
+  long x = strtol(env, &end, 10);
+  if (*end || x < lo || x > hi)
+    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "%s=%s: expected an integer %d..%d (blocks of the fused dispatch)", name,
+                   env, lo, hi);
+  *out = (int)x;
   return MPLANE_EP_OK;
+}
+
+static int fused_split(mplane_ep_ctx *ctx) {
+  const int blocks = fused_blocks(ctx);
+  int rc = env_blocks(ctx, "MPLANE_EP_LINK_SMS", 1, blocks - 2, blocks - 2 < 16 ? 1 : 16, &ctx->link_blocks);
+  if (rc) return rc;
+  const int left = blocks - ctx->link_blocks, dflt = ctx->cfg.token_rows ? (left / 4 < 16 ? left / 4 : 16) : left / 2;
+  rc = env_blocks(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, &ctx->recv_blocks);
+  return rc;
 }
 
 /* Stream-ordered barrier of all ranks (a one-int all-gather): once it completes on this rank,
@@ -331,6 +343,7 @@ int mplane_ep_destroy(mplane_ep_ctx *ctx) {
     if (ctx->peer_flag[j]) cudaIpcCloseMemHandle(ctx->peer_flag[j]);
   }
   cudaFree(ctx->p2r_flag);
+  cudaFree(ctx->p2s_flag);
   cudaFree(ctx->d_epoch);
   cudaFree(ctx->d_peer_off);
   cudaFree(ctx->d_bar);
@@ -487,15 +500,17 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_peer_off, 4L * R * (G + 1), "nvlink_direct segment starts"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_bar, 4L * R, "nvlink_direct barrier"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r_flag, 4L * ctx->rows.p2r, "nvlink_direct row flags"));
+    CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2s_flag, 4L * ctx->rows.p2s, "nvlink_direct staged-row flags"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_epoch, 4L, "nvlink_direct epoch"));
     /* flags start below every epoch (epochs start at 1) */
     if (cudaMemsetAsync(ctx->d_bar, 0, 4L * R, stream) != cudaSuccess ||
         (ctx->p2r_flag && cudaMemsetAsync(ctx->p2r_flag, 0, 4L * ctx->rows.p2r, stream) != cudaSuccess) ||
+        (ctx->p2s_flag && cudaMemsetAsync(ctx->p2s_flag, 0, 4L * ctx->rows.p2s, stream) != cudaSuccess) ||
         cudaMemsetAsync(ctx->d_epoch, 0, 4L, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {
       rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct: clearing the barrier word, flags and epoch");
       goto fail;
     }
-    CREATE_TRY(fused_recv_blocks(ctx));
+    CREATE_TRY(fused_split(ctx));
     CREATE_TRY(open_peers(ctx, 1, stream));
     mp_ep_view *v = &ctx->base;
     v->direct = 1;
@@ -505,6 +520,7 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     }
     v->peer_off = ctx->d_peer_off;
     v->p2r_flag = ctx->p2r_flag;
+    v->p2s_flag = ctx->p2s_flag;
     v->epoch = ctx->d_epoch;
   }
   *out = ctx;
@@ -800,8 +816,9 @@ static void dispatch_done(mplane_ep_layout *lo, mplane_ep_recv *recv) {
 static int dispatch_fused(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, const float *w,
                           mplane_ep_recv *recv, cudaStream_t stream) {
   const mp_ep_view *v = &lo->view;
-  const int blocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
-  KERNEL_TRY(ctx, mp_ep_launch_dispatch_fused(v, (const uint16_t *)x, w, blocks - ctx->recv_blocks, blocks, stream));
+  const int blocks = fused_blocks(ctx);
+  KERNEL_TRY(ctx, mp_ep_launch_dispatch_fused(v, (const uint16_t *)x, w, blocks - ctx->link_blocks - ctx->recv_blocks,
+                                              ctx->link_blocks, blocks, stream));
   for (int i = 1; i <= 5; i++) prof_mark(ctx, PROF_DISPATCH, i, stream);
   dispatch_done(lo, recv);
   return MPLANE_EP_OK;

@@ -205,15 +205,27 @@ static __device__ __forceinline__ void flag_raise(int *flag, int epoch) {
 #endif
 }
 
-/* Wait until *flag == epoch; 0 after MP_EP_WAIT_NS without it (a peer that never dispatches). */
-static __device__ int flag_wait(const int *flag, int epoch) {
+/* The same between the blocks of one GPU (the pack blocks tell the link blocks a row is staged). */
+static __device__ __forceinline__ void flag_raise_gpu(int *flag, int epoch) {
 #ifdef MP_EP_EMU
+  __atomic_store_n(flag, epoch, __ATOMIC_RELEASE);
+#else
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(flag), "r"(epoch) : "memory");
+#endif
+}
+
+/* Wait until *flag == epoch; 0 after MP_EP_WAIT_NS without it (a peer that never dispatches).
+ * sys: the flag is raised by another GPU, else by this one. */
+static __device__ int flag_wait(const int *flag, int epoch, bool sys = true) {
+#ifdef MP_EP_EMU
+  (void)sys;
   return emu_wait_flag(flag, epoch, MP_EP_WAIT_NS);
 #else
   uint64_t t0 = 0;
   for (long spin = 0;; spin++) {
     int x;
-    asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(x) : "l"(flag) : "memory");
+    if (sys) asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(x) : "l"(flag) : "memory");
+    else asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(x) : "l"(flag) : "memory");
     if (x == epoch) return 1;
     if ((spin & 1023) == 0) {
       uint64_t now;
@@ -227,10 +239,15 @@ static __device__ int flag_wait(const int *flag, int epoch) {
 
 /* A wait that timed out: the peer is gone or never called dispatch. Say which row, then end the
  * kernel with an error (cudaErrorLaunchFailure at the caller's next synchronisation): never hang. */
-static __device__ void flag_timeout(const mp_ep_view &v, long row, int seg) {
-  printf("libmplane-ep: rank %d waited %d s for p2r row %ld from local GPU %d (nvlink_direct dispatch): "
-         "the peer process died or never called mplane_ep_dispatch\n",
-         v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), row, seg);
+static __device__ void flag_timeout(const mp_ep_view &v, long row, int seg, bool own = false) {
+  if (own)
+    printf("libmplane-ep: rank %d waited %d s for its own pack blocks to stage p2s row %ld for local GPU %d "
+           "(nvlink_direct dispatch; a bug: please report)\n",
+           v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), row, seg);
+  else
+    printf("libmplane-ep: rank %d waited %d s for p2r row %ld from local GPU %d (nvlink_direct dispatch): "
+           "the peer process died or never called mplane_ep_dispatch\n",
+           v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), row, seg);
 #ifdef MP_EP_EMU
   emu_trap();
 #else
@@ -329,7 +346,8 @@ static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint1
 
 /* Source side, one token per warp: quantise it once and write it to every staging row its plan
  * names (one per remote node, one per other target GPU of the own node) and to its own expert
- * rows. epoch != 0 (fused direct dispatch): then raise the flag of each peer row written. */
+ * rows. epoch != 0 (fused direct dispatch): the phase-2 rows go to the own p2s, each with a ready
+ * flag (p2s_flag) that the kernel's link blocks wait for before they copy it to the peer. */
 static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const float *w, int t, pack_slot &s,
                                   int epoch) {
   mp_ep_pack_plan &p = s.p;
@@ -352,10 +370,13 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   if (ndst + nexp == 0) return;
   const long elem = v.fmt == MP_EP_FMT_FP8 ? 1 : 2;
   for (int d = lane; d < ndst; d += 32) {
-    char *dst = p.dst_buf[d] == MP_EP_BUF_P1S ? v.p1s + (long)p.dst_row[d] * v.dstride : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
+    const bool p2 = p.dst_buf[d] == MP_EP_BUF_P2S;
+    char *dst = !p2 ? v.p1s + (long)p.dst_row[d] * v.dstride
+                : epoch ? v.p2s + (long)p.dst_row[d] * v.dstride
+                        : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
     s.dst[d] = dst;
     s.sc[d] = (float *)(dst + v.H);
-    s.flag[d] = epoch && p.dst_buf[d] == MP_EP_BUF_P2S ? mp_ep_p2s_flag(&v, p.dst_row[d]) : NULL;
+    s.flag[d] = epoch && p2 ? v.p2s_flag + p.dst_row[d] : NULL;
     mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, s.row, s.w, s.rrank, s.erank, p.dst_node[d]);
   }
   /* after the staging rows: the expert rows (not dropped), in plan order; with token rows
@@ -389,7 +410,7 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   if (epoch) {
     __syncwarp(); /* every lane's stores of the rows come before the flags */
     for (int d = lane; d < ndst; d += 32)
-      if (s.flag[d]) flag_raise(s.flag[d], epoch);
+      if (s.flag[d]) flag_raise_gpu(s.flag[d], epoch);
   }
 }
 
@@ -521,25 +542,54 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_unpack(mp_ep_view v) {
   }
 }
 
-/* Fused direct dispatch (one node, nvlink_direct): blocks [0, send_blocks) pack, writing the rows
- * for the node's other GPUs straight into their p2r over NVLink and raising each row's flag; the
- * other blocks unpack the rows the peers write here as their flags rise. So the NVLink writes, the
- * own expert rows and the unpacking of arrivals overlap, with no barrier between them. Senders
- * never wait, and they come first: a GPU runs every block at once (one per SM), the CPU emulator
- * runs blocks in order. */
+/* Link side of the fused dispatch, one staged p2s row per warp: wait until a pack block has
+ * staged it, copy it into the target peer's p2r over NVLink, then raise the peer's ready flag. */
+static __device__ void link_row(const mp_ep_view &v, long row, int epoch, int *go) {
+  if (MP_LANE == 0) {
+    int seg;
+    *go = mp_ep_p2s_valid(&v, v.cnt, row, &seg) && seg != v.my_local; /* the own segment is virtual */
+    if (*go && !flag_wait(v.p2s_flag + row, epoch, false)) flag_timeout(v, row, seg, true);
+  }
+  __syncwarp();
+  if (!*go) return;
+  uint4 *dst[1] = {(uint4 *)mp_ep_p2s_dst(&v, row, v.dstride)};
+  warp_copy((const uint4 *)(v.p2s + row * v.dstride), dst, 1, (int)(v.dstride / 16));
+  __syncwarp(); /* every lane's stores of the row come before the flag */
+  if (MP_LANE == 0) flag_raise(mp_ep_p2s_flag(&v, row), epoch);
+}
+
+/* Fused direct dispatch (one node, nvlink_direct), three kinds of blocks:
+ *   [0, pack_blocks): pack - quantise each token once, write its own expert rows (or token row)
+ *     and stage the rows for the node's other GPUs in the own p2s, raising a flag per row;
+ *   [pack_blocks, pack_blocks + link_blocks): link - copy each staged row into its peer's p2r over
+ *     NVLink as soon as it is staged, and raise the peer's flag;
+ *   the rest: unpack - the rows the peers' link blocks write here, as their flags rise.
+ * Why apart: a warp that quantises and also stores over NVLink stalls on the link's back-pressure
+ * between its loads, so quantising ran at the pace of the link (measured: 2x H200, FP8 175 us,
+ * while 8 SMs that only copy fill the link at 310 GB/s). Blocks wait only on lower-numbered blocks
+ * (pack never waits, link waits on pack, unpack on the peers' link): a GPU starts blocks in order,
+ * the CPU emulator runs them in order. */
 __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_view v, const uint16_t *x, const float *w,
-                                                                    int send_blocks) {
-  const int epoch = *v.epoch;
-  if ((int)blockIdx.x < send_blocks) {
+                                                                    int pack_blocks, int link_blocks) {
+  const int epoch = *v.epoch, b = (int)blockIdx.x;
+  if (b < pack_blocks) {
     MP_DYN_SLOTS(pack_slot, slots);
-    FOR_ITEMS(t, v.T, blockIdx.x, send_blocks) {
+    FOR_ITEMS(t, v.T, b, pack_blocks) {
       pack_token(v, x, w, (int)t, slots[MP_WARP], epoch);
+      __syncwarp();
+    }
+  } else if (b < pack_blocks + link_blocks) {
+    __shared__ int go[MP_EP_PACK_BLOCK / 32];
+    const long n2s = v.cnt[v.cl.off2s + v.G];
+    FOR_ITEMS(row, n2s, b - pack_blocks, link_blocks) {
+      link_row(v, row, epoch, &go[MP_WARP]);
       __syncwarp();
     }
   } else {
     MP_DYN_SLOTS(unpack_slot, slots);
     const long n2 = v.cnt[v.cl.off2r + v.G];
-    FOR_ITEMS(u, n2, blockIdx.x - send_blocks, gridDim.x - send_blocks) {
+    const int ub = pack_blocks + link_blocks;
+    FOR_ITEMS(u, n2, b - ub, gridDim.x - ub) {
       unpack_row(v, u, slots[MP_WARP], epoch);
       __syncwarp();
     }
@@ -889,15 +939,15 @@ int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s) {
   return launched();
 }
 
-int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const float *w, int send_blocks, int blocks,
-                                cudaStream_t s) {
+int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const float *w, int pack_blocks,
+                                int link_blocks, int blocks, cudaStream_t s) {
   const size_t ps = (MP_EP_PACK_BLOCK / 32) * sizeof(pack_slot), us = (MP_EP_PACK_BLOCK / 32) * sizeof(unpack_slot);
   const size_t smem = ps > us ? ps : us;
   int e = smem_opt_in(k_dispatch_fused, smem);
   if (e) return e;
   MP_LAUNCH(k_epoch_bump, 1, 32, 0, s, v->epoch);
   if ((e = launched())) return e;
-  MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_PACK_BLOCK, smem, s, *v, x, w, send_blocks);
+  MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_PACK_BLOCK, smem, s, *v, x, w, pack_blocks, link_blocks);
   return launched();
 }
 

@@ -96,6 +96,7 @@ typedef struct mp_ep_view {
    * counter every rank bumps once per fused dispatch. NULL: the barrier path. */
   int *p2r_flag;
   int *peer_flag[MP_EP_MAX_GPN];
+  int *p2s_flag; /* [p2s rows]: the fused dispatch's pack blocks raise one per staged row for its link blocks */
   int *epoch;
 } mp_ep_view;
 
@@ -360,6 +361,15 @@ MP_HD int mp_ep_p1r_valid(const mp_ep_view *v, const int *c, long i, int *seg) {
   int s = mp_ep_seg_find(c + L->off1r, v->N, i);
   *seg = s;
   return i - c[L->off1r + s] < c[L->a_recv + s * L->la];
+}
+
+/* Is p2s row i (0 <= i < off2s[G]) a real row (worst-case mode pads segments)? Its target
+ * local GPU goes to *seg. */
+MP_HD int mp_ep_p2s_valid(const mp_ep_view *v, const int *c, long i, int *seg) {
+  const mp_ep_cnt_layout *L = &v->cl;
+  int s = mp_ep_seg_find(c + L->off2s, v->G, i);
+  *seg = s;
+  return i - c[L->off2s + s] < c[L->sub2s + s * (v->N + 1) + v->N];
 }
 
 /* Is p2r entry i (0 <= i < off2r[G]) a real entry? Its forwarder goes to *seg. */
