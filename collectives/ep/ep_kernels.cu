@@ -236,6 +236,7 @@ static __device__ int flag_wait(const int *flag, int epoch, bool sys = true) {
     if (sys) asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(x) : "l"(flag) : "memory");
     else asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(x) : "l"(flag) : "memory");
     if (x == epoch) return 1;
+    __nanosleep(32); /* leave the memory system to the blocks that move data */
     if ((spin & 1023) == 0) {
       uint64_t now;
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
@@ -314,18 +315,32 @@ static __device__ __forceinline__ uint2 quant_bf16x8(uint4 r, float inv) {
  * ntile / (4 * MP_FP8_PASSES) rounds), so the values stay packed in the loaded registers (no float
  * copies) to leave room for more of them. Every store is 16 bytes. */
 #define MP_FP8_PASSES 4
-static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint16_t *xr, const pack_slot &s) {
+/* One round's loads: tiles [base, base + 4P) of the token, this lane's two vectors of each. */
+static __device__ __forceinline__ void load_round(const uint16_t *xr, int ntile, int base, uint4 (&raw)[MP_FP8_PASSES][2]) {
+  const int lane = MP_LANE, ql = lane & 7, grp = lane >> 3;
+#pragma unroll
+  for (int u = 0; u < MP_FP8_PASSES; u++) {
+    const int tile = base + 4 * u + grp;
+    const uint4 *src = (const uint4 *)(xr + tile * MP_EP_TILE + ql * 16);
+    raw[u][0] = tile < ntile ? src[0] : make_uint4(0, 0, 0, 0);
+    raw[u][1] = tile < ntile ? src[1] : make_uint4(0, 0, 0, 0);
+  }
+}
+
+/* first: the first round, loaded by the caller before it planned the token (so that the plan's
+ * latency and the first loads overlap) */
+static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint16_t *xr, const pack_slot &s,
+                                                const uint4 (&first)[MP_FP8_PASSES][2]) {
   const int H = v.H, ntile = H / MP_EP_TILE, lane = MP_LANE, ql = lane & 7, grp = lane >> 3;
   const int nd = s.nd;
   constexpr int P = MP_FP8_PASSES;
   for (int base = 0; base < ntile; base += 4 * P) {
     uint4 raw[P][2];
+    if (base == 0) {
 #pragma unroll
-    for (int u = 0; u < P; u++) {
-      const int tile = base + 4 * u + grp;
-      const uint4 *src = (const uint4 *)(xr + tile * MP_EP_TILE + ql * 16);
-      raw[u][0] = tile < ntile ? src[0] : make_uint4(0, 0, 0, 0);
-      raw[u][1] = tile < ntile ? src[1] : make_uint4(0, 0, 0, 0);
+      for (int u = 0; u < P; u++) raw[u][0] = first[u][0], raw[u][1] = first[u][1];
+    } else {
+      load_round(xr, ntile, base, raw);
     }
 #pragma unroll
     for (int u = 0; u < P; u++) {
@@ -362,6 +377,9 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   mp_ep_pack_plan &p = s.p;
   const int lane = MP_LANE;
   const long tk = (long)t * v.K;
+  const uint16_t *xr = x + (long)(t / v.expand) * v.H;
+  uint4 first[MP_FP8_PASSES][2];
+  if (v.fmt == MP_EP_FMT_FP8) load_round(xr, v.H / MP_EP_TILE, 0, first);
   for (int k = lane; k < v.K; k += 32) {
     s.row[k] = v.topk[tk + k];
     s.nslot[k] = v.nslot_k[tk + k];
@@ -413,8 +431,7 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
     s.nd = ndst + (v.token_rows ? (own ? 1 : 0) : __popc(ball));
   }
   __syncwarp();
-  const uint16_t *xr = x + (long)(t / v.expand) * v.H;
-  if (v.fmt == MP_EP_FMT_FP8) pack_fp8(v, xr, s);
+  if (v.fmt == MP_EP_FMT_FP8) pack_fp8(v, xr, s, first);
   else warp_copy((const uint4 *)xr, (uint4 *const *)s.dst, s.nd, v.H / 8);
   if (epoch) {
     __syncwarp(); /* every lane's stores of the rows come before the flags */
@@ -518,6 +535,27 @@ struct unpack_slot {
   uint4 *dst[MP_EP_MAX_TOPK];
 };
 
+/* mp_ep_unpack_plan with a lane per top-k slot (K <= 32): the same rows, in the same (slot) order,
+ * and the same dest_rows entries. Why: in one thread the K dependent load/store pairs took about
+ * 10 us a row (the planner's stores may alias its loads), the whole of a token-rows unpack. */
+static __device__ void unpack_plan_warp(const mp_ep_view &v, long u, unpack_slot &s) {
+  const int lane = MP_LANE, K = v.K, src = s.m[0];
+  int r = -1;
+  if (lane < K) {
+    const int e = s.m[2 + lane];
+    if (e >= 0 && mp_ep_expert_rank(&v, e) == v.me)
+      r = mp_ep_expert_row(&v, v.cnt, v.local_of[src], v.node_of[src], e - v.me * v.Er, s.m[2 + 2 * K + lane]);
+    v.dest_rows[u * K + lane] = r;
+  }
+  const unsigned ball = __ballot_sync(0xffffffffu, r >= 0);
+  if (r >= 0) {
+    const int at = __popc(ball & ((1u << lane) - 1u));
+    s.rows[at] = r;
+    s.ks[at] = lane;
+  }
+  if (lane == 0) s.n = __popc(ball);
+}
+
 /* Destination, one p2r row per warp: a row from one of the node's other forwarders goes into its
  * expert rows. epoch != 0 (fused direct dispatch): wait for the row's flag first. */
 static __device__ void unpack_row(const mp_ep_view &v, long u, unpack_slot &s, int epoch) {
@@ -535,7 +573,7 @@ static __device__ void unpack_row(const mp_ep_view &v, long u, unpack_slot &s, i
   const int32_t *m = (const int32_t *)(src + v.meta_off);
   for (int i = MP_LANE; i < mp_ep_meta_words(v.K, v.G); i += 32) s.m[i] = m[i];
   __syncwarp();
-  if (MP_LANE == 0) s.n = mp_ep_unpack_plan(&v, v.cnt, u, s.m, s.rows, s.ks);
+  unpack_plan_warp(v, u, s);
   __syncwarp();
   if (s.n <= 0) return;
   if (v.token_rows) expert_row_meta(v, s.m, s.rows, s.ks, s.n, u); /* the payload stays where it arrived */
