@@ -298,10 +298,11 @@ out:
 }
 
 /* Blocks of the fused dispatch, max(num_sms, 3) in all: link blocks copy the staged rows to the
- * peers (MPLANE_EP_LINK_SMS, default 16: on 2x H200, 8 SMs that only copy carry 310 GB/s over
- * NVLink, 16 carry 318), unpack blocks take the peers' rows (MPLANE_EP_RECV_SMS; default 16 with
- * token rows, where unpacking only writes indices, else half of what the link leaves), the rest
- * pack. A bad value fails create, naming it. */
+ * peers (MPLANE_EP_LINK_SMS; default 16 with token rows - on 2x H200 8 SMs that only copy carry
+ * 310 GB/s over NVLink, 16 carry 318 - and 0 with expert rows, where the pack blocks write to the
+ * peers themselves: measured faster, see k_dispatch_fused), unpack blocks take the peers' rows
+ * (MPLANE_EP_RECV_SMS; default 16 with token rows, where unpacking only writes indices, else half
+ * of what the link leaves), the rest pack. A bad value fails create, naming it. */
 static int env_blocks(mplane_ep_ctx *ctx, const char *name, int lo, int hi, int dflt, int *out) {
   const char *env = getenv(name);
   *out = dflt;
@@ -317,7 +318,8 @@ static int env_blocks(mplane_ep_ctx *ctx, const char *name, int lo, int hi, int 
 
 static int fused_split(mplane_ep_ctx *ctx) {
   const int blocks = fused_blocks(ctx);
-  int rc = env_blocks(ctx, "MPLANE_EP_LINK_SMS", 1, blocks - 2, blocks - 2 < 16 ? 1 : 16, &ctx->link_blocks);
+  const int link_dflt = !ctx->cfg.token_rows ? 0 : blocks - 2 < 16 ? 1 : 16;
+  int rc = env_blocks(ctx, "MPLANE_EP_LINK_SMS", 0, blocks - 2, link_dflt, &ctx->link_blocks);
   if (rc) return rc;
   const int left = blocks - ctx->link_blocks, dflt = ctx->cfg.token_rows ? (left / 4 < 16 ? left / 4 : 16) : left / 2;
   rc = env_blocks(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, &ctx->recv_blocks);
@@ -499,12 +501,14 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     }
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_peer_off, 4L * R * (G + 1), "nvlink_direct segment starts"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_bar, 4L * R, "nvlink_direct barrier"));
-    CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r_flag, 4L * ctx->rows.p2r, "nvlink_direct row flags"));
+    /* row flags, then (fused dispatch) every rank's start flag and p2r segment starts */
+    const long flag_ints = ctx->rows.p2r + (long)R + (long)R * (G + 1);
+    CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r_flag, 4L * flag_ints, "nvlink_direct row flags"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2s_flag, 4L * ctx->rows.p2s, "nvlink_direct staged-row flags"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_epoch, 4L, "nvlink_direct epoch"));
     /* flags start below every epoch (epochs start at 1) */
     if (cudaMemsetAsync(ctx->d_bar, 0, 4L * R, stream) != cudaSuccess ||
-        (ctx->p2r_flag && cudaMemsetAsync(ctx->p2r_flag, 0, 4L * ctx->rows.p2r, stream) != cudaSuccess) ||
+        (ctx->p2r_flag && cudaMemsetAsync(ctx->p2r_flag, 0, 4L * flag_ints, stream) != cudaSuccess) ||
         (ctx->p2s_flag && cudaMemsetAsync(ctx->p2s_flag, 0, 4L * ctx->rows.p2s, stream) != cudaSuccess) ||
         cudaMemsetAsync(ctx->d_epoch, 0, 4L, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {
       rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct: clearing the barrier word, flags and epoch");
@@ -519,6 +523,10 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
       v->peer_flag[j] = ctx->peer_flag[j];
     }
     v->peer_off = ctx->d_peer_off;
+    if (ctx->shape.N == 1) { /* fused dispatch: the ranks say where their segments start in-kernel */
+      v->start_off = ctx->rows.p2r;
+      v->peer_off = ctx->p2r_flag + ctx->rows.p2r + R;
+    }
     v->p2r_flag = ctx->p2r_flag;
     v->p2s_flag = ctx->p2s_flag;
     v->epoch = ctx->d_epoch;
@@ -845,9 +853,10 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
   prof_mark(ctx, PROF_DISPATCH, 0, stream);
   if (v->token_rows) /* -1: an expert row no arrival named (dequant writes zeros for it) */
     CUDA_TRY(ctx, cudaMemsetAsync(v->row_token, 0xff, 4L * (size_t)v->cap_rows, stream));
-  if (v->direct) {
+  if (v->direct && v->N > 1) {
     /* every rank's p2r segment starts (where this rank's rows land at each peer); also a barrier:
-     * no peer still reads its p2r (previous unpack / combine) when the pack writes into it */
+     * no peer still reads its p2r (previous unpack / combine) when the pack writes into it. The
+     * fused dispatch (one node) does both in-kernel (announce_start in ep_kernels.cu). */
     const int G1 = v->G + 1;
     NCCL_TRY(ctx, ncclAllGather(lo->d_cnt + v->cl.off2r, ctx->d_peer_off, (size_t)G1, ncclInt32,
                                 ctx->comm, stream));

@@ -265,6 +265,48 @@ static __device__ void flag_timeout(const mp_ep_view &v, long row, int seg, bool
 #endif
 }
 
+/* ---- the fused dispatch's start handshake (instead of an all-gather before it) ----
+ * Every rank's block 0 first writes its p2r segment starts into each same-node peer's flag buffer
+ * and then, behind a system fence, its start flag there: "this rank's dispatch has begun, so its
+ * earlier work on the stream (the experts reading its token rows, combine) is done and its p2r
+ * may be written". A warp waits for a peer's start flag before its first write to that peer and
+ * remembers it in `ready` (a bit per local GPU). */
+static __device__ void announce_start(const mp_ep_view &v, int epoch) {
+  const int lane = MP_LANE, G1 = v.G + 1;
+  for (int j = 0; j < v.G; j++) {
+    if (j == v.my_local) continue;
+    int *peer = v.peer_flag[j] + v.start_off;
+    if (lane < G1) peer[v.R + (long)v.me * G1 + lane] = v.cnt[v.cl.off2r + lane];
+    __syncwarp();
+    if (lane == 0) {
+      __threadfence_system();
+      flag_store_relaxed(peer + v.me, epoch);
+    }
+    __syncwarp();
+  }
+}
+
+static __device__ void await_peer(const mp_ep_view &v, int j, int epoch, unsigned &ready) {
+  if ((ready >> j) & 1u) return;
+  const int r = v.rank_of[v.my_node * v.G + j];
+  if (!flag_wait(v.p2r_flag + v.start_off + r, epoch)) {
+    printf("libmplane-ep: rank %d waited %d s for local GPU %d (rank %d) to start its nvlink_direct dispatch: "
+           "the peer process died or never called mplane_ep_dispatch\n",
+           v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), j, r);
+#ifdef MP_EP_EMU
+    emu_trap();
+#else
+    __trap();
+#endif
+  }
+  ready |= 1u << j;
+}
+
+/* the local GPU a p2s row goes to */
+static __device__ __forceinline__ int p2s_target(const mp_ep_view &v, long row) {
+  return mp_ep_seg_find(v.cnt + v.cl.off2s, v.G, row);
+}
+
 /* Per warp: the token's expert ids, weights and stream slots (copied in by the whole warp at once,
  * so the plan reads shared memory, not a chain of global loads), its plan, and the address of each
  * staging row and of its peer ready flag (resolved once per token). Dynamic shared memory: a
@@ -370,10 +412,11 @@ static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint1
 
 /* Source side, one token per warp: quantise it once and write it to every staging row its plan
  * names (one per remote node, one per other target GPU of the own node) and to its own expert
- * rows. epoch != 0 (fused direct dispatch): the phase-2 rows go to the own p2s, each with a ready
- * flag (p2s_flag) that the kernel's link blocks wait for before they copy it to the peer. */
+ * rows. epoch != 0 (fused direct dispatch): with `staged` the phase-2 rows go to the own p2s, each
+ * with a ready flag (p2s_flag) that the kernel's link blocks wait for before they copy it to the
+ * peer; without, straight into the peers' p2r, raising the peer's flag for each. */
 static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const float *w, int t, pack_slot &s,
-                                  int epoch) {
+                                  int epoch, bool staged, unsigned &ready) {
   mp_ep_pack_plan &p = s.p;
   const int lane = MP_LANE;
   const long tk = (long)t * v.K;
@@ -398,12 +441,13 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   const long elem = v.fmt == MP_EP_FMT_FP8 ? 1 : 2;
   for (int d = lane; d < ndst; d += 32) {
     const bool p2 = p.dst_buf[d] == MP_EP_BUF_P2S;
+    if (epoch && p2 && !staged && v.start_off) await_peer(v, p2s_target(v, p.dst_row[d]), epoch, ready);
     char *dst = !p2 ? v.p1s + (long)p.dst_row[d] * v.dstride
-                : epoch ? v.p2s + (long)p.dst_row[d] * v.dstride
-                        : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
+                : staged ? v.p2s + (long)p.dst_row[d] * v.dstride
+                         : mp_ep_p2s_dst(&v, p.dst_row[d], v.dstride);
     s.dst[d] = dst;
     s.sc[d] = (float *)(dst + v.H);
-    s.flag[d] = epoch && p2 ? v.p2s_flag + p.dst_row[d] : NULL;
+    s.flag[d] = !epoch || !p2 ? NULL : staged ? v.p2s_flag + p.dst_row[d] : mp_ep_p2s_flag(&v, p.dst_row[d]);
     mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, s.row, s.w, s.rrank, s.erank, p.dst_node[d]);
   }
   /* after the staging rows: the expert rows (not dropped), in plan order; with token rows
@@ -435,15 +479,19 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   else warp_copy((const uint4 *)xr, (uint4 *const *)s.dst, s.nd, v.H / 8);
   if (epoch) {
     __syncwarp(); /* every lane's stores of the rows come before the flags */
-    for (int d = lane; d < ndst; d += 32)
-      if (s.flag[d]) flag_raise_gpu(s.flag[d], epoch);
+    for (int d = lane; d < ndst; d += 32) {
+      if (!s.flag[d]) continue;
+      if (staged) flag_raise_gpu(s.flag[d], epoch);
+      else flag_raise(s.flag[d], epoch);
+    }
   }
 }
 
 __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_pack(mp_ep_view v, const uint16_t *x, const float *w) {
   MP_DYN_SLOTS(pack_slot, slots);
+  unsigned ready = 0;
   FOR_WARP_ITEMS(t, v.T) {
-    pack_token(v, x, w, (int)t, slots[MP_WARP], 0);
+    pack_token(v, x, w, (int)t, slots[MP_WARP], 0, false, ready);
     __syncwarp();
   }
   if (v.direct) __threadfence_system(); /* peer rows written before the barrier */
@@ -607,7 +655,8 @@ struct link_run {
 };
 
 /* Lane 0: the run starting at p2s row `row`, at most up to `last`; waits for its rows. */
-static __device__ void link_run_plan(const mp_ep_view &v, long row, long last, int epoch, link_run &r) {
+static __device__ void link_run_plan(const mp_ep_view &v, long row, long last, int epoch, link_run &r,
+                                     unsigned &ready) {
   const int *c = v.cnt;
   const mp_ep_cnt_layout &L = v.cl;
   const int seg = mp_ep_seg_find(c + L.off2s, v.G, row);
@@ -617,16 +666,17 @@ static __device__ void link_run_plan(const mp_ep_view &v, long row, long last, i
   r.rows = seg == v.my_local ? 0 : (end < valid_end ? end : valid_end) - row; /* the own segment is virtual */
   if (r.rows < 0) r.rows = 0;
   if (r.rows == 0) return;
+  if (v.start_off) await_peer(v, seg, epoch, ready);
   r.dst = mp_ep_p2s_dst(&v, row, v.dstride);
   r.flag = mp_ep_p2s_flag(&v, row);
   for (long i = 0; i < r.rows; i++)
     if (!flag_wait(v.p2s_flag + row + i, epoch, false)) flag_timeout(v, row + i, seg, true);
 }
 
-static __device__ void link_rows(const mp_ep_view &v, long first, long n2s, int epoch, link_run &r) {
+static __device__ void link_rows(const mp_ep_view &v, long first, long n2s, int epoch, link_run &r, unsigned &ready) {
   const long last = first + MP_EP_LINK_BATCH < n2s ? first + MP_EP_LINK_BATCH : n2s;
   for (long row = first; row < last;) {
-    if (MP_LANE == 0) link_run_plan(v, row, last, epoch, r);
+    if (MP_LANE == 0) link_run_plan(v, row, last, epoch, r, ready);
     __syncwarp();
     const long n = r.rows, next = r.next;
     if (n > 0) {
@@ -643,31 +693,39 @@ static __device__ void link_rows(const mp_ep_view &v, long first, long n2s, int 
   }
 }
 
-/* Fused direct dispatch (one node, nvlink_direct), three kinds of blocks:
+/* Fused direct dispatch (one node, nvlink_direct), up to three kinds of blocks:
  *   [0, pack_blocks): pack - quantise each token once, write its own expert rows (or token row)
- *     and stage the rows for the node's other GPUs in the own p2s, raising a flag per row;
+ *     and the rows for the node's other GPUs: staged in the own p2s with a flag per row when there
+ *     are link blocks, else straight into the peers' p2r, raising the peer's flag per row;
  *   [pack_blocks, pack_blocks + link_blocks): link - copy each staged row into its peer's p2r over
  *     NVLink as soon as it is staged, and raise the peer's flag;
- *   the rest: unpack - the rows the peers' link blocks write here, as their flags rise.
- * Why apart: a warp that quantises and also stores over NVLink stalls on the link's back-pressure
- * between its loads, so quantising ran at the pace of the link (measured: 2x H200, FP8 175 us,
- * while 8 SMs that only copy fill the link at 310 GB/s). Blocks wait only on lower-numbered blocks
- * (pack never waits, link waits on pack, unpack on the peers' link): a GPU starts blocks in order,
- * the CPU emulator runs them in order. */
+ *   the rest: unpack - the rows the peers write here, as their flags rise.
+ * Why link blocks: a pack warp that also writes over NVLink waits, per token, for the system
+ * fence behind its flag (every NVLink store acknowledged). With token rows (little to unpack)
+ * staging wins (2x H200, FP8: 165-171 us vs 173-179); with expert rows the pack blocks are also
+ * the ones that copy the own tokens' expert rows, and writing straight to the peer wins (172-175
+ * vs 199-210): the defaults follow (MPLANE_EP_LINK_SMS). Blocks wait only on lower-numbered
+ * blocks (pack never waits, link waits on pack, unpack on the peers): a GPU starts blocks in
+ * order, the CPU emulator runs them in order. */
 __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_view v, const uint16_t *x, const float *w,
                                                                     int pack_blocks, int link_blocks) {
   const int epoch = *v.epoch, b = (int)blockIdx.x;
+  unsigned ready = 0; /* local GPUs whose start flag this thread has seen */
+  if (b == 0 && v.start_off) { /* before any warp of the block can wait (the emulator runs one at a time) */
+    if (MP_WARP == 0) announce_start(v, epoch);
+    __syncthreads();
+  }
   if (b < pack_blocks) {
     MP_DYN_SLOTS(pack_slot, slots);
     FOR_ITEMS(t, v.T, b, pack_blocks) {
-      pack_token(v, x, w, (int)t, slots[MP_WARP], epoch);
+      pack_token(v, x, w, (int)t, slots[MP_WARP], epoch, link_blocks > 0, ready);
       __syncwarp();
     }
   } else if (b < pack_blocks + link_blocks) {
     __shared__ link_run runs[MP_EP_PACK_BLOCK / 32];
     const long n2s = v.cnt[v.cl.off2s + v.G], nbatch = (n2s + MP_EP_LINK_BATCH - 1) / MP_EP_LINK_BATCH;
     FOR_ITEMS(i, nbatch, b - pack_blocks, link_blocks) {
-      link_rows(v, i * MP_EP_LINK_BATCH, n2s, epoch, runs[MP_WARP]);
+      link_rows(v, i * MP_EP_LINK_BATCH, n2s, epoch, runs[MP_WARP], ready);
       __syncwarp();
     }
   } else {

@@ -97,6 +97,10 @@ typedef struct mp_ep_view {
   int *p2r_flag;
   int *peer_flag[MP_EP_MAX_GPN];
   int *p2s_flag; /* [p2s rows]: the fused dispatch's pack blocks raise one per staged row for its link blocks */
+  /* fused dispatch, no all-gather: p2r_flag[start_off + r] is where rank r says it started this
+   * epoch's dispatch (its p2r is free), after writing its p2r segment starts into
+   * p2r_flag[start_off + R + r * (G + 1) ..] (peer_off points there); 0: not in use */
+  long start_off;
   int *epoch;
 } mp_ep_view;
 

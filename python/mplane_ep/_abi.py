@@ -15,7 +15,7 @@ from ctypes import POINTER, c_char_p, c_float, c_int, c_longlong, c_void_p
 HEADER = "collectives/ep/mplane_ep.h"
 
 # ---- constants (#define / enum of the header) ----
-MPLANE_EP_ABI_VERSION = 1
+MPLANE_EP_ABI_VERSION = 2
 MPLANE_EP_TILE = 128          # values per FP8 scale
 MPLANE_EP_FMT_FP8 = 0         # dispatch on the wire as FP8 e4m3 + float32 scales
 MPLANE_EP_FMT_BF16 = 1        # dispatch as BF16
@@ -47,6 +47,7 @@ class mplane_ep_config(ctypes.Structure):
         ("flat", c_int),            # 1: plain all-to-all, one copy per (token, expert) (the baseline)
         ("num_sms", c_int),         # blocks of the data kernels; 0: every SM
         ("nvlink_direct", c_int),   # 1: phase-2 rows written straight into same-node peers (CUDA IPC)
+        ("token_rows", c_int),      # 1: one row per received token; expert rows name it (recv.row_token)
     ]
 
 
@@ -95,6 +96,10 @@ class mplane_ep_recv(ctypes.Structure):
         ("src", c_void_p),             # device int32 [max_recv_rows][2]: source rank, token
         ("expert_offsets", c_void_p),  # out: device int32 [local_experts + 1]
         ("num_rows", c_int),           # out: rows received; -1 in worst-case mode
+        ("tokens", c_void_p),          # out (token_rows): device rows of token_stride bytes: payload, FP8 scales
+        ("token_stride", c_longlong),  # out: bytes per token row
+        ("row_token", c_void_p),       # out: device int32 [max_recv_rows]: expert row -> token row (-1: none)
+        ("num_tokens", c_int),         # out: token rows; -1 in worst-case mode
     ]
 
 
