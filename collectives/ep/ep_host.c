@@ -44,6 +44,7 @@ struct mplane_ep_ctx {
   int *d_epoch;                             /* device: the fused dispatch's epoch */
   int link_blocks, recv_blocks;             /* fused dispatch: blocks that copy to the peers / unpack (the rest pack) */
   int *p2s_flag;                            /* device [p2s rows]: staged-row flags of the fused dispatch */
+  int host_epoch;                           /* fused dispatches so far (normal mode; worst-case mode counts on the GPU) */
   int *d_peer_off;                          /* device [R][G+1]: every rank's p2r segment starts */
   int *d_bar;                               /* device [R]: the barrier's tiny all-gather */
   int prof_on;
@@ -453,6 +454,11 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r, rw->p2r * rw->row_bytes, "phase-2 receive rows"));
     if (cfg->token_rows) { /* the payloads stay in p2r; expert rows only name their token row */
       CREATE_TRY(dmalloc(ctx, (void **)&ctx->row_token, rw->cap_rows * 4L, "expert rows' token rows"));
+      /* -1 until named; a dispatch names every row it fills (rows are dense: prefix sums of arrivals) */
+      if (cudaMemsetAsync(ctx->row_token, 0xff, (size_t)rw->cap_rows * 4, stream) != cudaSuccess) { /* waited for below */
+        rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "clearing the expert rows' token rows");
+        goto fail;
+      }
       CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2c, rw->p2r * mp_ep_cstride(H), "combine phase-2 rows"));
     } else {
       CREATE_TRY(dmalloc(ctx, (void **)&ctx->ex_x, rw->cap_rows * 2L * H, "expert rows"));
@@ -825,8 +831,11 @@ static int dispatch_fused(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *
                           mplane_ep_recv *recv, cudaStream_t stream) {
   const mp_ep_view *v = &lo->view;
   const int blocks = fused_blocks(ctx);
+  /* the epoch: counted here in normal mode (one launch fewer), on the GPU in worst-case mode */
+  int host_epoch = 0;
+  if (!v->graph) host_epoch = ctx->host_epoch = ctx->host_epoch == 0x7fffffff ? 1 : ctx->host_epoch + 1;
   KERNEL_TRY(ctx, mp_ep_launch_dispatch_fused(v, (const uint16_t *)x, w, blocks - ctx->link_blocks - ctx->recv_blocks,
-                                              ctx->link_blocks, blocks, stream));
+                                              ctx->link_blocks, blocks, host_epoch, stream));
   for (int i = 1; i <= 5; i++) prof_mark(ctx, PROF_DISPATCH, i, stream);
   dispatch_done(lo, recv);
   return MPLANE_EP_OK;
@@ -851,8 +860,6 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
   if (pack_blocks < 1) pack_blocks = 1;
   ctx->prof_valid[PROF_DISPATCH] = 0;
   prof_mark(ctx, PROF_DISPATCH, 0, stream);
-  if (v->token_rows) /* -1: an expert row no arrival named (dequant writes zeros for it) */
-    CUDA_TRY(ctx, cudaMemsetAsync(v->row_token, 0xff, 4L * (size_t)v->cap_rows, stream));
   if (v->direct && v->N > 1) {
     /* every rank's p2r segment starts (where this rank's rows land at each peer); also a barrier:
      * no peer still reads its p2r (previous unpack / combine) when the pack writes into it. The

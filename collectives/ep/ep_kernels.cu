@@ -708,8 +708,8 @@ static __device__ void link_rows(const mp_ep_view &v, long first, long n2s, int 
  * blocks (pack never waits, link waits on pack, unpack on the peers): a GPU starts blocks in
  * order, the CPU emulator runs them in order. */
 __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_view v, const uint16_t *x, const float *w,
-                                                                    int pack_blocks, int link_blocks) {
-  const int epoch = *v.epoch, b = (int)blockIdx.x;
+                                                                    int pack_blocks, int link_blocks, int host_epoch) {
+  const int epoch = host_epoch ? host_epoch : *v.epoch, b = (int)blockIdx.x;
   unsigned ready = 0; /* local GPUs whose start flag this thread has seen */
   if (b == 0 && v.start_off) { /* before any warp of the block can wait (the emulator runs one at a time) */
     if (MP_WARP == 0) announce_start(v, epoch);
@@ -1083,14 +1083,16 @@ int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s) {
 }
 
 int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const float *w, int pack_blocks,
-                                int link_blocks, int blocks, cudaStream_t s) {
+                                int link_blocks, int blocks, int host_epoch, cudaStream_t s) {
   const size_t ps = (MP_EP_PACK_BLOCK / 32) * sizeof(pack_slot), us = (MP_EP_PACK_BLOCK / 32) * sizeof(unpack_slot);
   const size_t smem = ps > us ? ps : us;
   int e = smem_opt_in(k_dispatch_fused, smem);
   if (e) return e;
-  MP_LAUNCH(k_epoch_bump, 1, 32, 0, s, v->epoch);
-  if ((e = launched())) return e;
-  MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_PACK_BLOCK, smem, s, *v, x, w, pack_blocks, link_blocks);
+  if (!host_epoch) { /* a graph replays its kernels' arguments: the epoch must live on the GPU */
+    MP_LAUNCH(k_epoch_bump, 1, 32, 0, s, v->epoch);
+    if ((e = launched())) return e;
+  }
+  MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_PACK_BLOCK, smem, s, *v, x, w, pack_blocks, link_blocks, host_epoch);
   return launched();
 }
 

@@ -33,11 +33,12 @@ int mp_ep_launch_token_in_rank(const mp_ep_view *v, uint8_t *flags, cudaStream_t
 int mp_ep_launch_pack(const mp_ep_view *v, const uint16_t *x, const float *w, int blocks, cudaStream_t s);
 int mp_ep_launch_forward(const mp_ep_view *v, int blocks, cudaStream_t s);
 int mp_ep_launch_unpack(const mp_ep_view *v, int blocks, cudaStream_t s);
-/* one node, nvlink_direct: bump the epoch, then in one kernel of `blocks` blocks pack on
- * [0, pack_blocks), copy the staged rows to the peers on the next link_blocks, and unpack the
- * peers' rows (waiting on their flags) on the rest */
+/* one node, nvlink_direct: in one kernel of `blocks` blocks pack on [0, pack_blocks), copy the
+ * staged rows to the peers on the next link_blocks, and unpack the peers' rows (waiting on their
+ * flags) on the rest. host_epoch: this dispatch's epoch (normal mode), or 0: bump the device
+ * epoch first and use that (worst-case mode, where a CUDA graph replays the launch) */
 int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const float *w, int pack_blocks,
-                                int link_blocks, int blocks, cudaStream_t s);
+                                int link_blocks, int blocks, int host_epoch, cudaStream_t s);
 /* combine */
 int mp_ep_launch_combine_expert(const mp_ep_view *v, const uint16_t *y, int blocks, cudaStream_t s);
 int mp_ep_launch_combine_node(const mp_ep_view *v, int blocks, cudaStream_t s);
