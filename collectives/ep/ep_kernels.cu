@@ -702,9 +702,9 @@ static __device__ void link_rows(const mp_ep_view &v, long first, long n2s, int 
  *   the rest: unpack - the rows the peers write here, as their flags rise.
  * Why link blocks: a pack warp that also writes over NVLink waits, per token, for the system
  * fence behind its flag (every NVLink store acknowledged). With token rows (little to unpack)
- * staging wins (2x H200, FP8: 165-171 us vs 173-179); with expert rows the pack blocks are also
- * the ones that copy the own tokens' expert rows, and writing straight to the peer wins (172-175
- * vs 199-210): the defaults follow (MPLANE_EP_LINK_SMS). Blocks wait only on lower-numbered
+ * staging wins (2x H200, FP8, before the start handshake: 165-171 us vs 173-179); with expert rows
+ * the pack blocks also copy the own tokens' expert rows, and writing straight to the peer wins
+ * (172-175 vs 199-210): the defaults follow (MPLANE_EP_LINK_SMS). Blocks wait only on lower-numbered
  * blocks (pack never waits, link waits on pack, unpack on the peers): a GPU starts blocks in
  * order, the CPU emulator runs them in order. */
 __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_view v, const uint16_t *x, const float *w,
