@@ -41,7 +41,7 @@ struct mplane_ep_ctx {
   char *peer_p2r[MP_EP_MAX_GPN];            /* IPC mappings of the same-node peers' p2r; own: NULL */
   int *p2r_flag;                            /* device [p2r rows]: ready flags of the fused dispatch */
   int *peer_flag[MP_EP_MAX_GPN];            /* IPC mappings of the peers' p2r_flag */
-  int *d_epoch;                             /* device [3]: the fused dispatch's epoch, then its link counters */
+  int *d_epoch;                             /* device: the fused dispatch's epoch */
   int link_blocks, recv_blocks;             /* fused dispatch: blocks that copy to the peers / unpack (the rest pack) */
   int *p2s_flag;                            /* device [p2s rows]: staged-row flags of the fused dispatch */
   int host_epoch;                           /* fused dispatches so far (normal mode; worst-case mode counts on the GPU) */
@@ -511,12 +511,12 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     const long flag_ints = ctx->rows.p2r + (long)R + (long)R * (G + 1);
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r_flag, 4L * flag_ints, "nvlink_direct row flags"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2s_flag, 4L * ctx->rows.p2s, "nvlink_direct staged-row flags"));
-    CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_epoch, 4L * 3, "nvlink_direct epoch and link counters"));
+    CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_epoch, 4L, "nvlink_direct epoch"));
     /* flags start below every epoch (epochs start at 1) */
     if (cudaMemsetAsync(ctx->d_bar, 0, 4L * R, stream) != cudaSuccess ||
         (ctx->p2r_flag && cudaMemsetAsync(ctx->p2r_flag, 0, 4L * flag_ints, stream) != cudaSuccess) ||
         (ctx->p2s_flag && cudaMemsetAsync(ctx->p2s_flag, 0, 4L * ctx->rows.p2s, stream) != cudaSuccess) ||
-        cudaMemsetAsync(ctx->d_epoch, 0, 4L * 3, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {
+        cudaMemsetAsync(ctx->d_epoch, 0, 4L, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {
       rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct: clearing the barrier word, flags and epoch");
       goto fail;
     }
@@ -536,7 +536,6 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     v->p2r_flag = ctx->p2r_flag;
     v->p2s_flag = ctx->p2s_flag;
     v->epoch = ctx->d_epoch;
-    v->link_ctr = ctx->d_epoch + 1;
   }
   *out = ctx;
   return MPLANE_EP_OK;
@@ -834,7 +833,7 @@ static int dispatch_fused(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *
   const int blocks = fused_blocks(ctx);
   /* the epoch: counted here in normal mode (one launch fewer), on the GPU in worst-case mode */
   int host_epoch = 0;
-  if (!v->graph) host_epoch = ctx->host_epoch = ctx->host_epoch == 0x7ffffffe ? 1 : ctx->host_epoch + 1; /* odd after even */
+  if (!v->graph) host_epoch = ctx->host_epoch = ctx->host_epoch == 0x7fffffff ? 1 : ctx->host_epoch + 1;
   KERNEL_TRY(ctx, mp_ep_launch_dispatch_fused(v, (const uint16_t *)x, w, blocks - ctx->link_blocks - ctx->recv_blocks,
                                               ctx->link_blocks, blocks, host_epoch, stream));
   for (int i = 1; i <= 5; i++) prof_mark(ctx, PROF_DISPATCH, i, stream);

@@ -649,7 +649,6 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_unpack(mp_ep_view v) {
 #define MP_EP_LINK_BATCH 8
 #endif
 struct link_run {
-  long claim;      /* the batch lane 0 claimed */
   long rows, next; /* rows to copy from the run's start, rows to step over (padding, own segment) */
   char *dst;       /* the first row's place at the peer */
   int *flag;       /* its ready flag there */
@@ -694,21 +693,6 @@ static __device__ void link_rows(const mp_ep_view &v, long first, long n2s, int 
   }
 }
 
-/* Link work until none is left: batches are claimed from this dispatch's counter (link_ctr[epoch
- * & 1]; block 0 zeroes the other one for the next dispatch, which the stream orders after this). */
-static __device__ void link_loop(const mp_ep_view &v, int epoch, link_run &r, unsigned &ready) {
-  const long n2s = v.cnt[v.cl.off2s + v.G], nbatch = (n2s + MP_EP_LINK_BATCH - 1) / MP_EP_LINK_BATCH;
-  for (;;) {
-    if (MP_LANE == 0) r.claim = atomicAdd(v.link_ctr + (epoch & 1), 1);
-    __syncwarp();
-    const long i = r.claim;
-    __syncwarp();
-    if (i >= nbatch) return;
-    link_rows(v, i * MP_EP_LINK_BATCH, n2s, epoch, r, ready);
-    __syncwarp();
-  }
-}
-
 /* Fused direct dispatch (one node, nvlink_direct), up to three kinds of blocks:
  *   [0, pack_blocks): pack - quantise each token once, write its own expert rows (or token row)
  *     and the rows for the node's other GPUs: staged in the own p2s with a flag per row when there
@@ -727,10 +711,8 @@ __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_vi
                                                                     int pack_blocks, int link_blocks, int host_epoch) {
   const int epoch = host_epoch ? host_epoch : *v.epoch, b = (int)blockIdx.x;
   unsigned ready = 0; /* local GPUs whose start flag this thread has seen */
-  __shared__ link_run runs[MP_EP_PACK_BLOCK / 32];
-  if (b == 0) { /* before any warp of the block can wait (the emulator runs one at a time) */
-    if (MP_TID == 0) v.link_ctr[(epoch & 1) ^ 1] = 0;
-    if (MP_WARP == 0 && v.start_off) announce_start(v, epoch);
+  if (b == 0 && v.start_off) { /* before any warp of the block can wait (the emulator runs one at a time) */
+    if (MP_WARP == 0) announce_start(v, epoch);
     __syncthreads();
   }
   if (b < pack_blocks) {
@@ -739,14 +721,13 @@ __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_vi
       pack_token(v, x, w, (int)t, slots[MP_WARP], epoch, link_blocks > 0, ready);
       __syncwarp();
     }
-#ifndef MP_EP_EMU
-    /* then help the link blocks with the rows still to copy (the last staged ones): the link is
-     * the tail once packing is done. Not in the CPU emulator, which runs a rank's blocks one after
-     * the other: there a pack block would wait for rows that later pack blocks stage. */
-    if (link_blocks > 0) link_loop(v, epoch, runs[MP_WARP], ready);
-#endif
   } else if (b < pack_blocks + link_blocks) {
-    link_loop(v, epoch, runs[MP_WARP], ready);
+    __shared__ link_run runs[MP_EP_PACK_BLOCK / 32];
+    const long n2s = v.cnt[v.cl.off2s + v.G], nbatch = (n2s + MP_EP_LINK_BATCH - 1) / MP_EP_LINK_BATCH;
+    FOR_ITEMS(i, nbatch, b - pack_blocks, link_blocks) {
+      link_rows(v, i * MP_EP_LINK_BATCH, n2s, epoch, runs[MP_WARP], ready);
+      __syncwarp();
+    }
   } else {
     MP_DYN_SLOTS(unpack_slot, slots);
     const long n2 = v.cnt[v.cl.off2r + v.G];
@@ -761,7 +742,7 @@ __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_vi
 /* One thread: the next dispatch's epoch (every rank bumps its own once per fused dispatch, so the
  * ranks agree on it without talking). */
 __global__ void k_epoch_bump(int *epoch) {
-  if (MP_TID == 0) *epoch = *epoch == 0x7ffffffe ? 1 : *epoch + 1; /* odd after even: see link_ctr */
+  if (MP_TID == 0) *epoch = *epoch == 0x7fffffff ? 1 : *epoch + 1;
 }
 
 /* ---------------- combine ---------------- */

@@ -101,7 +101,6 @@ typedef struct mp_ep_view {
    * epoch's dispatch (its p2r is free), after writing its p2r segment starts into
    * p2r_flag[start_off + R + r * (G + 1) ..] (peer_off points there); 0: not in use */
   long start_off;
-  int *link_ctr; /* [2] fused dispatch: link batches claimed so far, by epoch parity */
   int *epoch;
 } mp_ep_view;
 

@@ -35,7 +35,6 @@ static inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 unsigned __ballot_sync(unsigned mask, int pred);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32);
 int __shfl_xor_sync(unsigned mask, int v, int lane_mask, int width = 32);
