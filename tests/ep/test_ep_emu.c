@@ -435,7 +435,93 @@ static void test_emulated_capacity(void **state) {
   cfg.hidden = 100;
   assert_int_not_equal(mplane_ep_create(&ctx, comm[0], &cfg, NULL), 0);
   assert_non_null(strstr(mplane_ep_last_error(NULL), "hidden 100"));
+  cfg.hidden = 128;
+  cfg.flat = 1;
+  cfg.token_rows = 1;
+  assert_int_equal(mplane_ep_create(&ctx, comm[0], &cfg, NULL), MPLANE_EP_ERR_INVALID);
+  assert_non_null(strstr(mplane_ep_last_error(NULL), "token_rows=1 needs the node-limited mode"));
   emu_nccl_world_free(comm, 1);
+  assert_int_equal(emu_cuda_live_allocations(), 0);
+}
+
+/* The fused dispatch's block split comes from MPLANE_EP_LINK_SMS / MPLANE_EP_RECV_SMS: a value that
+ * is not a number, or leaves no block of another kind, fails create on every rank (all read the
+ * same environment, so none waits in a collective for the others) and names the variable. */
+typedef struct split_arg {
+  ncclComm_t comm;
+  pthread_barrier_t *created; /* no rank frees its buffers while a peer still maps them */
+  int rc;
+  char err[512];
+} split_arg;
+
+static void *split_rank(void *p) {
+  split_arg *a = p;
+  mplane_ep_config cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.gpus_per_node = 2;
+  cfg.num_experts = 8;
+  cfg.hidden = 128;
+  cfg.topk = 2;
+  cfg.max_tokens = 8;
+  cfg.nvlink_direct = 1;
+  cfg.token_rows = 1;
+  cfg.num_sms = 4;
+  mplane_ep_ctx *ctx = NULL;
+  a->rc = mplane_ep_create(&ctx, a->comm, &cfg, NULL);
+  snprintf(a->err, sizeof(a->err), "%s", a->rc ? mplane_ep_last_error(NULL) : "");
+  pthread_barrier_wait(a->created);
+  if (!a->rc) mplane_ep_destroy(ctx);
+  return NULL;
+}
+
+static int create_pair(const char *var, const char *val, split_arg *args) {
+  ncclComm_t comm[2];
+  pthread_t th[2];
+  pthread_barrier_t created;
+  pthread_barrier_init(&created, NULL, 2);
+  emu_nccl_world_create(2, comm);
+  setenv(var, val, 1);
+  for (int r = 0; r < 2; r++) {
+    args[r].comm = comm[r];
+    args[r].created = &created;
+    pthread_create(&th[r], NULL, split_rank, &args[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  pthread_barrier_destroy(&created);
+  unsetenv(var);
+  emu_nccl_world_free(comm, 2);
+  return args[0].rc;
+}
+
+static void test_emulated_fused_split_env(void **state) {
+  (void)state;
+  split_arg a[2];
+  /* the kernel's blocks: num_sms (4) or the device's SMs if fewer, at least 3 */
+  int sms = 0;
+  assert_int_equal(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int blocks = sms < 4 ? (sms < 3 ? 3 : sms) : 4;
+  char many[96], over[96], link[16], recv0[96];
+  snprintf(many, sizeof(many), "MPLANE_EP_LINK_SMS=many: expected an integer 0..%d", blocks - 2);
+  snprintf(link, sizeof(link), "%d", blocks - 1);
+  snprintf(over, sizeof(over), "MPLANE_EP_LINK_SMS=%d: expected an integer 0..%d", blocks - 1, blocks - 2);
+  snprintf(recv0, sizeof(recv0), "MPLANE_EP_RECV_SMS=0: expected an integer 1..");
+  const struct {
+    const char *var, *val, *want;
+  } bad[] = {
+      {"MPLANE_EP_LINK_SMS", "many", many},
+      {"MPLANE_EP_LINK_SMS", link, over},
+      {"MPLANE_EP_RECV_SMS", "0", recv0},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    create_pair(bad[i].var, bad[i].val, a);
+    for (int r = 0; r < 2; r++) {
+      assert_int_equal(a[r].rc, MPLANE_EP_ERR_INVALID);
+      if (!strstr(a[r].err, bad[i].want)) fail_msg("rank %d: %s, expected it to contain %s", r, a[r].err, bad[i].want);
+    }
+  }
+  /* a good value creates */
+  create_pair("MPLANE_EP_LINK_SMS", "1", a);
+  if (a[0].rc || a[1].rc) fail_msg("MPLANE_EP_LINK_SMS=1: %s / %s", a[0].err, a[1].err);
   assert_int_equal(emu_cuda_live_allocations(), 0);
 }
 
@@ -493,6 +579,7 @@ int main(void) {
       cmocka_unit_test(test_emulated_device_memory_is_not_host_memory),
       cmocka_unit_test(test_emulated_route),
       cmocka_unit_test(test_emulated_capacity),
+      cmocka_unit_test(test_emulated_fused_split_env),
       cmocka_unit_test(test_emulated_gpu),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
