@@ -247,8 +247,17 @@ static __device__ int flag_wait(const int *flag, int epoch, bool sys = true) {
 #endif
 }
 
-/* A wait that timed out: the peer is gone or never called dispatch. Say which row, then end the
- * kernel with an error (cudaErrorLaunchFailure at the caller's next synchronisation): never hang. */
+/* End the kernel with an error (cudaErrorLaunchFailure at the caller's next synchronisation). */
+static __device__ void kernel_fail() {
+#ifdef MP_EP_EMU
+  emu_trap();
+#else
+  __trap();
+#endif
+}
+
+/* A wait that timed out: the peer is gone or never called dispatch. Say which row, then fail the
+ * kernel: never hang. */
 static __device__ void flag_timeout(const mp_ep_view &v, long row, int seg, bool own = false) {
   if (own)
     printf("libmplane-ep: rank %d waited %d s for its own pack blocks to stage p2s row %ld for local GPU %d "
@@ -258,11 +267,7 @@ static __device__ void flag_timeout(const mp_ep_view &v, long row, int seg, bool
     printf("libmplane-ep: rank %d waited %d s for p2r row %ld from local GPU %d (nvlink_direct dispatch): "
            "the peer process died or never called mplane_ep_dispatch\n",
            v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), row, seg);
-#ifdef MP_EP_EMU
-  emu_trap();
-#else
-  __trap();
-#endif
+  kernel_fail();
 }
 
 /* ---- the fused dispatch's start handshake (instead of an all-gather before it) ----
@@ -293,11 +298,7 @@ static __device__ void await_peer(const mp_ep_view &v, int j, int epoch, unsigne
     printf("libmplane-ep: rank %d waited %d s for local GPU %d (rank %d) to start its nvlink_direct dispatch: "
            "the peer process died or never called mplane_ep_dispatch\n",
            v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), j, r);
-#ifdef MP_EP_EMU
-    emu_trap();
-#else
-    __trap();
-#endif
+    kernel_fail();
   }
   ready |= 1u << j;
 }
