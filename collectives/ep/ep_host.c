@@ -841,16 +841,13 @@ static int dispatch_fused(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *
   return MPLANE_EP_OK;
 }
 
-int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, const float *topk_weights, int fmt,
-                       mplane_ep_recv *recv, cudaStream_t stream) {
-  if (!ctx || !lo || lo->ctx != ctx || !lo->ready)
-    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_dispatch: needs a layout from mplane_ep_get_layout on this context");
-  if (fmt != MPLANE_EP_FMT_FP8 && fmt != MPLANE_EP_FMT_BF16)
-    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_dispatch: fmt=%d, expected MPLANE_EP_FMT_FP8 (0) or MPLANE_EP_FMT_BF16 (1)", fmt);
-  if (lo->num_tokens > 0 && (!x || !topk_weights))
-    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_dispatch: x and topk_weights must be given");
+/* Both dispatch entries: x BF16 (xq NULL), or xq / xq_scale already FP8. */
+static int dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, const uint8_t *xq, const float *xq_scale,
+                    const float *topk_weights, int fmt, mplane_ep_recv *recv, cudaStream_t stream) {
   mp_ep_view *v = &lo->view;
   v->fmt = fmt;
+  v->xq = xq;
+  v->xq_scale = xq_scale;
   v->dstride = mp_ep_dstride(fmt, v->H, v->K, v->G);
   v->meta_off = mp_ep_payload_bytes(fmt, v->H);
   use_recv(ctx, v, recv);
@@ -887,6 +884,32 @@ int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, 
   prof_mark(ctx, PROF_DISPATCH, 5, stream);
   dispatch_done(lo, recv);
   return MPLANE_EP_OK;
+}
+
+static int dispatch_check(mplane_ep_ctx *ctx, const mplane_ep_layout *lo, const char *fn) {
+  if (!ctx || !lo || lo->ctx != ctx || !lo->ready)
+    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "%s: needs a layout from mplane_ep_get_layout on this context", fn);
+  return MPLANE_EP_OK;
+}
+
+int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x, const float *topk_weights, int fmt,
+                       mplane_ep_recv *recv, cudaStream_t stream) {
+  int rc = dispatch_check(ctx, lo, "mplane_ep_dispatch");
+  if (rc) return rc;
+  if (fmt != MPLANE_EP_FMT_FP8 && fmt != MPLANE_EP_FMT_BF16)
+    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_dispatch: fmt=%d, expected MPLANE_EP_FMT_FP8 (0) or MPLANE_EP_FMT_BF16 (1)", fmt);
+  if (lo->num_tokens > 0 && (!x || !topk_weights))
+    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_dispatch: x and topk_weights must be given");
+  return dispatch(ctx, lo, x, NULL, NULL, topk_weights, fmt, recv, stream);
+}
+
+int mplane_ep_dispatch_fp8(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *x_fp8, const float *x_scales,
+                           const float *topk_weights, mplane_ep_recv *recv, cudaStream_t stream) {
+  int rc = dispatch_check(ctx, lo, "mplane_ep_dispatch_fp8");
+  if (rc) return rc;
+  if (lo->num_tokens > 0 && (!x_fp8 || !x_scales || !topk_weights))
+    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_dispatch_fp8: x_fp8, x_scales and topk_weights must be given");
+  return dispatch(ctx, lo, NULL, (const uint8_t *)x_fp8, x_scales, topk_weights, MPLANE_EP_FMT_FP8, recv, stream);
 }
 
 int mplane_ep_combine(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *y, void *out, cudaStream_t stream) {

@@ -411,6 +411,18 @@ static __device__ __forceinline__ void pack_fp8(const mp_ep_view &v, const uint1
   }
 }
 
+/* An input that came in FP8 (mplane_ep_dispatch_fp8): the row's bytes and scales as they are, to
+ * every row the plan names. */
+static __device__ void copy_fp8(const mp_ep_view &v, long row, const pack_slot &s) {
+  const int ntile = v.H / MP_EP_TILE;
+  warp_copy((const uint4 *)(v.xq + row * v.H), (uint4 *const *)s.dst, s.nd, v.H / 16);
+  const float *sc = v.xq_scale + row * ntile;
+  for (int j = MP_LANE; j < ntile; j += 32) {
+    const float x = sc[j];
+    for (int d = 0; d < s.nd; d++) s.sc[d][j] = x;
+  }
+}
+
 /* Source side, one token per warp: quantise it once and write it to every staging row its plan
  * names (one per remote node, one per other target GPU of the own node) and to its own expert
  * rows. epoch != 0 (fused direct dispatch): with `staged` the phase-2 rows go to the own p2s, each
@@ -421,9 +433,9 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   mp_ep_pack_plan &p = s.p;
   const int lane = MP_LANE;
   const long tk = (long)t * v.K;
-  const uint16_t *xr = x + (long)(t / v.expand) * v.H;
+  const uint16_t *xr = v.xq ? NULL : x + (long)(t / v.expand) * v.H;
   uint4 first[MP_FP8_PASSES][2];
-  if (v.fmt == MP_EP_FMT_FP8) load_round(xr, v.H / MP_EP_TILE, 0, first);
+  if (v.fmt == MP_EP_FMT_FP8 && !v.xq) load_round(xr, v.H / MP_EP_TILE, 0, first);
   for (int k = lane; k < v.K; k += 32) {
     s.row[k] = v.topk[tk + k];
     s.nslot[k] = v.nslot_k[tk + k];
@@ -476,7 +488,8 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
     s.nd = ndst + (v.token_rows ? (own ? 1 : 0) : __popc(ball));
   }
   __syncwarp();
-  if (v.fmt == MP_EP_FMT_FP8) pack_fp8(v, xr, s, first);
+  if (v.xq) copy_fp8(v, t / v.expand, s);
+  else if (v.fmt == MP_EP_FMT_FP8) pack_fp8(v, xr, s, first);
   else warp_copy((const uint4 *)xr, (uint4 *const *)s.dst, s.nd, v.H / 8);
   if (epoch) {
     __syncwarp(); /* every lane's stores of the rows come before the flags */

@@ -146,6 +146,22 @@ void mp_ep_model_free(mp_ep_model *m) {
   free(m);
 }
 
+void mp_ep_quantize_rows(const uint16_t *x, long T, int H, uint8_t *q, float *scales) {
+  const int ntile = H / MP_EP_TILE;
+  for (long t = 0; t < T; t++)
+    for (int tile = 0; tile < ntile; tile++) {
+      const uint16_t *xs = x + t * H + tile * MP_EP_TILE;
+      float amax = 0.f;
+      for (int i = 0; i < MP_EP_TILE; i++) {
+        float a = fabsf(mp_bf16_to_f32(xs[i]));
+        if (a > amax) amax = a;
+      }
+      const float inv = mp_ep_tile_inv(amax);
+      scales[t * ntile + tile] = mp_ep_tile_scale(amax);
+      for (int i = 0; i < MP_EP_TILE; i++) q[t * H + tile * MP_EP_TILE + i] = mp_ep_quant(mp_bf16_to_f32(xs[i]), inv);
+    }
+}
+
 mp_ep_model *mp_ep_model_run(const mp_ep_model_cfg *cfg, const int *T, const int32_t *const *idx,
                              const float *const *w, const uint16_t *const *x) {
   int R = cfg->R, K = cfg->K, H = cfg->H, Er = cfg->E / cfg->R, ntile = H / MP_EP_TILE;
@@ -188,18 +204,7 @@ mp_ep_model *mp_ep_model_run(const mp_ep_model_cfg *cfg, const int *T, const int
         ok = 0;
         break;
       }
-      for (long t = 0; t < T[s]; t++)
-        for (int tile = 0; tile < ntile; tile++) {
-          const uint16_t *xs = x[s] + t * H + tile * MP_EP_TILE;
-          float amax = 0.f;
-          for (int i = 0; i < MP_EP_TILE; i++) {
-            float a = fabsf(mp_bf16_to_f32(xs[i]));
-            if (a > amax) amax = a;
-          }
-          const float inv = mp_ep_tile_inv(amax);
-          qs[s][t * ntile + tile] = mp_ep_tile_scale(amax);
-          for (int i = 0; i < MP_EP_TILE; i++) q[s][t * H + tile * MP_EP_TILE + i] = mp_ep_quant(mp_bf16_to_f32(xs[i]), inv);
-        }
+      mp_ep_quantize_rows(x[s], T[s], H, q[s], qs[s]);
     }
   }
 

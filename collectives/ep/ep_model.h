@@ -64,6 +64,10 @@ void mp_ep_model_count(const mp_ep_model_cfg *cfg, const int *T, const int32_t *
                        long *net_tx_d, long *net_tx_c);
 
 /* Dispatch: x[s] is [T[s]][H] BF16 (bits); w[s] as idx. NULL on bad input / no memory. */
+/* The dispatch's FP8 quantisation of T rows of H BF16 values: e4m3 bytes q [T][H] and one scale per
+ * 1x128 tile, scales [T][H / 128] (what pack puts on the wire; also an FP8 input for
+ * mplane_ep_dispatch_fp8 that gives the same rows). */
+void mp_ep_quantize_rows(const uint16_t *x, long T, int H, uint8_t *q, float *scales);
 mp_ep_model *mp_ep_model_run(const mp_ep_model_cfg *cfg, const int *T, const int32_t *const *idx,
                              const float *const *w, const uint16_t *const *x);
 const mp_ep_model_rank *mp_ep_model_rank_out(const mp_ep_model *m, int d);

@@ -85,6 +85,10 @@ typedef struct mp_ep_view {
    * entry, written once, and expert row r names it in row_token[r] (ex_x / ex_scale unused) */
   int token_rows;
   int32_t *row_token; /* [rows] */
+  /* this dispatch's input when it came already in FP8 (mplane_ep_dispatch_fp8): e4m3 [T][H] and
+   * scales [T][H / 128]; NULL: BF16 input, quantised by pack */
+  const uint8_t *xq;
+  const float *xq_scale;
   /* nvlink_direct: phase-2 rows for local target j go straight to peer_p2r[j] (the peer's p2r, an
    * IPC mapping) at the peer's segment for this forwarder; peer_off [R][G+1] holds every rank's
    * p2r segment starts (gathered on the stream before the pack). 0 / NULL: the staging path. */

@@ -152,6 +152,13 @@ int mplane_ep_token_in_rank(mplane_ep_ctx *ctx, const mplane_ep_layout *layout, 
 /* Collective. x [T][H] BF16 (device) and topk_weights [T][K] float32 of the layout's tokens. */
 int mplane_ep_dispatch(mplane_ep_ctx *ctx, mplane_ep_layout *layout, const void *x, const float *topk_weights, int fmt,
                        mplane_ep_recv *recv, cudaStream_t stream);
+/* Collective. The same with the tokens already in FP8, as DeepEP's dispatch takes them (e.g.
+ * quantised by the kernel that produced them): x_fp8 [T][H] e4m3 bytes and x_scales [T][H / 128]
+ * float32, one scale per 1x128 tile (value = byte * scale). Sent as they are; the received rows
+ * are FP8. Quantised with libmplane-ep's rule (scale = amax / 448, see docs/moe-alltoall.md), the
+ * rows equal mplane_ep_dispatch's FP8 rows bit for bit. */
+int mplane_ep_dispatch_fp8(mplane_ep_ctx *ctx, mplane_ep_layout *layout, const void *x_fp8, const float *x_scales,
+                           const float *topk_weights, mplane_ep_recv *recv, cudaStream_t stream);
 /* Collective. y [rows][H] BF16: the experts' outputs, one per row of the layout's last dispatch,
  * same order. out [T][H] BF16 at the tokens' origin: sum over the token's experts of weight * y,
  * accumulated in float32 (rounded to BF16 once per rank, node and token). */

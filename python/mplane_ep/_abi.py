@@ -125,6 +125,8 @@ FUNCTIONS = {
     "mplane_ep_token_in_rank": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),
     # dispatch(ctx, layout, x, topk_weights, fmt, recv, stream)
     "mplane_ep_dispatch": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_int, POINTER(mplane_ep_recv), c_void_p]),
+    "mplane_ep_dispatch_fp8": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, POINTER(mplane_ep_recv),
+                                       c_void_p]),
     # combine(ctx, layout, y, out, stream)
     "mplane_ep_combine": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
     # dequant(ctx, layout, recv, y, stream)

@@ -31,6 +31,7 @@ typedef struct emu_case {
   int kind, fmt, worst, flat, auto_topo;
   int direct; /* nvlink_direct: one node = the fused kernel, several = rows written then a barrier */
   int tokens; /* token_rows: expert rows name their token row instead of holding a copy */
+  int fp8_in; /* the tokens go in already quantised (mplane_ep_dispatch_fp8) */
 } emu_case;
 
 typedef struct rank_out {
@@ -115,7 +116,7 @@ static void *rank_main(void *p) {
   rank_out *o = &s->res[me];
   mplane_ep_ctx *ctx = NULL;
   mplane_ep_layout *lo = NULL;
-  void *d_x = NULL, *d_y = NULL, *d_out = NULL;
+  void *d_x = NULL, *d_y = NULL, *d_out = NULL, *d_xq = NULL, *d_xs = NULL;
   int32_t *d_idx = NULL;
   float *d_w = NULL;
   uint8_t *d_flags = NULL;
@@ -149,13 +150,25 @@ static void *rank_main(void *p) {
   cudaMemcpy(d_x, s->x[me], 2 * (size_t)T * H, cudaMemcpyHostToDevice);
   cudaMemcpy(d_idx, s->idx[me], 4 * (size_t)T * K, cudaMemcpyHostToDevice);
   cudaMemcpy(d_w, s->w[me], 4 * (size_t)T * K, cudaMemcpyHostToDevice);
+  if (c->fp8_in) { /* quantised by the CPU twin of pack's rule: the rows must come out the same */
+    uint8_t *q = malloc((size_t)T * H + 1);
+    float *qs = malloc(sizeof(float) * ((size_t)T * (H / 128) + 1));
+    mp_ep_quantize_rows(s->x[me], T, H, q, qs);
+    cudaMalloc(&d_xq, (size_t)c->T * H + 16);
+    cudaMalloc(&d_xs, sizeof(float) * (size_t)c->T * (H / 128) + 16);
+    cudaMemcpy(d_xq, q, (size_t)T * H, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_xs, qs, sizeof(float) * (size_t)T * (H / 128), cudaMemcpyHostToDevice);
+    free(q);
+    free(qs);
+  }
   TRY(mplane_ep_layout_create(ctx, &lo));
   mplane_ep_recv recv;
   memset(&recv, 0, sizeof(recv));
   /* twice: a handle and its buffers are reused by the next step */
   for (int rep = 0; rep < 2; rep++) {
     TRY(mplane_ep_get_layout(ctx, d_idx, T, lo, st));
-    TRY(mplane_ep_dispatch(ctx, lo, d_x, d_w, c->fmt, &recv, st));
+    if (c->fp8_in) TRY(mplane_ep_dispatch_fp8(ctx, lo, d_xq, (const float *)d_xs, d_w, &recv, st));
+    else TRY(mplane_ep_dispatch(ctx, lo, d_x, d_w, c->fmt, &recv, st));
     TRY(mplane_ep_dequant(ctx, lo, &recv, d_y, st));
     TRY(mplane_ep_combine(ctx, lo, d_y, d_out, st));
   }
@@ -197,6 +210,8 @@ out:
   mplane_ep_layout_destroy(lo);
   mplane_ep_destroy(ctx);
   cudaFree(d_x);
+  cudaFree(d_xq);
+  cudaFree(d_xs);
   cudaFree(d_idx);
   cudaFree(d_w);
   cudaFree(d_y);
@@ -338,6 +353,10 @@ static const emu_case cases[] = {
     {"2x2-tokens-bf16", 4, 2, 16, 4, 128, 13, MP_EP_ROUTE_MIXED, MP_EP_FMT_BF16, 0, 0, 0, 0, 1},
     {"2-nodes-tokens", 2, 1, 16, 4, 256, 17, MP_EP_ROUTE_UNIFORM, MP_EP_FMT_FP8, 0, 0, 0, 0, 1},
     {"2x2-direct-tokens-worst", 4, 2, 16, 4, 256, 12, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 1, 0, 0, 1, 1},
+    /* tokens already in FP8 (mplane_ep_dispatch_fp8): fused kernel, NCCL path with forwarding, graph */
+    {"node-of-2-direct-tokens-fp8in", 2, 2, 16, 6, 512, 40, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 0, 0, 0, 1, 1, 1},
+    {"2x2-fp8in", 4, 2, 16, 4, 256, 13, MP_EP_ROUTE_MIXED, MP_EP_FMT_FP8, 0, 0, 0, 0, 0, 1},
+    {"2-nodes-fp8in-worst", 2, 1, 16, 4, 256, 15, MP_EP_ROUTE_UNIFORM, MP_EP_FMT_FP8, 1, 0, 0, 0, 0, 1},
 };
 
 static void test_emulated_gpu(void **state) {
@@ -428,6 +447,8 @@ static void test_emulated_capacity(void **state) {
   assert_non_null(strstr(mplane_ep_last_error(ctx), "max_recv_rows is 5"));
   assert_int_equal(mplane_ep_get_layout(ctx, d_idx, 11, lo, NULL), MPLANE_EP_ERR_INVALID);
   assert_int_equal(mplane_ep_dispatch(ctx, lo, d_idx, NULL, 0, NULL, NULL), MPLANE_EP_ERR_INVALID);
+  assert_int_equal(mplane_ep_dispatch_fp8(ctx, lo, d_idx, NULL, NULL, NULL, NULL), MPLANE_EP_ERR_INVALID);
+  assert_non_null(strstr(mplane_ep_last_error(ctx), "mplane_ep_dispatch_fp8: needs a layout"));
   cudaFree(d_idx);
   mplane_ep_layout_destroy(lo);
   mplane_ep_destroy(ctx);

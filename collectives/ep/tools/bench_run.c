@@ -252,7 +252,13 @@ out:
   return bad;
 }
 
-/* One correctness case on this rank: 0 pass, 1 fail, 2 could not run. */
+/* One dispatch: from BF16 x, or (xq not NULL) from the same tokens already in FP8. */
+static int dispatch_one(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *d_x, const void *d_xq, const float *d_xs,
+                        const float *d_w, int fmt, mplane_ep_recv *recv, cudaStream_t st) {
+  return d_xq ? mplane_ep_dispatch_fp8(ctx, lo, d_xq, d_xs, d_w, recv, st)
+              : mplane_ep_dispatch(ctx, lo, d_x, d_w, fmt, recv, st);
+}
+
 /* Token rows: rebuild each expert row (payload and FP8 scales) on the host from the token row it
  * names, so that the expert-row checks below apply unchanged. An expert row that names no token
  * row, or one past the token rows, is an error. 0 when all named rows exist. */
@@ -295,6 +301,7 @@ out:
   return rc;
 }
 
+/* One correctness case on this rank: 0 pass, 1 fail, 2 could not run. */
 static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const ck_case *c) {
   int R = o->gpus, me = g_rank, K = c->K, H = c->H, E = c->E, Tmax = c->T;
   int fail = 0, rc = 2;
@@ -302,7 +309,9 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
   mplane_ep_ctx *ctx = NULL;
   mplane_ep_layout *lo = NULL;
   mp_ep_model *m = NULL;
-  void *d_x = NULL, *d_y = NULL, *d_out = NULL;
+  void *d_x = NULL, *d_y = NULL, *d_out = NULL, *d_xq = NULL;
+  float *d_xs = NULL;
+  const int fp8in = o->fp8_in && c->fmt == MP_EP_FMT_FP8 && !c->flat;
   int32_t *d_idx = NULL;
   float *d_w = NULL;
   uint16_t **yall = NULL, **want = NULL;
@@ -384,6 +393,23 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
     goto out;
   }
   CUDA_OR(h2d(d_x, in.x[me], 2 * (size_t)T * H), 2);
+  if (fp8in) { /* the same tokens, quantised beforehand by the CPU twin of pack's rule */
+    uint8_t *q = malloc((size_t)Tmax * H + 1);
+    float *qs = malloc(sizeof(float) * ((size_t)Tmax * (H / 128) + 1));
+    d_xq = dalloc((size_t)Tmax * H + 16);
+    d_xs = dalloc(sizeof(float) * (size_t)Tmax * (H / 128) + 16);
+    if (!q || !qs || !d_xq || !d_xs) {
+      free(q);
+      free(qs);
+      say("%s: out of memory for the FP8 input", c->name);
+      goto out;
+    }
+    mp_ep_quantize_rows(in.x[me], T, H, q, qs);
+    cudaError_t e1 = h2d(d_xq, q, (size_t)T * H), e2 = h2d(d_xs, qs, sizeof(float) * (size_t)T * (H / 128));
+    free(q);
+    free(qs);
+    CUDA_OR(e1 != cudaSuccess ? e1 : e2, 2);
+  }
   CUDA_OR(h2d(d_idx, in.idx[me], sizeof(int32_t) * (size_t)T * K), 2);
   CUDA_OR(h2d(d_w, in.w[me], sizeof(float) * (size_t)T * K), 2);
   CUDA_OR(cudaMemsetAsync(d_out, 0xff, 2 * (size_t)Tmax * H, st), 2);
@@ -392,7 +418,7 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
   memset(&recv, 0, sizeof(recv));
   if (!c->worst) {
     EP_OR(ctx, mplane_ep_get_layout(ctx, d_idx, T, lo, st), 2);
-    EP_OR(ctx, mplane_ep_dispatch(ctx, lo, d_x, d_w, c->fmt, &recv, st), 2);
+    EP_OR(ctx, dispatch_one(ctx, lo, d_x, d_xq, d_xs, d_w, c->fmt, &recv, st), 2);
     EP_OR(ctx, mplane_ep_dequant(ctx, lo, &recv, d_y, st), 2);
     EP_OR(ctx, mplane_ep_combine(ctx, lo, d_y, d_out, st), 2);
     CUDA_OR(cudaStreamSynchronize(st), 2);
@@ -400,7 +426,7 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
     /* the whole step in one CUDA graph, replayed twice */
     CUDA_OR(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), 2);
     int r1 = mplane_ep_get_layout(ctx, d_idx, T, lo, st);
-    int r2 = r1 ? r1 : mplane_ep_dispatch(ctx, lo, d_x, d_w, c->fmt, &recv, st);
+    int r2 = r1 ? r1 : dispatch_one(ctx, lo, d_x, d_xq, d_xs, d_w, c->fmt, &recv, st);
     int r3 = r2 ? r2 : mplane_ep_dequant(ctx, lo, &recv, d_y, st);
     int r4 = r3 ? r3 : mplane_ep_combine(ctx, lo, d_y, d_out, st);
     cudaError_t ce = cudaStreamEndCapture(st, &graph);
@@ -482,8 +508,8 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
     say("%s: FAIL tolerance: %ld values outside the documented bound; first: %s", c->name, tbad, msg);
     fail = 1;
   }
-  say("check %-20s %s%s%s: %d tokens out, %d expert rows in, dispatch %s, combine %s, worst error %.2f of the %s tolerance",
-      c->name, cfg.nvlink_direct && !c->flat ? "[nvlink-direct] " : "", cfg.token_rows ? "[token-rows] " : "", fail ? "FAIL" : "PASS", T, nrows, bad ? "DIFFERS" : "bit-exact", cbad ? "DIFFERS" : "bit-exact", ratio,
+  say("check %-20s %s%s%s%s: %d tokens out, %d expert rows in, dispatch %s, combine %s, worst error %.2f of the %s tolerance",
+      c->name, cfg.nvlink_direct && !c->flat ? "[nvlink-direct] " : "", cfg.token_rows ? "[token-rows] " : "", fp8in ? "[fp8-in] " : "", fail ? "FAIL" : "PASS", T, nrows, bad ? "DIFFERS" : "bit-exact", cbad ? "DIFFERS" : "bit-exact", ratio,
       c->fmt == MP_EP_FMT_FP8 ? "FP8" : "BF16");
   rc = fail;
 out:
@@ -505,6 +531,8 @@ out:
   mplane_ep_layout_destroy(lo);
   mplane_ep_destroy(ctx);
   cudaFree(d_x);
+  cudaFree(d_xq);
+  cudaFree(d_xs);
   cudaFree(d_idx);
   cudaFree(d_w);
   cudaFree(d_y);
@@ -839,7 +867,8 @@ typedef struct timing {
 } timing;
 
 static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane_ep_ctx *ctx, const void *d_x,
-                   const int32_t *d_idx, const float *d_w, int T, int fmt, void *d_y, void *d_out, timing *tm) {
+                   const void *d_xq, const float *d_xs, const int32_t *d_idx, const float *d_w, int T, int fmt,
+                   void *d_y, void *d_out, timing *tm) {
   mplane_ep_layout *lo = NULL;
   EP_OR(ctx, mplane_ep_layout_create(ctx, &lo), -1);
   /* ev: 0 start, 1 layout done, 2 dispatch done, 3 combine start, 4 combine done */
@@ -858,7 +887,7 @@ static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane
     CUDA_OR(cudaEventRecord(ev[0], st), -1);
     EP_OR(ctx, mplane_ep_get_layout(ctx, d_idx, T, lo, st), -1);
     CUDA_OR(cudaEventRecord(ev[1], st), -1);
-    EP_OR(ctx, mplane_ep_dispatch(ctx, lo, d_x, d_w, fmt, &recv, st), -1);
+    EP_OR(ctx, dispatch_one(ctx, lo, d_x, d_xq, d_xs, d_w, fmt, &recv, st), -1);
     CUDA_OR(cudaEventRecord(ev[2], st), -1);
     if (it == 0) EP_OR(ctx, mplane_ep_dequant(ctx, lo, &recv, d_y, st), -1); /* identity experts, once */
     CUDA_OR(cudaEventRecord(ev[3], st), -1);
@@ -882,7 +911,7 @@ static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane
   NCCL_OR(ncclAllReduce(d_bar, d_bar, 1, ncclInt32, ncclSum, comm, st), -1);
   CUDA_OR(cudaStreamSynchronize(st), -1);
   EP_OR(ctx, mplane_ep_get_layout(ctx, d_idx, T, lo, st), -1);
-  EP_OR(ctx, mplane_ep_dispatch(ctx, lo, d_x, d_w, fmt, &recv, st), -1);
+  EP_OR(ctx, dispatch_one(ctx, lo, d_x, d_xq, d_xs, d_w, fmt, &recv, st), -1);
   EP_OR(ctx, mplane_ep_combine(ctx, lo, d_y, d_out, st), -1);
   CUDA_OR(cudaStreamSynchronize(st), -1);
   float us[MPLANE_EP_PROFILE_STEPS];
@@ -991,7 +1020,7 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
   double ours_total = 0, base_total = 0, ours_nvl_gbs = 0, direct_nvl_gbs = 0, logical_fp8 = 0, logical_bf16c = 0;
   struct variant {
     const char *name;
-    int flat, sms, fmt, direct, tokens;
+    int flat, sms, fmt, direct, tokens, fp8in;
   } vars[16];
   int nv = 0;
   for (int i = 0; i < o->n_sms && nv < 6; i++) vars[nv++] = (struct variant){"node-limited", 0, o->sms[i], MPLANE_EP_FMT_FP8, 0, 0};
@@ -1008,7 +1037,31 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
       vars[nv++] = (struct variant){"node-limited nvlink-direct token-rows", 0, o->sms[0], MPLANE_EP_FMT_BF16, 1, 1};
     }
   }
-  double direct_tok_gbs = 0;
+  if (o->fp8_in) { /* the tokens already in FP8 (mplane_ep_dispatch_fp8), as DeepEP takes them */
+    vars[nv++] = (struct variant){"node-limited FP8-in", 0, o->sms[0], MPLANE_EP_FMT_FP8, o->nvlink_direct, 0, 1};
+    if (o->token_rows)
+      vars[nv++] = (struct variant){"node-limited token-rows FP8-in", 0, o->sms[0], MPLANE_EP_FMT_FP8, o->nvlink_direct, 1, 1};
+  }
+  double direct_tok_gbs = 0, fp8in_gbs = 0;
+  uint8_t *d_xq = NULL;
+  float *d_xs = NULL;
+  if (o->fp8_in) { /* quantised on the host by the CPU twin of pack's rule */
+    uint8_t *q = malloc((size_t)T * H + 1);
+    float *qs = malloc(sizeof(float) * ((size_t)T * (H / 128) + 1));
+    d_xq = dalloc((size_t)T * H + 16);
+    d_xs = dalloc(sizeof(float) * (size_t)T * (H / 128) + 16);
+    if (!q || !qs || !d_xq || !d_xs) {
+      free(q);
+      free(qs);
+      say("bench: out of memory for the FP8 input");
+      return 2;
+    }
+    mp_ep_quantize_rows(x, T, H, q, qs);
+    CUDA_OR(h2d(d_xq, q, (size_t)T * H), 2);
+    CUDA_OR(h2d(d_xs, qs, sizeof(float) * (size_t)T * (H / 128)), 2);
+    free(q);
+    free(qs);
+  }
   for (int i = 0; i < nv; i++) {
     mplane_ep_config cfg = make_cfg(0, E, H, K, T, 0, vars[i].flat, vars[i].sms);
     cfg.nvlink_direct = vars[i].direct;
@@ -1023,7 +1076,9 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     mplane_ep_get_info(ctx, &info);
     void *d_y = dalloc(2 * (size_t)info.max_recv_rows * H);
     timing tm;
-    if (!d_y || measure(o, comm, st, ctx, d_x, d_idx, d_w, T, vars[i].fmt, d_y, d_out, &tm) || reduce_timing(comm, st, &tm, R)) {
+    if (!d_y ||
+        measure(o, comm, st, ctx, d_x, vars[i].fp8in ? d_xq : NULL, d_xs, d_idx, d_w, T, vars[i].fmt, d_y, d_out, &tm) ||
+        reduce_timing(comm, st, &tm, R)) {
       rc = 2;
       cudaFree(d_y);
       mplane_ep_destroy(ctx);
@@ -1055,8 +1110,10 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
       ours_total = total;
       ours_nvl_gbs = tm.d_nvl / (tm.dispatch * 1e3);
     }
-    if (vars[i].direct && vars[i].fmt == MPLANE_EP_FMT_FP8 && !vars[i].tokens) direct_nvl_gbs = tm.d_nvl / (tm.dispatch * 1e3);
-    if (vars[i].direct && vars[i].fmt == MPLANE_EP_FMT_FP8 && vars[i].tokens) direct_tok_gbs = tm.d_nvl / (tm.dispatch * 1e3);
+    const double nvl_gbs = tm.d_nvl / (tm.dispatch * 1e3);
+    if (vars[i].direct && vars[i].fmt == MPLANE_EP_FMT_FP8 && !vars[i].tokens && !vars[i].fp8in) direct_nvl_gbs = nvl_gbs;
+    if (vars[i].direct && vars[i].fmt == MPLANE_EP_FMT_FP8 && vars[i].tokens && !vars[i].fp8in) direct_tok_gbs = nvl_gbs;
+    if (vars[i].fp8in && nvl_gbs > fp8in_gbs) fp8in_gbs = nvl_gbs;
     if (vars[i].flat) base_total = total;
     cudaFree(d_y);
     mplane_ep_destroy(ctx);
@@ -1073,12 +1130,17 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     if (o->ceil_uni > 0 && o->nodes == 1 && R > 1 && direct_tok_gbs > 0)
       bench_report(o, "intranode dispatch wire rate, nvlink-direct FP8 token rows: %.1f GB/s = %.0f%% of the one-way peer-copy ceiling [target >= 60%%]\n",
                    direct_tok_gbs, 100 * direct_tok_gbs / o->ceil_uni);
+    if (o->ceil_uni > 0 && o->nodes == 1 && R > 1 && fp8in_gbs > 0)
+      bench_report(o, "intranode dispatch wire rate, FP8 in (tokens quantised before dispatch, as DeepEP times it), best variant: %.1f GB/s = %.0f%% of the one-way peer-copy ceiling\n",
+                   fp8in_gbs, 100 * fp8in_gbs / o->ceil_uni);
     bench_report(o, "data kernels: one block per SM (%d threads; pack and the fused direct dispatch %d), SMs as in the table; NCCL's own kernels run between them\n",
                  MP_EP_BLOCK, MP_EP_PACK_BLOCK);
   }
   free(x);
   free(idx);
   free(w);
+  cudaFree(d_xq);
+  cudaFree(d_xs);
   cudaFree(d_x);
   cudaFree(d_out);
   cudaFree(d_idx);

@@ -38,6 +38,8 @@ static void usage(FILE *f) {
           "                    into the peers' buffers through CUDA IPC); bench mode times it beside the NCCL path\n"
           "  --token-rows      check mode uses token rows (token_rows = 1: one row per received token, expert rows\n"
           "                    name it); bench mode times them beside the expert-row copies\n"
+          "  --fp8-in          FP8 checks give dispatch the tokens already quantised (mplane_ep_dispatch_fp8, as\n"
+          "                    DeepEP takes them); bench mode times that beside BF16 in\n"
           "  --stats-file PAT  plugin counters: sets MPLANE_STATS_FILE=PAT (%%p = pid) in the ranks and reads it\n"
           "  --out FILE        append the results to FILE\n"
           "  --seed S          (1)   --timeout SEC (540)\n");
@@ -109,6 +111,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     else if (!strcmp(a, "--warmup")) { NEXT(); o->warmup = atoi(v); }
     else if (!strcmp(a, "--nvlink-direct")) o->nvlink_direct = 1;
     else if (!strcmp(a, "--token-rows")) o->token_rows = 1;
+    else if (!strcmp(a, "--fp8-in")) o->fp8_in = 1;
     else if (!strcmp(a, "--sms")) {
       NEXT();
       char buf[128];

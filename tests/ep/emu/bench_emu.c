@@ -60,15 +60,16 @@ static void *relay(void *p) {
 int main(int argc, char **argv) {
   bench_opts o;
   memset(&o, 0, sizeof(o));
-  /* bench_emu NODES [direct] [tokens]: direct = --nvlink-direct (phase-2 rows through emulated CUDA
-   * IPC), tokens = --token-rows */
+  /* bench_emu NODES [direct] [tokens] [fp8in]: direct = --nvlink-direct (phase-2 rows through
+   * emulated CUDA IPC), tokens = --token-rows, fp8in = --fp8-in */
   o.gpus = 2;
   o.nodes = argc > 1 ? atoi(argv[1]) : 1;
   for (int i = 2; i < argc; i++) {
     if (!strcmp(argv[i], "direct")) o.nvlink_direct = 1;
     else if (!strcmp(argv[i], "tokens")) o.token_rows = 1;
+    else if (!strcmp(argv[i], "fp8in")) o.fp8_in = 1;
     else {
-      fprintf(stderr, "bench_emu: unknown argument %s (expected direct or tokens)\n", argv[i]);
+      fprintf(stderr, "bench_emu: unknown argument %s (expected direct, tokens or fp8in)\n", argv[i]);
       return 2;
     }
   }
