@@ -24,6 +24,12 @@
 #   EP_TIMEOUT     seconds per shape at most (default 270)
 #   EP_BUDGET      seconds for the whole script (default 570: the device tool stops a command at 600);
 #                  a shape gets what is left, and is skipped with a message under 60 s
+#   EP_NVCC_FLAGS  extra nvcc flags for the kernels (builds directly, without meson), e.g.
+#                  -DMP_EP_TRACE: every fused dispatch prints when its pack, link and unpack blocks ended
+#
+#   scripts/ep-bench.sh sweep "VAR=V[,VAR=V...]" ...   the one-node benchmark once per setting (bench
+#                  mode, EP_ARGS added; default --sms 0 --nvlink-direct --token-rows), printing its
+#                  table rows; e.g. sweep MPLANE_EP_LINK_SMS=16 MPLANE_EP_LINK_SMS=32,MPLANE_EP_RECV_SMS=8
 # NCCL_NVLS_ENABLE=0 is always set.
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -100,7 +106,8 @@ direct_build() {
   mkdir -p "$d"
   local inc=(-I"$ep" -I"$ep/tools" -I"$(dirname "$(command -v nvcc)")/../include" -I"$NCCL_INC")
   set -x
-  nvcc -std=c++17 -O2 -Xcompiler -fPIC "-gencode=arch=compute_90,code=[sm_90,compute_90]" "${inc[@]}" \
+  # shellcheck disable=SC2086
+  nvcc -std=c++17 -O2 -Xcompiler -fPIC "-gencode=arch=compute_90,code=[sm_90,compute_90]" ${EP_NVCC_FLAGS:-} "${inc[@]}" \
     -c "$ep/ep_kernels.cu" -o "$d/ep_kernels.o" &&
   cc -std=gnu11 -O2 -g -fPIC -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -c "$ep/ep_host.c" -o "$d/ep_host.o" &&
   cc -std=gnu11 -O2 -g -fPIC -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -c "$ep/ep_sched.c" -o "$d/ep_sched.o" &&
@@ -126,11 +133,13 @@ do_build() {
     return 1
   fi
   export NCCL_HOME="$NCCL_HOME_FOUND"
-  {
+  if [ -z "${EP_NVCC_FLAGS:-}" ]; then
     echo "== meson setup $build (whole project) =="
     if [ ! -f "$build/build.ninja" ]; then meson setup "$build" "$here"; fi && ninja -C "$build"
-  } >"$out/build.log" 2>&1
-  if [ -x "$build/collectives/ep/mplane-ep-bench" ]; then
+  else
+    echo "== EP_NVCC_FLAGS=$EP_NVCC_FLAGS: building libmplane-ep directly =="
+  fi >"$out/build.log" 2>&1
+  if [ -z "${EP_NVCC_FLAGS:-}" ] && [ -x "$build/collectives/ep/mplane-ep-bench" ]; then
     BENCH="$build/collectives/ep/mplane-ep-bench"
     EPLIB_DIR="$build/collectives/ep"
     say "built with meson: $BENCH"
@@ -207,9 +216,32 @@ prepare() {
   echo "prepare: done; name .deps/ep-plugin and .deps/nccl in the device call's carry (found there by this script)"
 }
 
+# One-node benchmark once per setting: each argument is VAR=V[,VAR=V...].
+sweep() {
+  [ $# -gt 0 ] || { echo "ep-bench.sh sweep: give settings, e.g. MPLANE_EP_LINK_SMS=16 MPLANE_EP_LINK_SMS=32" >&2; return 2; }
+  local base="${EP_ARGS:---sms 0 --nvlink-direct --token-rows}" s kv rc=0
+  for s in "$@"; do
+    local vars=()
+    IFS=, read -r -a vars <<<"$s"
+    for kv in "${vars[@]}"; do
+      [[ "$kv" =~ ^[A-Z_][A-Z0-9_]*=.*$ ]] || { echo "ep-bench.sh sweep: '$kv' (in '$s') is not VAR=VALUE" >&2; return 2; }
+    done
+  done
+  if [ -z "$BENCH" ]; then do_build || return 1; fi
+  for s in "$@"; do
+    local vars=()
+    IFS=, read -r -a vars <<<"$s"
+    say "---- sweep $s"
+    ( export "${vars[@]}"; EP_ARGS="--mode bench $base"; run_shape node1 1 ) >/dev/null 2>&1 || rc=1
+    grep -E "^\| node-limited|wire rate" "$out/node1.log" | sed "s|^|[$s] |" | tee -a "$results"
+  done
+  return $rc
+}
+
 rc=0
 if [ "${what[0]}" = prepare ]; then prepare; exit $?; fi
 : >"$results"
+if [ "${what[0]}" = sweep ]; then sweep "${what[@]:1}"; rc=$?; say "done: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"; exit $rc; fi
 for w in "${what[@]}"; do
   case "$w" in
     build) do_build || rc=1 ;;

@@ -707,6 +707,42 @@ static __device__ void link_rows(const mp_ep_view &v, long first, long n2s, int 
   }
 }
 
+/* MP_EP_TRACE (a debug build: scripts/ep-bench.sh with EP_NVCC_FLAGS=-DMP_EP_TRACE): each fused
+ * launch prints, from the block that ends last, when the last pack, link and unpack block ended
+ * after the first block began - the timeline the link and unpack tails were found with. */
+#if defined(MP_EP_TRACE) && !defined(MP_EP_EMU)
+__device__ unsigned long long mp_trace_t0[1024], mp_trace_t1[1024];
+__device__ unsigned mp_trace_done;
+static __device__ unsigned long long trace_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+static __device__ void trace_begin(int b) {
+  if (MP_TID == 0 && b < 1024) mp_trace_t0[b] = trace_now();
+}
+static __device__ void trace_end(const mp_ep_view &v, int b, int pack_blocks, int link_blocks) {
+  __syncthreads();
+  if (MP_TID != 0 || b >= 1024) return;
+  mp_trace_t1[b] = trace_now();
+  __threadfence();
+  if (atomicAdd(&mp_trace_done, 1) != gridDim.x - 1) return;
+  __threadfence();
+  unsigned long long s0 = ~0ull, end[3] = {0, 0, 0};
+  for (int i = 0; i < (int)gridDim.x && i < 1024; i++) {
+    s0 = mp_trace_t0[i] < s0 ? mp_trace_t0[i] : s0;
+    const int k = i < pack_blocks ? 0 : i < pack_blocks + link_blocks ? 1 : 2;
+    end[k] = mp_trace_t1[i] > end[k] ? mp_trace_t1[i] : end[k];
+  }
+  printf("MP_EP_TRACE rank %d fused dispatch: pack %.1f link %.1f unpack %.1f us\n", v.me,
+         (end[0] - s0) / 1e3, end[1] ? (end[1] - s0) / 1e3 : 0.0, (end[2] - s0) / 1e3);
+  mp_trace_done = 0;
+}
+#else
+static __device__ void trace_begin(int) {}
+static __device__ void trace_end(const mp_ep_view &, int, int, int) {}
+#endif
+
 /* Fused direct dispatch (one node, nvlink_direct), up to three kinds of blocks:
  *   [0, pack_blocks): pack - quantise each token once, write its own expert rows (or token row)
  *     and the rows for the node's other GPUs: staged in the own p2s with a flag per row when there
@@ -725,6 +761,7 @@ __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_vi
                                                                     int pack_blocks, int link_blocks, int host_epoch) {
   const int epoch = host_epoch ? host_epoch : *v.epoch, b = (int)blockIdx.x;
   unsigned ready = 0; /* local GPUs whose start flag this thread has seen */
+  trace_begin(b);
   if (b == 0 && v.start_off) { /* before any warp of the block can wait (the emulator runs one at a time) */
     if (MP_WARP == 0) announce_start(v, epoch);
     __syncthreads();
@@ -751,6 +788,7 @@ __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_vi
       __syncwarp();
     }
   }
+  trace_end(v, b, pack_blocks, link_blocks);
 }
 
 /* One thread: the next dispatch's epoch (every rank bumps its own once per fused dispatch, so the
