@@ -252,6 +252,24 @@ out:
   return bad;
 }
 
+/* The T BF16 tokens x [T][H] as an FP8 input for mplane_ep_dispatch_fp8, quantised on the host by
+ * the CPU twin of pack's rule, in new device buffers of cap rows. 0 on success. */
+static int fp8_input(const uint16_t *x, int T, int cap, int H, void **d_xq, float **d_xs) {
+  const size_t ntile = (size_t)H / 128;
+  uint8_t *q = malloc((size_t)cap * H + 1);
+  float *qs = malloc(sizeof(float) * ((size_t)cap * ntile + 1));
+  *d_xq = dalloc((size_t)cap * H + 16);
+  *d_xs = dalloc(sizeof(float) * (size_t)cap * ntile + 16);
+  int rc = !q || !qs || !*d_xq || !*d_xs;
+  if (!rc) {
+    mp_ep_quantize_rows(x, T, H, q, qs);
+    rc = h2d(*d_xq, q, (size_t)T * H) != cudaSuccess || h2d(*d_xs, qs, sizeof(float) * (size_t)T * ntile) != cudaSuccess;
+  }
+  free(q);
+  free(qs);
+  return rc;
+}
+
 /* One dispatch: from BF16 x, or (xq not NULL) from the same tokens already in FP8. */
 static int dispatch_one(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *d_x, const void *d_xq, const float *d_xs,
                         const float *d_w, int fmt, mplane_ep_recv *recv, cudaStream_t st) {
@@ -393,22 +411,9 @@ static int run_case(const bench_opts *o, ncclComm_t comm, cudaStream_t st, const
     goto out;
   }
   CUDA_OR(h2d(d_x, in.x[me], 2 * (size_t)T * H), 2);
-  if (fp8in) { /* the same tokens, quantised beforehand by the CPU twin of pack's rule */
-    uint8_t *q = malloc((size_t)Tmax * H + 1);
-    float *qs = malloc(sizeof(float) * ((size_t)Tmax * (H / 128) + 1));
-    d_xq = dalloc((size_t)Tmax * H + 16);
-    d_xs = dalloc(sizeof(float) * (size_t)Tmax * (H / 128) + 16);
-    if (!q || !qs || !d_xq || !d_xs) {
-      free(q);
-      free(qs);
-      say("%s: out of memory for the FP8 input", c->name);
-      goto out;
-    }
-    mp_ep_quantize_rows(in.x[me], T, H, q, qs);
-    cudaError_t e1 = h2d(d_xq, q, (size_t)T * H), e2 = h2d(d_xs, qs, sizeof(float) * (size_t)T * (H / 128));
-    free(q);
-    free(qs);
-    CUDA_OR(e1 != cudaSuccess ? e1 : e2, 2);
+  if (fp8in && fp8_input(in.x[me], T, Tmax, H, &d_xq, &d_xs)) {
+    say("%s: could not make the FP8 input", c->name);
+    goto out;
   }
   CUDA_OR(h2d(d_idx, in.idx[me], sizeof(int32_t) * (size_t)T * K), 2);
   CUDA_OR(h2d(d_w, in.w[me], sizeof(float) * (size_t)T * K), 2);
@@ -1043,24 +1048,11 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
       vars[nv++] = (struct variant){"node-limited token-rows FP8-in", 0, o->sms[0], MPLANE_EP_FMT_FP8, o->nvlink_direct, 1, 1};
   }
   double direct_tok_gbs = 0, fp8in_gbs = 0;
-  uint8_t *d_xq = NULL;
+  void *d_xq = NULL;
   float *d_xs = NULL;
-  if (o->fp8_in) { /* quantised on the host by the CPU twin of pack's rule */
-    uint8_t *q = malloc((size_t)T * H + 1);
-    float *qs = malloc(sizeof(float) * ((size_t)T * (H / 128) + 1));
-    d_xq = dalloc((size_t)T * H + 16);
-    d_xs = dalloc(sizeof(float) * (size_t)T * (H / 128) + 16);
-    if (!q || !qs || !d_xq || !d_xs) {
-      free(q);
-      free(qs);
-      say("bench: out of memory for the FP8 input");
-      return 2;
-    }
-    mp_ep_quantize_rows(x, T, H, q, qs);
-    CUDA_OR(h2d(d_xq, q, (size_t)T * H), 2);
-    CUDA_OR(h2d(d_xs, qs, sizeof(float) * (size_t)T * (H / 128)), 2);
-    free(q);
-    free(qs);
+  if (o->fp8_in && fp8_input(x, T, T, H, &d_xq, &d_xs)) {
+    say("bench: could not make the FP8 input");
+    return 2;
   }
   for (int i = 0; i < nv; i++) {
     mplane_ep_config cfg = make_cfg(0, E, H, K, T, 0, vars[i].flat, vars[i].sms);
