@@ -304,15 +304,14 @@ out:
  * measured faster, see k_dispatch_fused), unpack blocks take the peers' rows
  * (MPLANE_EP_RECV_SMS; default 16 with token rows, where unpacking only writes indices, else half
  * of what the link leaves), the rest pack. A bad value fails create, naming it. */
-static int env_blocks(mplane_ep_ctx *ctx, const char *name, int lo, int hi, int dflt, int *out) {
+static int env_int(mplane_ep_ctx *ctx, const char *name, int lo, int hi, int dflt, const char *what, int *out) {
   const char *env = getenv(name);
   *out = dflt;
   if (!env || !*env) return MPLANE_EP_OK;
   char *end = NULL;
   long x = strtol(env, &end, 10);
   if (*end || x < lo || x > hi)
-    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "%s=%s: expected an integer %d..%d (blocks of the fused dispatch)", name,
-                   env, lo, hi);
+    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "%s=%s: expected an integer %d..%d (%s)", name, env, lo, hi, what);
   *out = (int)x;
   return MPLANE_EP_OK;
 }
@@ -320,11 +319,14 @@ static int env_blocks(mplane_ep_ctx *ctx, const char *name, int lo, int hi, int 
 static int fused_split(mplane_ep_ctx *ctx) {
   const int blocks = fused_blocks(ctx);
   const int link_dflt = !ctx->cfg.token_rows ? 0 : blocks - 2 < 64 ? (blocks - 2) / 4 + 1 : 32;
-  int rc = env_blocks(ctx, "MPLANE_EP_LINK_SMS", 0, blocks - 2, link_dflt, &ctx->link_blocks);
+  static const char *blk = "blocks of the fused dispatch";
+  int rc = env_int(ctx, "MPLANE_EP_LINK_SMS", 0, blocks - 2, link_dflt, blk, &ctx->link_blocks);
   if (rc) return rc;
   const int left = blocks - ctx->link_blocks, dflt = ctx->cfg.token_rows ? (left / 4 < 16 ? left / 4 : 16) : left / 2;
-  rc = env_blocks(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, &ctx->recv_blocks);
-  return rc;
+  rc = env_int(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, blk, &ctx->recv_blocks);
+  if (rc) return rc;
+  return env_int(ctx, "MPLANE_EP_FLAG_BATCH", 1, 64, 1, "tokens a fused-dispatch pack warp writes to the peers before it raises their flags",
+                 &ctx->base.flag_batch);
 }
 
 /* Stream-ordered barrier of all ranks (a one-int all-gather): once it completes on this rank,

@@ -194,16 +194,10 @@ static __device__ __forceinline__ void warp_copy(const uint4 *src, uint4 *const 
 }
 
 /* ---- the ready flags of the fused direct dispatch ----
- * A row's writer stores the dispatch's epoch into the row's flag with release semantics at system
- * scope once the whole warp's stores of the row are done; the reader loads it with acquire, so
- * the row's bytes are visible once the flag matches. */
-static __device__ __forceinline__ void flag_raise(int *flag, int epoch) {
-#ifdef MP_EP_EMU
-  __atomic_store_n(flag, epoch, __ATOMIC_RELEASE);
-#else
-  asm volatile("st.release.sys.global.s32 [%0], %1;" ::"l"(flag), "r"(epoch) : "memory");
-#endif
-}
+ * A row's writer stores the dispatch's epoch into the row's flag once the whole warp's stores of
+ * the row are done: behind a system-scope fence (a peer reads it), or with release semantics at
+ * GPU scope (a block of the same GPU reads it); the reader loads it with acquire, so the row's
+ * bytes are visible once the flag matches. */
 
 /* A flag store after a fence that already ordered the row's bytes before it. */
 static __device__ __forceinline__ void flag_store_relaxed(int *flag, int epoch) {
@@ -214,7 +208,7 @@ static __device__ __forceinline__ void flag_store_relaxed(int *flag, int epoch) 
 #endif
 }
 
-/* The same between the blocks of one GPU (the pack blocks tell the link blocks a row is staged). */
+/* Release at GPU scope: the pack blocks tell the link blocks of their GPU a row is staged. */
 static __device__ __forceinline__ void flag_raise_gpu(int *flag, int epoch) {
 #ifdef MP_EP_EMU
   __atomic_store_n(flag, epoch, __ATOMIC_RELEASE);
@@ -308,6 +302,8 @@ static __device__ __forceinline__ int p2s_target(const mp_ep_view &v, long row) 
   return mp_ep_seg_find(v.cnt + v.cl.off2s, v.G, row);
 }
 
+#define MP_EP_PEND 64 /* flags a pack warp may hold back (>= MP_EP_MAX_DST) */
+
 /* Per warp: the token's expert ids, weights and stream slots (copied in by the whole warp at once,
  * so the plan reads shared memory, not a chain of global loads), its plan, and the address of each
  * staging row and of its peer ready flag (resolved once per token). Dynamic shared memory: a
@@ -321,6 +317,9 @@ struct pack_slot {
   char *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK]; /* their payloads */
   float *sc[MP_EP_MAX_DST + MP_EP_MAX_TOPK]; /* their FP8 scales */
   int *flag[MP_EP_MAX_DST];                 /* staging rows: the peer's ready flag, or NULL */
+  /* fused dispatch writing the peers' rows itself: their flags, raised every flag_batch tokens */
+  int *pend[MP_EP_PEND];
+  int npend, ntok;
 };
 
 /* The data kernels' per-warp slots live in dynamic shared memory (the emulator has its own). */
@@ -423,6 +422,32 @@ static __device__ void copy_fp8(const mp_ep_view &v, long row, const pack_slot &
   }
 }
 
+/* The peers' flags of a token's rows (written straight into the peers): raised behind one system
+ * fence every v.flag_batch tokens (MPLANE_EP_FLAG_BATCH, default 1) or when the list is full. Why:
+ * the fence waits for every NVLink store of the warp to be acknowledged, a round trip per flush;
+ * fewer flushes leave more rows in flight, at the price of later flags for the unpack side. */
+static __device__ void flush_flags(pack_slot &s, int epoch) {
+  if (MP_LANE == 0 && s.npend > 0) {
+    __threadfence_system();
+    for (int i = 0; i < s.npend; i++) flag_store_relaxed(s.pend[i], epoch);
+    s.npend = 0;
+  }
+  if (MP_LANE == 0) s.ntok = 0;
+  __syncwarp();
+}
+
+static __device__ void hold_flags(const mp_ep_view &v, pack_slot &s, int ndst, int epoch) {
+  if (MP_LANE == 0) {
+    for (int d = 0; d < ndst; d++)
+      if (s.flag[d]) s.pend[s.npend++] = s.flag[d];
+    s.ntok++;
+  }
+  __syncwarp();
+  const bool flush = s.ntok >= v.flag_batch || s.npend + MP_EP_MAX_DST > MP_EP_PEND;
+  __syncwarp(); /* every lane has decided before lane 0 resets the counts */
+  if (flush) flush_flags(s, epoch);
+}
+
 /* Source side, one token per warp: quantise it once and write it to every staging row its plan
  * names (one per remote node, one per other target GPU of the own node) and to its own expert
  * rows. epoch != 0 (fused direct dispatch): with `staged` the phase-2 rows go to the own p2s, each
@@ -493,10 +518,11 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   else warp_copy((const uint4 *)xr, (uint4 *const *)s.dst, s.nd, v.H / 8);
   if (epoch) {
     __syncwarp(); /* every lane's stores of the rows come before the flags */
-    for (int d = lane; d < ndst; d += 32) {
-      if (!s.flag[d]) continue;
-      if (staged) flag_raise_gpu(s.flag[d], epoch);
-      else flag_raise(s.flag[d], epoch);
+    if (staged) {
+      for (int d = lane; d < ndst; d += 32)
+        if (s.flag[d]) flag_raise_gpu(s.flag[d], epoch);
+    } else {
+      hold_flags(v, s, ndst, epoch);
     }
   }
 }
@@ -768,10 +794,13 @@ __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_vi
   }
   if (b < pack_blocks) {
     MP_DYN_SLOTS(pack_slot, slots);
+    if (MP_LANE == 0) slots[MP_WARP].npend = slots[MP_WARP].ntok = 0;
+    __syncwarp();
     FOR_ITEMS(t, v.T, b, pack_blocks) {
       pack_token(v, x, w, (int)t, slots[MP_WARP], epoch, link_blocks > 0, ready);
       __syncwarp();
     }
+    flush_flags(slots[MP_WARP], epoch); /* the rest of the held flags */
   } else if (b < pack_blocks + link_blocks) {
     __shared__ link_run runs[MP_EP_PACK_BLOCK / 32];
     const long n2s = v.cnt[v.cl.off2s + v.G], nbatch = (n2s + MP_EP_LINK_BATCH - 1) / MP_EP_LINK_BATCH;
