@@ -507,15 +507,19 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
       rc = EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "nvlink_direct=1: %d GPUs a node, at most %d", G, MP_EP_MAX_GPN);
       goto fail;
     }
-    CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_peer_off, 4L * R * (G + 1), "nvlink_direct segment starts"));
-    CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_bar, 4L * R, "nvlink_direct barrier"));
-    /* row flags, then (fused dispatch) every rank's start flag and p2r segment starts */
-    const long flag_ints = ctx->rows.p2r + (long)R + (long)R * (G + 1);
+    /* one node: the fused dispatch (row flags, then every rank's start flag and p2r segment
+     * starts, and the staged-row flags); several: segment starts and a barrier word all-gathered */
+    const int fused = ctx->shape.N == 1;
+    if (!fused) {
+      CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_peer_off, 4L * R * (G + 1), "nvlink_direct segment starts"));
+      CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_bar, 4L * R, "nvlink_direct barrier"));
+    }
+    const long flag_ints = ctx->rows.p2r + (fused ? (long)R + (long)R * (G + 1) : 0);
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r_flag, 4L * flag_ints, "nvlink_direct row flags"));
-    CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2s_flag, 4L * ctx->rows.p2s, "nvlink_direct staged-row flags"));
+    if (fused) CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2s_flag, 4L * ctx->rows.p2s, "nvlink_direct staged-row flags"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_epoch, 4L, "nvlink_direct epoch"));
     /* flags start below every epoch (epochs start at 1) */
-    if (cudaMemsetAsync(ctx->d_bar, 0, 4L * R, stream) != cudaSuccess ||
+    if ((ctx->d_bar && cudaMemsetAsync(ctx->d_bar, 0, 4L * R, stream) != cudaSuccess) ||
         (ctx->p2r_flag && cudaMemsetAsync(ctx->p2r_flag, 0, 4L * flag_ints, stream) != cudaSuccess) ||
         (ctx->p2s_flag && cudaMemsetAsync(ctx->p2s_flag, 0, 4L * ctx->rows.p2s, stream) != cudaSuccess) ||
         cudaMemsetAsync(ctx->d_epoch, 0, 4L, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {
@@ -531,7 +535,7 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
       v->peer_flag[j] = ctx->peer_flag[j];
     }
     v->peer_off = ctx->d_peer_off;
-    if (ctx->shape.N == 1) { /* fused dispatch: the ranks say where their segments start in-kernel */
+    if (fused) { /* the ranks say where their segments start in-kernel */
       v->start_off = ctx->rows.p2r;
       v->peer_off = ctx->p2r_flag + ctx->rows.p2r + R;
     }
@@ -835,7 +839,7 @@ static int dispatch_fused(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *
   const int blocks = fused_blocks(ctx);
   /* the epoch: counted here in normal mode (one launch fewer), on the GPU in worst-case mode */
   int host_epoch = 0;
-  if (!v->graph) host_epoch = ctx->host_epoch = ctx->host_epoch == 0x7fffffff ? 1 : ctx->host_epoch + 1;
+  if (!v->graph) host_epoch = ctx->host_epoch = mp_ep_next_epoch(ctx->host_epoch);
   KERNEL_TRY(ctx, mp_ep_launch_dispatch_fused(v, (const uint16_t *)x, w, blocks - ctx->link_blocks - ctx->recv_blocks,
                                               ctx->link_blocks, blocks, host_epoch, stream));
   for (int i = 1; i <= 5; i++) prof_mark(ctx, PROF_DISPATCH, i, stream);

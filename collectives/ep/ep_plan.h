@@ -109,14 +109,23 @@ typedef struct mp_ep_view {
   int *epoch;
 } mp_ep_view;
 
+/* The fused dispatch's next epoch (never 0, the flags' initial value): the GPU counter of
+ * worst-case mode and the host counter of normal mode step alike. */
+MP_HD int mp_ep_next_epoch(int e) { return e == 0x7fffffff ? 1 : e + 1; }
+
+/* Direct mode: the row of local peer l's p2r that p2s row `row`, of segment l, lands in. */
+MP_HD long mp_ep_p2s_peer_row(const mp_ep_view *v, long row, int l) {
+  const int peer = v->rank_of[v->my_node * v->G + l];
+  return v->peer_off[(long)peer * (v->G + 1) + v->my_local] + row - v->cnt[v->cl.off2s + l];
+}
+
 /* Direct mode: p2s row `row` is row *peer_row of local peer *j's p2r. */
 MP_HD void mp_ep_p2s_peer(const mp_ep_view *v, long row, int *j, long *peer_row) {
   const int *o2s = v->cnt + v->cl.off2s;
   int l = 0;
   while (l + 1 < v->G && row >= o2s[l + 1]) l++;
-  const int peer = v->rank_of[v->my_node * v->G + l];
   *j = l;
-  *peer_row = v->peer_off[(long)peer * (v->G + 1) + v->my_local] + row - o2s[l];
+  *peer_row = mp_ep_p2s_peer_row(v, row, l);
 }
 
 /* Where phase-2 send row `row` (a p2s row index) is written: the own p2s (staging), or in direct
@@ -129,14 +138,6 @@ MP_HD char *mp_ep_p2s_dst(const mp_ep_view *v, long row, long stride) {
   return v->peer_p2r[j] + pr * stride;
 }
 
-/* The ready flag of that row at the peer (fused direct dispatch); NULL without flags. */
-MP_HD int *mp_ep_p2s_flag(const mp_ep_view *v, long row) {
-  if (!v->direct || !v->epoch) return NULL;
-  int j;
-  long pr;
-  mp_ep_p2s_peer(v, row, &j, &pr);
-  return v->peer_flag[j] + pr;
-}
 
 MP_HD long mp_ep_align16(long x) { return (x + 15) & ~15L; }
 MP_HD int mp_ep_meta_words(int K, int G) { return 2 + 3 * K + G; }
