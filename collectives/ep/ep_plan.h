@@ -138,6 +138,14 @@ MP_HD char *mp_ep_p2s_dst(const mp_ep_view *v, long row, long stride) {
   return v->peer_p2r[j] + pr * stride;
 }
 
+/* The ready flag of that row at the peer (fused direct dispatch); NULL without flags. */
+MP_HD int *mp_ep_p2s_flag(const mp_ep_view *v, long row) {
+  if (!v->direct || !v->epoch) return NULL;
+  int j;
+  long pr;
+  mp_ep_p2s_peer(v, row, &j, &pr);
+  return v->peer_flag[j] + pr;
+}
 
 MP_HD long mp_ep_align16(long x) { return (x + 15) & ~15L; }
 MP_HD int mp_ep_meta_words(int K, int G) { return 2 + 3 * K + G; }
