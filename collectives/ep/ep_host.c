@@ -323,10 +323,7 @@ static int fused_split(mplane_ep_ctx *ctx) {
   int rc = env_int(ctx, "MPLANE_EP_LINK_SMS", 0, blocks - 2, link_dflt, blk, &ctx->link_blocks);
   if (rc) return rc;
   const int left = blocks - ctx->link_blocks, dflt = ctx->cfg.token_rows ? (left / 4 < 16 ? left / 4 : 16) : left / 2;
-  rc = env_int(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, blk, &ctx->recv_blocks);
-  if (rc) return rc;
-  return env_int(ctx, "MPLANE_EP_FLAG_BATCH", 1, 64, 1, "tokens a fused-dispatch pack warp writes to the peers before it raises their flags",
-                 &ctx->base.flag_batch);
+  return env_int(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, blk, &ctx->recv_blocks);
 }
 
 /* Stream-ordered barrier of all ranks (a one-int all-gather): once it completes on this rank,

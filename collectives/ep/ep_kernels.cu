@@ -195,9 +195,18 @@ static __device__ __forceinline__ void warp_copy(const uint4 *src, uint4 *const 
 
 /* ---- the ready flags of the fused direct dispatch ----
  * A row's writer stores the dispatch's epoch into the row's flag once the whole warp's stores of
- * the row are done: behind a system-scope fence (a peer reads it), or with release semantics at
- * GPU scope (a block of the same GPU reads it); the reader loads it with acquire, so the row's
- * bytes are visible once the flag matches. */
+ * the row are done: with release semantics at system scope (a peer reads it; or one system fence
+ * before the relaxed flag stores of several rows), or at GPU scope (a block of the same GPU reads
+ * it); the reader loads it with acquire, so the row's bytes are visible once the flag matches.
+ * (Raising a pack warp's peer flags behind one fence every N tokens instead of per token measured
+ * slower for every N > 1 on 2x H200, 2026-11-30: FP8 170 us at N = 1, 196-200 at N = 4..64.) */
+static __device__ __forceinline__ void flag_raise(int *flag, int epoch) {
+#ifdef MP_EP_EMU
+  __atomic_store_n(flag, epoch, __ATOMIC_RELEASE);
+#else
+  asm volatile("st.release.sys.global.s32 [%0], %1;" ::"l"(flag), "r"(epoch) : "memory");
+#endif
+}
 
 /* A flag store after a fence that already ordered the row's bytes before it. */
 static __device__ __forceinline__ void flag_store_relaxed(int *flag, int epoch) {
@@ -304,8 +313,6 @@ static __device__ __forceinline__ int p2s_target(const mp_ep_view &v, long row) 
   return mp_ep_seg_find(v.cnt + v.cl.off2s, v.G, row);
 }
 
-#define MP_EP_PEND 64 /* flags a pack warp may hold back (>= MP_EP_MAX_DST) */
-
 /* Per warp: the token's expert ids, weights and stream slots (copied in by the whole warp at once,
  * so the plan reads shared memory, not a chain of global loads), its plan, and the address of each
  * staging row and of its peer ready flag (resolved once per token). Dynamic shared memory: a
@@ -319,9 +326,6 @@ struct pack_slot {
   char *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK]; /* their payloads */
   float *sc[MP_EP_MAX_DST + MP_EP_MAX_TOPK]; /* their FP8 scales */
   int *flag[MP_EP_MAX_DST];                 /* staging rows: the peer's ready flag, or NULL */
-  /* fused dispatch writing the peers' rows itself: their flags, raised every flag_batch tokens */
-  int *pend[MP_EP_PEND];
-  int npend, ntok;
 };
 
 /* The data kernels' per-warp slots live in dynamic shared memory (the emulator has its own). */
@@ -424,32 +428,6 @@ static __device__ void copy_fp8(const mp_ep_view &v, long row, const pack_slot &
   }
 }
 
-/* The peers' flags of a token's rows (written straight into the peers): raised behind one system
- * fence every v.flag_batch tokens (MPLANE_EP_FLAG_BATCH, default 1) or when the list is full. Why:
- * the fence waits for every NVLink store of the warp to be acknowledged, a round trip per flush;
- * fewer flushes leave more rows in flight, at the price of later flags for the unpack side. */
-static __device__ void flush_flags(pack_slot &s, int epoch) {
-  if (MP_LANE == 0 && s.npend > 0) {
-    __threadfence_system();
-    for (int i = 0; i < s.npend; i++) flag_store_relaxed(s.pend[i], epoch);
-    s.npend = 0;
-  }
-  if (MP_LANE == 0) s.ntok = 0;
-  __syncwarp();
-}
-
-static __device__ void hold_flags(const mp_ep_view &v, pack_slot &s, int ndst, int epoch) {
-  if (MP_LANE == 0) {
-    for (int d = 0; d < ndst; d++)
-      if (s.flag[d]) s.pend[s.npend++] = s.flag[d];
-    s.ntok++;
-  }
-  __syncwarp();
-  const bool flush = s.ntok >= v.flag_batch || s.npend + MP_EP_MAX_DST > MP_EP_PEND;
-  __syncwarp(); /* every lane has decided before lane 0 resets the counts */
-  if (flush) flush_flags(s, epoch);
-}
-
 /* Source side, one token per warp: quantise it once and write it to every staging row its plan
  * names (one per remote node, one per other target GPU of the own node) and to its own expert
  * rows. epoch != 0 (fused direct dispatch): with `staged` the phase-2 rows go to the own p2s, each
@@ -520,11 +498,10 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   else warp_copy((const uint4 *)xr, (uint4 *const *)s.dst, s.nd, v.H / 8);
   if (epoch) {
     __syncwarp(); /* every lane's stores of the rows come before the flags */
-    if (staged) {
-      for (int d = lane; d < ndst; d += 32)
-        if (s.flag[d]) flag_raise_gpu(s.flag[d], epoch);
-    } else {
-      hold_flags(v, s, ndst, epoch);
+    for (int d = lane; d < ndst; d += 32) {
+      if (!s.flag[d]) continue;
+      if (staged) flag_raise_gpu(s.flag[d], epoch);
+      else flag_raise(s.flag[d], epoch);
     }
   }
 }
@@ -737,9 +714,12 @@ static __device__ void link_rows(const mp_ep_view &v, long first, long n2s, int 
 
 /* MP_EP_TRACE (a debug build: scripts/ep-bench.sh with EP_NVCC_FLAGS=-DMP_EP_TRACE): each fused
  * launch prints, from the block that ends last, when the last pack, link and unpack block ended
- * after the first block began - the timeline the link and unpack tails were found with. */
+ * after the first block began, and how many tokens were packed, link batches copied and peer rows
+ * unpacked by each 10 us step - the timeline the link and unpack tails were found with. */
 #if defined(MP_EP_TRACE) && !defined(MP_EP_EMU)
+#define MP_TRACE_ITEMS 16384
 __device__ unsigned long long mp_trace_t0[1024], mp_trace_t1[1024];
+__device__ unsigned long long mp_trace_item[3][MP_TRACE_ITEMS]; /* pack token, link batch, unpack row */
 __device__ unsigned mp_trace_done;
 static __device__ unsigned long long trace_now() {
   unsigned long long t;
@@ -748,6 +728,10 @@ static __device__ unsigned long long trace_now() {
 }
 static __device__ void trace_begin(int b) {
   if (MP_TID == 0 && b < 1024) mp_trace_t0[b] = trace_now();
+}
+/* lane 0: item i of kind k (0 pack, 1 link, 2 unpack) is done */
+static __device__ void trace_item(int k, long i) {
+  if (MP_LANE == 0 && i < MP_TRACE_ITEMS) mp_trace_item[k][i] = trace_now();
 }
 static __device__ void trace_end(const mp_ep_view &v, int b, int pack_blocks, int link_blocks) {
   __syncthreads();
@@ -764,10 +748,27 @@ static __device__ void trace_end(const mp_ep_view &v, int b, int pack_blocks, in
   }
   printf("MP_EP_TRACE rank %d fused dispatch: pack %.1f link %.1f unpack %.1f us\n", v.me,
          (end[0] - s0) / 1e3, end[1] ? (end[1] - s0) / 1e3 : 0.0, (end[2] - s0) / 1e3);
+  const long n2s = v.cnt[v.cl.off2s + v.G], n2r = v.cnt[v.cl.off2r + v.G];
+  const long n[3] = {v.T, (n2s + MP_EP_LINK_BATCH - 1) / MP_EP_LINK_BATCH, n2r};
+  static const char *kind[3] = {"packed", "linked", "unpacked"};
+  for (int k = 0; k < 3; k++) {
+    int h[20] = {0};
+    for (long i = 0; i < n[k] && i < MP_TRACE_ITEMS; i++) {
+      const unsigned long long t = mp_trace_item[k][i];
+      if (t < s0) continue; /* not traced this launch (a skipped row) */
+      const long bin = (long)((t - s0) / 10000);
+      h[bin < 19 ? bin : 19]++;
+      mp_trace_item[k][i] = 0;
+    }
+    printf("MP_EP_TRACE rank %d %s of %ld by 10us: %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n",
+           v.me, kind[k], n[k], h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13],
+           h[14], h[15], h[16], h[17], h[18], h[19]);
+  }
   mp_trace_done = 0;
 }
 #else
 static __device__ void trace_begin(int) {}
+static __device__ void trace_item(int, long) {}
 static __device__ void trace_end(const mp_ep_view &, int, int, int) {}
 #endif
 
@@ -796,19 +797,18 @@ __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_vi
   }
   if (b < pack_blocks) {
     MP_DYN_SLOTS(pack_slot, slots);
-    if (MP_LANE == 0) slots[MP_WARP].npend = slots[MP_WARP].ntok = 0;
-    __syncwarp();
     FOR_ITEMS(t, v.T, b, pack_blocks) {
       pack_token(v, x, w, (int)t, slots[MP_WARP], epoch, link_blocks > 0, ready);
       __syncwarp();
+      trace_item(0, t);
     }
-    flush_flags(slots[MP_WARP], epoch); /* the rest of the held flags */
   } else if (b < pack_blocks + link_blocks) {
     __shared__ link_run runs[MP_EP_PACK_BLOCK / 32];
     const long n2s = v.cnt[v.cl.off2s + v.G], nbatch = (n2s + MP_EP_LINK_BATCH - 1) / MP_EP_LINK_BATCH;
     FOR_ITEMS(i, nbatch, b - pack_blocks, link_blocks) {
       link_rows(v, i * MP_EP_LINK_BATCH, n2s, epoch, runs[MP_WARP], ready);
       __syncwarp();
+      trace_item(1, i);
     }
   } else {
     MP_DYN_SLOTS(unpack_slot, slots);
@@ -817,6 +817,7 @@ __global__ void __launch_bounds__(MP_EP_PACK_BLOCK, 1) k_dispatch_fused(mp_ep_vi
     FOR_ITEMS(u, n2, b - ub, gridDim.x - ub) {
       unpack_row(v, u, slots[MP_WARP], epoch);
       __syncwarp();
+      trace_item(2, u);
     }
   }
   trace_end(v, b, pack_blocks, link_blocks);

@@ -105,7 +105,6 @@ typedef struct mp_ep_view {
    * epoch's dispatch (its p2r is free), after writing its p2r segment starts into
    * p2r_flag[start_off + R + r * (G + 1) ..] (peer_off points there); 0: not in use */
   long start_off;
-  int flag_batch; /* fused dispatch, pack writing the peers' rows: tokens per flag flush (>= 1) */
   int *epoch;
 } mp_ep_view;
 
