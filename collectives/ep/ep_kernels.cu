@@ -321,6 +321,9 @@ struct pack_slot {
   int32_t row[MP_EP_MAX_TOPK];
   int nslot[MP_EP_MAX_TOPK], rrank[MP_EP_MAX_TOPK], erank[MP_EP_MAX_TOPK];
   float w[MP_EP_MAX_TOPK];
+  /* per top-k slot, from pack_plan_warp: the expert (-1: dropped or a repeat), its class, and its
+   * GPU's node and local index */
+  int eff[MP_EP_MAX_TOPK], cls[MP_EP_MAX_TOPK], node[MP_EP_MAX_TOPK], loc[MP_EP_MAX_TOPK];
   mp_ep_pack_plan p;
   int nd;                                   /* rows to write: staging rows, then expert rows */
   char *dst[MP_EP_MAX_DST + MP_EP_MAX_TOPK]; /* their payloads */
@@ -428,6 +431,105 @@ static __device__ void copy_fp8(const mp_ep_view &v, long row, const pack_slot &
   }
 }
 
+/* Where a top-k slot's expert lives, seen from the packing GPU. */
+enum { SLOT_NONE, SLOT_REMOTE, SLOT_PEER, SLOT_OWN }; /* dropped; another node; a GPU of this node; this GPU */
+
+/* mp_ep_pack_plan_make and mp_ep_pack_plan_commit (ep_plan.h, the CPU model's planner) with a lane
+ * per top-k slot (K <= 32): the same plan - staging rows in slot order of their first slot, expert
+ * rows in slot order, the same fwd_pos and dest_rows entries. Why: in one thread the plan's K
+ * dependent steps through shared and global memory took most of a token's ~15 us in pack (2x H200,
+ * MP_EP_TRACE: tokens finished in waves 20 us apart), as the unpack plan's did (unpack_plan_warp). */
+static __device__ void pack_plan_warp(const mp_ep_view &v, pack_slot &s) {
+  mp_ep_pack_plan &p = s.p;
+  const int lane = MP_LANE, K = v.K, G = v.G;
+  const int *c = v.cnt;
+  const mp_ep_cnt_layout &L = v.cl;
+  int e = -1, cls = SLOT_NONE, nd = -1, jd = -1;
+  if (lane < K) {
+    e = s.row[lane];
+    if (e >= v.E) e = -1;
+    for (int i = 0; i < lane && e >= 0; i++)
+      if (s.row[i] == e) e = -1; /* a repeat (the layout's copy has none; the model drops them too) */
+    if (e >= 0) {
+      const int d = mp_ep_expert_rank(&v, e);
+      nd = v.node_of[d];
+      jd = v.local_of[d];
+      cls = nd != v.my_node ? SLOT_REMOTE : jd != v.my_local ? SLOT_PEER : SLOT_OWN;
+    }
+    s.eff[lane] = e < 0 ? -1 : e;
+    s.cls[lane] = cls;
+    s.node[lane] = nd;
+    s.loc[lane] = jd;
+  }
+  if (lane < G) p.fwd[lane] = -1;
+  __syncwarp();
+  /* a staging row per remote node and per other GPU of this node, made by its first slot */
+  bool first = cls == SLOT_REMOTE || cls == SLOT_PEER;
+  const int key = cls == SLOT_REMOTE ? nd : jd;
+  for (int i = 0; i < lane && first; i++)
+    if (s.cls[i] == cls && (cls == SLOT_REMOTE ? s.node[i] : s.loc[i]) == key) first = false;
+  const unsigned below = (1u << lane) - 1u;
+  const unsigned made = __ballot_sync(0xffffffffu, first), own = __ballot_sync(0xffffffffu, cls == SLOT_OWN),
+                 here = __ballot_sync(0xffffffffu, cls == SLOT_PEER || cls == SLOT_OWN);
+  if (first) {
+    const int at = __popc(made & below);
+    if (cls == SLOT_REMOTE) {
+      p.dst_buf[at] = MP_EP_BUF_P1S;
+      p.dst_row[at] = c[L.off1s + nd] + s.nslot[lane];
+      p.dst_node[at] = nd;
+    } else {
+      const int r2 = c[L.off2s + jd] + c[L.sub2s + jd * (v.N + 1) + v.my_node] + s.rrank[lane];
+      p.dst_buf[at] = MP_EP_BUF_P2S;
+      p.dst_row[at] = r2;
+      p.dst_node[at] = v.my_node;
+      p.fwd[jd] = r2;
+    }
+  }
+  /* expert rows at this GPU, in slot order; the token's p2r entry and own-node row from the
+   * last slot that names them (as the serial planner leaves them) */
+  if (cls == SLOT_OWN) {
+    const int at = __popc(own & below);
+    p.exp_row[at] = mp_ep_expert_row(&v, c, v.my_local, v.my_node, e - v.me * v.Er, s.erank[lane]);
+    p.exp_k[at] = lane;
+    if (lane == 31 - __clz(own)) {
+      p.entry = c[L.off2r + v.my_local] + c[L.sub2r + v.my_local * (v.N + 1) + v.my_node] + s.rrank[lane];
+      p.fwd[v.my_local] = p.entry;
+    }
+  }
+  if (here && lane == 31 - __clz(here)) p.v_self = c[L.off1r + v.my_node] + s.nslot[lane];
+  if (lane == 0) {
+    p.ndst = __popc(made);
+    p.nexp = __popc(own);
+    if (!own) p.entry = -1;
+    if (!here) p.v_self = -1;
+  }
+  __syncwarp();
+  /* commit: the index arrays combine needs */
+  if (p.v_self >= 0 && lane < G) v.fwd_pos[(long)p.v_self * G + lane] = p.fwd[lane];
+  if (p.entry >= 0 && lane < K) v.dest_rows[(long)p.entry * K + lane] = cls == SLOT_OWN ? p.exp_row[__popc(own & below)] : -1;
+}
+
+/* mp_ep_meta_write with a lane per word group: the meta of a staging row bound for `node`. */
+static __device__ void meta_write_warp(const mp_ep_view &v, int32_t *m, int t, const pack_slot &s, int node) {
+  const int lane = MP_LANE, K = v.K;
+  if (lane == 0) {
+    m[0] = v.me;
+    m[1] = t;
+  }
+  if (lane < K) {
+    const int e = s.eff[lane];
+    m[2 + lane] = e;
+    m[2 + K + lane] = e >= 0 ? (int32_t)mp_f32_bits(s.w[lane]) : 0;
+    m[2 + 2 * K + lane] = e >= 0 ? s.erank[lane] : -1;
+  }
+  if (lane < v.G) { /* the token's slot in (source, GPU lane of `node`)'s stream; the last slot's */
+    int r = -1;
+    for (int k = 0; k < K; k++)
+      if (s.eff[k] >= 0 && s.node[k] == node && s.loc[k] == lane) r = s.rrank[k];
+    m[2 + 3 * K + lane] = r;
+  }
+}
+
 /* Source side, one token per warp: quantise it once and write it to every staging row its plan
  * names (one per remote node, one per other target GPU of the own node) and to its own expert
  * rows. epoch != 0 (fused direct dispatch): with `staged` the phase-2 rows go to the own p2s, each
@@ -449,11 +551,7 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
     s.w[k] = w[tk + k];
   }
   __syncwarp();
-  if (lane == 0) {
-    mp_ep_pack_plan_make(&v, v.cnt, s.row, s.nslot, s.rrank, s.erank, &p);
-    mp_ep_pack_plan_commit(&v, &p);
-  }
-  __syncwarp();
+  pack_plan_warp(v, s);
   const int ndst = p.ndst, nexp = p.nexp;
   if (ndst + nexp == 0) return;
   const long elem = v.fmt == MP_EP_FMT_FP8 ? 1 : 2;
@@ -466,8 +564,9 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
     s.dst[d] = dst;
     s.sc[d] = (float *)(dst + v.H);
     s.flag[d] = !epoch || !p2 ? NULL : staged ? v.p2s_flag + p.dst_row[d] : mp_ep_p2s_flag(&v, p.dst_row[d]);
-    mp_ep_meta_write(&v, (int32_t *)(dst + v.meta_off), t, s.row, s.w, s.rrank, s.erank, p.dst_node[d]);
   }
+  __syncwarp();
+  for (int d = 0; d < ndst; d++) meta_write_warp(v, (int32_t *)(s.dst[d] + v.meta_off), t, s, p.dst_node[d]);
   /* after the staging rows: the expert rows (not dropped), in plan order; with token rows
    * instead the token's own p2r entry, once, which the expert rows then name */
   const bool has = lane < nexp && p.exp_row[lane] >= 0;

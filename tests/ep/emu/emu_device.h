@@ -39,6 +39,7 @@ unsigned __ballot_sync(unsigned mask, int pred);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32);
 int __shfl_xor_sync(unsigned mask, int v, int lane_mask, int width = 32);
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
