@@ -866,6 +866,7 @@ static int mode_bytes(const bench_opts *o, rank_env *env, cudaStream_t st) {
 
 typedef struct timing {
   double layout, dispatch, combine; /* microseconds, averaged */
+  double dispatch_cold; /* the dispatch launched onto an idle stream (the host's launch latency in it) */
   double steps[MPLANE_EP_PROFILE_STEPS]; /* one profiled iteration */
   double d_net, d_nvl, c_net, c_nvl, counts; /* bytes this rank sends */
   double recv_tokens;
@@ -876,11 +877,18 @@ static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane
                    void *d_y, void *d_out, timing *tm) {
   mplane_ep_layout *lo = NULL;
   EP_OR(ctx, mplane_ep_layout_create(ctx, &lo), -1);
-  /* ev: 0 start, 1 layout done, 2 dispatch done, 3 combine start, 4 combine done */
-  cudaEvent_t ev[5];
-  for (int i = 0; i < 5; i++) CUDA_OR(cudaEventCreate(&ev[i]), -1);
+  /* ev: 0 start, 1 layout done, 2 dispatch done, 3 combine start, 4 combine done, 5 dispatch start.
+   * Normal mode's layout waits on the host for the counts, so the stream is idle when the dispatch
+   * is launched. Every other round queues a memset behind the layout first, so that the dispatch
+   * is already queued when the stream reaches it (5 -> 2: the GPU's time, as kernel timings such as
+   * DeepEP's count it); the other rounds time it from the idle stream (1 -> 2: + launch latency). */
+  cudaEvent_t ev[6];
+  for (int i = 0; i < 6; i++) CUDA_OR(cudaEventCreate(&ev[i]), -1);
+  const size_t busy_bytes = 64u << 20; /* ~30 us of memset: longer than a launch takes on the host */
   int *d_bar = dalloc(sizeof(int));
-  if (!d_bar) return -1;
+  void *d_busy = dalloc(busy_bytes);
+  if (!d_bar || !d_busy) return -1;
+  int nq = 0, nc = 0;
   CUDA_OR(cudaMemsetAsync(d_bar, 0, sizeof(int), st), -1);
   mplane_ep_recv recv;
   memset(&recv, 0, sizeof(recv));
@@ -892,6 +900,9 @@ static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane
     CUDA_OR(cudaEventRecord(ev[0], st), -1);
     EP_OR(ctx, mplane_ep_get_layout(ctx, d_idx, T, lo, st), -1);
     CUDA_OR(cudaEventRecord(ev[1], st), -1);
+    const int queued = (it - o->warmup) % 2 == 0;
+    if (queued) CUDA_OR(cudaMemsetAsync(d_busy, 0, busy_bytes, st), -1);
+    CUDA_OR(cudaEventRecord(ev[5], st), -1);
     EP_OR(ctx, dispatch_one(ctx, lo, d_x, d_xq, d_xs, d_w, fmt, &recv, st), -1);
     CUDA_OR(cudaEventRecord(ev[2], st), -1);
     if (it == 0) EP_OR(ctx, mplane_ep_dequant(ctx, lo, &recv, d_y, st), -1); /* identity experts, once */
@@ -902,14 +913,17 @@ static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane
     if (it < o->warmup) continue;
     float a, b, c;
     CUDA_OR(cudaEventElapsedTime(&a, ev[0], ev[1]), -1);
-    CUDA_OR(cudaEventElapsedTime(&b, ev[1], ev[2]), -1);
+    CUDA_OR(cudaEventElapsedTime(&b, ev[5], ev[2]), -1);
     CUDA_OR(cudaEventElapsedTime(&c, ev[3], ev[4]), -1);
     tm->layout += a * 1000.0;
-    tm->dispatch += b * 1000.0;
+    if (queued) tm->dispatch += b * 1000.0, nq++;
+    else tm->dispatch_cold += b * 1000.0, nc++;
     tm->combine += c * 1000.0;
   }
   tm->layout /= o->iters;
-  tm->dispatch /= o->iters;
+  tm->dispatch /= nq > 0 ? nq : 1;
+  tm->dispatch_cold /= nc > 0 ? nc : 1;
+  if (nc == 0) tm->dispatch_cold = tm->dispatch; /* one round only */
   tm->combine /= o->iters;
   /* one more round with the library's per-step events, to see where the time goes */
   EP_OR(ctx, mplane_ep_set_profiling(ctx, 1), -1);
@@ -931,22 +945,24 @@ static int measure(const bench_opts *o, ncclComm_t comm, cudaStream_t st, mplane
   tm->c_nvl = (double)li.combine_nvl_bytes;
   tm->counts = (double)(li.counts_net_bytes + li.counts_nvl_bytes);
   tm->recv_tokens = li.num_recv_tokens;
-  for (int i = 0; i < 5; i++) cudaEventDestroy(ev[i]);
+  for (int i = 0; i < 6; i++) cudaEventDestroy(ev[i]);
   cudaFree(d_bar);
+  cudaFree(d_busy);
   mplane_ep_layout_destroy(lo);
   return 0;
 }
 
 /* Times: max over ranks; bytes: mean over ranks. */
 static int reduce_timing(ncclComm_t comm, cudaStream_t st, timing *tm, int R) {
-  double t[3] = {tm->layout, tm->dispatch, tm->combine};
+  double t[4] = {tm->layout, tm->dispatch, tm->combine, tm->dispatch_cold};
   double b[6] = {tm->d_net, tm->d_nvl, tm->c_net, tm->c_nvl, tm->counts, tm->recv_tokens};
-  if (allreduce(comm, st, t, 3, ncclMax) || allreduce(comm, st, b, 6, ncclSum) ||
+  if (allreduce(comm, st, t, 4, ncclMax) || allreduce(comm, st, b, 6, ncclSum) ||
       allreduce(comm, st, tm->steps, MPLANE_EP_PROFILE_STEPS, ncclMax))
     return -1;
   tm->layout = t[0];
   tm->dispatch = t[1];
   tm->combine = t[2];
+  tm->dispatch_cold = t[3];
   tm->d_net = b[0] / R;
   tm->d_nvl = b[1] / R;
   tm->c_net = b[2] / R;
@@ -1018,8 +1034,8 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     if (o->ceil_uni > 0)
       bench_report(o, "cudaMemcpyPeer ceiling GPU0->GPU1: %.1f GB/s one way, %.1f GB/s each way when both copy; local copy %.1f GB/s\n",
                    o->ceil_uni, o->ceil_bi, o->ceil_local);
-    bench_report(o, "| variant | fmt | SMs | layout us | dispatch us | combine us | dispatch wire GB/s (net+nvl) | dispatch DeepEP GB/s | combine wire GB/s | combine DeepEP GB/s |\n");
-    bench_report(o, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    bench_report(o, "| variant | fmt | SMs | layout us | dispatch us | combine us | dispatch wire GB/s (net+nvl) | dispatch DeepEP GB/s | combine wire GB/s | combine DeepEP GB/s | dispatch us, launched onto an idle stream |\n");
+    bench_report(o, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   }
   int rc = 0;
   double ours_total = 0, base_total = 0, ours_nvl_gbs = 0, direct_nvl_gbs = 0, logical_fp8 = 0, logical_bf16c = 0;
@@ -1086,10 +1102,10 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     double dlog = vars[i].flat ? logical_fp8 : tm.recv_tokens * drow, clog = vars[i].flat ? logical_bf16c : tm.recv_tokens * bf16_row;
     double dwire = (tm.d_net + tm.d_nvl) / (tm.dispatch * 1e3), cwire = (tm.c_net + tm.c_nvl) / (tm.combine * 1e3);
     if (g_rank == 0)
-      bench_report(o, "| %s | %s | %d | %.0f | %.0f | %.0f | %.1f (%.1f+%.1f) | %.1f | %.1f | %.1f |\n", vars[i].name,
+      bench_report(o, "| %s | %s | %d | %.0f | %.0f | %.0f | %.1f (%.1f+%.1f) | %.1f | %.1f | %.1f | %.0f |\n", vars[i].name,
                    vars[i].fmt == MPLANE_EP_FMT_FP8 ? "FP8" : "BF16", info.num_sms, tm.layout, tm.dispatch, tm.combine, dwire,
                    tm.d_net / (tm.dispatch * 1e3), tm.d_nvl / (tm.dispatch * 1e3), dlog / (tm.dispatch * 1e3), cwire,
-                   clog / (tm.combine * 1e3));
+                   clog / (tm.combine * 1e3), tm.dispatch_cold);
     if (g_rank == 0) {
       char line[1024];
       int off = snprintf(line, sizeof(line), "  steps of one profiled round, us (max over ranks):");
@@ -1125,6 +1141,9 @@ static int mode_bench(const bench_opts *o, rank_env *env, cudaStream_t st) {
     if (o->ceil_uni > 0 && o->nodes == 1 && R > 1 && fp8in_gbs > 0)
       bench_report(o, "intranode dispatch wire rate, FP8 in (tokens quantised before dispatch, as DeepEP times it), best variant: %.1f GB/s = %.0f%% of the one-way peer-copy ceiling\n",
                    fp8in_gbs, 100 * fp8in_gbs / o->ceil_uni);
+    bench_report(o, "dispatch us: the stream reaches a dispatch already queued behind the layout (the GPU's time, as kernel "
+                    "timings count it; GB/s from it); last column: launched after the layout's host wait onto an idle "
+                    "stream, the host's launch latency included (the rounds alternate)\n");
     bench_report(o, "data kernels: one block per SM (%d threads; pack and the fused direct dispatch %d), SMs as in the table; NCCL's own kernels run between them\n",
                  MP_EP_BLOCK, MP_EP_PACK_BLOCK);
   }
