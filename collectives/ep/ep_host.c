@@ -302,8 +302,9 @@ out:
  * peers (MPLANE_EP_LINK_SMS; default 32 with token rows - 2x H200, FP8: 16 -> 142 us, 32 -> 139,
  * 48 -> 139 - and 0 with expert rows, where the pack blocks write to the peers themselves:
  * measured faster, see k_dispatch_fused), unpack blocks take the peers' rows
- * (MPLANE_EP_RECV_SMS; default 16 with token rows, where unpacking only writes indices, else half
- * of what the link leaves), the rest pack. A bad value fails create, naming it. */
+ * (MPLANE_EP_RECV_SMS; default with token rows, where unpacking only writes indices, a third of
+ * what the link leaves, at most 32 - 2x H200, FP8, 32 link blocks: 16 -> 137 us, 32 -> 128, 48 ->
+ * 136, 64 -> 150, 2026-11-30 - else half of it), the rest pack. A bad value fails create, naming it. */
 static int env_int(mplane_ep_ctx *ctx, const char *name, int lo, int hi, int dflt, const char *what, int *out) {
   const char *env = getenv(name);
   *out = dflt;
@@ -322,7 +323,7 @@ static int fused_split(mplane_ep_ctx *ctx) {
   static const char *blk = "blocks of the fused dispatch";
   int rc = env_int(ctx, "MPLANE_EP_LINK_SMS", 0, blocks - 2, link_dflt, blk, &ctx->link_blocks);
   if (rc) return rc;
-  const int left = blocks - ctx->link_blocks, dflt = ctx->cfg.token_rows ? (left / 4 < 16 ? left / 4 : 16) : left / 2;
+  const int left = blocks - ctx->link_blocks, dflt = ctx->cfg.token_rows ? (left / 3 < 32 ? left / 3 : 32) : left / 2;
   return env_int(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, blk, &ctx->recv_blocks);
 }
 
