@@ -26,6 +26,7 @@
 #                  a shape gets what is left, and is skipped with a message under 60 s
 #   EP_NVCC_FLAGS  extra nvcc flags for the kernels (builds directly, without meson), e.g.
 #                  -DMP_EP_TRACE: every fused dispatch prints when its pack, link and unpack blocks ended
+#                  and how many tokens / link batches / rows each finished per 10 us
 #
 #   scripts/ep-bench.sh sweep "VAR=V[,VAR=V...]" ...   the one-node benchmark once per setting (bench
 #                  mode, EP_ARGS added; default --sms 0 --nvlink-direct --token-rows), printing its

@@ -365,7 +365,9 @@ static __device__ __forceinline__ uint2 quant_bf16x8(uint4 r, float inv) {
  * flight. The kernel waits on those loads (one memory latency per round, a token takes
  * ntile / (4 * MP_FP8_PASSES) rounds), so the values stay packed in the loaded registers (no float
  * copies) to leave room for more of them. Every store is 16 bytes. */
+#ifndef MP_FP8_PASSES
 #define MP_FP8_PASSES 4
+#endif
 /* One round's loads: tiles [base, base + 4P) of the token, this lane's two vectors of each. */
 static __device__ __forceinline__ void load_round(const uint16_t *xr, int ntile, int base, uint4 (&raw)[MP_FP8_PASSES][2]) {
   const int lane = MP_LANE, ql = lane & 7, grp = lane >> 3;
@@ -845,7 +847,8 @@ static __device__ void trace_end(const mp_ep_view &v, int b, int pack_blocks, in
     const int k = i < pack_blocks ? 0 : i < pack_blocks + link_blocks ? 1 : 2;
     end[k] = mp_trace_t1[i] > end[k] ? mp_trace_t1[i] : end[k];
   }
-  printf("MP_EP_TRACE rank %d fused dispatch: pack %.1f link %.1f unpack %.1f us\n", v.me,
+  printf("MP_EP_TRACE rank %d fused dispatch (%s in, %s rows, %s): pack %.1f link %.1f unpack %.1f us\n", v.me,
+         v.xq ? "FP8" : "BF16", v.token_rows ? "token" : "expert", v.fmt == MP_EP_FMT_FP8 ? "FP8" : "BF16",
          (end[0] - s0) / 1e3, end[1] ? (end[1] - s0) / 1e3 : 0.0, (end[2] - s0) / 1e3);
   const long n2s = v.cnt[v.cl.off2s + v.G], n2r = v.cnt[v.cl.off2r + v.G];
   const long n[3] = {v.T, (n2s + MP_EP_LINK_BATCH - 1) / MP_EP_LINK_BATCH, n2r};
