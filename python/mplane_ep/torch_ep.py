@@ -92,6 +92,15 @@ class _DeviceInts:
                                          "strides": None, "stream": None}
 
 
+class _DeviceRows:
+    """A zero-copy strided view of library-owned device rows: n rows of `cols` items of `typestr`,
+    `stride` bytes apart (the token rows of a token_rows context)."""
+
+    def __init__(self, ptr, n, cols, typestr, itemsize, stride):
+        self.__cuda_array_interface__ = {"shape": (n, cols), "typestr": typestr, "data": (ptr, False), "version": 3,
+                                         "strides": (stride, itemsize), "stream": None}
+
+
 def _device_ints(ptr, n, device):
     """Copy n int32 at a library device pointer into a new torch tensor (on the current stream)."""
     if not ptr or n <= 0:
@@ -171,23 +180,53 @@ class Layout:
 class Dispatched:
     """What dispatch returned at this rank: the received rows grouped by local expert.
 
-    x        [rows, H] float8_e4m3fn (fp8=True) or bfloat16
-    scale    [rows, H/128] float32 (fp8=True; None for BF16)
+    x        [rows, H] float8_e4m3fn (fp8=True) or bfloat16 (None with token_rows: see rows())
+    scale    [rows, H/128] float32 (fp8=True; None for BF16 and with token_rows)
     weight   [rows] float32: the token's top-k weight for this expert
     src      [rows, 2] int32: source rank, source token
     expert_offsets  [Er + 1] int32 (device): rows of local expert e are
                     expert_offsets[e]:expert_offsets[e+1]
     num_rows the valid row count (an int; None in worst-case mode, where expert_offsets[-1] says it)
     layout   the Layout it used (combine needs it)
-    The tensors are torch's (allocated per call): they stay valid after later dispatches.
+    The tensors above are torch's (allocated per call): they stay valid after later dispatches.
+
+    With a token_rows Context each received token is there once, in the library's buffer:
+    token_x      [num_recv_tokens, H] float8_e4m3fn or bfloat16, token_scale [num_recv_tokens, H/128]
+                 float32 (FP8): zero-copy views, valid until the Context's next dispatch or close
+    row_token    [rows] int32: expert row -> its token row (-1: none)
+    rows()       (x, scale) gathered per expert row from the token rows (a copy), as without token rows
     """
 
-    def __init__(self, layout, fp8, x, scale, weight, src, expert_offsets, num_rows, recv):
+    def __init__(self, layout, fp8, x, scale, weight, src, expert_offsets, num_rows, recv, token_x=None,
+                 token_scale=None, row_token=None):
         self.layout, self.fp8, self.num_tokens = layout, fp8, layout.num_tokens
         self.x, self.scale, self.weight, self.src = x, scale, weight, src
         self.expert_offsets, self.num_rows = expert_offsets, num_rows
+        self.token_x, self.token_scale, self.row_token = token_x, token_scale, row_token
+        self.num_recv_tokens = token_x.shape[0] if token_x is not None else None
         self._recv = recv  # the mplane_ep_recv the library filled in (for dequant)
         self._seq = layout._dispatch_seq
+        self._ctx_seq = 0
+
+    def rows(self):
+        """(x, scale) per expert row: x, scale themselves, or gathered from the token rows."""
+        if self.row_token is None:
+            return self.x, self.scale
+        if self.layout.ctx._dispatches != self._ctx_seq:
+            raise ValueError("the token rows were overwritten by a later dispatch of the Context")
+        n, H = self.row_token.shape[0], self.token_x.shape[1]
+        have = self.row_token >= 0
+        sel = self.row_token[have].long()
+        dev = self.token_x.device
+        if not self.fp8:
+            x = torch.zeros((n, H), dtype=torch.bfloat16, device=dev)
+            x[have] = self.token_x[sel]
+            return x, None
+        xb = torch.zeros((n, H), dtype=torch.uint8, device=dev)  # FP8 by its bytes (index_put has no FP8 kernel)
+        xb[have] = self.token_x.view(torch.uint8)[sel]
+        scale = torch.zeros((n, self.token_scale.shape[1]), dtype=torch.float32, device=dev)
+        scale[have] = self.token_scale[sel]
+        return xb.view(torch.float8_e4m3fn), scale
 
 
 class Context:
@@ -201,9 +240,14 @@ class Context:
     """
 
     def __init__(self, group=None, *, num_experts, hidden, topk, max_tokens, gpus_per_node=0, max_recv_rows=0,
-                 worst_case=False, flat=False, num_sms=0, comm="own", traffic_class="alltoall", library=None):
+                 worst_case=False, flat=False, num_sms=0, nvlink_direct=False, token_rows=False, comm="own",
+                 traffic_class="alltoall", library=None):
+        if token_rows and worst_case:
+            raise ValueError("token_rows=True with worst_case=True: the binding needs the token count on the host "
+                             "(use one of them)")
         if not torch.cuda.is_available():
             raise RuntimeError("mplane_ep needs a CUDA device")
+        self.token_rows = bool(token_rows)
         self.group = group or dist.group.WORLD
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_experts, self.hidden, self.topk, self.max_tokens = num_experts, hidden, topk, max_tokens
@@ -221,7 +265,8 @@ class Context:
             raise ValueError(f"comm must be 'own' or 'group', got {comm!r}")
         cfg = _abi.mplane_ep_config(gpus_per_node=gpus_per_node, num_experts=num_experts, hidden=hidden, topk=topk,
                                     max_tokens=max_tokens, max_recv_rows=max_recv_rows, worst_case=int(worst_case),
-                                    flat=int(flat), num_sms=num_sms)
+                                    flat=int(flat), num_sms=num_sms, nvlink_direct=int(bool(nvlink_direct)),
+                                    token_rows=int(bool(token_rows)))
         rc = self._lib.mplane_ep_create(ctypes.byref(self._ctx), ctypes.c_void_p(self._comm), ctypes.byref(cfg),
                                         _stream())
         if rc != 0:
@@ -236,6 +281,7 @@ class Context:
         self.max_recv_rows, self.num_sms = info.max_recv_rows, info.num_sms
         self._layouts = []
         self._default_layout = None
+        self._dispatches = 0  # token rows are the Context's: any later dispatch overwrites them
 
     # -- plumbing --
     def _check(self, rc, what):
@@ -299,12 +345,27 @@ class Context:
         return lay.compute(topk_idx) if topk_idx is not None else lay
 
     def dispatch(self, x, topk_idx, topk_weights, *, fp8=True, layout=None):
-        """x [T, H] bfloat16, topk_idx [T, K] (int32/int64), topk_weights [T, K] float32 ->
+        """x [T, H] bfloat16, or the tokens already in FP8 as DeepEP's dispatch takes them: a tuple
+        (x_fp8 [T, H] float8_e4m3fn, x_scales [T, H/128] float32, value = x_fp8 * scale), sent as
+        they are (fp8 must be True); topk_idx [T, K] (int32/int64), topk_weights [T, K] float32 ->
         Dispatched (received rows grouped by local expert). Computes the layout of topk_idx first
         (collective), in the Context's own Layout unless `layout` is given already computed for it."""
         self._alive()
-        _need(x, "x", torch.bfloat16, 2, self.device)
-        T, H = x.shape
+        xq = xs = None
+        if isinstance(x, (tuple, list)):
+            if len(x) != 2:
+                raise ValueError(f"x as a tuple must be (x_fp8, x_scales), has {len(x)} items")
+            if not fp8:
+                raise ValueError("x is given in FP8 (a tuple): fp8 must be True")
+            xq, xs = x
+            _need(xq, "x_fp8", torch.float8_e4m3fn, 2, self.device)
+            _need(xs, "x_scales", torch.float32, 2, self.device)
+            T, H = xq.shape
+            if tuple(xs.shape) != (T, H // _abi.MPLANE_EP_TILE):
+                raise ValueError(f"x_scales must be [{T}, {H // _abi.MPLANE_EP_TILE}], is {tuple(xs.shape)}")
+        else:
+            _need(x, "x", torch.bfloat16, 2, self.device)
+            T, H = x.shape
         if H != self.hidden:
             raise ValueError(f"x has hidden size {H}, the context {self.hidden}")
         if layout is None:
@@ -319,30 +380,57 @@ class Context:
         li = layout.info()
         rows = li["num_recv_rows"] if li["num_recv_rows"] is not None else self.max_recv_rows
         dev = self.device
-        rx = torch.empty((rows, H), dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=dev)
-        rs = torch.empty((rows, H // _abi.MPLANE_EP_TILE), dtype=torch.float32, device=dev) if fp8 else None
+        payload = rows and not self.token_rows  # token rows: the library keeps the payload in its token rows
+        rx = rs = None
+        if not self.token_rows:
+            rx = torch.empty((rows, H), dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=dev)
+            rs = torch.empty((rows, H // _abi.MPLANE_EP_TILE), dtype=torch.float32, device=dev) if fp8 else None
         rw = torch.empty((rows,), dtype=torch.float32, device=dev)
         rsrc = torch.empty((rows, 2), dtype=torch.int32, device=dev)
-        recv = _abi.mplane_ep_recv(x=rx.data_ptr() if rows else None, scales=rs.data_ptr() if fp8 and rows else None,
+        recv = _abi.mplane_ep_recv(x=rx.data_ptr() if payload else None, scales=rs.data_ptr() if fp8 and payload else None,
                                    weights=rw.data_ptr() if rows else None, src=rsrc.data_ptr() if rows else None)
         if rows == 0:  # nothing arrives here; the library's own buffers stand in for the empty tensors
             recv = _abi.mplane_ep_recv()
-        fmt = _abi.MPLANE_EP_FMT_FP8 if fp8 else _abi.MPLANE_EP_FMT_BF16
-        self._check(self._lib.mplane_ep_dispatch(self._ctx, layout._h, _ptr(x), _ptr(topk_weights), fmt,
-                                                 ctypes.byref(recv), _stream()),
-                    "mplane_ep_dispatch")
+        if xq is not None:
+            rc = self._lib.mplane_ep_dispatch_fp8(self._ctx, layout._h, _ptr(xq), _ptr(xs), _ptr(topk_weights),
+                                                  ctypes.byref(recv), _stream())
+            self._check(rc, "mplane_ep_dispatch_fp8")
+        else:
+            fmt = _abi.MPLANE_EP_FMT_FP8 if fp8 else _abi.MPLANE_EP_FMT_BF16
+            self._check(self._lib.mplane_ep_dispatch(self._ctx, layout._h, _ptr(x), _ptr(topk_weights), fmt,
+                                                     ctypes.byref(recv), _stream()),
+                        "mplane_ep_dispatch")
         off = _device_ints(recv.expert_offsets, self.local_experts + 1, dev)
         n = recv.num_rows if recv.num_rows >= 0 else None
         if n is not None and n != rows:
             raise _abi.EPError(f"mplane_ep_dispatch delivered {n} rows, its layout said {rows}")
         layout._dispatch_seq += 1
-        return Dispatched(layout, fp8, rx, rs, rw, rsrc, off, n, recv)
+        self._dispatches += 1
+        tok = self._token_views(recv, fp8, H, rows) if self.token_rows else (None, None, None)
+        d = Dispatched(layout, fp8, rx, rs, rw, rsrc, off, n, recv, *tok)
+        d._ctx_seq = self._dispatches
+        return d
+
+    def _token_views(self, recv, fp8, H, rows):
+        """token_x, token_scale (zero-copy views of the library's token rows) and row_token."""
+        dev, nt, stride = self.device, max(recv.num_tokens, 0), recv.token_stride
+        tiles = H // _abi.MPLANE_EP_TILE
+        if nt == 0 or not recv.tokens:
+            tx = torch.empty((0, H), dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=dev)
+            ts = torch.empty((0, tiles), dtype=torch.float32, device=dev) if fp8 else None
+        elif fp8:
+            tx = torch.as_tensor(_DeviceRows(recv.tokens, nt, H, "|u1", 1, stride), device=dev).view(torch.float8_e4m3fn)
+            ts = torch.as_tensor(_DeviceRows(recv.tokens + H, nt, tiles, "<f4", 4, stride), device=dev)
+        else:
+            tx = torch.as_tensor(_DeviceRows(recv.tokens, nt, H, "<i2", 2, stride), device=dev).view(torch.bfloat16)
+            ts = None
+        return tx, ts, _device_ints(recv.row_token, rows, dev)
 
     def dequant(self, dispatched):
         """The identity expert: [rows, H] bfloat16 = the dispatched rows (FP8 dequantised), by the
         library's kernel."""
         self._alive()
-        rows = dispatched.x.shape[0]
+        rows = dispatched.weight.shape[0]
         y = torch.empty((rows, self.hidden), dtype=torch.bfloat16, device=self.device)
         if rows:
             self._check(self._lib.mplane_ep_dequant(self._ctx, dispatched.layout._h, ctypes.byref(dispatched._recv),
@@ -358,7 +446,7 @@ class Context:
         if dispatched._seq != lay._dispatch_seq or not lay._h:
             raise ValueError("combine must use the latest dispatch of its layout")
         _need(y, "y", torch.bfloat16, 2, self.device)
-        rows = dispatched.x.shape[0]
+        rows = dispatched.weight.shape[0]
         if y.shape[1] != self.hidden or y.shape[0] < rows:
             raise ValueError(f"y must be [>= {rows}, {self.hidden}], is {tuple(y.shape)}")
         out = torch.empty((dispatched.num_tokens, self.hidden), dtype=torch.bfloat16, device=self.device)

@@ -81,8 +81,10 @@ def gather_var(torch, dist, t, counts):
     return [o[:c] for o, c in zip(out, counts)]
 
 
-def check_case(torch, dist, ep, R, cfg, fp8, seed, log):
-    """One dispatch + identity + combine through the library, checked. Returns the error count."""
+def check_case(torch, dist, ep, R, cfg, fp8, seed, log, fp8_in=False):
+    """One dispatch + identity + combine through the library, checked. Returns the error count.
+    fp8_in: the tokens go in already quantised (torch's reference quantiser), as DeepEP takes them;
+    the rows must be the same bits as the library's own quantisation."""
     rank, world, dev = dist.get_rank(), dist.get_world_size(), ep.device
     E, K, H = cfg["experts"], cfg["topk"], cfg["hidden"]
     T = cfg["tokens"] - 37 * rank  # different token counts per rank
@@ -101,7 +103,11 @@ def check_case(torch, dist, ep, R, cfg, fp8, seed, log):
 
     idx = spoil_routing(torch, idx, E, seed + rank)
     x = gen_tokens(torch, T, H, seed * 7 + rank, dev)
-    d = ep.dispatch(x, idx, w, fp8=fp8)
+    d = ep.dispatch(R.fp8_quantize_ref(x) if fp8_in else x, idx, w, fp8=fp8)
+    dx, dscale = d.rows()  # with token rows: gathered from them through row_token
+    if ep.token_rows and (d.token_x is None or d.row_token is None):
+        log("dispatch: a token_rows context returned no token rows")
+        errors += 1
 
     counts = [0] * world
     ct = torch.tensor([T], device=dev)
@@ -139,10 +145,10 @@ def check_case(torch, dist, ep, R, cfg, fp8, seed, log):
         e_src = int((d.src[:n] != want["src"]).any(dim=1).sum().item())
         e_w = int((d.weight[:n] != want["weight"]).sum().item())
         if fp8:
-            e_x = int((d.x[:n].view(torch.uint8) != want["q"].view(torch.uint8)).any(dim=1).sum().item())
-            e_s = int((d.scale[:n] != want["scale"]).any(dim=1).sum().item())
+            e_x = int((dx[:n].view(torch.uint8) != want["q"].view(torch.uint8)).any(dim=1).sum().item())
+            e_s = int((dscale[:n] != want["scale"]).any(dim=1).sum().item())
         else:
-            e_x = int((d.x[:n] != want["x"]).any(dim=1).sum().item())
+            e_x = int((dx[:n] != want["x"]).any(dim=1).sum().item())
             e_s = 0
         if e_src or e_w or e_x or e_s:
             log(f"dispatch: of {n} rows, {e_src} with another source, {e_w} another weight, {e_x} other payload, "
@@ -150,7 +156,7 @@ def check_case(torch, dist, ep, R, cfg, fp8, seed, log):
             errors += e_src + e_w + e_x + e_s
 
     # identity experts, computed here from what the library delivered
-    y = R.fp8_dequantize_ref(d.x[:n], d.scale[:n]) if fp8 else d.x[:n].clone()
+    y = R.fp8_dequantize_ref(dx[:n], dscale[:n]) if fp8 else dx[:n].clone()
     y_lib = ep.dequant(d)  # the library's identity expert must agree bit for bit
     e_dq = int((y_lib[:n] != y).any(dim=1).sum().item())
     if e_dq:
@@ -201,7 +207,7 @@ def bench(torch, dist, ep, R, cfg, fp8, iters, warmup):
     x = gen_tokens(torch, T, H, 5 + rank, dev)
     d = ep.dispatch(x, idx, w, fp8=fp8)
     li = d.layout.info()
-    y = torch.zeros((max(1, d.x.shape[0]), H), dtype=torch.bfloat16, device=dev)  # same routing: same rows
+    y = torch.zeros((max(1, d.weight.shape[0]), H), dtype=torch.bfloat16, device=dev)  # same routing: same rows
 
     def run_ep():
         dd = ep.dispatch(x, idx, w, fp8=fp8)
@@ -273,12 +279,22 @@ def worker(local_rank, cfg):
                     result["errors"] += e
                     result["cases"].append({"comm": comm, "fmt": "fp8" if fp8 else "bf16", "errors": e,
                                             "nodes": ep.nodes, "gpus_per_node": ep.gpus_per_node, **info})
+        # the fast path: NVLink-direct writes, token rows, and tokens already in FP8
+        for fp8, fp8_in in ((True, False), (True, True), (False, False)):
+            with mplane_ep.Context(num_experts=small["experts"], hidden=small["hidden"], topk=small["topk"],
+                                   max_tokens=small["tokens"], nvlink_direct=True, token_rows=True) as ep:
+                e, info = check_case(torch, dist, ep, R, small, fp8, seed=5 + fp8 + 2 * fp8_in, log=log, fp8_in=fp8_in)
+                result["errors"] += e
+                result["cases"].append({"comm": "own, direct, token rows" + (", fp8 in" if fp8_in else ""),
+                                        "fmt": "fp8" if fp8 else "bf16", "errors": e, "nodes": ep.nodes,
+                                        "gpus_per_node": ep.gpus_per_node, **info})
         result["errors"] += check_baseline(torch, dist, R, small, 11, log)
-        for fp8 in (True, False):
+        for fp8, fast in ((True, False), (False, False), (True, True)):
             with mplane_ep.Context(num_experts=big["experts"], hidden=big["hidden"], topk=big["topk"],
-                                   max_tokens=big["tokens"]) as ep:
+                                   max_tokens=big["tokens"], nvlink_direct=fast, token_rows=fast) as ep:
                 times, info = bench(torch, dist, ep, R, big, fp8, cfg["iters"], cfg["warmup"])
-                result["bench"].append({"fmt": "fp8" if fp8 else "bf16", **times, **info})
+                result["bench"].append({"fmt": ("fp8" if fp8 else "bf16") + (" direct+token rows" if fast else ""),
+                                        **times, **info})
     except Exception as e:  # every rank reports; the launcher prints them
         log(f"FAILED: {type(e).__name__}: {e}")
         msgs.append(traceback.format_exc())
