@@ -18,6 +18,9 @@ and, once, with the process group's communicator (ProcessGroupNCCL._comm_ptr()):
             out-of-range ids and repeats, and ranks have different token counts
   combine   identity experts (y = the received rows, dequantised) -> out within the documented bound
             of x * sum(kept weights) (mplane_ep.reference.tolerance)
+The same checks run on the fast path (Context(nvlink_direct=True, token_rows=True): expert rows
+gathered from the token rows through row_token) for FP8, BF16 and FP8 tokens given already
+quantised ((x_fp8, x_scales), which must give the same bits as the library's own quantisation).
 The pure-torch baseline (reference.TorchAllToAllMoE: one BF16 copy per (token, expert) through
 all_to_all_single) is checked the same way and timed beside the library on a larger shape.
 
@@ -285,7 +288,7 @@ def worker(local_rank, cfg):
                                    max_tokens=small["tokens"], nvlink_direct=True, token_rows=True) as ep:
                 e, info = check_case(torch, dist, ep, R, small, fp8, seed=5 + fp8 + 2 * fp8_in, log=log, fp8_in=fp8_in)
                 result["errors"] += e
-                result["cases"].append({"comm": "own, direct, token rows" + (", fp8 in" if fp8_in else ""),
+                result["cases"].append({"comm": "own" + (" direct+tokens fp8-in" if fp8_in else " direct+tokens"),
                                         "fmt": "fp8" if fp8 else "bf16", "errors": e, "nodes": ep.nodes,
                                         "gpus_per_node": ep.gpus_per_node, **info})
         result["errors"] += check_baseline(torch, dist, R, small, 11, log)
@@ -410,10 +413,10 @@ def main():
         for m in r.get("messages", []):
             print(m)
     if results:
-        print(f"{'check':<28} {'tokens':>7} {'rows':>7} {'nodes x gpus':>12} {'errors':>7}")
+        print(f"{'check':<44} {'tokens':>7} {'rows':>7} {'nodes x gpus':>12} {'errors':>7}")
         for r in results:
             for c in r["cases"]:
-                print(f"rank {r['rank']} {c['comm'] + ' comm, ' + c['fmt']:<21} {c['tokens']:>7} {c['rows']:>7} "
+                print(f"rank {r['rank']} {c['comm'] + ' comm, ' + c['fmt']:<37} {c['tokens']:>7} {c['rows']:>7} "
                       f"{str(c['nodes']) + ' x ' + str(c['gpus_per_node']):>12} {c['errors']:>7}")
         b = results[0].get("bench", [])
         if b:
