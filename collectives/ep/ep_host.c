@@ -39,6 +39,9 @@ struct mplane_ep_ctx {
   mp_ep_xfer *xfer;
   int direct;                               /* nvlink_direct in effect (same-node peers mapped) */
   char *peer_p2r[MP_EP_MAX_GPN];            /* IPC mappings of the same-node peers' p2r; own: NULL */
+  char *peer_p2s[MP_EP_MAX_GPN];            /* one node: the same for their p2s (the fused combine writes there) */
+  int *d_cepoch;                            /* device: the fused combine's epoch (worst-case mode) */
+  int host_cepoch;                          /* fused combines so far (normal mode) */
   int *p2r_flag;                            /* device [p2r rows]: ready flags of the fused dispatch */
   int *peer_flag[MP_EP_MAX_GPN];            /* IPC mappings of the peers' p2r_flag */
   int *d_epoch;                             /* device: the fused dispatch's epoch */
@@ -224,7 +227,7 @@ static int fused_blocks(const mplane_ep_ctx *ctx) { return ctx->num_sms < 3 ? 3 
 
 /* What a rank publishes for nvlink_direct: its p2r rows and their ready flags. */
 typedef struct {
-  cudaIpcMemHandle_t rows, flags;
+  cudaIpcMemHandle_t rows, flags, send; /* send: p2s, one node only (the fused combine) */
 } peer_handles;
 
 /* Map local peer j's p2r and flags (from the handles it published). */
@@ -235,12 +238,19 @@ static int open_peer(mplane_ep_ctx *ctx, int j, int peer, const peer_handles *h)
     ctx->peer_p2r[j] = p;
     ce = cudaIpcOpenMemHandle(&f, h->flags, cudaIpcMemLazyEnablePeerAccess);
   }
+  if (ce == cudaSuccess) {
+    ctx->peer_flag[j] = f;
+    if (ctx->shape.N == 1 && ctx->p2s) {
+      void *q = NULL;
+      ce = cudaIpcOpenMemHandle(&q, h->send, cudaIpcMemLazyEnablePeerAccess);
+      if (ce == cudaSuccess) ctx->peer_p2s[j] = q;
+    }
+  }
   if (ce != cudaSuccess)
     return EP_FAIL(ctx, MPLANE_EP_ERR_CUDA,
-                   "nvlink_direct=1: cudaIpcOpenMemHandle of rank %d's phase-2 receive rows: %s (needs one process "
+                   "nvlink_direct=1: cudaIpcOpenMemHandle of rank %d's phase-2 rows: %s (needs one process "
                    "per GPU and peer access between the GPUs; use nvlink_direct=0)",
                    peer, cudaGetErrorString(ce));
-  ctx->peer_flag[j] = f;
   return MPLANE_EP_OK;
 }
 
@@ -257,6 +267,7 @@ static int open_peers(mplane_ep_ctx *ctx, int want, cudaStream_t stream) {
   cudaError_t ce = cudaSuccess;
   if (want && ctx->p2r) ce = cudaIpcGetMemHandle(&h[ctx->me].rows, ctx->p2r);
   if (want && ce == cudaSuccess) ce = cudaIpcGetMemHandle(&h[ctx->me].flags, ctx->p2r_flag);
+  if (want && ce == cudaSuccess && ctx->shape.N == 1 && ctx->p2s) ce = cudaIpcGetMemHandle(&h[ctx->me].send, ctx->p2s);
   if (ce != cudaSuccess) {
     rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct=1: cudaIpcGetMemHandle of the phase-2 receive rows: %s",
                  cudaGetErrorString(ce));
@@ -344,10 +355,12 @@ int mplane_ep_destroy(mplane_ep_ctx *ctx) {
   for (int j = 0; j < MP_EP_MAX_GPN; j++) {
     if (ctx->peer_p2r[j]) cudaIpcCloseMemHandle(ctx->peer_p2r[j]);
     if (ctx->peer_flag[j]) cudaIpcCloseMemHandle(ctx->peer_flag[j]);
+    if (ctx->peer_p2s[j]) cudaIpcCloseMemHandle(ctx->peer_p2s[j]);
   }
   cudaFree(ctx->p2r_flag);
   cudaFree(ctx->p2s_flag);
   cudaFree(ctx->d_epoch);
+  cudaFree(ctx->d_cepoch);
   cudaFree(ctx->d_peer_off);
   cudaFree(ctx->d_bar);
   cudaFree(ctx->d_topo);
@@ -505,22 +518,27 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
       rc = EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "nvlink_direct=1: %d GPUs a node, at most %d", G, MP_EP_MAX_GPN);
       goto fail;
     }
-    /* one node: the fused dispatch (row flags, then every rank's start flag and p2r segment
-     * starts, and the staged-row flags); several: segment starts and a barrier word all-gathered */
+    /* one node: the fused dispatch and combine (row flags, then every rank's start flag, p2r and
+     * p2s segment starts, the combine's flags per p2s row; and the staged-row flags); several:
+     * segment starts and a barrier word all-gathered */
     const int fused = ctx->shape.N == 1;
     if (!fused) {
       CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_peer_off, 4L * R * (G + 1), "nvlink_direct segment starts"));
       CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_bar, 4L * R, "nvlink_direct barrier"));
     }
-    const long flag_ints = ctx->rows.p2r + (fused ? (long)R + (long)R * (G + 1) : 0);
+    const long cflag_off = ctx->rows.p2r + (long)R + 2L * R * (G + 1);
+    const long flag_ints = fused ? cflag_off + ctx->rows.p2s : ctx->rows.p2r;
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r_flag, 4L * flag_ints, "nvlink_direct row flags"));
     if (fused) CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2s_flag, 4L * ctx->rows.p2s, "nvlink_direct staged-row flags"));
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_epoch, 4L, "nvlink_direct epoch"));
+    if (fused) CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_cepoch, 4L, "nvlink_direct combine epoch"));
     /* flags start below every epoch (epochs start at 1) */
     if ((ctx->d_bar && cudaMemsetAsync(ctx->d_bar, 0, 4L * R, stream) != cudaSuccess) ||
         (ctx->p2r_flag && cudaMemsetAsync(ctx->p2r_flag, 0, 4L * flag_ints, stream) != cudaSuccess) ||
         (ctx->p2s_flag && cudaMemsetAsync(ctx->p2s_flag, 0, 4L * ctx->rows.p2s, stream) != cudaSuccess) ||
-        cudaMemsetAsync(ctx->d_epoch, 0, 4L, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {
+        cudaMemsetAsync(ctx->d_epoch, 0, 4L, stream) != cudaSuccess ||
+        (ctx->d_cepoch && cudaMemsetAsync(ctx->d_cepoch, 0, 4L, stream) != cudaSuccess) ||
+        cudaStreamSynchronize(stream) != cudaSuccess) {
       rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "nvlink_direct: clearing the barrier word, flags and epoch");
       goto fail;
     }
@@ -531,11 +549,14 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
     for (int j = 0; j < G; j++) {
       v->peer_p2r[j] = ctx->peer_p2r[j];
       v->peer_flag[j] = ctx->peer_flag[j];
+      v->peer_p2s[j] = ctx->peer_p2s[j];
     }
     v->peer_off = ctx->d_peer_off;
     if (fused) { /* the ranks say where their segments start in-kernel */
       v->start_off = ctx->rows.p2r;
       v->peer_off = ctx->p2r_flag + ctx->rows.p2r + R;
+      v->cflag_off = cflag_off;
+      v->cepoch = ctx->d_cepoch;
     }
     v->p2r_flag = ctx->p2r_flag;
     v->p2s_flag = ctx->p2s_flag;
@@ -916,15 +937,33 @@ int mplane_ep_dispatch_fp8(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void 
   return dispatch(ctx, lo, NULL, (const uint8_t *)x_fp8, x_scales, topk_weights, MPLANE_EP_FMT_FP8, recv, stream);
 }
 
+/* One node with nvlink_direct: the whole combine is one kernel (k_combine_fused): half of the
+ * blocks send the expert sums straight into the peers' rows, the other half sum the own tokens. */
+static int combine_fused(mplane_ep_ctx *ctx, const mplane_ep_layout *lo, const mp_ep_view *v, const void *y, void *out,
+                         cudaStream_t stream) {
+  const int blocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
+  int host_cepoch = 0, host_depoch = 0;
+  if (!v->graph) { /* normal mode counts on the host (one launch fewer), worst-case mode on the GPU */
+    host_cepoch = ctx->host_cepoch = mp_ep_next_epoch(ctx->host_cepoch);
+    host_depoch = ctx->host_epoch;
+  }
+  (void)lo;
+  KERNEL_TRY(ctx, mp_ep_launch_combine_fused(v, (const uint16_t *)y, (uint16_t *)out, blocks / 2, blocks, host_depoch,
+                                             host_cepoch, stream));
+  for (int i = 1; i <= 5; i++) prof_mark(ctx, PROF_COMBINE, i, stream);
+  return MPLANE_EP_OK;
+}
+
 int mplane_ep_combine(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *y, void *out, cudaStream_t stream) {
   if (!ctx || !lo || lo->ctx != ctx || !lo->dispatched)
     return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_combine: needs a layout that was dispatched on this context");
   if (lo->num_tokens > 0 && !out) return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "mplane_ep_combine: out is NULL");
   mp_ep_view cv = lo->view, *v = &cv;
-  if (ctx->p2c) v->p2r = ctx->p2c; /* token rows: leave them in place */
   int blocks = ctx->num_sms, rc;
   ctx->prof_valid[PROF_COMBINE] = 0;
   prof_mark(ctx, PROF_COMBINE, 0, stream);
+  if (v->cflag_off) return combine_fused(ctx, lo, v, y, out, stream);
+  if (ctx->p2c) v->p2r = ctx->p2c; /* token rows: leave them in place */
   KERNEL_TRY(ctx, mp_ep_launch_combine_expert(v, (const uint16_t *)y, blocks, stream));
   prof_mark(ctx, PROF_COMBINE, 1, stream);
   if ((rc = run_step(ctx, lo, v, MP_EP_STEP_C2, stream))) return rc;

@@ -285,6 +285,7 @@ static __device__ void announce_start(const mp_ep_view &v, int epoch) {
     if (j == v.my_local) continue;
     int *peer = v.peer_flag[j] + v.start_off;
     if (lane < G1) peer[v.R + (long)v.me * G1 + lane] = v.cnt[v.cl.off2r + lane];
+    if (lane < G1 && v.cflag_off) peer[v.R + (long)v.R * G1 + (long)v.me * G1 + lane] = v.cnt[v.cl.off2s + lane];
     __syncwarp();
     if (lane == 0) {
       __threadfence_system();
@@ -935,6 +936,38 @@ __global__ void k_epoch_bump(int *epoch) {
 
 /* At the expert's GPU: per arrival, the weighted sum of its local experts' outputs, rounded to
  * BF16 once, into the phase-2 row it arrived on (sent back to its forwarder). */
+/* Values [8c, 8c + 8) of an arrival's weighted sum over its nr expert rows (rows, wts), FP32 in
+ * row order, rounded to BF16 once. */
+static __device__ __forceinline__ uint4 expert_sum_chunk(const uint16_t *y, int H, const int *rows, const float *wts,
+                                                         int nr, int c) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  uint4 yv[MP_EP_MAX_TOPK > 8 ? 8 : MP_EP_MAX_TOPK];
+  for (int k0 = 0; k0 < nr; k0 += 8) {
+    const int kn = nr - k0 < 8 ? nr - k0 : 8;
+    for (int k = 0; k < kn; k++) yv[k] = ((const uint4 *)(y + (long)rows[k0 + k] * H))[c];
+    for (int k = 0; k < kn; k++) {
+      float f[8];
+      unpack_bf16x8(yv[k], f);
+#pragma unroll
+      for (int q = 0; q < 8; q++) acc[q] = __fmaf_rn(wts[k0 + k], f[q], acc[q]);
+    }
+  }
+  return pack_bf16x8(acc);
+}
+
+/* lane 0: the expert rows of p2r entry u (rows, wts, in top-k order); their count */
+static __device__ int entry_rows(const mp_ep_view &v, long u, int *rows, float *wts) {
+  int n = 0;
+  for (int k = 0; k < v.K; k++) {
+    const int r = v.dest_rows[u * v.K + k];
+    if (r < 0) continue;
+    rows[n] = r;
+    wts[n] = v.ex_w[r];
+    n++;
+  }
+  return n;
+}
+
 __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_expert(mp_ep_view v, const uint16_t *y) {
   __shared__ int rows[MP_EP_WARPS][MP_EP_MAX_TOPK];
   __shared__ float wts[MP_EP_WARPS][MP_EP_MAX_TOPK];
@@ -944,37 +977,14 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_expert(mp_ep_view v,
   FOR_WARP_ITEMS(u, n2) {
     if (lane == 0) {
       int seg, n = -1;
-      if (mp_ep_p2r_valid(&v, v.cnt, u, &seg)) { /* padding entries (worst-case mode) hold no indices */
-        n = 0;
-        for (int k = 0; k < v.K; k++) {
-          const int r = v.dest_rows[u * v.K + k];
-          if (r < 0) continue;
-          rows[wp][n] = r;
-          wts[wp][n] = v.ex_w[r];
-          n++;
-        }
-      }
+      if (mp_ep_p2r_valid(&v, v.cnt, u, &seg)) n = entry_rows(v, u, rows[wp], wts[wp]); /* padding: no indices */
       nrs[wp] = n;
     }
     __syncwarp();
     const int nr = nrs[wp];
     if (nr >= 0) {
       uint4 *dst = (uint4 *)(v.p2r + u * v.cstride);
-      for (int c = lane; c < H / 8; c += 32) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        uint4 yv[MP_EP_MAX_TOPK > 8 ? 8 : MP_EP_MAX_TOPK];
-        for (int k0 = 0; k0 < nr; k0 += 8) {
-          const int kn = nr - k0 < 8 ? nr - k0 : 8;
-          for (int k = 0; k < kn; k++) yv[k] = ((const uint4 *)(y + (long)rows[wp][k0 + k] * H))[c];
-          for (int k = 0; k < kn; k++) {
-            float f[8];
-            unpack_bf16x8(yv[k], f);
-#pragma unroll
-            for (int q = 0; q < 8; q++) acc[q] = __fmaf_rn(wts[wp][k0 + k], f[q], acc[q]);
-          }
-        }
-        dst[c] = pack_bf16x8(acc);
-      }
+      for (int c = lane; c < H / 8; c += 32) dst[c] = expert_sum_chunk(y, H, rows[wp], wts[wp], nr, c);
     }
     __syncwarp();
   }
@@ -1055,6 +1065,109 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_out(mp_ep_view v, ui
         }
       }
       dst[c] = pack_bf16x8(acc);
+    }
+    __syncwarp();
+  }
+}
+
+/* ---------------- fused direct combine (one node, nvlink_direct) ----------------
+ * Two kinds of blocks in one kernel, no NCCL call and no staging pass:
+ *   [0, expert_blocks): per arrival from a peer (its p2r entries), the weighted sum over this
+ *     GPU's experts (as k_combine_expert), written straight into the peer's p2s row the token left
+ *     from (CUDA IPC), whose flag at the peer then rises to the combine's epoch;
+ *   the rest: per own token, the sum over the node's GPUs in ascending local index, rounded once,
+ *     then once more as the sum over its one node (k_combine_node, then k_combine_out): the own
+ *     GPU's part computed in place, the peers' read from the own p2s as their flags rise.
+ * Bit for bit the staged combine's result. Why: that one runs its expert sums, NCCL's send back
+ * and the two sums one after another (~500 us at the DeepSeek-V3 shape on 2x H200, 230 in NCCL).
+ * The peers' p2s rows are free to write: a peer's row for this GPU was read (staged dispatch) or
+ * never used before this GPU received the peer's rows, which it did before this combine. */
+
+/* The start of local peer j's p2s segment for this GPU (announced in the dispatch's handshake). */
+static __device__ long peer_p2s_start(const mp_ep_view &v, int j) {
+  const int G1 = v.G + 1, r = v.rank_of[v.my_node * v.G + j];
+  return v.p2r_flag[v.start_off + v.R + (long)v.R * G1 + (long)r * G1 + v.my_local];
+}
+
+static __device__ void combine_timeout(const mp_ep_view &v, long row, int j) {
+  printf("libmplane-ep: rank %d waited %d s for local GPU %d's combine sum into its p2s row %ld: the peer process "
+         "died or never called mplane_ep_combine\n", v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), j, row);
+  kernel_fail();
+}
+
+__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_fused(mp_ep_view v, const uint16_t *y, uint16_t *out,
+                                                               int expert_blocks, int host_depoch, int host_cepoch) {
+  __shared__ int rows[MP_EP_WARPS][MP_EP_MAX_TOPK];
+  __shared__ float wts[MP_EP_WARPS][MP_EP_MAX_TOPK];
+  __shared__ int nrs[MP_EP_WARPS], nss[MP_EP_WARPS];
+  __shared__ uint4 *dsts[MP_EP_WARPS];
+  __shared__ int *flags[MP_EP_WARPS];
+  __shared__ const uint4 *srcs[MP_EP_WARPS][MP_EP_MAX_GPN]; /* NULL: the own GPU's part */
+  const int depoch = host_depoch ? host_depoch : *v.epoch, cepoch = host_cepoch ? host_cepoch : *v.cepoch;
+  const int H = v.H, wp = MP_WARP, lane = MP_LANE, b = (int)blockIdx.x;
+  unsigned ready = 0;
+  if (b < expert_blocks) {
+    const long n2 = v.cnt[v.cl.off2r + v.G];
+    FOR_ITEMS(u, n2, b, expert_blocks) {
+      if (lane == 0) {
+        int seg, n = -1;
+        if (mp_ep_p2r_valid(&v, v.cnt, u, &seg) && seg != v.my_local) {
+          if (v.start_off) await_peer(v, seg, depoch, ready); /* its p2s starts came with its start flag */
+          const long pr = peer_p2s_start(v, seg) + (u - v.cnt[v.cl.off2r + seg]);
+          dsts[wp] = (uint4 *)(v.peer_p2s[seg] + pr * v.cstride);
+          flags[wp] = v.peer_flag[seg] + v.cflag_off + pr;
+          n = entry_rows(v, u, rows[wp], wts[wp]);
+        }
+        nrs[wp] = n;
+      }
+      __syncwarp();
+      const int nr = nrs[wp];
+      if (nr >= 0) {
+        uint4 *dst = dsts[wp];
+        for (int c = lane; c < H / 8; c += 32) dst[c] = expert_sum_chunk(y, H, rows[wp], wts[wp], nr, c);
+        __syncwarp(); /* every lane's stores of the row come before its flag */
+        if (lane == 0) flag_raise(flags[wp], cepoch);
+      }
+      __syncwarp();
+    }
+    return;
+  }
+  FOR_ITEMS(ti, v.T, b - expert_blocks, gridDim.x - expert_blocks) {
+    const int t = (int)ti;
+    if (lane == 0) {
+      int bufs[MP_EP_MAX_TOPK], n = 0, nr = 0;
+      long rws[MP_EP_MAX_TOPK];
+      if (mp_ep_out_sources(&v, v.cnt, t, v.topk + (long)t * v.K, bufs, rws) > 0) { /* one node: one row */
+        const long i = rws[0];
+        for (int j = 0; j < v.G; j++) {
+          const int pos = v.fwd_pos[i * v.G + j];
+          if (pos < 0) continue;
+          if (j == v.my_local) {
+            srcs[wp][n++] = NULL;
+            nr = entry_rows(v, pos, rows[wp], wts[wp]);
+          } else {
+            if (!flag_wait(v.p2r_flag + v.cflag_off + pos, cepoch)) combine_timeout(v, pos, j);
+            srcs[wp][n++] = (const uint4 *)(v.p2s + (long)pos * v.cstride);
+          }
+        }
+      }
+      nss[wp] = n;
+      nrs[wp] = nr;
+    }
+    __syncwarp();
+    const int n = nss[wp], nr = nrs[wp];
+    uint4 *dst = (uint4 *)(out + (long)t * H);
+    for (int c = lane; c < H / 8; c += 32) {
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, f[8];
+      for (int s = 0; s < n; s++) {
+        unpack_bf16x8(srcs[wp][s] ? srcs[wp][s][c] : expert_sum_chunk(y, H, rows[wp], wts[wp], nr, c), f);
+#pragma unroll
+        for (int q = 0; q < 8; q++) acc[q] = __fadd_rn(acc[q], f[q]);
+      }
+      unpack_bf16x8(pack_bf16x8(acc), f); /* the node's sum, rounded; then the sum over the one node */
+#pragma unroll
+      for (int q = 0; q < 8; q++) f[q] = __fadd_rn(0.f, f[q]);
+      dst[c] = pack_bf16x8(f);
     }
     __syncwarp();
   }
@@ -1279,6 +1392,17 @@ int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const fl
     if ((e = launched())) return e;
   }
   MP_LAUNCH(k_dispatch_fused, blocks, MP_EP_PACK_BLOCK, smem, s, *v, x, w, pack_blocks, link_blocks, host_epoch);
+  return launched();
+}
+
+int mp_ep_launch_combine_fused(const mp_ep_view *v, const uint16_t *y, uint16_t *out, int expert_blocks, int blocks,
+                               int host_depoch, int host_cepoch, cudaStream_t s) {
+  if (!host_cepoch) { /* a graph replays its kernels' arguments: the epoch must live on the GPU */
+    MP_LAUNCH(k_epoch_bump, 1, 32, 0, s, v->cepoch);
+    int e = launched();
+    if (e) return e;
+  }
+  MP_LAUNCH(k_combine_fused, blocks, MP_EP_BLOCK, 0, s, *v, y, out, expert_blocks, host_depoch, host_cepoch);
   return launched();
 }
 

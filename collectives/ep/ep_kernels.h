@@ -41,6 +41,10 @@ int mp_ep_launch_dispatch_fused(const mp_ep_view *v, const uint16_t *x, const fl
                                 int link_blocks, int blocks, int host_epoch, cudaStream_t s);
 /* combine */
 int mp_ep_launch_combine_expert(const mp_ep_view *v, const uint16_t *y, int blocks, cudaStream_t s);
+/* One node, nvlink_direct: the whole combine in one kernel (expert_blocks send, the rest sum).
+ * host_depoch / host_cepoch: the dispatch's and this combine's epochs, 0: counted on the GPU. */
+int mp_ep_launch_combine_fused(const mp_ep_view *v, const uint16_t *y, uint16_t *out, int expert_blocks, int blocks,
+                               int host_depoch, int host_cepoch, cudaStream_t s);
 int mp_ep_launch_combine_node(const mp_ep_view *v, int blocks, cudaStream_t s);
 int mp_ep_launch_combine_out(const mp_ep_view *v, uint16_t *out, int blocks, cudaStream_t s);
 /* helpers */

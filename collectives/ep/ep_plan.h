@@ -103,9 +103,17 @@ typedef struct mp_ep_view {
   int *p2s_flag; /* [p2s rows]: the fused dispatch's pack blocks raise one per staged row for its link blocks */
   /* fused dispatch, no all-gather: p2r_flag[start_off + r] is where rank r says it started this
    * epoch's dispatch (its p2r is free), after writing its p2r segment starts into
-   * p2r_flag[start_off + R + r * (G + 1) ..] (peer_off points there); 0: not in use */
+   * p2r_flag[start_off + R + r * (G + 1) ..] (peer_off points there) and its p2s segment starts
+   * into p2r_flag[start_off + R + R * (G + 1) + r * (G + 1) ..]; 0: not in use */
   long start_off;
   int *epoch;
+  /* fused direct combine (one node): an expert GPU writes each arrival's weighted sum into the
+   * source's p2s row it came from (peer_p2s[j] maps local peer j's p2s) and raises that row's
+   * flag, p2r_flag[cflag_off + p2s row] at the source, to the combine's epoch (cepoch counts on
+   * the GPU in worst-case mode). cflag_off 0: not in use. */
+  char *peer_p2s[MP_EP_MAX_GPN];
+  long cflag_off;
+  int *cepoch;
 } mp_ep_view;
 
 /* The fused dispatch's next epoch (never 0, the flags' initial value): the GPU counter of
