@@ -46,6 +46,7 @@ struct mplane_ep_ctx {
   int *peer_flag[MP_EP_MAX_GPN];            /* IPC mappings of the peers' p2r_flag */
   int *d_epoch;                             /* device: the fused dispatch's epoch */
   int link_blocks, recv_blocks;             /* fused dispatch: blocks that copy to the peers / unpack (the rest pack) */
+  int send_blocks;                          /* fused combine: blocks that send the expert sums (the rest sum) */
   int *p2s_flag;                            /* device [p2s rows]: staged-row flags of the fused dispatch */
   int host_epoch;                           /* fused dispatches so far (normal mode; worst-case mode counts on the GPU) */
   int *d_peer_off;                          /* device [R][G+1]: every rank's p2r segment starts */
@@ -335,7 +336,11 @@ static int fused_split(mplane_ep_ctx *ctx) {
   int rc = env_int(ctx, "MPLANE_EP_LINK_SMS", 0, blocks - 2, link_dflt, blk, &ctx->link_blocks);
   if (rc) return rc;
   const int left = blocks - ctx->link_blocks, dflt = ctx->cfg.token_rows ? (left / 3 < 32 ? left / 3 : 32) : left / 2;
-  return env_int(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, blk, &ctx->recv_blocks);
+  rc = env_int(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, blk, &ctx->recv_blocks);
+  if (rc) return rc;
+  const int cblocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
+  return env_int(ctx, "MPLANE_EP_SEND_SMS", 1, cblocks - 1, cblocks / 2,
+                 "blocks of the fused combine that send the expert sums to the peers", &ctx->send_blocks);
 }
 
 /* Stream-ordered barrier of all ranks (a one-int all-gather): once it completes on this rank,
@@ -937,8 +942,9 @@ int mplane_ep_dispatch_fp8(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void 
   return dispatch(ctx, lo, NULL, (const uint8_t *)x_fp8, x_scales, topk_weights, MPLANE_EP_FMT_FP8, recv, stream);
 }
 
-/* One node with nvlink_direct: the whole combine is one kernel (k_combine_fused): half of the
- * blocks send the expert sums straight into the peers' rows, the other half sum the own tokens. */
+/* One node with nvlink_direct: the whole combine is one kernel (k_combine_fused): some blocks
+ * (MPLANE_EP_SEND_SMS, default half) send the expert sums straight into the peers' rows, the rest
+ * sum the own tokens. */
 static int combine_fused(mplane_ep_ctx *ctx, const mplane_ep_layout *lo, const mp_ep_view *v, const void *y, void *out,
                          cudaStream_t stream) {
   const int blocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
@@ -948,8 +954,8 @@ static int combine_fused(mplane_ep_ctx *ctx, const mplane_ep_layout *lo, const m
     host_depoch = ctx->host_epoch;
   }
   (void)lo;
-  KERNEL_TRY(ctx, mp_ep_launch_combine_fused(v, (const uint16_t *)y, (uint16_t *)out, blocks / 2, blocks, host_depoch,
-                                             host_cepoch, stream));
+  KERNEL_TRY(ctx, mp_ep_launch_combine_fused(v, (const uint16_t *)y, (uint16_t *)out, ctx->send_blocks, blocks,
+                                             host_depoch, host_cepoch, stream));
   for (int i = 1; i <= 5; i++) prof_mark(ctx, PROF_COMBINE, i, stream);
   return MPLANE_EP_OK;
 }

@@ -1095,14 +1095,17 @@ static __device__ void combine_timeout(const mp_ep_view &v, long row, int j) {
   kernel_fail();
 }
 
-__global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_fused(mp_ep_view v, const uint16_t *y, uint16_t *out,
-                                                               int expert_blocks, int host_depoch, int host_cepoch) {
-  __shared__ int rows[MP_EP_WARPS][MP_EP_MAX_TOPK];
-  __shared__ float wts[MP_EP_WARPS][MP_EP_MAX_TOPK];
-  __shared__ int nrs[MP_EP_WARPS], nss[MP_EP_WARPS];
-  __shared__ uint4 *dsts[MP_EP_WARPS];
-  __shared__ int *flags[MP_EP_WARPS];
-  __shared__ const uint4 *srcs[MP_EP_WARPS][MP_EP_MAX_GPN]; /* NULL: the own GPU's part */
+/* 512 threads a block: 1024 left 64 registers a thread and the sums spilled */
+#define MP_EP_CF_BLOCK 512
+#define MP_EP_CF_WARPS (MP_EP_CF_BLOCK / 32)
+__global__ void __launch_bounds__(MP_EP_CF_BLOCK, 1) k_combine_fused(mp_ep_view v, const uint16_t *y, uint16_t *out,
+                                                                  int expert_blocks, int host_depoch, int host_cepoch) {
+  __shared__ int rows[MP_EP_CF_WARPS][MP_EP_MAX_TOPK];
+  __shared__ float wts[MP_EP_CF_WARPS][MP_EP_MAX_TOPK];
+  __shared__ int nrs[MP_EP_CF_WARPS], nss[MP_EP_CF_WARPS];
+  __shared__ uint4 *dsts[MP_EP_CF_WARPS];
+  __shared__ int *flags[MP_EP_CF_WARPS];
+  __shared__ const uint4 *srcs[MP_EP_CF_WARPS][MP_EP_MAX_GPN]; /* NULL: the own GPU's part */
   const int depoch = host_depoch ? host_depoch : *v.epoch, cepoch = host_cepoch ? host_cepoch : *v.cepoch;
   const int H = v.H, wp = MP_WARP, lane = MP_LANE, b = (int)blockIdx.x;
   unsigned ready = 0;
@@ -1135,10 +1138,11 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_fused(mp_ep_view v, 
   FOR_ITEMS(ti, v.T, b - expert_blocks, gridDim.x - expert_blocks) {
     const int t = (int)ti;
     if (lane == 0) {
-      int bufs[MP_EP_MAX_TOPK], n = 0, nr = 0;
-      long rws[MP_EP_MAX_TOPK];
-      if (mp_ep_out_sources(&v, v.cnt, t, v.topk + (long)t * v.K, bufs, rws) > 0) { /* one node: one row */
-        const long i = rws[0];
+      int n = 0, nr = 0, k = 0;
+      const int32_t *row = v.topk + (long)t * v.K; /* the layout's ids: dropped and repeated slots are -1 */
+      while (k < v.K && (row[k] < 0 || row[k] >= v.E)) k++;
+      if (k < v.K) { /* one node: the token's one own-node row (mp_ep_out_sources) */
+        const long i = v.cnt[v.cl.off1r + v.my_node] + v.nslot_k[(long)t * v.K + k];
         for (int j = 0; j < v.G; j++) {
           const int pos = v.fwd_pos[i * v.G + j];
           if (pos < 0) continue;
@@ -1159,8 +1163,9 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_fused(mp_ep_view v, 
     uint4 *dst = (uint4 *)(out + (long)t * H);
     for (int c = lane; c < H / 8; c += 32) {
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, f[8];
+      const uint4 own = nr > 0 ? expert_sum_chunk(y, H, rows[wp], wts[wp], nr, c) : make_uint4(0, 0, 0, 0);
       for (int s = 0; s < n; s++) {
-        unpack_bf16x8(srcs[wp][s] ? srcs[wp][s][c] : expert_sum_chunk(y, H, rows[wp], wts[wp], nr, c), f);
+        unpack_bf16x8(srcs[wp][s] ? srcs[wp][s][c] : own, f);
 #pragma unroll
         for (int q = 0; q < 8; q++) acc[q] = __fadd_rn(acc[q], f[q]);
       }
@@ -1402,7 +1407,7 @@ int mp_ep_launch_combine_fused(const mp_ep_view *v, const uint16_t *y, uint16_t 
     int e = launched();
     if (e) return e;
   }
-  MP_LAUNCH(k_combine_fused, blocks, MP_EP_BLOCK, 0, s, *v, y, out, expert_blocks, host_depoch, host_cepoch);
+  MP_LAUNCH(k_combine_fused, blocks, MP_EP_CF_BLOCK, 0, s, *v, y, out, expert_blocks, host_depoch, host_cepoch);
   return launched();
 }
 

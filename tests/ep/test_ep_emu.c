@@ -467,8 +467,9 @@ static void test_emulated_capacity(void **state) {
   assert_int_equal(emu_cuda_live_allocations(), 0);
 }
 
-/* The fused dispatch's block split comes from MPLANE_EP_LINK_SMS / MPLANE_EP_RECV_SMS: a value that
- * is not a number, or leaves no block of another kind, fails create on every rank (all read the
+/* The fused dispatch's block split comes from MPLANE_EP_LINK_SMS / MPLANE_EP_RECV_SMS, the fused
+ * combine's from MPLANE_EP_SEND_SMS: a value that is not a number, or leaves no block of another
+ * kind, fails create on every rank (all read the
  * same environment, so none waits in a collective for the others) and names the variable. */
 typedef struct split_arg {
   ncclComm_t comm;
@@ -534,6 +535,7 @@ static void test_emulated_fused_split_env(void **state) {
       {"MPLANE_EP_LINK_SMS", "many", many},
       {"MPLANE_EP_LINK_SMS", link, over},
       {"MPLANE_EP_RECV_SMS", "0", recv0},
+      {"MPLANE_EP_SEND_SMS", "0", "MPLANE_EP_SEND_SMS=0: expected an integer 1.."},
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     create_pair(bad[i].var, bad[i].val, a);
