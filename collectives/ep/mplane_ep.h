@@ -60,8 +60,10 @@ typedef struct mplane_ep_config {
   int num_sms;       /* blocks (one per SM) of the data kernels; 0: every SM of the device */
   int nvlink_direct; /* 1: dispatch writes phase-2 rows straight into the same-node peers' receive
                       * buffers (CUDA IPC, handles exchanged at create) instead of NCCL send/recv; on
-                      * one node pack and unpack are one kernel synchronised by per-row ready flags
-                      * (MPLANE_EP_RECV_SMS: its blocks that unpack, default half);
+                      * one node dispatch is one kernel synchronised by per-row ready flags
+                      * (MPLANE_EP_LINK_SMS / MPLANE_EP_RECV_SMS: its blocks that copy to the
+                      * peers / unpack), and so is combine (expert sums written straight into the
+                      * source GPU's rows; MPLANE_EP_SEND_SMS: its blocks that send, default a third);
                       * 0 (default): the NCCL path. Ignored in flat mode and with one GPU a node. */
   int token_rows;    /* 1: dispatch leaves each received token once in a token row (as DeepEP's
                       * normal mode does) and each expert row names its token row (recv.row_token)
