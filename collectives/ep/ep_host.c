@@ -525,15 +525,15 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
       rc = EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "nvlink_direct=1: %d GPUs a node, at most %d", G, MP_EP_MAX_GPN);
       goto fail;
     }
-    /* one node: the fused dispatch and combine (row flags, then every rank's start flag, p2r and
-     * p2s segment starts, the combine's flags per p2s row; and the staged-row flags); several:
-     * segment starts and a barrier word all-gathered */
+    /* one node: the fused dispatch and combine (row flags, then every rank's dispatch start flag,
+     * p2r and p2s segment starts, every rank's combine start flag, the combine's flags per p2s
+     * row; and the staged-row flags); several: segment starts and a barrier word all-gathered */
     const int fused = ctx->shape.N == 1;
     if (!fused) {
       CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_peer_off, 4L * R * (G + 1), "nvlink_direct segment starts"));
       CREATE_TRY(dmalloc(ctx, (void **)&ctx->d_bar, 4L * R, "nvlink_direct barrier"));
     }
-    const long cflag_off = ctx->rows.p2r + (long)R + 2L * R * (G + 1);
+    const long cflag_off = ctx->rows.p2r + (long)R + 2L * R * (G + 1) + R;
     const long flag_ints = fused ? cflag_off + ctx->rows.p2s : ctx->rows.p2r;
     CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2r_flag, 4L * flag_ints, "nvlink_direct row flags"));
     if (fused) CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2s_flag, 4L * ctx->rows.p2s, "nvlink_direct staged-row flags"));

@@ -1080,13 +1080,34 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_out(mp_ep_view v, ui
  *     GPU's part computed in place, the peers' read from the own p2s as their flags rise.
  * Bit for bit the staged combine's result. Why: that one runs its expert sums, NCCL's send back
  * and the two sums one after another (~500 us at the DeepSeek-V3 shape on 2x H200, 230 in NCCL).
- * The peers' p2s rows are free to write: a peer's row for this GPU was read (staged dispatch) or
- * never used before this GPU received the peer's rows, which it did before this combine. */
+ * A send warp writes into a peer's p2s only after the peer said its combine started (its earlier
+ * combine and its dispatch no longer read it): a second combine of one dispatch must not overwrite
+ * rows the peer's first one still sums. */
 
 /* The start of local peer j's p2s segment for this GPU (announced in the dispatch's handshake). */
 static __device__ long peer_p2s_start(const mp_ep_view &v, int j) {
   const int G1 = v.G + 1, r = v.rank_of[v.my_node * v.G + j];
   return v.p2r_flag[v.start_off + v.R + (long)v.R * G1 + (long)r * G1 + v.my_local];
+}
+
+/* Block 0, warp 0, first thing: tell every local peer this GPU's combine started - its p2s (where
+ * the peers write) is no longer read by an earlier combine or dispatch of this GPU (stream order). */
+static __device__ void announce_combine(const mp_ep_view &v, int cepoch) {
+  for (int j = MP_LANE; j < v.G; j += 32)
+    if (j != v.my_local) flag_raise(v.peer_flag[j] + v.cflag_off - v.R + v.me, cepoch);
+  __syncwarp();
+}
+
+/* Lane 0 of a send warp, before its first write into local peer j: j's combine has started. */
+static __device__ void await_combine(const mp_ep_view &v, int j, int cepoch, unsigned &cready) {
+  if ((cready >> j) & 1u) return;
+  const int r = v.rank_of[v.my_node * v.G + j];
+  if (!flag_wait(v.p2r_flag + v.cflag_off - v.R + r, cepoch)) {
+    printf("libmplane-ep: rank %d waited %d s for local GPU %d (rank %d) to start its nvlink_direct combine: the "
+           "peer process died or never called mplane_ep_combine\n", v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), j, r);
+    kernel_fail();
+  }
+  cready |= 1u << j;
 }
 
 static __device__ void combine_timeout(const mp_ep_view &v, long row, int j) {
@@ -1108,7 +1129,11 @@ __global__ void __launch_bounds__(MP_EP_CF_BLOCK, 1) k_combine_fused(mp_ep_view 
   __shared__ const uint4 *srcs[MP_EP_CF_WARPS][MP_EP_MAX_GPN]; /* NULL: the own GPU's part */
   const int depoch = host_depoch ? host_depoch : *v.epoch, cepoch = host_cepoch ? host_cepoch : *v.cepoch;
   const int H = v.H, wp = MP_WARP, lane = MP_LANE, b = (int)blockIdx.x;
-  unsigned ready = 0;
+  unsigned ready = 0, cready = 0;
+  if (b == 0) { /* before any warp of the block can wait (the emulator runs one block at a time) */
+    if (wp == 0) announce_combine(v, cepoch);
+    __syncthreads();
+  }
   if (b < expert_blocks) {
     const long n2 = v.cnt[v.cl.off2r + v.G];
     FOR_ITEMS(u, n2, b, expert_blocks) {
@@ -1116,6 +1141,7 @@ __global__ void __launch_bounds__(MP_EP_CF_BLOCK, 1) k_combine_fused(mp_ep_view 
         int seg, n = -1;
         if (mp_ep_p2r_valid(&v, v.cnt, u, &seg) && seg != v.my_local) {
           if (v.start_off) await_peer(v, seg, depoch, ready); /* its p2s starts came with its start flag */
+          await_combine(v, seg, cepoch, cready);
           const long pr = peer_p2s_start(v, seg) + (u - v.cnt[v.cl.off2r + seg]);
           dsts[wp] = (uint4 *)(v.peer_p2s[seg] + pr * v.cstride);
           flags[wp] = v.peer_flag[seg] + v.cflag_off + pr;

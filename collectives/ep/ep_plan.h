@@ -110,7 +110,8 @@ typedef struct mp_ep_view {
   /* fused direct combine (one node): an expert GPU writes each arrival's weighted sum into the
    * source's p2s row it came from (peer_p2s[j] maps local peer j's p2s) and raises that row's
    * flag, p2r_flag[cflag_off + p2s row] at the source, to the combine's epoch (cepoch counts on
-   * the GPU in worst-case mode). cflag_off 0: not in use. */
+   * the GPU in worst-case mode); before its first write to a peer it waits for the peer's combine
+   * start flag, p2r_flag[cflag_off - R + peer rank] here. cflag_off 0: not in use. */
   char *peer_p2s[MP_EP_MAX_GPN];
   long cflag_off;
   int *cepoch;

@@ -169,6 +169,8 @@ static void *rank_main(void *p) {
     TRY(mplane_ep_get_layout(ctx, d_idx, T, lo, st));
     if (c->fp8_in) TRY(mplane_ep_dispatch_fp8(ctx, lo, d_xq, (const float *)d_xs, d_w, &recv, st));
     else TRY(mplane_ep_dispatch(ctx, lo, d_x, d_w, c->fmt, &recv, st));
+    /* a combine of whatever y holds first: a second combine of one dispatch must still be exact */
+    if (rep == 0) TRY(mplane_ep_combine(ctx, lo, d_y, d_out, st));
     TRY(mplane_ep_dequant(ctx, lo, &recv, d_y, st));
     TRY(mplane_ep_combine(ctx, lo, d_y, d_out, st));
   }
@@ -293,18 +295,19 @@ static void run_case(const emu_case *c) {
     }
   }
   if (!c->worst) {
-    /* bytes actually handed to (emulated) NCCL: two rounds of layout + dispatch + combine */
+    /* bytes actually handed to (emulated) NCCL: two rounds of layout + dispatch + combine, and the
+     * first round's extra combine */
     long long sent = 0, want_b = 0;
     for (int r = 0; r < R; r++) {
       for (int p = 0; p < R; p++)
         if (p != r) sent += emu_nccl_sent(s.comms[r], p);
       const mplane_ep_layout_info *li = &s.res[r].li;
-      want_b += 2 * (li->dispatch_net_bytes + li->dispatch_nvl_bytes + li->combine_net_bytes + li->combine_nvl_bytes +
-                     li->counts_net_bytes + li->counts_nvl_bytes);
+      want_b += 2 * (li->dispatch_net_bytes + li->dispatch_nvl_bytes + li->counts_net_bytes + li->counts_nvl_bytes) +
+                3 * (li->combine_net_bytes + li->combine_nvl_bytes);
       /* nvlink_direct: dispatch's NVLink rows went through the peers' mapped memory, not NCCL;
        * on one node combine's too (the fused combine) */
       if (c->direct) want_b -= 2 * li->dispatch_nvl_bytes;
-      if (c->direct && s.res[r].nodes == 1) want_b -= 2 * li->combine_nvl_bytes;
+      if (c->direct && s.res[r].nodes == 1) want_b -= 3 * li->combine_nvl_bytes;
     }
     if (c->auto_topo) want_b += 0; /* the host-identity all-gather is not a send */
     assert_true(sent == want_b);
