@@ -947,15 +947,13 @@ int mplane_ep_dispatch_fp8(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void 
 /* One node with nvlink_direct: the whole combine is one kernel (k_combine_fused): some blocks
  * (MPLANE_EP_SEND_SMS, default a third) send the expert sums straight into the peers' rows, the rest
  * sum the own tokens. */
-static int combine_fused(mplane_ep_ctx *ctx, const mplane_ep_layout *lo, const mp_ep_view *v, const void *y, void *out,
-                         cudaStream_t stream) {
+static int combine_fused(mplane_ep_ctx *ctx, const mp_ep_view *v, const void *y, void *out, cudaStream_t stream) {
   const int blocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
   int host_cepoch = 0, host_depoch = 0;
   if (!v->graph) { /* normal mode counts on the host (one launch fewer), worst-case mode on the GPU */
     host_cepoch = ctx->host_cepoch = mp_ep_next_epoch(ctx->host_cepoch);
     host_depoch = ctx->host_epoch;
   }
-  (void)lo;
   KERNEL_TRY(ctx, mp_ep_launch_combine_fused(v, (const uint16_t *)y, (uint16_t *)out, ctx->send_blocks, blocks,
                                              host_depoch, host_cepoch, stream));
   for (int i = 1; i <= 5; i++) prof_mark(ctx, PROF_COMBINE, i, stream);
@@ -970,7 +968,7 @@ int mplane_ep_combine(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void *y, v
   int blocks = ctx->num_sms, rc;
   ctx->prof_valid[PROF_COMBINE] = 0;
   prof_mark(ctx, PROF_COMBINE, 0, stream);
-  if (v->cflag_off) return combine_fused(ctx, lo, v, y, out, stream);
+  if (v->cflag_off) return combine_fused(ctx, v, y, out, stream);
   if (ctx->p2c) v->p2r = ctx->p2c; /* token rows: leave them in place */
   KERNEL_TRY(ctx, mp_ep_launch_combine_expert(v, (const uint16_t *)y, blocks, stream));
   prof_mark(ctx, PROF_COMBINE, 1, stream);
