@@ -374,6 +374,7 @@ int emu_wait_flag(const int *flag, int want, long long timeout_ns) {
 }
 
 void emu_trap() {
+  fflush(stdout); /* the kernel's printf said why */
   fprintf(stderr, "emu: __trap() in a kernel\n");
   abort();
 }
