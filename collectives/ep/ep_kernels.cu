@@ -512,6 +512,26 @@ static __device__ void pack_plan_warp(const mp_ep_view &v, pack_slot &s) {
   if (p.entry >= 0 && lane < K) v.dest_rows[(long)p.entry * K + lane] = cls == SLOT_OWN ? p.exp_row[__popc(own & below)] : -1;
 }
 
+#ifdef MP_EP_EMU
+/* The emulator checks every token's warp plan against the serial planner's (the CPU model's),
+ * field by field, so each emulated case compares the two on all of its tokens. */
+static void check_plan_twin(const mp_ep_view &v, const pack_slot &s, int t) {
+  if (MP_LANE != 0) return;
+  mp_ep_pack_plan q;
+  mp_ep_pack_plan_make(&v, v.cnt, s.row, s.nslot, s.rrank, s.erank, &q);
+  const mp_ep_pack_plan &p = s.p;
+  bool same = p.ndst == q.ndst && p.nexp == q.nexp && p.entry == q.entry && p.v_self == q.v_self;
+  for (int d = 0; same && d < q.ndst; d++)
+    same = p.dst_buf[d] == q.dst_buf[d] && p.dst_row[d] == q.dst_row[d] && p.dst_node[d] == q.dst_node[d];
+  for (int i = 0; same && i < q.nexp; i++) same = p.exp_row[i] == q.exp_row[i] && p.exp_k[i] == q.exp_k[i];
+  for (int j = 0; same && j < v.G; j++) same = p.fwd[j] == q.fwd[j];
+  if (!same) {
+    fprintf(stderr, "emu: rank %d token %d: pack_plan_warp's plan differs from mp_ep_pack_plan_make's\n", v.me, t);
+    emu_trap();
+  }
+}
+#endif
+
 /* mp_ep_meta_write with a lane per word group: the meta of a staging row bound for `node`. */
 static __device__ void meta_write_warp(const mp_ep_view &v, int32_t *m, int t, const pack_slot &s, int node) {
   const int lane = MP_LANE, K = v.K;
@@ -555,6 +575,9 @@ static __device__ void pack_token(const mp_ep_view &v, const uint16_t *x, const 
   }
   __syncwarp();
   pack_plan_warp(v, s);
+#ifdef MP_EP_EMU
+  check_plan_twin(v, s, t);
+#endif
   const int ndst = p.ndst, nexp = p.nexp;
   if (ndst + nexp == 0) return;
   const long elem = v.fmt == MP_EP_FMT_FP8 ? 1 : 2;
