@@ -479,7 +479,9 @@ int mplane_ep_create(mplane_ep_ctx **out, ncclComm_t comm, const mplane_ep_confi
         rc = EP_FAIL(ctx, MPLANE_EP_ERR_CUDA, "clearing the expert rows' token rows");
         goto fail;
       }
-      CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2c, rw->p2r * mp_ep_cstride(H), "combine phase-2 rows"));
+      /* the staged combine's rows; one node with nvlink_direct combines in one kernel without them */
+      const int fused_combine = cfg->nvlink_direct && !cfg->flat && ctx->shape.G > 1 && ctx->shape.N == 1;
+      if (!fused_combine) CREATE_TRY(dmalloc(ctx, (void **)&ctx->p2c, rw->p2r * mp_ep_cstride(H), "combine phase-2 rows"));
     } else {
       CREATE_TRY(dmalloc(ctx, (void **)&ctx->ex_x, rw->cap_rows * 2L * H, "expert rows"));
       CREATE_TRY(dmalloc(ctx, (void **)&ctx->ex_scale, rw->cap_rows * 4L * (H / MP_EP_TILE), "expert scales"));
