@@ -225,6 +225,8 @@ out:
 
 /* blocks of the fused dispatch: one of each kind at least */
 static int fused_blocks(const mplane_ep_ctx *ctx) { return ctx->num_sms < 3 ? 3 : ctx->num_sms; }
+/* blocks of the fused combine: one of each kind at least */
+static int combine_blocks(const mplane_ep_ctx *ctx) { return ctx->num_sms < 2 ? 2 : ctx->num_sms; }
 
 /* What a rank publishes for nvlink_direct: its p2r rows and their ready flags. */
 typedef struct {
@@ -338,7 +340,7 @@ static int fused_split(mplane_ep_ctx *ctx) {
   const int left = blocks - ctx->link_blocks, dflt = ctx->cfg.token_rows ? (left / 3 < 32 ? left / 3 : 32) : left / 2;
   rc = env_int(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, blk, &ctx->recv_blocks);
   if (rc) return rc;
-  const int cblocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
+  const int cblocks = combine_blocks(ctx);
   /* a third: the summing side has the own tokens' expert sums to compute too (2x H200, 132 SMs,
    * 2026-11-30: 16 -> 645 us, 24 -> 491, 32 -> 414, 44 -> 416, 66 -> 506, 88 -> 730) */
   return env_int(ctx, "MPLANE_EP_SEND_SMS", 1, cblocks - 1, cblocks / 3 < 1 ? 1 : cblocks / 3,
@@ -950,7 +952,7 @@ int mplane_ep_dispatch_fp8(mplane_ep_ctx *ctx, mplane_ep_layout *lo, const void 
  * (MPLANE_EP_SEND_SMS, default a third) send the expert sums straight into the peers' rows, the rest
  * sum the own tokens. */
 static int combine_fused(mplane_ep_ctx *ctx, const mp_ep_view *v, const void *y, void *out, cudaStream_t stream) {
-  const int blocks = ctx->num_sms < 2 ? 2 : ctx->num_sms;
+  const int blocks = combine_blocks(ctx);
   int host_cepoch = 0, host_depoch = 0;
   if (!v->graph) { /* normal mode counts on the host (one launch fewer), worst-case mode on the GPU */
     host_cepoch = ctx->host_cepoch = mp_ep_next_epoch(ctx->host_cepoch);

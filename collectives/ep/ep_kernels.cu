@@ -285,7 +285,7 @@ static __device__ void announce_start(const mp_ep_view &v, int epoch) {
     if (j == v.my_local) continue;
     int *peer = v.peer_flag[j] + v.start_off;
     if (lane < G1) peer[v.R + (long)v.me * G1 + lane] = v.cnt[v.cl.off2r + lane];
-    if (lane < G1 && v.cflag_off) peer[v.R + (long)v.R * G1 + (long)v.me * G1 + lane] = v.cnt[v.cl.off2s + lane];
+    if (lane < G1 && v.cflag_off) peer[mp_ep_p2s_starts_at(&v, v.me) - v.start_off + lane] = v.cnt[v.cl.off2s + lane];
     __syncwarp();
     if (lane == 0) {
       __threadfence_system();
@@ -1109,15 +1109,14 @@ __global__ void __launch_bounds__(MP_EP_BLOCK, 1) k_combine_out(mp_ep_view v, ui
 
 /* The start of local peer j's p2s segment for this GPU (announced in the dispatch's handshake). */
 static __device__ long peer_p2s_start(const mp_ep_view &v, int j) {
-  const int G1 = v.G + 1, r = v.rank_of[v.my_node * v.G + j];
-  return v.p2r_flag[v.start_off + v.R + (long)v.R * G1 + (long)r * G1 + v.my_local];
+  return v.p2r_flag[mp_ep_p2s_starts_at(&v, v.rank_of[v.my_node * v.G + j]) + v.my_local];
 }
 
 /* Block 0, warp 0, first thing: tell every local peer this GPU's combine started - its p2s (where
  * the peers write) is no longer read by an earlier combine or dispatch of this GPU (stream order). */
 static __device__ void announce_combine(const mp_ep_view &v, int cepoch) {
   for (int j = MP_LANE; j < v.G; j += 32)
-    if (j != v.my_local) flag_raise(v.peer_flag[j] + v.cflag_off - v.R + v.me, cepoch);
+    if (j != v.my_local) flag_raise(v.peer_flag[j] + mp_ep_combine_start_at(&v, v.me), cepoch);
   __syncwarp();
 }
 
@@ -1125,7 +1124,7 @@ static __device__ void announce_combine(const mp_ep_view &v, int cepoch) {
 static __device__ void await_combine(const mp_ep_view &v, int j, int cepoch, unsigned &cready) {
   if ((cready >> j) & 1u) return;
   const int r = v.rank_of[v.my_node * v.G + j];
-  if (!flag_wait(v.p2r_flag + v.cflag_off - v.R + r, cepoch)) {
+  if (!flag_wait(v.p2r_flag + mp_ep_combine_start_at(&v, r), cepoch)) {
     printf("libmplane-ep: rank %d waited %d s for local GPU %d (rank %d) to start its nvlink_direct combine: the "
            "peer process died or never called mplane_ep_combine\n", v.me, (int)(MP_EP_WAIT_NS / 1000000000ll), j, r);
     kernel_fail();

@@ -117,6 +117,13 @@ typedef struct mp_ep_view {
   int *cepoch;
 } mp_ep_view;
 
+/* Fused dispatch and combine (one node): where in p2r_flag rank r's announced p2s segment starts
+ * are (G + 1 ints), and where its combine start flag is. */
+MP_HD long mp_ep_p2s_starts_at(const mp_ep_view *v, int r) {
+  return v->start_off + v->R + (long)v->R * (v->G + 1) + (long)r * (v->G + 1);
+}
+MP_HD long mp_ep_combine_start_at(const mp_ep_view *v, int r) { return v->cflag_off - v->R + r; }
+
 /* The fused dispatch's next epoch (never 0, the flags' initial value): the GPU counter of
  * worst-case mode and the host counter of normal mode step alike. */
 MP_HD int mp_ep_next_epoch(int e) { return e == 0x7fffffff ? 1 : e + 1; }
