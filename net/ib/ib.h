@@ -13,8 +13,10 @@
  * ever writes where a slot says, so a short receive buffer is caught before a byte moves. A send
  * matched to entry e of slot k is cut into chunks striped over the QPs, each an RDMA write with
  * immediate (imm = slot, entry, chunk, chunk count, seq); the receiver counts chunks and bytes from
- * its completions. With adaptive routing (per class) a chunk is a plain RDMA write followed by an
- * 8-byte write with immediate carrying the chunk's length, as packets may then arrive out of order.
+ * its completions. A send whose tag the oldest slot does not offer (untaken) waits with a NULL
+ * request: a later group's send on a shared comm (net/tag_wait.h). With adaptive routing (per
+ * class) a chunk is a plain RDMA write followed by an 8-byte write with immediate carrying the
+ * chunk's length, as packets may then arrive out of order.
  * A message that does not fit sends only an immediate with the TRUNC bit: both sides fail with
  * ncclInvalidUsage and nothing is written. */
 #ifndef MPLANE_NET_IB_H
@@ -28,6 +30,7 @@
 
 #include "../../plugin/config.h"
 #include "../handle.h"
+#include "../tag_wait.h"
 #include "../transport.h"
 
 #define MPIB_MAX_DEVS 64
@@ -204,6 +207,7 @@ struct mpib_send_comm {
   unsigned next_qp;
   struct mpib_send_req reqs[MPIB_MAX_SENDS];
   int outstanding[MPIB_MAX_QPS];
+  struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
 };
 
 struct mpib_recv_entry {

@@ -264,6 +264,15 @@ static ncclResult_t send_failed(struct mpib_send_comm *c, void **request) {
   return ncclSuccess;
 }
 
+static void send_warn_wait(struct mpib_send_comm *c, int tag) {
+  int open[MPIB_MAX_RECVS], nopen = 0;
+  for (int i = 0; i < (int)c->cur.n; i++)
+    if (!c->cur_taken[i]) open[nopen++] = c->cur.e[i].tag;
+  char who[128];
+  snprintf(who, sizeof(who), "NET/IB: peer %s", c->b.peer);
+  mplane_tag_wait_warn(who, tag, (unsigned long long)c->seq, open, nopen);
+}
+
 ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
   struct mpib_send_comm *c = send_comm;
   struct mpib_mr *m = mhandle;
@@ -293,9 +302,13 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
       break;
     }
   if (k < 0) {
-    MP_WARN("NET/IB: send with tag %d to peer %s matches no posted receive (receive %llu offers %u buffers)", tag,
-            c->b.peer, (unsigned long long)c->seq, c->cur.n);
-    return ncclInvalidUsage;
+    /* A later group's send (shared comms, net/tag_wait.h): NULL, NCCL calls again. Meanwhile
+     * completions and the peer's liveness still surface, as while no receive is posted. */
+    if (mplane_tag_wait_unmatched(&c->tag_wait, tag)) send_warn_wait(c, tag);
+    poll_cq(&c->b);
+    check_peer(&c->b);
+    if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) return send_failed(c, request);
+    return ncclSuccess;
   }
   if (size > 0 && !m) {
     MP_WARN("NET/IB: isend of %zu bytes to peer %s without a registered memory handle", size, c->b.peer);
@@ -304,6 +317,7 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
   int ri;
   struct mpib_send_req *r = send_req_alloc(c, &ri);
   if (!r) return ncclSuccess;
+  mplane_tag_wait_matched(&c->tag_wait, tag);
   r->size = size;
   r->pending = 0;
   r->trunc = 0;

@@ -4,6 +4,8 @@
  * matched by a 64-bit nonce. The receiver drives: each irecv posts its buffers into slots and
  * sends a clear-to-send (CTS) record on the control socket naming slot, tag and size; the sender
  * only writes to a slot it was offered, so a short receive buffer is caught before any byte moves.
+ * A send takes the first untaken entry of its tag in the oldest offered group, or waits (a NULL
+ * request) when that group has none: a later group's send on a shared comm (net/tag_wait.h).
  * Data travels in self-describing chunks (slot, offset, length, total) on any stream, written
  * straight into the posted buffer by the receiver's helper threads. */
 #ifndef MPLANE_NET_SOCKET_H
@@ -16,6 +18,7 @@
 
 #include "../../plugin/config.h"
 #include "../handle.h"
+#include "../tag_wait.h"
 #include "../transport.h"
 
 #define MPS_MAX_STREAMS 16
@@ -165,6 +168,7 @@ struct mps_send_comm {
   pthread_t threads[MPS_MAX_STREAMS];
   int threads_started;
   struct mps_error err;
+  struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
 };
 
 /* ---- receive side ---- */

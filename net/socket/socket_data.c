@@ -259,6 +259,15 @@ static void push_task(struct mps_send_comm *c, int stream, const struct mps_task
   pthread_mutex_unlock(&q->lock);
 }
 
+static void send_warn_wait(struct mps_send_comm *c, const struct mps_cts_group *g, int tag) {
+  int open[MPS_MAX_RECVS], nopen = 0;
+  for (int i = 0; i < g->n; i++)
+    if (!g->e[i].taken) open[nopen++] = g->e[i].tag;
+  char who[112];
+  snprintf(who, sizeof(who), "socket: peer %s", c->peer);
+  mplane_tag_wait_warn(who, tag, (unsigned long long)g->seq, open, nopen);
+}
+
 ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
   struct mps_send_comm *c = send_comm;
   (void)mhandle;
@@ -280,12 +289,13 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
       break;
     }
   if (k < 0) {
-    MP_WARN("socket: send with tag %d to peer %s matches no posted receive (receive %llu offers %d buffers)", tag,
-            c->peer, (unsigned long long)g->seq, g->n);
-    return ncclInvalidUsage;
+    /* A later group's send (shared comms, net/tag_wait.h): NULL, NCCL calls again. */
+    if (mplane_tag_wait_unmatched(&c->tag_wait, tag)) send_warn_wait(c, g, tag);
+    return ncclSuccess;
   }
   struct mps_send_req *req = send_req_alloc(c);
   if (!req) return ncclSuccess; /* cannot happen while offers <= slots; be polite anyway */
+  mplane_tag_wait_matched(&c->tag_wait, tag);
   g->e[k].taken = 1;
   if (++g->used == g->n) c->cts_head++;
 

@@ -24,9 +24,12 @@
  *                         the listen handle when the transport is the socket one, else "peer")
  *   MPLANE_ABI_TIMEOUT    seconds before a scenario is declared hung (default 90)
  *   MPLANE_ABI_VERBOSE=1  echo every plugin log line, not only WARNs
+ *   MPLANE_ABI_RANK0_ENV, MPLANE_ABI_RANK1_ENV  "VAR=VALUE ..." set in that rank only, e.g.
+ *                         MPLANE_ABI_RANK0_ENV="MPLANE_IB_HCA==rxe0" and rxe1 for rank 1: two devices
+ *   MPLANE_ABI_SHARED_STEPS  steps of the shared-comms scenario (default 1000)
  *
  * Scenarios (--list prints them with one line each): props, sizes, inflight, inflight-max, multirecv,
- * reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, close-early,
+ * shared-order, shared-comms (abi_shared.c), reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, close-early,
  * stalled-close, abort, threads, dead-listener, v12, v10, v9, v8 drive any transport;
  * fake-peer, fake-version, connect-timeout, silent-listener and half-open speak TCP to the listen
  * address themselves and skip (77) on other transports.
@@ -58,21 +61,15 @@
 #include <unistd.h>
 
 #include "abi.h"
+#include "abi_harness.h"
 #include "net/handle.h"
 #include "net/socket/socket.h" /* wire structs, for the fake-peer scenarios only */
 
-#define HANDLE_SIZE NCCL_NET_HANDLE_MAXSIZE
-#define MAX_INFLIGHT NCCL_NET_MAX_REQUESTS
 #define CALL_LIMIT_S 2.0  /* no call may block NCCL's proxy thread longer than this */
 #define CLOSE_LIMIT_S 10.0 /* a close, which may finish sending what is in flight */
 
-struct opts {
-  const char *plugin;
-  int version;
-  int dev;
-};
 
-static struct opts g_opts;
+struct opts g_opts;
 
 /* ------------------------------------------------------------------ timeouts */
 
@@ -96,13 +93,23 @@ static void arm_alarm(void) {
 
 /* ------------------------------------------------------------------ two processes */
 
-#define MAX_CHANS 8
 
-struct pair {
-  int fd;               /* socketpair end */
-  int chan[MAX_CHANS];  /* more channels, one per thread that talks to the peer (pair_fork_chans) */
-  pid_t child;          /* rank 0 only */
-};
+/* MPLANE_ABI_RANK<r>_ENV="VAR=VALUE ...": settings for one rank only (e.g. the HCA each rank uses,
+ * so that bytes cross a wire between two devices of one host). Applied before the rank's init. */
+static void apply_rank_env(int rank) {
+  char name[32];
+  snprintf(name, sizeof(name), "MPLANE_ABI_RANK%d_ENV", rank);
+  const char *spec = getenv(name);
+  if (!spec) return;
+  char *copy = strdup(spec), *save = NULL;
+  for (char *kv = strtok_r(copy, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+    char *eq = strchr(kv, '=');
+    if (!eq || eq == kv) abi_fail("%s: '%s' is not VAR=VALUE", name, kv);
+    *eq = 0;
+    setenv(kv, eq + 1, 1);
+  }
+  free(copy);
+}
 
 /* Fork the peer with nchan extra channels. Returns this process's rank: 0 the parent, 1 the child. */
 static int pair_fork_chans(struct pair *pp, int nchan) {
@@ -126,6 +133,7 @@ static int pair_fork_chans(struct pair *pp, int nchan) {
     pp->child = 0;
     abi_rank = 1;
     arm_alarm();
+    apply_rank_env(1);
     return 1;
   }
   close(sv[1]);
@@ -139,9 +147,9 @@ static int pair_fork_chans(struct pair *pp, int nchan) {
   return 0;
 }
 
-static int pair_fork(struct pair *pp) { return pair_fork_chans(pp, 0); }
+int pair_fork(struct pair *pp) { return pair_fork_chans(pp, 0); }
 
-static void chan_send(int fd, const void *buf, size_t len) {
+void chan_send(int fd, const void *buf, size_t len) {
   size_t off = 0;
   while (off < len) {
     ssize_t w = send(fd, (const char *)buf + off, len - off, MSG_NOSIGNAL);
@@ -151,7 +159,7 @@ static void chan_send(int fd, const void *buf, size_t len) {
   }
 }
 
-static void chan_recv(int fd, void *buf, size_t len) {
+void chan_recv(int fd, void *buf, size_t len) {
   size_t off = 0;
   double deadline = abi_now() + 60;
   while (off < len) {
@@ -167,7 +175,7 @@ static void chan_recv(int fd, void *buf, size_t len) {
   }
 }
 
-static void barrier(int fd) {
+void barrier(int fd) {
   char c = 'b';
   chan_send(fd, &c, 1);
   chan_recv(fd, &c, 1);
@@ -181,7 +189,7 @@ static void leak_check(void) {
 }
 
 /* Rank 1 exits here; rank 0 collects its status. */
-static int pair_finish(struct pair *pp, int rank) {
+int pair_finish(struct pair *pp, int rank) {
   if (rank == 1) {
     leak_check();
     fflush(NULL);
@@ -207,7 +215,7 @@ static inline uint64_t pattern_word(uint64_t word, uint32_t msg) {
   return x;
 }
 
-static void fill(void *buf, size_t n, uint32_t msg) {
+void fill(void *buf, size_t n, uint32_t msg) {
   uint8_t *b = buf;
   size_t k = 0;
   for (; k + 8 <= n; k += 8) {
@@ -221,7 +229,7 @@ static void fill(void *buf, size_t n, uint32_t msg) {
 }
 
 /* Offset of the first wrong byte, or -1. */
-static long check(const void *buf, size_t n, uint32_t msg) {
+long check(const void *buf, size_t n, uint32_t msg) {
   const uint8_t *b = buf;
   for (size_t k = 0; k < n; k += 8) {
     uint64_t w = pattern_word(k / 8, msg);
@@ -234,17 +242,16 @@ static long check(const void *buf, size_t n, uint32_t msg) {
   return -1;
 }
 
-#define GUARD_BYTE 0xa5
 
 /* A page-aligned buffer of size bytes followed by guard bytes set to GUARD_BYTE. */
-static void *alloc_buf(size_t size, size_t guard) {
+void *alloc_buf(size_t size, size_t guard) {
   void *p = NULL;
   if (posix_memalign(&p, 4096, size + guard + 1)) abi_fail("out of memory (%zu bytes)", size + guard);
   memset(p, GUARD_BYTE, size + guard + 1);
   return p;
 }
 
-static long check_guard(const void *buf, size_t from, size_t to) {
+long check_guard(const void *buf, size_t from, size_t to) {
   const uint8_t *b = buf;
   for (size_t i = from; i < to; i++)
     if (b[i] != GUARD_BYTE) return (long)i;
@@ -253,12 +260,6 @@ static long check_guard(const void *buf, size_t from, size_t to) {
 
 /* ------------------------------------------------------------------ one process's plugin */
 
-struct node {
-  struct abi_net net;
-  void *ctx;
-  int ndev, dev;
-  struct abi_props props;
-};
 
 static void check_props(const struct abi_props *p, int dev, int version) {
   if (!p->name || !*p->name) abi_fail("dev %d: empty name", dev);
@@ -293,7 +294,7 @@ static void node_open(struct node *nd, int version) {
   abi_net_open(&nd->net, g_opts.plugin, version);
 }
 
-static void node_up(struct node *nd, int version) {
+void node_up(struct node *nd, int version) {
   node_open(nd, version);
   size_t mark = abi_log_mark();
   ncclResult_t res = abi_init(&nd->net, 0x1234 + (uint64_t)abi_rank, NCCL_NET_TRAFFIC_CLASS_UNDEF, &nd->ctx);
@@ -308,20 +309,14 @@ static void node_up(struct node *nd, int version) {
   check_props(&nd->props, nd->dev, version);
 }
 
-static void node_down(struct node *nd) {
+void node_down(struct node *nd) {
   if (abi_finalize(&nd->net, nd->ctx) != ncclSuccess) abi_fail("finalize failed");
 }
 
 /* ------------------------------------------------------------------ connections, as the proxy makes them */
 
-struct link {
-  void *lc, *sc, *rc;
-  unsigned char handle[HANDLE_SIZE];      /* ours, from listen */
-  unsigned char peer_handle[HANDLE_SIZE]; /* the peer's, as NCCL's bootstrap delivers it */
-  int connect_nulls, accept_nulls;
-};
 
-static void timed(double t0, const char *what) {
+void timed(double t0, const char *what) {
   /* closes may drain what is in flight: they get more time, but still a bound */
   double limit = strncmp(what, "close", 5) == 0 ? CLOSE_LIMIT_S : CALL_LIMIT_S;
   double dt = abi_now() - t0;
@@ -359,9 +354,9 @@ static void link_up_with(struct node *nd, void *ctx, int fd, struct link *l) {
   }
 }
 
-static void link_up(struct node *nd, int fd, struct link *l) { link_up_with(nd, nd->ctx, fd, l); }
+void link_up(struct node *nd, int fd, struct link *l) { link_up_with(nd, nd->ctx, fd, l); }
 
-static void link_down(struct node *nd, struct link *l) {
+void link_down(struct node *nd, struct link *l) {
   double t0 = abi_now();
   if (l->sc && abi_close_send(&nd->net, l->sc) != ncclSuccess) abi_fail("closeSend failed");
   if (l->rc && abi_close_recv(&nd->net, l->rc) != ncclSuccess) abi_fail("closeRecv failed");
@@ -509,16 +504,16 @@ static void fail_run(const char *what, struct run_stats *st, struct op *ops, siz
 }
 
 /* Message ids: sender rank in the top bits, so the two directions never look alike. */
-static uint32_t msg_id(int sender, uint32_t index) { return ((uint32_t)sender << 28) ^ index; }
+uint32_t msg_id(int sender, uint32_t index) { return ((uint32_t)sender << 28) ^ index; }
 
 /* A simple deterministic generator for sizes and shuffles (both ranks compute the same). */
 static __thread uint64_t rng_state;
-static void rng_seed(uint64_t s) { rng_state = s * 2 + 1; }
-static uint32_t rng(void) {
+void rng_seed(uint64_t s) { rng_state = s * 2 + 1; }
+uint32_t rng(void) {
   rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
   return (uint32_t)(rng_state >> 33);
 }
-static void shuffle(int *v, int n) {
+void shuffle(int *v, int n) {
   for (int i = n - 1; i > 0; i--) {
     int j = (int)(rng() % (uint32_t)(i + 1));
     int t = v[i];
@@ -527,13 +522,13 @@ static void shuffle(int *v, int n) {
   }
 }
 
-static void reg(struct node *nd, void *comm, void *data, size_t size, void **mh) {
+void reg(struct node *nd, void *comm, void *data, size_t size, void **mh) {
   *mh = NULL;
   ncclResult_t res = abi_reg_mr(&nd->net, comm, data, size, NCCL_PTR_HOST, mh);
   if (res != ncclSuccess) abi_fail("regMr(%zu bytes, HOST) failed (%d)", size, res);
 }
 
-static void dereg(struct node *nd, void *comm, void *mh) {
+void dereg(struct node *nd, void *comm, void *mh) {
   if (abi_dereg_mr(&nd->net, comm, mh) != ncclSuccess) abi_fail("deregMr failed");
 }
 
@@ -1096,6 +1091,15 @@ static int sc_bad_handle(void) {
 }
 
 /* ---- fake peers: plain TCP clients at the listen address (socket transport only) ---- */
+
+static int handle_sockaddr(const unsigned char *handle, struct sockaddr_storage *ss, socklen_t *len);
+
+/* 1 if the handle is a socket transport one (a receiver thread gates its data) */
+static int handle_is_socket(const unsigned char *handle) {
+  struct sockaddr_storage ss;
+  socklen_t len;
+  return handle_sockaddr(handle, &ss, &len);
+}
 
 static int handle_sockaddr(const unsigned char *handle, struct sockaddr_storage *ss, socklen_t *len) {
   struct mplane_handle h;
@@ -1907,7 +1911,11 @@ static int sc_close_early(void) {
 /* A receiver whose helper threads fell behind (its socket buffers full, the sender blocked on a
  * zero window) closes its comm: the sender's close, test or isend must then end promptly, not after
  * the kernel's FIN timeout. The receiver's non-main threads are held in a signal handler to make
- * "fell behind" deterministic. Rank 0 sends, rank 1 receives. */
+ * "fell behind" deterministic. Rank 0 sends, rank 1 receives.
+ * On RDMA the NIC places the data, not a receiver thread, so a send may also complete before the
+ * close: what holds on every transport is that each send ends (done or an error) within a bound and
+ * that nothing lands in the receive buffers after the close. Where a receiver thread gates the
+ * data (sockets) the sends cannot have completed and must fail. */
 static int g_hold; /* atomic: read by every held thread, cleared by release_later */
 static void hold_handler(int sig) {
   (void)sig;
@@ -1946,6 +1954,30 @@ static void *close_watchdog(void *arg) {
   usleep((useconds_t)(limit * 1e6));
   abi_fail("a close/test after the peer closed is still blocked after %.0f s (a sender stuck on a zero window "
            "until the kernel gives up?)", limit);
+}
+
+static uint64_t buf_hash(const void *buf, size_t n) {
+  const uint64_t *w = buf;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n / 8; i++) h = (h ^ w[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* Rank 0's side of round 0: test every send until it is done or fails. Returns how many failed. */
+static int stalled_sends_end(struct node *nd, void **req, int n, double limit) {
+  int failed = 0;
+  double t0 = abi_now();
+  for (int i = 0; i < n; i++) {
+    ncclResult_t res = ncclSuccess;
+    for (int done = 0; res == ncclSuccess && !done;) {
+      res = abi_test(&nd->net, req[i], &done, NULL);
+      if (abi_now() - t0 > limit)
+        abi_fail("send %d of %d neither completed nor failed %.0f s after the receiver closed", i, n, limit);
+    }
+    failed += res != ncclSuccess;
+    if (res != ncclSuccess) break; /* the comm has failed: NCCL tests no further */
+  }
+  return failed;
 }
 
 static int sc_stalled_close(void) {
@@ -1991,8 +2023,14 @@ static int sc_stalled_close(void) {
       pthread_join(rel, NULL);
       l.rc = NULL;
       abi_note("round %d: closed the receive comm with %d threads held and its buffers full", round, held);
+      uint64_t after_close[N];
+      for (int i = 0; i < N; i++) after_close[i] = buf_hash(buf[i], size);
       c = 'c';
       chan_send(pp.fd, &c, 1);
+      chan_recv(pp.fd, &c, 1); /* the sender's requests have ended and its comm is closed */
+      for (int i = 0; i < N; i++)
+        if (buf_hash(buf[i], size) != after_close[i])
+          abi_fail("round %d: receive buffer %d changed after closeRecv returned", round, i);
     } else {
       chan_recv(pp.fd, &c, 1); /* the receives are posted */
       for (int i = 0; i < N; i++) {
@@ -2014,21 +2052,26 @@ static int sc_stalled_close(void) {
       pthread_t wd;
       pthread_create(&wd, NULL, close_watchdog, &limit);
       double t0 = abi_now();
+      int failed = -1;
       if (round == 0) {
-        /* NCCL tests its requests: they must fail, not spin */
-        ncclResult_t res = ncclSuccess;
-        for (int done = 0; res == ncclSuccess && abi_now() - t0 < 10;) {
-          res = abi_test(&nd.net, req[N - 1], &done, NULL);
-          if (done) abi_fail("a send into a closed receive comm completed");
-        }
-        if (res == ncclSuccess) abi_fail("the receiver closed 10 s ago and test() reports nothing");
+        /* NCCL tests its requests: each ends, none spins */
+        failed = stalled_sends_end(&nd, req, N, limit);
+        if (handle_is_socket(l.peer_handle) && failed == 0)
+          abi_fail("every send into a receive comm closed with its threads held completed: the bytes had "
+                   "nowhere to go");
       }
       for (int i = 0; i < N; i++) abi_dereg_mr(&nd.net, l.sc, mh[i]);
       abi_close_send(&nd.net, l.sc);
       l.sc = NULL;
       pthread_cancel(wd);
       pthread_join(wd, NULL);
-      abi_note("round %d: %s after the receiver closed in %.3f s", round, round == 0 ? "test failed and closeSend returned" : "closeSend returned", abi_now() - t0);
+      c = 'e';
+      chan_send(pp.fd, &c, 1);
+      if (round == 0)
+        abi_note("round 0: every send ended (%s) and closeSend returned %.3f s after the receiver closed",
+                 failed ? "a test failed" : "all completed: the data was placed before the close", abi_now() - t0);
+      else
+        abi_note("round 1: closeSend returned %.3f s after the receiver closed", abi_now() - t0);
     }
     barrier(pp.fd);
     link_down(&nd, &l);
@@ -2050,6 +2093,8 @@ static const struct {
     {"inflight", sc_inflight, "32 requests in flight each way, all posted before any test"},
     {"inflight-max", sc_inflight_max, "32 x maxRecvs sends in flight against 32 multi-buffer receives"},
     {"multirecv", sc_multirecv, "tagged multi-recv, distinct tags, sends in shuffled tag order"},
+    {"shared-order", sc_shared_order, "shared comm: groups {1,2},{1,2}, tag 1 sent twice before tag 2: a wait, never an error"},
+    {"shared-comms", sc_shared_comms, "shared comm as NCCL drives it: k=2,4,8 tags, each its own sender and pace, 1000 steps"},
     {"reconnect", sc_reconnect, "50 x (init, connect/accept both ways, data, close, finalize); no fd/thread leak"},
     {"kill-receiver", sc_kill_receiver, "receiver SIGKILLed mid-transfer: sender errors within 10 s, WARN names peer"},
     {"kill-sender", sc_kill_sender, "sender SIGKILLed mid-transfer: receiver errors within 10 s, WARN names peer"},
@@ -2081,6 +2126,7 @@ static int run_one(size_t i) {
     abi_scenario = scenarios[i].name;
     abi_rank = 0;
     arm_alarm();
+    apply_rank_env(0);
     double t0 = abi_now();
     int rc = scenarios[i].fn();
     if (rc == 0) leak_check();
