@@ -71,6 +71,7 @@ void dereg(struct node *nd, void *comm, void *mh);
 
 /* ---- scenarios that live in their own files ---- */
 int sc_shared_order(void); /* abi_shared.c */
+int sc_shared_wait(void);
 int sc_shared_comms(void);
 
 #endif

@@ -8,6 +8,7 @@
  * land in the k-th group.
  *
  *   shared-order  the smallest case: groups {1,2} and {1,2}, tag 1 sent twice before tag 2
+ *   shared-wait   a tag no posted group offers: NULL for as long as it lasts, one WARN naming it
  *   shared-comms  k = 2, 4 and 8 tags on one comm each way, each tag its own sender at its own
  *                 random pace, grouped receives of all k tags, MPLANE_ABI_SHARED_STEPS steps
  *                 (default 1000), sizes 0..4 MiB, every byte and the bytes behind it checked
@@ -102,6 +103,18 @@ static void check_entry(const void *buf, int got, size_t expect, size_t cap, uin
   if (bad >= 0) abi_fail("%s: byte %ld written past the %zu-byte message (buffer %zu)", what, bad, expect, cap);
 }
 
+/* Post one receive of n buffers, retrying NULL for up to 10 s, as the proxy does. */
+static void *post_recv(struct node *nd, void *rc, int n, void **buf, size_t *sizes, int *tags, void **mh) {
+  void *req = NULL;
+  for (double deadline = abi_now() + 10; !req;) {
+    double t0 = abi_now();
+    if (abi_irecv(&nd->net, rc, n, buf, sizes, tags, mh, &req) != ncclSuccess) abi_fail("irecv of %d buffers failed", n);
+    timed(t0, "irecv");
+    if (abi_now() > deadline) abi_fail("irecv of %d buffers gave no request in 10 s", n);
+  }
+  return req;
+}
+
 /* ------------------------------------------------------------------ shared-order */
 
 int sc_shared_order(void) {
@@ -122,18 +135,11 @@ int sc_shared_order(void) {
   char c;
   if (rank == 1) {
     /* two groups {1,2} and {1,2}; buffer i of group g is buf[2g+i] */
-    void *req[2] = {0};
+    void *req[2];
     for (int g = 0; g < 2; g++) {
       size_t sizes[2] = {SZ, SZ};
       int tg[2] = {tags[0], tags[1]};
-      double deadline = abi_now() + 10;
-      while (!req[g]) {
-        double t0 = abi_now();
-        if (abi_irecv(&nd.net, l.rc, 2, &buf[2 * g], sizes, tg, &mh[2 * g], &req[g]) != ncclSuccess)
-          abi_fail("irecv of group %d failed", g);
-        timed(t0, "irecv");
-        if (abi_now() > deadline) abi_fail("irecv of group %d gave no request in 10 s", g);
-      }
+      req[g] = post_recv(&nd, l.rc, 2, &buf[2 * g], sizes, tg, &mh[2 * g]);
     }
     c = 'r';
     chan_send(pp.fd, &c, 1);
@@ -191,6 +197,72 @@ int sc_shared_order(void) {
   }
   barrier(pp.fd);
   for (int i = 0; i < 4; i++) {
+    dereg(&nd, comm, mh[i]);
+    free(buf[i]);
+  }
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+/* ------------------------------------------------------------------ shared-wait */
+
+/* A send with a tag no posted group offers waits for ever in NCCL too; here every call returns
+ * NULL, never an error, and one WARN names the tag once it waited MPLANE_CONNECT_TIMEOUT (2 s). */
+int sc_shared_wait(void) {
+  setenv("MPLANE_CONNECT_TIMEOUT", "2", 1);
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  enum { SZ = 1000 };
+  int tags[2] = {1, 2};
+  void *buf[2], *mh[2];
+  void *comm = rank == 0 ? l.sc : l.rc;
+  for (int i = 0; i < 2; i++) {
+    buf[i] = alloc_buf(SZ, SH_GUARD);
+    reg(&nd, comm, buf[i], SZ, &mh[i]);
+  }
+  char c;
+  if (rank == 1) {
+    size_t sizes[2] = {SZ, SZ};
+    void *req = post_recv(&nd, l.rc, 2, buf, sizes, tags, mh);
+    c = 'r';
+    chan_send(pp.fd, &c, 1);
+    int got[2];
+    for (double deadline = abi_now() + 20; !test_done(&nd, req, got, "the receive group");)
+      if (abi_now() > deadline) abi_fail("the receive group {1,2} not done in 20 s");
+    for (int i = 0; i < 2; i++) check_entry(buf[i], got[i], SZ - (size_t)i, SZ, msg_id(0, (uint32_t)i), "group {1,2}");
+  } else {
+    chan_recv(pp.fd, &c, 1);
+    usleep(200000);
+    size_t mark = abi_log_mark();
+    fill(buf[0], SZ, 0x777);
+    long tries = 0;
+    for (double until = abi_now() + 3; abi_now() < until; tries++)
+      if (post_send(&nd, l.sc, buf[0], SZ, 7, mh[0]))
+        abi_fail("a send with tag 7 was taken by a receive group that offers tags 1 and 2 only");
+    if (!abi_log_warn_has(mark, "tag 7", "waits for tags 1,2", "still waiting", NULL)) {
+      abi_log_dump(mark, "no WARN");
+      abi_fail("a send with tag 7 waited 3 s (MPLANE_CONNECT_TIMEOUT 2 s) and no WARN named it");
+    }
+    abi_note("a send with tag 7 waited (NULL) %ld times in 3 s and a WARN named it", tries);
+    void *req[2] = {0};
+    for (int i = 0; i < 2; i++) {
+      fill(buf[i], SZ - (size_t)i, msg_id(0, (uint32_t)i));
+      for (double deadline = abi_now() + 10; !req[i];) {
+        req[i] = post_send(&nd, l.sc, buf[i], SZ - (size_t)i, tags[i], mh[i]);
+        if (abi_now() > deadline) abi_fail("the send with tag %d gave no request in 10 s", tags[i]);
+      }
+    }
+    for (int i = 0; i < 2; i++)
+      for (double deadline = abi_now() + 20; !test_done(&nd, req[i], NULL, "a send");)
+        if (abi_now() > deadline) abi_fail("the send with tag %d not done in 20 s", tags[i]);
+  }
+  barrier(pp.fd);
+  for (int i = 0; i < 2; i++) {
     dereg(&nd, comm, mh[i]);
     free(buf[i]);
   }
