@@ -1,6 +1,7 @@
 /* mplane: listen handle encoding (see handle.h). */
 #include "handle.h"
 
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,4 +108,20 @@ static void compute_node_id(void) {
 uint64_t mplane_node_id(void) {
   pthread_once(&node_once, compute_node_id);
   return node_id;
+}
+
+ncclResult_t mplane_handle_sockaddr(const struct mplane_handle *h, struct sockaddr_storage *ss, socklen_t *len,
+                                    char *why, size_t whylen) {
+  memset(ss, 0, sizeof(*ss));
+  sa_family_t family = 0;
+  if (h->payload_len >= sizeof(family)) memcpy(&family, h->payload, sizeof(family));
+  size_t want = family == AF_INET ? sizeof(struct sockaddr_in) : family == AF_INET6 ? sizeof(struct sockaddr_in6) : 0;
+  if (want == 0 || h->payload_len != want) {
+    snprintf(why, whylen, "the handle's address is not IPv4 or IPv6 (family %u, %u bytes): a handle from another "
+             "build, or corrupted", (unsigned)family, (unsigned)h->payload_len);
+    return ncclInvalidUsage;
+  }
+  memcpy(ss, h->payload, want);
+  *len = (socklen_t)want;
+  return ncclSuccess;
 }

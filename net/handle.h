@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include "../plugin/nccl/err.h"
 
 #define MPLANE_HANDLE_MAGIC 0x4e4c504du /* "MPLN" read as little-endian u32 */
@@ -34,6 +35,12 @@ ncclResult_t mplane_handle_encode(const struct mplane_handle *h, void *buf);
 /* Read buf into h. Fails with ncclInvalidUsage and a reason in why if buf is not an mplane handle,
  * is of another protocol version, or is inconsistent. */
 ncclResult_t mplane_handle_decode(const void *buf, struct mplane_handle *h, char *why, size_t whylen);
+
+/* The TCP address a socket or IB handle carries: AF_INET or AF_INET6 with exactly that family's
+ * length, nothing else (another family would send our connection state to whatever it names; a
+ * longer length would make connect() read past the address). Fails with a reason in why. */
+ncclResult_t mplane_handle_sockaddr(const struct mplane_handle *h, struct sockaddr_storage *ss, socklen_t *len,
+                                    char *why, size_t whylen);
 
 /* This node's id: NCCL_HOSTID when set (so tests can emulate several nodes), else the hostname and
  * boot id, hashed. Stable for the process's life. */

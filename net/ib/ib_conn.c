@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "../../plugin/log.h"
+#include "../stage_set.h"
 #include "../tc.h"
 #include "ib.h"
 
@@ -391,38 +392,12 @@ struct mpib_connect_stage {
   size_t done;
 };
 
-/* Connect keeps a pointer to its state in NCCL's handle buffer (past our header). A handle that
- * was never ours may hold anything there, so a pointer is only trusted if it is one we made. */
-#define MPIB_STAGES_MAX 1024
-static pthread_mutex_t stages_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct mpib_connect_stage *stages[MPIB_STAGES_MAX];
-
-static int stage_track(struct mpib_connect_stage *st, int add) {
-  int ok = 0;
-  pthread_mutex_lock(&stages_lock);
-  for (int i = 0; i < MPIB_STAGES_MAX && !ok; i++) {
-    if (add && stages[i] == NULL) {
-      stages[i] = st;
-      ok = 1;
-    } else if (!add && stages[i] == st) {
-      stages[i] = NULL;
-      ok = 1;
-    }
-  }
-  pthread_mutex_unlock(&stages_lock);
-  return ok;
-}
-
-static int stage_known(struct mpib_connect_stage *st) {
-  int ok = 0;
-  pthread_mutex_lock(&stages_lock);
-  for (int i = 0; i < MPIB_STAGES_MAX && !ok && st; i++) ok = stages[i] == st;
-  pthread_mutex_unlock(&stages_lock);
-  return ok;
-}
+/* Connect keeps a pointer to its state in NCCL's handle buffer (past our header): see
+ * net/stage_set.h. */
+static struct mplane_stage_set connect_stages = MPLANE_STAGE_SET_INIT;
 
 static void stage_free(struct mpib_connect_stage *st) {
-  stage_track(st, 0);
+  mplane_stage_remove(&connect_stages, st);
   if (st->comm) mpib_close_send(st->comm);
   free(st);
 }
@@ -443,8 +418,14 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   c->b.fd = -1;
   c->b.dev = d;
   struct sockaddr_storage peer;
-  memset(&peer, 0, sizeof(peer));
-  memcpy(&peer, h->payload, h->payload_len < sizeof(peer) ? h->payload_len : sizeof(peer));
+  socklen_t peer_len;
+  char why[160];
+  if (mplane_handle_sockaddr(h, &peer, &peer_len, why, sizeof(why)) != ncclSuccess) {
+    MP_WARN("NET/IB: connect: %s", why);
+    free(st);
+    free(c);
+    return ncclInvalidUsage;
+  }
   addr_str((struct sockaddr *)&peer, c->b.peer, sizeof(c->b.peer));
   st->deadline = now_s() + cfg->connect_timeout_s;
   c->b.sl = opts->service_level;
@@ -458,7 +439,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  if (connect(fd, (struct sockaddr *)&peer, h->payload_len) != 0 && errno != EINPROGRESS) goto fail;
+  if (connect(fd, (struct sockaddr *)&peer, peer_len) != 0 && errno != EINPROGRESS) goto fail;
   *out = st;
   return ncclSuccess;
 fail:
@@ -525,7 +506,7 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
   *send_comm = NULL;
   struct mpib_connect_stage *st = NULL;
   memcpy(&st, (char *)handle + MPIB_STAGE_OFFSET, sizeof(st));
-  if (!stage_known(st)) {
+  if (!mplane_stage_live(&connect_stages, st)) {
     st = NULL;
     struct mplane_handle h;
     char why[256];
@@ -542,10 +523,9 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
     if (!mpib_dev_get(dev)) return ncclInvalidArgument;
     MP_CHECK(stage_open(dev, opts, &h, &st));
     st->comm->b.devindex = dev;
-    if (!stage_track(st, 1)) {
-      MP_WARN("NET/IB: more than %d connects in progress at once", MPIB_STAGES_MAX);
+    if (mplane_stage_add(&connect_stages, st) != 0) {
       stage_free(st);
-      return ncclInternalError;
+      return ncclSystemError;
     }
     memcpy((char *)handle + MPIB_STAGE_OFFSET, &st, sizeof(st));
   }

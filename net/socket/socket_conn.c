@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../../plugin/log.h"
+#include "../stage_set.h"
 #include "../tc.h"
 #include "socket.h"
 
@@ -126,7 +127,10 @@ struct mps_connect_stage {
   char peer[80];
 };
 
+static struct mplane_stage_set connect_stages = MPLANE_STAGE_SET_INIT;
+
 static void stage_free(struct mps_connect_stage *st) {
+  mplane_stage_remove(&connect_stages, st);
   for (int i = 0; i < st->nsock; i++)
     if (st->fds[i] >= 0) close(st->fds[i]);
   free(st);
@@ -136,11 +140,15 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
                                struct mps_connect_stage **out) {
   const struct mplane_config *cfg = mps_config();
   const struct mps_dev *d = mps_dev_get(dev);
+  union { struct sockaddr sa; struct sockaddr_storage ss; } peer;
+  socklen_t peer_len;
+  char why[160];
+  if (mplane_handle_sockaddr(h, &peer.ss, &peer_len, why, sizeof(why)) != ncclSuccess) {
+    MP_WARN("socket: connect: %s", why);
+    return ncclInvalidUsage;
+  }
   struct mps_connect_stage *st = calloc(1, sizeof(*st));
   if (!st) return ncclSystemError;
-  union { struct sockaddr sa; struct sockaddr_in6 sin6; } peer;
-  memset(&peer, 0, sizeof(peer));
-  memcpy(&peer, h->payload, h->payload_len < sizeof(peer) ? h->payload_len : sizeof(peer));
   mps_addr_str(&peer.sa, st->peer, sizeof(st->peer));
   if (peer.sa.sa_family != d->addr.sa.sa_family) {
     MP_WARN("socket: cannot connect %s (%s) to peer %s: address families differ", d->ifname,
@@ -169,7 +177,11 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
     else src.addr.sin6.sin6_port = 0;
     if (bind(fd, &src.addr.sa, d->addrlen) != 0) goto fail;
     set_nonblocking(fd, 1);
-    if (connect(fd, &peer.sa, h->payload_len) != 0 && errno != EINPROGRESS) goto fail;
+    if (connect(fd, &peer.sa, peer_len) != 0 && errno != EINPROGRESS) goto fail;
+  }
+  if (mplane_stage_add(&connect_stages, st) != 0) {
+    stage_free(st);
+    return ncclSystemError;
   }
   *out = st;
   return ncclSuccess;
@@ -215,7 +227,7 @@ static ncclResult_t stage_progress(struct mps_connect_stage *st, int *all_done) 
 ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm) {
   *send_comm = NULL;
   /* Check the handle before trusting the stage pointer we keep in it: a handle that is not ours
-   * (another plugin's, garbage) has arbitrary bytes there. */
+   * (another plugin's, garbage) has arbitrary bytes there; only a stage we made is followed. */
   struct mplane_handle h;
   char why[256];
   ncclResult_t dres = mplane_handle_decode(handle, &h, why, sizeof(why));
@@ -225,7 +237,8 @@ ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *han
   }
   struct mps_connect_stage *st = NULL;
   memcpy(&st, (char *)handle + MPS_STAGE_OFFSET, sizeof(st));
-  if (st == NULL) {
+  if (!mplane_stage_live(&connect_stages, st)) {
+    st = NULL;
     if (h.transport != MPLANE_HANDLE_SOCKET) {
       MP_WARN("socket: connect: peer listens on the IB transport, this rank runs sockets: set the same "
               "MPLANE_TRANSPORT on every node");
@@ -256,6 +269,7 @@ ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *han
   c->nstreams = st->nsock - 1;
   for (int i = 0; i < c->nstreams; i++) c->fds[i] = st->fds[i + 1];
   snprintf(c->peer, sizeof(c->peer), "%s", st->peer);
+  mplane_stage_remove(&connect_stages, st);
   free(st); /* fds now belong to c */
   memset((char *)handle + MPS_STAGE_OFFSET, 0, sizeof(st));
   res = mps_send_comm_start(c, mps_config());

@@ -1028,6 +1028,8 @@ static int sc_bad_handle(void) {
       {"all 0xa5 (garbage)", "mplane", 0, HANDLE_SIZE, 0xa5},
       {"all zeros (NCCL's own socket handle shape)", "mplane", 0, HANDLE_SIZE, 0x00},
       {"all 0xff", "mplane", 0, HANDLE_SIZE, 0xff},
+      {"an AF_UNIX address", "IPv4 or IPv6", 17, 1, 1},
+      {"an address of 111 bytes (a sockaddr has 16 or 28)", "IPv4 or IPv6", 16, 1, 111},
   };
   for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
     unsigned char h[HANDLE_SIZE];
@@ -1058,7 +1060,10 @@ static int sc_bad_handle(void) {
     }
     abi_note("connect with %s: result %d after %d call(s)", cases[c].what, res, calls);
   }
-  /* the good handle still works: connect to ourselves, move a message, close */
+  /* the good handle still works: connect to ourselves, move a message, close. Its last 8 bytes,
+   * where connect keeps its state between calls, hold garbage first (a handle of another build):
+   * that is a new connect, never a pointer followed. */
+  memset(good + HANDLE_SIZE - 8, 0x41, 8);
   void *sc = NULL, *rc = NULL;
   double deadline = abi_now() + 30;
   while (!sc || !rc) {
