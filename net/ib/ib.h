@@ -140,6 +140,7 @@ struct mpib_fifo_slot {
 };
 
 /* What each side tells the other on the side channel. */
+#define MPIB_MAGIC 0x4d504942u /* "MPIB" */
 struct mpib_conn_info {
   uint32_t magic;
   uint16_t version;

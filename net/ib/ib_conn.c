@@ -25,9 +25,10 @@
 #include "../tc.h"
 #include "ib.h"
 
-#define MPIB_MAGIC 0x4d504942u /* "MPIB" */
 #define MPIB_STAGE_OFFSET 120
 #define MPIB_PENDING_MAX 64
+#define MPIB_SILENT_TIMEOUT_S 10 /* an incoming side channel must send its first byte within this */
+#define MPIB_EVICT_SILENT_S 1.0  /* with the table full, a socket silent this long makes room */
 #define MPIB_READY 0x52
 
 static double now_s(void) {
@@ -189,6 +190,14 @@ static ncclResult_t info_check(const struct mpib_conn_info *ci, struct mpib_comm
     MP_WARN("NET/IB: peer %s asks for %u QPs (1..%d)", b->peer, ci->nqps, MPIB_MAX_QPS);
     return ncclInvalidUsage;
   }
+  /* the rest reaches ibv_modify_qp: only values the verbs accept */
+  if (ci->mtu < IBV_MTU_256 || ci->mtu > IBV_MTU_4096 || ci->sl < 0 || ci->sl > MPLANE_TC_SL_MAX || ci->tclass < 0 ||
+      ci->tclass > 255 || (ci->ar != 0 && ci->ar != 1) || ci->tc_class < 0 || ci->tc_class >= MPLANE_TC_NCLASSES) {
+    MP_WARN("NET/IB: peer %s sent an invalid connection record (MTU %u, SL %d, traffic class %d, adaptive routing "
+            "%d, class %d): not an mplane rank of this build", b->peer, ci->mtu, ci->sl, ci->tclass, ci->ar,
+            ci->tc_class);
+    return ncclInvalidUsage;
+  }
   if (ci->link_layer != b->dev->link_layer) {
     MP_WARN("NET/IB: %s is %s but peer %s is %s: both ends of a connection must be on the same fabric",
             b->dev->props.name, b->dev->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE", b->peer,
@@ -307,10 +316,26 @@ static ncclResult_t accept_build(struct mpib_listen_comm *lc, struct mpib_pendin
   return ncclSuccess;
 }
 
+/* The table is full: drop the oldest side channel that has said nothing for a while, so that
+ * silent strangers cannot keep real peers out. 1 if one was dropped. */
+static int pending_evict_silent(struct mpib_listen_comm *lc) {
+  int oldest = -1;
+  double now = now_s();
+  for (int i = 0; i < lc->npending; i++)
+    if (lc->pending[i].stage == 0 && lc->pending[i].done == 0 && now - lc->pending[i].since > MPIB_EVICT_SILENT_S &&
+        (oldest < 0 || lc->pending[i].since < lc->pending[oldest].since))
+      oldest = i;
+  if (oldest < 0) return 0;
+  MP_WARN("NET/IB: %d connections wait for their setup; dropped the one from %s, silent for %.0f s", lc->npending,
+          lc->pending[oldest].peer, now - lc->pending[oldest].since);
+  pending_drop(lc, oldest);
+  return 1;
+}
+
 ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
   struct mpib_listen_comm *lc = listen_comm;
   *recv_comm = NULL;
-  while (lc->npending < MPIB_PENDING_MAX) {
+  while (lc->npending < MPIB_PENDING_MAX || pending_evict_silent(lc)) {
     struct sockaddr_storage from;
     socklen_t len = sizeof(from);
     int fd = accept4(lc->fd, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -334,12 +359,18 @@ ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
     int r = 1;
     if (p->stage == 0) {
       r = io_some(p->fd, &p->in, sizeof(p->in), &p->done, 0);
+      if (r == 0 && p->done >= sizeof(p->in.magic) && p->in.magic != MPIB_MAGIC) {
+        MP_WARN("NET/IB: connection from %s is not mplane (first bytes 0x%08x); dropped", p->peer, p->in.magic);
+        pending_drop(lc, i);
+        continue;
+      }
       if (r == 1) {
-        ncclResult_t res = accept_build(lc, p);
-        if (res != ncclSuccess) {
-          MP_WARN("NET/IB: cannot accept the connection from peer %s", p->peer);
+        /* Refused (a stranger, another build, a record out of range): the connector sees its side
+         * channel close and fails; this listener goes on accepting. */
+        if (accept_build(lc, p) != ncclSuccess) {
+          MP_WARN("NET/IB: cannot accept the connection from peer %s; dropped", p->peer);
           pending_drop(lc, i);
-          return res;
+          continue;
         }
         p->stage = 1;
         p->done = 0;
@@ -369,6 +400,11 @@ ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
     }
     if (r < 0) {
       MP_INFO(NCCL_NET, "NET/IB: connection from %s closed during setup", p->peer);
+      pending_drop(lc, i);
+      continue;
+    }
+    if (p->stage == 0 && p->done == 0 && now_s() - p->since > MPIB_SILENT_TIMEOUT_S) {
+      MP_WARN("NET/IB: connection from %s sent nothing in %d s; dropped", p->peer, MPIB_SILENT_TIMEOUT_S);
       pending_drop(lc, i);
       continue;
     }

@@ -174,12 +174,18 @@ struct mps_send_comm {
 /* ---- receive side ---- */
 enum mps_slot_state { MPS_SLOT_FREE = 0, MPS_SLOT_POSTED, MPS_SLOT_DONE, MPS_SLOT_TRUNCATED, MPS_SLOT_BAD };
 
+/* A posted buffer. Chunks of one message arrive on several streams, so on several helper threads
+ * at once: each chunk claims its byte range under `lock` first, and a range that overlaps one
+ * already claimed, lies past the message's total, or names another total is the peer's error. */
 struct mps_slot {
   char *buf;
   uint64_t cap;
   uint64_t received; /* atomic */
-  uint64_t total;    /* atomic, from the chunks */
+  uint64_t total;    /* atomic, from the first chunk */
   int state;         /* atomic, enum mps_slot_state */
+  int lock;          /* atomic spin lock over nranges/ranges (chunks of one message only) */
+  int nranges;
+  struct { uint64_t off, len; } ranges[MPS_MAX_STREAMS]; /* claimed by the chunks so far */
 };
 
 struct mps_recv_req {

@@ -18,6 +18,8 @@
 
 #define MPS_PENDING_MAX 64          /* half-open incoming sockets per listen comm */
 #define MPS_HELLO_TIMEOUT_S 30      /* an incoming socket must say hello within this */
+#define MPS_SILENT_TIMEOUT_S 10     /* ... and its first byte within this (a connector writes it at once) */
+#define MPS_EVICT_SILENT_S 1.0      /* with the table full, a socket silent this long makes room */
 #define MPS_STAGE_OFFSET 120        /* where connect keeps its state inside NCCL's handle buffer */
 
 static double now_s(void) {
@@ -314,6 +316,11 @@ static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
         continue;
       }
       if (p->have < sizeof(p->hello)) {
+        if (p->have == 0 && now - p->since > MPS_SILENT_TIMEOUT_S) {
+          MP_WARN("socket: connection from %s sent nothing in %d s; dropped", p->peer, MPS_SILENT_TIMEOUT_S);
+          pending_drop(lc, i);
+          continue;
+        }
         if (now - p->since > MPS_HELLO_TIMEOUT_S) {
           MP_WARN("socket: connection from %s sent no handshake in %d s; dropped", p->peer, MPS_HELLO_TIMEOUT_S);
           pending_drop(lc, i);
@@ -327,9 +334,11 @@ static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
         MP_WARN("socket: peer %s speaks mplane protocol version %u (nstreams %u), this library speaks %u: use "
                 "the same mplane build on every node", p->peer, p->hello.version, p->hello.nstreams,
                 MPLANE_PROTOCOL_VERSION);
+        /* The connector fails on the NACK; this listener goes on accepting (a stranger on the port
+         * must not end the job). */
         send_ctrl_now(p->fd, MPS_NACK);
         pending_drop(lc, i);
-        return ncclInvalidUsage;
+        continue;
       }
     } else {
       /* Said hello, waiting for the rest of its connection: drop it if its peer hung up (an aborted
@@ -393,10 +402,26 @@ static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv
   return ncclSuccess;
 }
 
+/* The table is full: drop the oldest socket that has said nothing for a while, so that silent
+ * strangers cannot keep real peers out. 1 if one was dropped. */
+static int pending_evict_silent(struct mps_listen_comm *lc) {
+  int oldest = -1;
+  double now = now_s();
+  for (int i = 0; i < lc->npending; i++)
+    if (lc->pending[i].have == 0 && now - lc->pending[i].since > MPS_EVICT_SILENT_S &&
+        (oldest < 0 || lc->pending[i].since < lc->pending[oldest].since))
+      oldest = i;
+  if (oldest < 0) return 0;
+  MP_WARN("socket: %d connections wait for their handshake; dropped the one from %s, silent for %.0f s",
+          lc->npending, lc->pending[oldest].peer, now - lc->pending[oldest].since);
+  pending_drop(lc, oldest);
+  return 1;
+}
+
 ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
   struct mps_listen_comm *lc = listen_comm;
   *recv_comm = NULL;
-  while (lc->npending < MPS_PENDING_MAX) {
+  while (lc->npending < MPS_PENDING_MAX || pending_evict_silent(lc)) {
     union { struct sockaddr sa; struct sockaddr_in6 sin6; } from;
     socklen_t len = sizeof(from);
     int fd = accept4(lc->fd, &from.sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);

@@ -369,9 +369,10 @@ ncclResult_t mps_close_send(void *send_comm) {
     pthread_cond_broadcast(&c->queues[t].cond);
     pthread_mutex_unlock(&c->queues[t].lock);
   }
-  /* If the peer is gone a thread may sit in send(): shutting the streams down frees it. */
-  if (LOAD(&c->err.state) != 0)
-    for (int i = 0; i < c->nstreams; i++) shutdown(c->fds[i], SHUT_RDWR);
+  /* A thread may sit in send() on a full window: the peer died, or lives and stopped reading.
+   * Shutting the streams down frees it now instead of after TCP_USER_TIMEOUT. What a completed
+   * request wrote is in the kernel already and still goes out before the FIN. */
+  for (int i = 0; i < c->nstreams; i++) shutdown(c->fds[i], SHUT_RDWR);
   for (int t = 0; t < c->threads_started; t++) pthread_join(c->threads[t], NULL);
   for (int t = 0; t < c->nthreads; t++) {
     if (!c->queues[t].tasks) continue;
@@ -391,6 +392,31 @@ struct recv_thread_arg {
   struct mps_recv_comm *comm;
   int index;
 };
+
+/* Claim the chunk's byte range in its slot before any byte is read. NULL if it is consistent with
+ * the message's chunks so far, else what is wrong with it. */
+static const char *slot_claim(struct mps_slot *s, const struct mps_chunk *h) {
+  if (h->total > s->cap) return "the message is bigger than the buffer";
+  if (h->offset > h->total || h->len > h->total - h->offset) return "the chunk lies past the message's end";
+  if (h->len == 0 && h->total != 0) return "an empty chunk of a message that is not empty";
+  while (__atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE)) __builtin_ia32_pause();
+  const char *bad = NULL;
+  if (s->nranges > 0 && LOAD(&s->total) != h->total) bad = "its total differs from the message's other chunks";
+  else if (s->nranges == MPS_MAX_STREAMS) bad = "more chunks than there are streams";
+  for (int i = 0; i < s->nranges && !bad; i++) {
+    uint64_t a = s->ranges[i].off, b = a + s->ranges[i].len;
+    if (h->offset < b && a < h->offset + h->len) bad = "it overlaps a chunk already received";
+    if (h->len == 0 && s->ranges[i].len == 0) bad = "the message's one empty chunk came twice";
+  }
+  if (!bad) {
+    if (s->nranges == 0) STORE(&s->total, h->total);
+    s->ranges[s->nranges].off = h->offset;
+    s->ranges[s->nranges].len = h->len;
+    s->nranges++;
+  }
+  __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+  return bad;
+}
 
 /* Receive one chunk from fd into its slot. 0 ok, -1 the stream is finished (error set if it was
  * not an orderly close at a record boundary during shutdown). */
@@ -426,10 +452,11 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
     STORE(&s->state, MPS_SLOT_TRUNCATED);
     return 0;
   }
-  if (h.total > s->cap || h.offset > s->cap || h.len > s->cap - h.offset) {
-    mps_error_set(&c->err, ncclInternalError, "peer %s sent %llu bytes at offset %llu (total %llu) into a %llu "
-                  "byte buffer", c->peer, (unsigned long long)h.len, (unsigned long long)h.offset,
-                  (unsigned long long)h.total, (unsigned long long)s->cap);
+  const char *bad = slot_claim(s, &h);
+  if (bad) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad chunk for slot %u: %llu bytes at offset %llu of a "
+                  "%llu-byte message into a %llu-byte buffer (%s)", c->peer, h.slot, (unsigned long long)h.len,
+                  (unsigned long long)h.offset, (unsigned long long)h.total, (unsigned long long)s->cap, bad);
     return -1;
   }
   if (h.len && read_full(fd, s->buf + h.offset, h.len) != 1) {
@@ -438,7 +465,6 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
                     errno ? strerror(errno) : "end of stream");
     return -1;
   }
-  STORE(&s->total, h.total);
   if (ADD(&s->received, h.len) == h.total) STORE(&s->state, MPS_SLOT_DONE);
   return 0;
 }
@@ -539,6 +565,7 @@ ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *
     s->cap = sizes[i];
     __atomic_store_n(&s->received, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->total, 0, __ATOMIC_RELAXED);
+    s->nranges = 0;
     STORE(&s->state, MPS_SLOT_POSTED); /* before the CTS leaves: a chunk may follow at once */
     req->slots[i] = id;
     req->tags[i] = tags[i];

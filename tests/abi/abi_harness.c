@@ -64,6 +64,9 @@
 #include "abi_harness.h"
 #include "net/handle.h"
 #include "net/socket/socket.h" /* wire structs, for the fake-peer scenarios only */
+#ifdef MPLANE_ABI_IB_WIRE
+#include "net/ib/ib.h" /* the IB side channel's connection record, for the strangers scenario */
+#endif
 
 #define CALL_LIMIT_S 2.0  /* no call may block NCCL's proxy thread longer than this */
 #define CLOSE_LIMIT_S 10.0 /* a close, which may finish sending what is in flight */
@@ -1304,7 +1307,8 @@ static int sc_fake_version(void) {
   char port_text[16];
   snprintf(port_text, sizeof(port_text), ":%d", port);
   ncclResult_t res = accept_until_warn(&nd, lc, mark, 5, "a hello of protocol version 99", "version 99", port_text);
-  abi_note("accept returned %d on the version-99 hello", res);
+  if (res != ncclSuccess)
+    abi_fail("accept failed (%d) on a hello of another version: that ends NCCL's job; the socket alone must go", res);
   struct mps_ctrl m;
   size_t have = 0;
   double t0 = abi_now();
@@ -1774,6 +1778,75 @@ static int sc_half_open(void) {
   return pair_finish(&pp, rank);
 }
 
+/* Strangers on the listen port, on any transport: 64 sockets that connect and say nothing, one
+ * that sends an HTTP request, and (IB) one connection record of the right magic whose MTU and SL
+ * are out of range. accept() must go on without an error and a real peer must get through at
+ * once: silent sockets make room when the table is full, a bad record drops only its socket. */
+static int sc_strangers(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  if (rank == 1) return real_peer_send_one(&pp, &nd, 70001, 91, 5, "after the strangers");
+  unsigned char handle[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, nd.ctx, nd.dev, handle, &lc) != ncclSuccess) abi_fail("listen failed");
+  struct mplane_handle h;
+  char why[256];
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (mplane_handle_decode(handle, &h, why, sizeof(why)) != ncclSuccess ||
+      mplane_handle_sockaddr(&h, &ss, &sl, why, sizeof(why)) != ncclSuccess)
+    abi_fail("our own listen handle: %s", why);
+  enum { NSILENT = 64 };
+  int silent[NSILENT], port;
+  size_t mark = abi_log_mark();
+  for (int i = 0; i < NSILENT; i++) silent[i] = tcp_client(&ss, sl, &port);
+  int http = tcp_client(&ss, sl, &port);
+  char req[300];
+  memset(req, ' ', sizeof(req));
+  const char *get = "GET / HTTP/1.1\r\nHost: mplane\r\n";
+  memcpy(req, get, strlen(get));
+  if (send(http, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req)) abi_fail("send");
+  int bad_record = -1;
+#ifdef MPLANE_ABI_IB_WIRE
+  if (h.transport == MPLANE_HANDLE_IB) {
+    struct mpib_conn_info ci;
+    memset(&ci, 0, sizeof(ci));
+    ci.magic = MPIB_MAGIC;
+    ci.version = MPLANE_PROTOCOL_VERSION;
+    ci.nqps = 1;
+    ci.mtu = 0;  /* no such MTU */
+    ci.sl = 200; /* SLs are 0..15 */
+    bad_record = tcp_client(&ss, sl, &port);
+    if (send(bad_record, &ci, sizeof(ci), MSG_NOSIGNAL) != (ssize_t)sizeof(ci)) abi_fail("send");
+  }
+#endif
+  for (double t0 = abi_now(); abi_now() - t0 < 1.5;) {
+    void *rc = NULL;
+    double t1 = abi_now();
+    ncclResult_t res = abi_accept(&nd.net, lc, &rc);
+    timed(t1, "accept");
+    if (res != ncclSuccess) abi_fail("accept failed (%d) because of strangers on the port: that ends NCCL's job", res);
+    if (rc) abi_fail("a stranger became a connection");
+    usleep(2000);
+  }
+  if (bad_record >= 0 && !abi_log_warn_has(mark, "invalid connection record", NULL)) {
+    abi_log_dump(mark, "no WARN");
+    abi_fail("a connection record with MTU 0 and SL 200 was not refused with a WARN");
+  }
+  double waited = accept_real_peer(&nd, &pp, handle, lc, 70001, 91, 5, 5,
+                                   "with 64 silent sockets on the port: they keep real peers out");
+  abi_note("the real peer was accepted %.3f s after 64 silent sockets, an HTTP request%s", waited,
+           bad_record >= 0 ? " and a bad IB record" : "");
+  for (int i = 0; i < NSILENT; i++) close(silent[i]);
+  close(http);
+  if (bad_record >= 0) close(bad_record);
+  abi_close_listen(&nd.net, lc);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
 /* NCCL aborting a communicator: comms closed with sends and receives still in flight, large ones,
  * on both sides. Every close returns promptly, nothing crashes, and the next connection is clean. */
 static int sc_abort(void) {
@@ -1992,7 +2065,9 @@ static int sc_stalled_close(void) {
   node_up(&nd, g_opts.version);
   enum { N = 4 };
   const size_t size = 48u << 20;
-  for (int round = 0; round < 2; round++) {
+  /* round 0: the receiver closes, the sender tests; round 1: the receiver closes, the sender closes;
+   * round 2: the receiver stays, stalled (alive, reading nothing), and the sender closes */
+  for (int round = 0; round < 3; round++) {
     struct link l;
     link_up(&nd, pp.fd, &l);
     void *buf[N], *mh[N], *req[N] = {0};
@@ -2019,6 +2094,19 @@ static int sc_stalled_close(void) {
       c = 'h';
       chan_send(pp.fd, &c, 1);
       chan_recv(pp.fd, &c, 1); /* the sender is blocked now */
+      if (round == 2) {
+        c = 'w';
+        chan_send(pp.fd, &c, 1);
+        chan_recv(pp.fd, &c, 1); /* the sender has closed while this side read nothing */
+        __atomic_store_n(&g_hold, 0, __ATOMIC_RELEASE);
+        for (int i = 0; i < N; i++) abi_dereg_mr(&nd.net, l.rc, mh[i]);
+        abi_close_recv(&nd.net, l.rc);
+        l.rc = NULL;
+        barrier(pp.fd);
+        link_down(&nd, &l);
+        for (int i = 0; i < N; i++) free(buf[i]);
+        continue;
+      }
       pthread_t rel;
       pthread_create(&rel, NULL, release_later, NULL);
       for (int i = 0; i < N; i++) abi_dereg_mr(&nd.net, l.rc, mh[i]);
@@ -2052,7 +2140,7 @@ static int sc_stalled_close(void) {
       usleep(300000); /* the send side fills the socket buffers and blocks */
       c = 's';
       chan_send(pp.fd, &c, 1);
-      chan_recv(pp.fd, &c, 1); /* the receiver has closed */
+      chan_recv(pp.fd, &c, 1); /* the receiver has closed (rounds 0, 1) or stays stalled (round 2) */
       double limit = 10;
       pthread_t wd;
       pthread_create(&wd, NULL, close_watchdog, &limit);
@@ -2076,7 +2164,8 @@ static int sc_stalled_close(void) {
         abi_note("round 0: every send ended (%s) and closeSend returned %.3f s after the receiver closed",
                  failed ? "a test failed" : "all completed: the data was placed before the close", abi_now() - t0);
       else
-        abi_note("round 1: closeSend returned %.3f s after the receiver closed", abi_now() - t0);
+        abi_note("round %d: closeSend returned %.3f s after the receiver %s", round, abi_now() - t0,
+                 round == 1 ? "closed" : "stopped reading (alive)");
     }
     barrier(pp.fd);
     link_down(&nd, &l);
@@ -2111,6 +2200,7 @@ static const struct {
     {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
     {"close-early", sc_close_early, "sender closes right after its sends complete: the receiver still gets every byte"},
     {"stalled-close", sc_stalled_close, "receiver closes with full socket buffers: the blocked sender fails fast"},
+    {"strangers", sc_strangers, "64 silent sockets, an HTTP request, a bad IB record on the port: accept goes on, a real peer gets in"},
     {"abort", sc_abort, "comms closed with large sends/receives in flight on both sides: prompt, no crash"},
     {"threads", sc_threads, "3 communicators per process, each on its own thread, concurrently"},
     {"dead-listener", sc_dead_listener, "connect to a closed listener: error within 10 s, WARN names peer"},
