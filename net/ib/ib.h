@@ -214,6 +214,7 @@ struct mpib_send_comm {
 struct mpib_recv_entry {
   uint64_t bytes;
   int chunks, nchunks, trunc;
+  uint32_t chunk_mask;  /* chunk indices received (at most 16 chunks) */
   int tag;
   uint64_t cap;
 };
