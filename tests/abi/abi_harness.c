@@ -1285,6 +1285,107 @@ static int sc_fake_peer(void) {
 
 /* A peer that says mplane's magic but another protocol version: a WARN naming the version, a NACK
  * back to it, and no connection. */
+/* ---- a fake sender: speaks the socket protocol itself, then sends chunks a real sender never would ---- */
+
+/* Read one control record from the fake's control socket within 5 s. */
+static void fake_read_ctrl(int fd, struct mps_ctrl *m, uint16_t want) {
+  size_t have = 0;
+  for (double t0 = abi_now(); have < sizeof(*m);) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (abi_now() - t0 > 5) abi_fail("fake sender: no control record (type %u) in 5 s", want);
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t r = recv(fd, (char *)m + have, sizeof(*m) - have, 0);
+    if (r <= 0) abi_fail("fake sender: the plugin closed the control socket");
+    have += (size_t)r;
+  }
+  if (m->magic != MPLANE_HANDLE_MAGIC || m->type != want) abi_fail("fake sender: control record type %u, expected %u", m->type, want);
+}
+
+struct fake_chunk {
+  uint64_t offset, len, total;
+};
+
+/* One connection from a fake sender (control + one data stream) into a posted receive of cap bytes;
+ * the chunks go out as given. The receive must fail within 5 s with a WARN containing warn, never
+ * complete. */
+static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_storage *ss, socklen_t sl, size_t cap,
+                             const struct fake_chunk *ch, int nch, const char *what, const char *warn) {
+  int fds[2], port;
+  struct mps_hello hello;
+  memset(&hello, 0, sizeof(hello));
+  hello.magic = MPLANE_HANDLE_MAGIC;
+  hello.version = MPLANE_PROTOCOL_VERSION;
+  hello.type = MPS_HELLO;
+  hello.nonce = 0xfa4e0000u + (uint64_t)nch * 977 + cap;
+  hello.nstreams = 1;
+  for (int i = 0; i < 2; i++) {
+    fds[i] = tcp_client(ss, sl, &port);
+    hello.stream = (uint16_t)i;
+    if (send(fds[i], &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) abi_fail("fake sender: send");
+  }
+  void *rc = NULL;
+  for (double t0 = abi_now(); !rc;) {
+    if (abi_accept(&nd->net, lc, &rc) != ncclSuccess) abi_fail("%s: accept failed", what);
+    if (abi_now() - t0 > 5) abi_fail("%s: the fake sender's connection was not accepted in 5 s", what);
+  }
+  struct mps_ctrl m;
+  fake_read_ctrl(fds[0], &m, MPS_ACK);
+  void *buf = alloc_buf(cap, 64), *mh, *req = NULL;
+  reg(nd, rc, buf, cap, &mh);
+  int tag = 1;
+  while (!req)
+    if (abi_irecv(&nd->net, rc, 1, &buf, &cap, &tag, &mh, &req) != ncclSuccess) abi_fail("%s: irecv failed", what);
+  fake_read_ctrl(fds[0], &m, MPS_CTS);
+  char payload[512];
+  memset(payload, 0x5a, sizeof(payload));
+  for (int i = 0; i < nch; i++) {
+    struct mps_chunk h = {.slot = m.e[0].slot, .offset = ch[i].offset, .len = ch[i].len, .total = ch[i].total};
+    if (send(fds[1], &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) abi_fail("fake sender: send");
+    size_t n = ch[i].len < sizeof(payload) ? ch[i].len : sizeof(payload);
+    if (send(fds[1], payload, n, MSG_NOSIGNAL) != (ssize_t)n) abi_fail("fake sender: send");
+  }
+  size_t mark = abi_log_mark();
+  ncclResult_t res = ncclSuccess;
+  int done = 0;
+  for (double t0 = abi_now(); res == ncclSuccess && !done && abi_now() - t0 < 5;) res = abi_test(&nd->net, req, &done, NULL);
+  if (done) abi_fail("%s: the receive completed", what);
+  if (res == ncclSuccess) abi_fail("%s: the receive neither completed nor failed in 5 s", what);
+  if (!abi_log_warn_has(mark, warn, NULL)) {
+    abi_log_dump(mark, what);
+    abi_fail("%s: the receive failed (%d) without a WARN saying '%s'", what, res, warn);
+  }
+  long bad = check_guard(buf, cap, cap + 64);
+  if (bad >= 0) abi_fail("%s: byte %ld past the buffer was written", what, bad);
+  abi_note("%s: the receive failed (%d) with a WARN naming it", what, res);
+  dereg(nd, rc, mh);
+  abi_close_recv(&nd->net, rc);
+  free(buf);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+static int sc_fake_chunks(void) {
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  unsigned char handle[HANDLE_SIZE];
+  void *lc = NULL;
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (!listen_tcp(&nd, NULL, handle, &lc, &ss, &sl)) return 77;
+  const struct fake_chunk overlap[2] = {{0, 50, 100}, {0, 50, 100}};
+  fake_chunks_case(&nd, lc, &ss, sl, 100, overlap, 2, "two chunks over the same 50 bytes of a 100-byte message",
+                   "overlaps");
+  const struct fake_chunk past_end[1] = {{0, 150, 100}};
+  fake_chunks_case(&nd, lc, &ss, sl, 200, past_end, 1, "a 150-byte chunk of a 100-byte message", "past the message");
+  const struct fake_chunk totals[2] = {{0, 50, 100}, {50, 50, 120}};
+  fake_chunks_case(&nd, lc, &ss, sl, 200, totals, 2, "chunks that name totals 100 and 120", "total differs");
+  const struct fake_chunk too_big[1] = {{0, 10, 300}};
+  fake_chunks_case(&nd, lc, &ss, sl, 200, too_big, 1, "a 300-byte message into 200 bytes, sent anyway", "bigger than");
+  abi_close_listen(&nd.net, lc);
+  node_down(&nd);
+  return 0;
+}
+
 static int sc_fake_version(void) {
   struct node nd;
   node_up(&nd, g_opts.version);
@@ -2196,6 +2297,7 @@ static const struct {
     {"short-recv", sc_short_recv, "message bigger than the receive buffer: ncclInvalidUsage, guard untouched"},
     {"bad-handle", sc_bad_handle, "non-mplane / other-version / garbage handles: connect fails, no hang"},
     {"fake-peer", sc_fake_peer, "plain TCP clients sending garbage to the listen address (socket only)"},
+    {"fake-chunks", sc_fake_chunks, "a fake sender's overlapping, overlong and inconsistent chunks fail the receive (socket only)"},
     {"fake-version", sc_fake_version, "a peer of another protocol version: WARN and NACK (socket only)"},
     {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
     {"close-early", sc_close_early, "sender closes right after its sends complete: the receiver still gets every byte"},
