@@ -282,6 +282,12 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_close_send(void *send_comm);
 ncclResult_t mpib_close_recv(void *recv_comm);
 
+/* Count one chunk (or the TRUNC notice, imm's layout below) of a receive entry. Every chunk of a
+ * message names the same chunk count, each index comes once, and the bytes never pass the buffer;
+ * NULL when the chunk fits, else the peer's protocol error in words. Exposed for unit tests. */
+const char *mpib_recv_entry_accept(const struct mpib_recv_comm *c, struct mpib_recv_entry *en, uint32_t byte_len,
+                                   uint32_t imm);
+
 /* imm layout */
 #define MPIB_IMM_SLOT(x) ((x) & 31u)
 #define MPIB_IMM_ENTRY(x) (((x) >> 5) & 7u)

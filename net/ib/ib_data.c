@@ -143,11 +143,8 @@ static void protocol_error(struct mpib_comm_base *b, const char *what, uint32_t 
                  b->dev->hca->name, b->dev->port, b->peer, what, imm);
 }
 
-/* Count one chunk (or the TRUNC notice) of an entry. Every chunk of a message names the same chunk
- * count, each index comes once, and the bytes never pass the buffer; else it is the peer's
- * protocol error (NULL when the chunk fits). */
-static const char *entry_accept(struct mpib_recv_comm *c, struct mpib_recv_entry *en, const struct ibv_wc *wc,
-                                uint32_t imm) {
+const char *mpib_recv_entry_accept(const struct mpib_recv_comm *c, struct mpib_recv_entry *en, uint32_t byte_len,
+                                   uint32_t imm) {
   if (en->trunc || (en->nchunks && en->chunks == en->nchunks)) return "data for a receive buffer already complete";
   if (imm & MPIB_IMM_TRUNC) {
     if (en->chunks) return "a 'does not fit' notice after data";
@@ -157,7 +154,7 @@ static const char *entry_accept(struct mpib_recv_comm *c, struct mpib_recv_entry
   unsigned chunk = MPIB_IMM_CHUNK(imm), nchunks = MPIB_IMM_NCHUNKS(imm);
   if (en->chunks && (unsigned)en->nchunks != nchunks) return "chunks of one message disagree on their count";
   if (chunk >= nchunks || (en->chunk_mask & (1u << chunk))) return "a chunk out of range or received twice";
-  uint64_t len = wc->byte_len;
+  uint64_t len = byte_len;
   if (imm & MPIB_IMM_AR) {
     unsigned slot = MPIB_IMM_SLOT(imm);
     len = __atomic_load_n(&c->lens[(slot * MPIB_MAX_RECVS + MPIB_IMM_ENTRY(imm)) * MPIB_MAX_QPS + chunk],
@@ -188,7 +185,7 @@ static void on_recv(struct mpib_recv_comm *c, const struct ibv_wc *wc) {
   if (!r->used || MPIB_IMM_SEQ(imm) != (uint32_t)(r->seq & 0xfff) || (int)e >= r->n)
     return protocol_error(&c->b, "data for a receive that is not posted", imm);
   struct mpib_recv_entry *en = &r->e[e];
-  const char *bad = entry_accept(c, en, wc, imm);
+  const char *bad = mpib_recv_entry_accept(c, en, wc->byte_len, imm);
   if (bad) return protocol_error(&c->b, bad, imm);
   if (en->trunc || en->chunks == en->nchunks) r->done_entries++;
 }

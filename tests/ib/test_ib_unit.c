@@ -1,4 +1,5 @@
-/* Unit tests of the IB transport's pure functions: the NCCL_IB_HCA grammar and the RoCE GID choice. */
+/* Unit tests of the IB transport's pure functions: the NCCL_IB_HCA grammar, the RoCE GID choice, and
+ * how a receive entry counts the chunks a peer sends. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +24,50 @@ static void test_hca_grammar(void **state) {
   assert_false(mpib_hca_match("^=mlx5_0", "mlx5_0", 1));
   assert_true(mpib_hca_match("^=mlx5_0", "mlx5_00", 1));
   assert_false(mpib_hca_match("ib", "mlx5_0", 1));
+}
+
+/* A well-behaved sender's chunks complete an entry; a bad one's are refused, whatever its order. */
+static void test_recv_entry_chunks(void **state) {
+  (void)state;
+  struct mpib_recv_comm c;
+  memset(&c, 0, sizeof(c));
+  struct mpib_recv_entry en = {.cap = 100};
+  /* two chunks, the second first */
+  assert_null(mpib_recv_entry_accept(&c, &en, 40, mpib_imm(0, 0, 2, 1, 0, 0)));
+  assert_int_equal(en.chunks, 1);
+  assert_null(mpib_recv_entry_accept(&c, &en, 60, mpib_imm(0, 0, 2, 0, 0, 0)));
+  assert_int_equal(en.chunks, en.nchunks);
+  assert_int_equal(en.bytes, 100);
+  assert_non_null(mpib_recv_entry_accept(&c, &en, 1, mpib_imm(0, 0, 2, 1, 0, 0))); /* a third: already complete */
+  /* a count that changes: chunk 0 of 2, then "chunk 0 of 1" would complete it with half the bytes */
+  memset(&en, 0, sizeof(en));
+  en.cap = 100;
+  assert_null(mpib_recv_entry_accept(&c, &en, 50, mpib_imm(0, 0, 2, 0, 0, 0)));
+  assert_non_null(mpib_recv_entry_accept(&c, &en, 50, mpib_imm(0, 0, 1, 0, 0, 0)));
+  /* the same chunk twice would count as the second */
+  assert_non_null(mpib_recv_entry_accept(&c, &en, 50, mpib_imm(0, 0, 2, 0, 0, 0)));
+  assert_int_equal(en.chunks, 1);
+  /* bytes past the buffer are refused on the chunk that brings them, not only on the last */
+  memset(&en, 0, sizeof(en));
+  en.cap = 100;
+  assert_non_null(mpib_recv_entry_accept(&c, &en, 101, mpib_imm(0, 0, 3, 0, 0, 0)));
+  assert_null(mpib_recv_entry_accept(&c, &en, 100, mpib_imm(0, 0, 3, 0, 0, 0)));
+  assert_non_null(mpib_recv_entry_accept(&c, &en, 1, mpib_imm(0, 0, 3, 1, 0, 0)));
+  /* an index past the count; a 'does not fit' notice after data; data after the notice */
+  memset(&en, 0, sizeof(en));
+  en.cap = 100;
+  assert_non_null(mpib_recv_entry_accept(&c, &en, 1, mpib_imm(0, 0, 2, 2, 0, 0)));
+  assert_null(mpib_recv_entry_accept(&c, &en, 1, mpib_imm(0, 0, 2, 0, 0, 0)));
+  assert_non_null(mpib_recv_entry_accept(&c, &en, 0, mpib_imm(0, 0, 1, 0, MPIB_IMM_TRUNC, 0)));
+  memset(&en, 0, sizeof(en));
+  en.cap = 100;
+  assert_null(mpib_recv_entry_accept(&c, &en, 0, mpib_imm(0, 0, 1, 0, MPIB_IMM_TRUNC, 0)));
+  assert_int_equal(en.trunc, 1);
+  assert_non_null(mpib_recv_entry_accept(&c, &en, 10, mpib_imm(0, 0, 1, 0, 0, 0)));
+  /* an empty message is one empty chunk */
+  memset(&en, 0, sizeof(en));
+  assert_null(mpib_recv_entry_accept(&c, &en, 0, mpib_imm(0, 0, 1, 0, 0, 0)));
+  assert_int_equal(en.chunks, en.nchunks);
 }
 
 static void gid_v4(union ibv_gid *g, int a) {
@@ -72,6 +117,7 @@ int main(void) {
       cmocka_unit_test(test_hca_grammar),
       cmocka_unit_test(test_gid_choice),
       cmocka_unit_test(test_imm_layout),
+      cmocka_unit_test(test_recv_entry_chunks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
