@@ -1507,16 +1507,16 @@ static void probe_dev_name(int dev, char *out, size_t len) {
 static int version_scenario(int version) {
   /* v12 reports planes: name one with MPLANE_PLANES (unless the user did) and check it comes back in
    * planeId and in the listen handle */
-  int want_plane = -2;
-  if (version == 12 && !getenv("MPLANE_PLANES")) {
-    char name[256], spec[300];
-    probe_dev_name(g_opts.dev, name, sizeof(name));
-    snprintf(spec, sizeof(spec), "%s=5", name);
-    setenv("MPLANE_PLANES", spec, 1);
-    want_plane = 5;
-  }
+  int want_plane = version == 12 && !getenv("MPLANE_PLANES") ? 5 : -2;
   struct pair pp;
   int rank = pair_fork(&pp);
+  if (want_plane != -2) {
+    /* each rank names its own device: the two may differ (MPLANE_ABI_RANK<r>_ENV) */
+    char name[256], spec[300];
+    probe_dev_name(g_opts.dev, name, sizeof(name));
+    snprintf(spec, sizeof(spec), "%s=%d", name, want_plane);
+    setenv("MPLANE_PLANES", spec, 1);
+  }
   struct node nd;
   node_up(&nd, version);
   if (want_plane != -2) {
