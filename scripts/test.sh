@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run mplane's whole test suite (what CI runs): builds first if needed.
-# Suites: unit, abi, topo, tuner, ib, ep, fabric (needs root), gpu (skips without a GPU).
+# Suites: unit, abi, topo, tuner, ib, rxe (real kernel verbs in a qemu VM: scripts/rxe-vm.sh prepares it
+# on first use), ep, fabric (needs root), gpu (skips without a GPU).
 # Benchmarks are a separate suite: meson test -C build --suite bench
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# The IB transport on real kernel verbs: soft-RoCE (rdma_rxe) with rdma-core's libibverbs and rxe
+# provider. Runs INSIDE the VM that scripts/rxe-vm.sh boots (rxe0 on veth0 198.18.0.1, rxe1 on veth1
+# 198.18.0.2, traffic between them crossing the veth pair):
+#
+#   scripts/rxe-vm.sh run -- tests/rxe/suite.sh BUILD_DIR      (meson test -C BUILD_DIR --suite rxe)
+#
+# Steps, each with a PASS/FAIL summary line and its seconds at the end:
+#   devices    ibv_devinfo of rxe0 and rxe1 (both PORT_ACTIVE)
+#   perftest   ib_write_bw rxe1 -> rxe0: the wire works (prints "rxe ib_write_bw: X MB/s")
+#   wire       the ABI harness over MPLANE_TRANSPORT=ib, rank 0 on rxe0 and rank 1 on rxe1: every
+#              scenario of the IB suite's first part (read from tests/ib/meson.build) that this
+#              harness has, plus shared-comms; one harness process per scenario
+#   loopback   a few scenarios with both ranks on rxe0 (rxe's own loopback, no wire)
+#   sizes-rate the wire's "sizes" scenario timed: the plugin's rate across rxe, beside ib_write_bw's
+#              (tools/mplane-netbench cannot run over IB: it opens the device before it forks, and the
+#              kernel refuses a verbs context's commands from another process, EACCES)
+# Logs of each step: $MPLANE_RXE_SHARE/<step>.log (the shared directory of rxe-vm.sh). Exit status:
+# 0 when every step passed, 1 otherwise, 2 usage.
+set -uo pipefail
+
+BUILD=${1:?usage: suite.sh BUILD_DIR}
+BUILD=$(readlink -f "$BUILD")
+PLUGIN=$BUILD/libnccl-net-mplane.so
+HARNESS=$BUILD/tests/abi/abi-harness
+LOGS=${MPLANE_RXE_SHARE:-/tmp}
+SRC=$(readlink -f "$(dirname "$0")/../..")
+# Without tests/ib/meson.build to read: the IB suite's first part as it was written here.
+IB_SCENARIOS_FALLBACK=(props sizes inflight inflight-max multirecv shared-order shared-comms reconnect kill-receiver
+                       kill-sender short-recv bad-handle bad-config close-early stalled-close abort threads
+                       dead-listener v12 v10 v9 v8)
+LOOPBACK_SCENARIOS=(sizes multirecv shared-order shared-comms)
+
+# Real libibverbs: nothing of the software verbs double may leak in from the caller.
+unset MPLANE_IBVERBS_LIB SOFTVERBS_NS SOFTVERBS_LIB
+export MPLANE_TRANSPORT=ib
+export MPLANE_ABI_TIMEOUT=${MPLANE_ABI_TIMEOUT:-240}
+export MPLANE_ABI_PLUGIN=$PLUGIN
+
+SUMMARY=()
+FAILED=0
+
+# step NAME FUNC: runs FUNC with its output on the console and in NAME.log, records PASS/FAIL.
+step() {
+  local name=$1 t0=$SECONDS rc
+  shift
+  echo
+  echo "== rxe: $name =="
+  "$@" 2>&1 | tee "$LOGS/$name.log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ]; then
+    SUMMARY+=("$(printf 'rxe: PASS  %-10s %4ds' "$name" $((SECONDS - t0)))")
+  else
+    SUMMARY+=("$(printf 'rxe: FAIL  %-10s %4ds  (status %d, log %s)' "$name" $((SECONDS - t0)) "$rc" "$LOGS/$name.log")")
+    FAILED=1
+  fi
+}
+
+# Index of the RoCE v2 GID that carries the IPv4 address of the device's netdev.
+ipv4_gid_index() {
+  local dev=$1 g i
+  for g in /sys/class/infiniband/"$dev"/ports/1/gids/*; do
+    i=${g##*/}
+    case "$(cat "$g" 2>/dev/null)" in
+      0000:0000:0000:0000:0000:ffff:*)
+        grep -qi "v2" "/sys/class/infiniband/$dev/ports/1/gid_attrs/types/$i" 2>/dev/null && { echo "$i"; return 0; } ;;
+    esac
+  done
+  return 1
+}
+
+devices() {
+  local d rc=0
+  for d in rxe0 rxe1; do
+    ibv_devinfo -d "$d" | grep -E "hca_id|state|active_mtu|link_layer" || rc=1
+    grep -q ACTIVE "/sys/class/infiniband/$d/ports/1/state" || { echo "$d: port 1 not ACTIVE"; rc=1; }
+    echo "  RoCE v2 IPv4 GID index: $(ipv4_gid_index "$d" || echo none)"
+  done
+  return $rc
+}
+
+perftest() {
+  local g0 g1 spid rc line
+  g0=$(ipv4_gid_index rxe0) || { echo "rxe0 has no RoCE v2 IPv4 GID"; return 1; }
+  g1=$(ipv4_gid_index rxe1) || { echo "rxe1 has no RoCE v2 IPv4 GID"; return 1; }
+  timeout 120 ib_write_bw -d rxe0 -x "$g0" -F -s 1048576 -n 200 >"$LOGS/ib_write_bw-server.log" 2>&1 &
+  spid=$!
+  sleep 1
+  timeout 120 ib_write_bw -d rxe1 -x "$g1" -F -s 1048576 -n 200 198.18.0.1 >"$LOGS/ib_write_bw-client.log" 2>&1
+  rc=$?
+  wait "$spid" || rc=1
+  cat "$LOGS/ib_write_bw-client.log"
+  # the result row: bytes, iterations, peak MB/s, average MB/s, Mpps
+  line=$(awk '$1 == 1048576 && $2 == 200 { print $4 }' "$LOGS/ib_write_bw-client.log")
+  [ "$rc" -eq 0 ] && [ -n "$line" ] || { echo "ib_write_bw failed (status $rc)"; cat "$LOGS/ib_write_bw-server.log"; return 1; }
+  echo "rxe ib_write_bw: $line MB/s"
+}
+
+# The harness scenarios of the IB suite's first part (tests/ib/meson.build, "foreach s : [...]" in its
+# abi_harness block), so this suite runs on the wire whatever the IB suite runs on the double.
+ib_scenarios() {
+  local list
+  list=$(sed -n "/^if is_variable('abi_harness')/,/^endif/p" "$SRC/tests/ib/meson.build" 2>/dev/null |
+    sed -n '/foreach s : \[/,/\]/p' | grep -o "'[a-z0-9-]*'" | tr -d "'")
+  if [ -n "$list" ]; then echo "$list"; else printf '%s\n' "${IB_SCENARIOS_FALLBACK[@]}"; fi
+  echo shared-comms
+}
+
+# Scenarios of LIST the harness has, in LIST's order, each once.
+have_scenarios() {
+  local have s
+  have=$("$HARNESS" --list | awk '{ print $1 }')
+  for s in "$@"; do
+    if grep -qx -- "$s" <<<"$have"; then echo "$s"; else echo "(this abi-harness has no scenario $s)" >&2; fi
+  done | awk '!seen[$0]++'
+}
+
+# One harness process per scenario, so a failure names its scenario and the others still run.
+harness() {
+  local s rc=0 t0
+  for s in "$@"; do
+    t0=$SECONDS
+    if "$HARNESS" --plugin "$PLUGIN" "$s"; then
+      echo "  scenario $s: PASS ($((SECONDS - t0))s)"
+    else
+      echo "  scenario $s: FAIL ($((SECONDS - t0))s)"
+      rc=1
+    fi
+  done
+  return $rc
+}
+
+# Runs CMD with the harness' rank 0 on rxe0 (side channel on veth0) and rank 1 on rxe1 (veth1).
+on_two_devices() {
+  MPLANE_SOCKET_IFNAME='' \
+  MPLANE_ABI_RANK0_ENV="MPLANE_IB_HCA==rxe0 MPLANE_SOCKET_IFNAME==veth0" \
+  MPLANE_ABI_RANK1_ENV="MPLANE_IB_HCA==rxe1 MPLANE_SOCKET_IFNAME==veth1${RANK1_EXTRA:-}" \
+    "$@"
+}
+
+wire() {
+  if ! grep -qa MPLANE_ABI_RANK "$HARNESS"; then
+    echo "this abi-harness has no per-rank environment (MPLANE_ABI_RANK0_ENV): both ranks would open the same device"
+    return 1
+  fi
+  local list
+  mapfile -t list < <(mapfile -t ib < <(ib_scenarios); have_scenarios "${ib[@]}")
+  echo "scenarios: ${list[*]}"
+  # v12 names rank 0's NIC in MPLANE_PLANES (rxe0:1=5) before it forks rank 1, which has no rxe0:
+  # there rank 1 names its own NIC on the same plane, and both ranks check planeId 5 comes back.
+  local s rc=0
+  for s in "${list[@]}"; do
+    if [ "$s" = v12 ]; then
+      RANK1_EXTRA=" MPLANE_PLANES=rxe1:1=5" on_two_devices harness "$s" || rc=1
+    else
+      on_two_devices harness "$s" || rc=1
+    fi
+  done
+  return $rc
+}
+
+loopback() {
+  local list
+  mapfile -t list < <(have_scenarios "${LOOPBACK_SCENARIOS[@]}")
+  echo "scenarios: ${list[*]}"
+  MPLANE_ABI_SHARED_STEPS=${MPLANE_ABI_SHARED_STEPS:-300} MPLANE_IB_HCA='=rxe0' MPLANE_SOCKET_IFNAME='=veth0' harness "${list[@]}"
+}
+
+# The harness' sizes scenario on the wire, timed. It moves 0, 1, 4095, 4096, 1 MiB+3 and 64 MiB each
+# way, three times (exact buffers, bigger buffers, late receiver): 408993810 bytes in all, both
+# directions at once. The rate includes the scenario's init, connect and registrations.
+SIZES_BYTES=408993810
+sizes_rate() {
+  local t0 t1
+  t0=$(date +%s.%N)
+  on_two_devices "$HARNESS" --plugin "$PLUGIN" sizes || return 1
+  t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" -v n=$SIZES_BYTES \
+    'BEGIN { printf "rxe plugin sizes (rxe0 <-> rxe1): %.1f s, %.1f MB/s both ways together\n", b - a, n / (b - a) / 1e6 }'
+}
+
+[ -x "$HARNESS" ] && [ -f "$PLUGIN" ] || { echo "rxe suite: no $HARNESS or $PLUGIN (build first)"; exit 2; }
+T0=$SECONDS
+step devices devices
+step perftest perftest
+step wire wire
+step loopback loopback
+step sizes-rate sizes_rate
+echo
+printf '%s\n' "${SUMMARY[@]}"
+echo "rxe: $([ $FAILED -eq 0 ] && echo PASS || echo FAIL) in $((SECONDS - T0))s"
+exit $FAILED
