@@ -23,6 +23,8 @@
  *   MPLANE_ABI_PEER_ADDR  text the WARN about a dead peer must contain (default: the IP address of
  *                         the listen handle when the transport is the socket one, else "peer")
  *   MPLANE_ABI_TIMEOUT    seconds before a scenario is declared hung (default 90)
+ *   MPLANE_ABI_CALL_LIMIT seconds one plugin call may take before it counts as blocking NCCL's proxy
+ *                         thread (default 2; soft-RoCE on an emulated CPU needs more)
  *   MPLANE_ABI_VERBOSE=1  echo every plugin log line, not only WARNs
  *   MPLANE_ABI_RANK0_ENV, MPLANE_ABI_RANK1_ENV  "VAR=VALUE ..." set in that rank only, e.g.
  *                         MPLANE_ABI_RANK0_ENV="MPLANE_IB_HCA==rxe0" and rxe1 for rank 1: two devices
@@ -321,7 +323,12 @@ void node_down(struct node *nd) {
 
 void timed(double t0, const char *what) {
   /* closes may drain what is in flight: they get more time, but still a bound */
-  double limit = strncmp(what, "close", 5) == 0 ? CLOSE_LIMIT_S : CALL_LIMIT_S;
+  static double call_limit;
+  if (call_limit == 0) {
+    const char *e = getenv("MPLANE_ABI_CALL_LIMIT");
+    call_limit = e && atof(e) > 0 ? atof(e) : CALL_LIMIT_S;
+  }
+  double limit = strncmp(what, "close", 5) == 0 ? (call_limit > CLOSE_LIMIT_S ? call_limit : CLOSE_LIMIT_S) : call_limit;
   double dt = abi_now() - t0;
   if (dt > limit) abi_fail("%s took %.2f s (limit %.0f s): it blocks the proxy thread", what, dt, limit);
 }
