@@ -1,12 +1,16 @@
 /* mplane-netbench: what the plugin sees on this machine, and how fast it moves bytes.
  *
- *   mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S] [--raw-streams N] [--devices-only]
+ *   mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S | --rounds N] [--raw-streams N]
+ *                   [--sender-env "VAR=VALUE ..."] [--devices-only]
  *
  * Prints the devices the plugin discovers (NCCL's view: name, plane, speed, PCI path), then runs a
  * two-process bandwidth check through the plugin's ncclNet_v11 table on device 0, driven the way
  * NCCL's proxy drives it (a window of isend/irecv in flight, test polling), with every byte checked
  * in the first and last rounds. With --raw-streams N it also measures a plain N-stream TCP transfer
  * between the same two processes over the same address: the ceiling the plugin is judged against.
+ * Each process opens the plugin itself after the fork, as two ranks would (verbs contexts do not
+ * survive a fork); --sender-env sets variables in the sending process only, e.g. its own HCA.
+ * --rounds fixes the number of windows moved (default: about --seconds at 4 GB/s).
  * Exit status is non-zero on any error or wrong byte. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -35,6 +39,8 @@ struct opts {
   double seconds;
   int raw_streams;
   int devices_only;
+  long rounds;
+  const char *sender_env;
 };
 
 static double now_s(void) {
@@ -217,8 +223,8 @@ static double raw_tcp(int streams, size_t total, size_t footprint, const char *i
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S] "
-                  "[--raw-streams N] [--devices-only]\n");
+  fprintf(stderr, "usage: mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S | --rounds N] "
+                  "[--raw-streams N] [--sender-env \"VAR=VALUE ...\"] [--devices-only]\n");
   exit(2);
 }
 
@@ -226,9 +232,10 @@ static void parse(int argc, char **argv, struct opts *o) {
   static const struct option longopts[] = {{"plugin", 1, 0, 'p'},      {"size", 1, 0, 's'},
                                            {"window", 1, 0, 'w'},      {"seconds", 1, 0, 't'},
                                            {"raw-streams", 1, 0, 'r'}, {"devices-only", 0, 0, 'd'},
+                                           {"rounds", 1, 0, 'n'},      {"sender-env", 1, 0, 'e'},
                                            {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "p:s:w:t:r:dh", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "p:s:w:t:r:dn:e:h", longopts, NULL)) != -1) {
     switch (c) {
       case 'p': o->plugin = optarg; break;
       case 's': o->size = strtoull(optarg, NULL, 0); break;
@@ -236,52 +243,84 @@ static void parse(int argc, char **argv, struct opts *o) {
       case 't': o->seconds = atof(optarg); break;
       case 'r': o->raw_streams = atoi(optarg); break;
       case 'd': o->devices_only = 1; break;
+      case 'n': o->rounds = atol(optarg); break;
+      case 'e': o->sender_env = optarg; break;
       default: usage();
     }
   }
   if (o->window < 1 || o->window > 32) die("--window must be 1..32");
+  if (o->rounds < 0 || o->rounds > 10000000) die("--rounds must be 1..10000000");
+}
+
+/* dlopen the plugin and init it in this process; devices are this process's own. */
+static ncclNet_v11_t *open_plugin(const char *path, void **ctx) {
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    fprintf(stderr, "mplane-netbench: cannot load %s: %s\n", path, dlerror());
+    exit(1);
+  }
+  ncclNet_v11_t *net = dlsym(lib, "ncclNetPlugin_v11");
+  if (!net) die("plugin exports no ncclNetPlugin_v11");
+  ncclNetCommConfig_v11_t cfg = {NCCL_NET_TRAFFIC_CLASS_UNDEF};
+  NCHECK(net->init(ctx, 1, &cfg, logger, NULL));
+  return net;
+}
+
+/* "VAR=VALUE VAR=VALUE": set in this process. */
+static void apply_env(const char *spec) {
+  char *copy = strdup(spec), *save = NULL;
+  for (char *kv = strtok_r(copy, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+    char *eq = strchr(kv, '=');
+    if (!eq || eq == kv) die("--sender-env: expected VAR=VALUE");
+    *eq = 0;
+    setenv(kv, eq + 1, 1);
+  }
+  free(copy);
+}
+
+/* The sending process: its own plugin, connect to the handle the receiver sends, move the rounds. */
+static void sender_main(const struct opts *o, int fd) {
+  if (o->sender_env) apply_env(o->sender_env);
+  void *ctx = NULL;
+  ncclNet_v11_t *net = open_plugin(o->plugin, &ctx);
+  char handle[NCCL_NET_HANDLE_MAXSIZE] = {0};
+  long rounds;
+  if (read(fd, handle, sizeof(handle)) != sizeof(handle)) _exit(1);
+  if (read(fd, &rounds, sizeof(rounds)) != sizeof(rounds)) _exit(1);
+  void *send_comm = NULL;
+  while (!send_comm) NCHECK(net->connect(ctx, 0, handle, &send_comm, NULL));
+  double secs;
+  plugin_side(net, send_comm, 1, o, rounds, &secs);
+  NCHECK(net->closeSend(send_comm));
+  _exit(0);
 }
 
 int main(int argc, char **argv) {
   struct opts o = {.plugin = "libnccl-net-mplane.so", .size = 4 << 20, .window = 8, .seconds = 3};
   parse(argc, argv, &o);
-  void *lib = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "mplane-netbench: cannot load %s: %s\n", o.plugin, dlerror());
-    return 1;
+  int pipefd[2] = {-1, -1};
+  pid_t pid = -1;
+  if (!o.devices_only) {
+    if (pipe(pipefd)) die("pipe failed");
+    fflush(NULL);
+    pid = fork();
+    if (pid < 0) die("fork failed");
+    if (pid == 0) sender_main(&o, pipefd[0]);
   }
-  ncclNet_v11_t *net = dlsym(lib, "ncclNetPlugin_v11");
-  if (!net) die("plugin exports no ncclNetPlugin_v11");
   void *ctx = NULL;
-  ncclNetCommConfig_v11_t cfg = {NCCL_NET_TRAFFIC_CLASS_UNDEF};
-  NCHECK(net->init(&ctx, 1, &cfg, logger, NULL));
+  ncclNet_v11_t *net = open_plugin(o.plugin, &ctx);
   print_devices(net);
   if (o.devices_only) return 0;
 
   ncclNetProperties_v11_t p0;
   NCHECK(net->getProperties(0, &p0));
-  int pipefd[2], backfd[2];
-  if (pipe(pipefd) || pipe(backfd)) die("pipe failed");
-  /* Calibrate rounds from a time budget: the receiver decides and tells the sender. */
-  pid_t pid = fork();
-  if (pid == 0) {
-    char handle[NCCL_NET_HANDLE_MAXSIZE] = {0};
-    long rounds;
-    if (read(pipefd[0], handle, sizeof(handle)) != sizeof(handle)) _exit(1);
-    if (read(pipefd[0], &rounds, sizeof(rounds)) != sizeof(rounds)) _exit(1);
-    void *send_comm = NULL;
-    while (!send_comm) NCHECK(net->connect(ctx, 0, handle, &send_comm, NULL));
-    double secs;
-    plugin_side(net, send_comm, 1, &o, rounds, &secs);
-    NCHECK(net->closeSend(send_comm));
-    _exit(0);
-  }
+  /* Calibrate rounds from a time budget (or take --rounds): the receiver decides, tells the sender. */
   char handle[NCCL_NET_HANDLE_MAXSIZE] = {0};
   void *listen_comm = NULL, *recv_comm = NULL;
   NCHECK(net->listen(ctx, 0, handle, &listen_comm));
   size_t per_round = o.size * (size_t)o.window;
-  long rounds = (long)(o.seconds * 4e9 / (double)(per_round ? per_round : 1)) + 2; /* ~4 GB/s guess */
-  if (rounds > 100000) rounds = 100000;
+  long rounds = o.rounds ? o.rounds : (long)(o.seconds * 4e9 / (double)(per_round ? per_round : 1)) + 2; /* ~4 GB/s */
+  if (!o.rounds && rounds > 100000) rounds = 100000;
   if (write(pipefd[1], handle, sizeof(handle)) != sizeof(handle) ||
       write(pipefd[1], &rounds, sizeof(rounds)) != sizeof(rounds))
     die("pipe write failed");
