@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../plugin/config.h" /* enum mplane_relay_mode only: relay.c links without config.c (GPU test) */
+#include "../plugin/config.h" /* enum mplane_relay_mode, mplane_planes_parse */
 #include "../plugin/log.h"
 
 /* ================================================================ planes of devices */
@@ -89,38 +89,13 @@ static int name_matches(const char *entry, size_t len, const char *devname) {
 }
 
 int mplane_planes_apply(const char *spec, struct mplane_dev_props *props, int ndev, char *why, size_t whylen) {
-  if (!spec || !*spec) return 0;
-  int planes[256];
-  int n = ndev < 256 ? ndev : 256;
-  for (int d = 0; d < n; d++) planes[d] = props[d].plane;
-  const char *p = spec;
-  while (*p) {
-    const char *end = strchr(p, ',');
-    if (!end) end = p + strlen(p);
-    int col = (int)(p - spec) + 1;
-    const char *eq = memchr(p, '=', (size_t)(end - p));
-    if (!eq || eq == p || eq + 1 == end) {
-      snprintf(why, whylen, "entry '%.*s' at column %d is not NIC=plane", (int)(end - p), p, col);
-      return -1;
-    }
-    char num[16];
-    size_t nl = (size_t)(end - eq - 1);
-    long plane;
-    if (nl >= sizeof(num)) nl = sizeof(num) - 1;
-    memcpy(num, eq + 1, nl);
-    num[nl] = 0;
-    char *nend = NULL;
-    plane = strtol(num, &nend, 10);
-    if (!num[0] || *nend || plane < 0 || plane > 127) {
-      snprintf(why, whylen, "plane '%s' of '%.*s' at column %d is not an integer from 0 to 127", num,
-               (int)(eq - p), p, col);
-      return -1;
-    }
-    for (int d = 0; d < n; d++)
-      if (name_matches(p, (size_t)(eq - p), props[d].name)) planes[d] = (int)plane;
-    p = *end ? end + 1 : end;
+  struct mplane_planes_spec parsed;
+  if (mplane_planes_parse(spec, &parsed, why, whylen) != 0) return -1; /* plugin/config.c: the one grammar */
+  for (int i = 0; i < parsed.n; i++) {
+    size_t len = strlen(parsed.entry[i].nic);
+    for (int d = 0; d < ndev; d++)
+      if (name_matches(parsed.entry[i].nic, len, props[d].name)) props[d].plane = parsed.entry[i].plane;
   }
-  for (int d = 0; d < n; d++) props[d].plane = planes[d];
   return 0;
 }
 

@@ -29,9 +29,10 @@ int mplane_plane_from_fabric_ip(const struct sockaddr *addr);
 void mplane_planes_from_subnets(int n, const struct sockaddr *const *addrs, const struct sockaddr *const *masks,
                                 int *planes);
 
-/* Apply MPLANE_PLANES ("name=plane,...", names as the transport reports them, "mlx5_0" also
- * matching "mlx5_0:1") to props. Devices it does not name keep their plane. 0 on success, else -1
- * with a reason (entry, column) in why. */
+/* Apply MPLANE_PLANES ("name=plane,...", parsed by mplane_planes_parse, the grammar's one parser;
+ * names as the transport reports them, "mlx5_0" also matching "mlx5_0:1") to props. Devices it
+ * does not name keep their plane, and names no device has are left to topo/ to refuse. 0 on
+ * success, else -1 with the reason in why (props unchanged). */
 int mplane_planes_apply(const char *spec, struct mplane_dev_props *props, int ndev, char *why, size_t whylen);
 
 /* ---------------------------------------------------------------- the relay decision */

@@ -1,15 +1,19 @@
 /* mplane: MPLANE_* environment parsing (see config.h). */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "../net/tc.h"
-#include "../topo/topo.h"
 
 enum kind { K_INT, K_SIZE, K_BOOL, K_ENUM, K_STR };
 
@@ -25,7 +29,29 @@ struct row {
   const char *meaning; /* one line for docs */
   /* Optional deeper check of a K_STR grammar (tc map, planes): 0 if valid, else writes why. */
   int (*validate)(const char *value, char *why, size_t whylen);
+  /* Optional rewrite of a stored K_STR value into the form its users read. */
+  void (*normalize)(char *field);
 };
+
+static int planes_validate(const char *value, char *why, size_t whylen) {
+  struct mplane_planes_spec spec;
+  return mplane_planes_parse(value, &spec, why, whylen);
+}
+
+/* MPLANE_SOCKET_IFNAME: NCCL reads "eth0:1" as interface prefix "eth0", port 1, and matches
+ * socket interfaces by the name alone; so does mplane: everything from a ':' to the end of its
+ * comma-separated entry is dropped. */
+static void ifname_drop_ports(char *field) {
+  char *w = field;
+  for (const char *r = field; *r;) {
+    if (*r == ':') {
+      while (*r && *r != ',') r++;
+      continue;
+    }
+    *w++ = *r++;
+  }
+  *w = '\0';
+}
 
 /* MPLANE_SOCKET_SPEED: the range check allows -1..10000000; 0 is in it but is no speed. */
 static int speed_validate(const char *value, char *why, size_t whylen) {
@@ -44,8 +70,10 @@ static const struct row rows[] = {
     {"MPLANE_TRANSPORT", K_ENUM, OFF(transport), 0, "auto", 0, 0, "auto|ib|socket", "auto, ib or socket",
      "transport: auto picks InfiniBand/RoCE where an active port exists, else TCP sockets"},
     {"MPLANE_SOCKET_IFNAME", K_STR, STR(socket_ifname), "", 0, 0, NULL,
-     "NCCL_SOCKET_IFNAME grammar: prefixes, ^ to exclude, = for exact names, comma separated",
-     "interfaces the socket transport uses (default: every up, non-loopback interface)"},
+     "NCCL_SOCKET_IFNAME grammar: prefixes, ^ to exclude, = for exact names, comma separated; a :port "
+     "suffix is ignored, as NCCL ignores it",
+     "interfaces the socket transport uses (default: every up, non-loopback interface)", NULL,
+     ifname_drop_ports},
     {"MPLANE_SOCKET_STREAMS", K_INT, OFF(socket_streams), 0, "4", 1, 16, NULL, "an integer from 1 to 16",
      "TCP data streams per connection"},
     {"MPLANE_SOCKET_THREADS", K_INT, OFF(socket_threads), 0, "4", 1, 16, NULL, "an integer from 1 to 16",
@@ -66,7 +94,7 @@ static const struct row rows[] = {
     {"MPLANE_CONNECT_TIMEOUT", K_INT, OFF(connect_timeout_s), 0, "120", 1, 3600, NULL,
      "seconds, an integer from 1 to 3600", "deadline for a connection handshake before it fails"},
     {"MPLANE_PLANES", K_STR, STR(planes), "", 0, 0, NULL, "NIC=plane pairs, e.g. mlx5_0=0,mlx5_1=1",
-     "plane of each NIC (default: from the fabric, then PCI order)", mplane_topo_planes_validate},
+     "plane of each NIC (default: from the fabric, then PCI order)", planes_validate},
     {"MPLANE_TOPO_FILE", K_STR, STR(topo_file), "", 0, 0, NULL, "a path to an hwloc XML file",
      "discover the node from this hwloc XML instead of the live machine"},
     {"MPLANE_NCCL_TOPO", K_BOOL, OFF(nccl_topo), 0, "1", 0, 1, NULL, "0 or 1",
@@ -98,36 +126,56 @@ static const struct row rows[] = {
      "tuner table; without one the tuner changes nothing"},
 };
 
-int mplane_parse_long(const char *s, long lo, long hi, long *out) {
-  if (!s || !*s) return -1;
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || *end != '\0' || v < lo || v > hi) return -1;
+/* Digits of s (no sign) into *out; the end in *end. 0 on success: at least one digit, no leading
+ * zero unless the number is "0", no overflow past LONG_MAX. */
+static int parse_digits(const char *s, const char **end, unsigned long *out) {
+  const char *p = s;
+  unsigned long v = 0;
+  if (!isdigit((unsigned char)*p)) return -1;
+  if (p[0] == '0' && isdigit((unsigned char)p[1])) return -1;
+  for (; isdigit((unsigned char)*p); p++) {
+    unsigned d = (unsigned)(*p - '0');
+    if (v > ((unsigned long)LONG_MAX - d) / 10) return -1;
+    v = v * 10 + d;
+  }
+  *end = p;
   *out = v;
   return 0;
 }
 
+int mplane_parse_long(const char *s, long lo, long hi, long *out) {
+  if (!s || !*s) return -1;
+  int neg = *s == '-';
+  const char *end;
+  unsigned long mag;
+  if (parse_digits(s + neg, &end, &mag) != 0 || *end != '\0') return -1;
+  if (neg && mag == 0) return -1; /* "-0" */
+  long v = neg ? -(long)mag : (long)mag;
+  if (v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+/* Digits (as mplane_parse_long reads them, no sign) and an optional K, M or G (x1024). */
 static int parse_size(const char *s, long lo, long hi, long *out) {
   if (!s || !*s) return -1;
-  char *end = NULL;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || v < 0) return -1;
-  long long mult = 1;
+  const char *end;
+  unsigned long v;
+  if (parse_digits(s, &end, &v) != 0) return -1;
+  unsigned long mult = 1;
   if (*end) {
     switch (*end) {
-      case 'k': case 'K': mult = 1LL << 10; break;
-      case 'm': case 'M': mult = 1LL << 20; break;
-      case 'g': case 'G': mult = 1LL << 30; break;
+      case 'k': case 'K': mult = 1UL << 10; break;
+      case 'm': case 'M': mult = 1UL << 20; break;
+      case 'g': case 'G': mult = 1UL << 30; break;
       default: return -1;
     }
     if (end[1] != '\0') return -1;
   }
-  if (v > hi / mult) return -1;
-  v *= mult;
-  if (v < lo || v > hi) return -1;
-  *out = (long)v;
+  if (hi < 0 || v > (unsigned long)hi / mult) return -1;
+  long bytes = (long)(v * mult);
+  if (bytes < lo || bytes > hi) return -1;
+  *out = bytes;
   return 0;
 }
 
@@ -168,6 +216,7 @@ static int parse_row(const struct row *r, const char *value, struct mplane_confi
     case K_STR:
       if (strlen(value) >= r->str_len) return -1;
       strcpy(field, value);
+      if (r->normalize) r->normalize(field);
       return 0;
   }
   return -1;
@@ -236,4 +285,128 @@ void mplane_config_describe(FILE *out, int markdown) {
     } else
       fprintf(out, "%-26s default %-12s %s\n%26s accepted: %s\n", r->name, d, r->meaning, "", r->form);
   }
+}
+
+/* ------------------------------------------------------------------ MPLANE_PLANES */
+
+static int planes_blank(char c) { return c == ' ' || c == '\t'; }
+
+static int planes_name_char(char c) {
+  return isalnum((unsigned char)c) || c == '_' || c == '-' || c == '.' || c == ':';
+}
+
+int mplane_planes_parse(const char *value, struct mplane_planes_spec *out, char *why, size_t whylen) {
+  memset(out, 0, sizeof(*out));
+  if (!value) return 0;
+  const char *p = value;
+  while (planes_blank(*p)) p++;
+  if (*p == '\0') return 0;
+  p = value;
+  for (;;) {
+    const char *comma = strchr(p, ',');
+    const char *a = p, *b = comma ? comma : p + strlen(p);
+    while (a < b && planes_blank(*a)) a++;
+    while (b > a && planes_blank(b[-1])) b--;
+    int col = (int)(a - value) + 1;
+    if (a == b) {
+      snprintf(why, whylen, "empty entry at column %d (a stray comma?)", col);
+      return -1;
+    }
+    const char *eq = memchr(a, '=', (size_t)(b - a));
+    if (!eq) {
+      snprintf(why, whylen, "entry '%.*s' at column %d has no '=plane'", (int)(b - a), a, col);
+      return -1;
+    }
+    const char *ne = eq, *num = eq + 1;
+    while (ne > a && planes_blank(ne[-1])) ne--;
+    while (num < b && planes_blank(*num)) num++;
+    size_t nlen = (size_t)(ne - a), numlen = (size_t)(b - num);
+    if (nlen == 0) {
+      snprintf(why, whylen, "entry '=%.*s' at column %d names no NIC", (int)numlen, num, col);
+      return -1;
+    }
+    for (const char *c = a; c < ne; c++) {
+      if (planes_name_char(*c)) continue;
+      char shown[8];
+      if (isprint((unsigned char)*c))
+        snprintf(shown, sizeof(shown), "'%c'", *c);
+      else
+        snprintf(shown, sizeof(shown), "\\x%02x", (unsigned char)*c);
+      snprintf(why, whylen, "NIC name '%.*s' has a character (%s) no NIC name has", (int)nlen, a, shown);
+      return -1;
+    }
+    if (nlen >= MPLANE_PLANES_NAME_MAX) {
+      snprintf(why, whylen, "NIC name '%.40s...' is too long (at most %d characters)", a, MPLANE_PLANES_NAME_MAX - 1);
+      return -1;
+    }
+    char name[MPLANE_PLANES_NAME_MAX], numbuf[24];
+    memcpy(name, a, nlen);
+    name[nlen] = '\0';
+    long plane = -1;
+    int plane_ok = numlen > 0 && numlen < sizeof(numbuf);
+    if (plane_ok) {
+      memcpy(numbuf, num, numlen);
+      numbuf[numlen] = '\0';
+      plane_ok = mplane_parse_long(numbuf, 0, MPLANE_PLANES_MAX_PLANE, &plane) == 0;
+    }
+    if (!plane_ok) {
+      snprintf(why, whylen, "plane '%.*s' of NIC '%s' is not an integer from 0 to %d", (int)(numlen < 40 ? numlen : 40),
+               num, name, MPLANE_PLANES_MAX_PLANE);
+      return -1;
+    }
+    for (int i = 0; i < out->n; i++) {
+      if (strcmp(out->entry[i].nic, name) == 0) {
+        snprintf(why, whylen, "NIC '%s' is given twice", name);
+        return -1;
+      }
+      if (out->entry[i].plane == (int)plane) {
+        snprintf(why, whylen, "NICs '%s' and '%s' are both given plane %ld; a node has one NIC per plane",
+                 out->entry[i].nic, name, plane);
+        return -1;
+      }
+    }
+    if (out->n >= MPLANE_PLANES_MAX) {
+      snprintf(why, whylen, "more than %d entries", MPLANE_PLANES_MAX);
+      return -1;
+    }
+    memcpy(out->entry[out->n].nic, name, nlen + 1);
+    out->entry[out->n].plane = (int)plane;
+    out->n++;
+    if (!comma) break;
+    p = comma + 1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ files named by variables */
+
+static const char *file_kind(mode_t m) {
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a plain file";
+}
+
+int mplane_open_regular_file(const char *var, const char *path, const char *expected, char *err, size_t errlen) {
+  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return -1; /* errno says why; the caller words it */
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    snprintf(err, errlen, "%s='%s' is not a regular file (%s); expected %s", var, path, file_kind(st.st_mode),
+             expected);
+    close(fd);
+    return -2;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
 }

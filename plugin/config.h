@@ -57,7 +57,36 @@ const struct mplane_config *mplane_config_get(void);
 void mplane_config_describe(FILE *out, int markdown);
 
 /* Parse helpers shared with other grammars (tc map, planes, tuner table): a whole-string
- * decimal integer within [lo, hi]. Returns 0 on success. */
+ * decimal integer within [lo, hi], written exactly: digits only, no sign, no blanks, no leading
+ * zero ("0" itself excepted); a '-' before the digits only for a negative value ("-1", never
+ * "-0"). Returns 0 on success (and stores *out), -1 otherwise (*out untouched). */
 int mplane_parse_long(const char *s, long lo, long hi, long *out);
+
+/* MPLANE_PLANES, the one parser of its grammar (plugin init, topo/ and mplane-config --check all
+ * use it): "NIC=plane" entries, comma separated, e.g. "mlx5_0=0,mlx5_1=1" or "eth0=0,eth1=1".
+ * Blanks (space, tab) around a name, '=' or plane are allowed; NIC is a verbs device (optionally
+ * with ":port"), an interface name or a plugin device name, made of letters, digits and _ - . :
+ * and shorter than 64 characters; plane is an integer from 0 to MPLANE_PLANES_MAX_PLANE written as
+ * mplane_parse_long reads it. No NIC may appear twice and no two NICs may share a plane. Whether
+ * the NICs exist is checked against a node elsewhere. */
+#define MPLANE_PLANES_MAX 64
+#define MPLANE_PLANES_MAX_PLANE 63
+#define MPLANE_PLANES_NAME_MAX 64
+struct mplane_planes_spec {
+  int n;
+  struct {
+    char nic[MPLANE_PLANES_NAME_MAX];
+    int plane;
+  } entry[MPLANE_PLANES_MAX];
+};
+/* 0 on success, else -1 with the reason in why. NULL, "" and blanks parse as no entries. */
+int mplane_planes_parse(const char *value, struct mplane_planes_spec *out, char *why, size_t whylen);
+
+/* Open a file named by a variable (MPLANE_TOPO_FILE, MPLANE_TUNER_CONFIG) for reading, never
+ * blocking. Returns the descriptor (O_CLOEXEC, blocking reads); -1 when it cannot be opened (errno
+ * says why, err is untouched: the caller words it); -2 when it is no regular file (a FIFO would
+ * block the reader forever; a device, directory or socket is no input either), with "VAR='path' is
+ * not a regular file (a FIFO); expected <expected>" in err. */
+int mplane_open_regular_file(const char *var, const char *path, const char *expected, char *err, size_t errlen);
 
 #endif

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../plugin/config.h"
 #include "../plugin/log.h"
 #include "topo_internal.h"
 
@@ -265,94 +266,6 @@ void mplane_topo_set_subnet(struct mplane_topo *t, int nic, int kind, uint64_t k
 
 /* ------------------------------------------------------------------ MPLANE_PLANES */
 
-static int valid_nic_char(char c) { return isalnum((unsigned char)c) || c == '_' || c == '-' || c == '.' || c == ':'; }
-
-int mplane_topo_planes_parse(const char *value, struct mplane_topo_planes_spec *out, char *why, size_t whylen) {
-  memset(out, 0, sizeof(*out));
-  if (!value) return 0;
-  const char *p = value;
-  while (isspace((unsigned char)*p)) p++;
-  if (*p == '\0') return 0;
-  p = value;
-  for (;;) {
-    const char *comma = strchr(p, ',');
-    size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    char tok[128];
-    if (len >= sizeof(tok)) {
-      snprintf(why, whylen, "entry '%.40s...' is too long", p);
-      return -1;
-    }
-    memcpy(tok, p, len);
-    tok[len] = '\0';
-    /* trim */
-    char *s = tok, *e = tok + len;
-    while (*s && isspace((unsigned char)*s)) s++;
-    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
-    if (*s == '\0') {
-      snprintf(why, whylen, "empty entry (a stray comma?)");
-      return -1;
-    }
-    char *eq = strchr(s, '=');
-    if (!eq) {
-      snprintf(why, whylen, "entry '%s' has no '=plane'", s);
-      return -1;
-    }
-    *eq = '\0';
-    char *name = s, *num = eq + 1;
-    char *ne = eq;
-    while (ne > name && isspace((unsigned char)ne[-1])) *--ne = '\0';
-    while (isspace((unsigned char)*num)) num++;
-    if (*name == '\0') {
-      snprintf(why, whylen, "entry '=%s' names no NIC", num);
-      return -1;
-    }
-    for (char *c = name; *c; c++) {
-      if (!valid_nic_char(*c)) {
-        snprintf(why, whylen, "NIC name '%s' has a character ('%c') no NIC name has", name, *c);
-        return -1;
-      }
-    }
-    if (strlen(name) >= sizeof(out->entry[0].nic)) {
-      snprintf(why, whylen, "NIC name '%s' is too long", name);
-      return -1;
-    }
-    long plane;
-    char *end = NULL;
-    errno = 0;
-    plane = strtol(num, &end, 10);
-    if (*num == '\0' || errno || *end != '\0' || plane < 0 || plane >= MPLANE_TOPO_MAX_NICS) {
-      snprintf(why, whylen, "plane '%s' of NIC '%s' is not an integer from 0 to %d", num, name, MPLANE_TOPO_MAX_NICS - 1);
-      return -1;
-    }
-    for (int i = 0; i < out->n; i++) {
-      if (strcmp(out->entry[i].nic, name) == 0) {
-        snprintf(why, whylen, "NIC '%s' is given twice", name);
-        return -1;
-      }
-      if (out->entry[i].plane == (int)plane) {
-        snprintf(why, whylen, "NICs '%s' and '%s' are both given plane %ld; a node has one NIC per plane",
-                 out->entry[i].nic, name, plane);
-        return -1;
-      }
-    }
-    if (out->n >= MPLANE_TOPO_PLANES_MAX) {
-      snprintf(why, whylen, "more than %d entries", MPLANE_TOPO_PLANES_MAX);
-      return -1;
-    }
-    snprintf(out->entry[out->n].nic, sizeof(out->entry[0].nic), "%s", name);
-    out->entry[out->n].plane = (int)plane;
-    out->n++;
-    if (!comma) break;
-    p = comma + 1;
-  }
-  return 0;
-}
-
-int mplane_topo_planes_validate(const char *value, char *why, size_t whylen) {
-  struct mplane_topo_planes_spec spec;
-  return mplane_topo_planes_parse(value, &spec, why, whylen);
-}
-
 static void list_nic_names(const struct mplane_topo *t, char *buf, size_t len) {
   size_t o = 0;
   buf[0] = '\0';
@@ -407,9 +320,9 @@ static int cmp_subnet(const struct mplane_topo_nic *a, const struct mplane_topo_
 }
 
 ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes, char *err, size_t errlen) {
-  struct mplane_topo_planes_spec spec;
+  struct mplane_planes_spec spec;
   char why[256];
-  if (mplane_topo_planes_parse(planes, &spec, why, sizeof(why)) != 0) {
+  if (mplane_planes_parse(planes, &spec, why, sizeof(why)) != 0) {
     snprintf(err, errlen, "MPLANE_PLANES='%s' is not valid: %s; expected NIC=plane pairs, e.g. mlx5_0=0,mlx5_1=1",
              planes, why);
     return ncclInvalidArgument;

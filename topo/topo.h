@@ -175,22 +175,7 @@ const char *mplane_topo_nic_kind_name(enum mplane_topo_nic_kind kind);
  * mlx5_0. -1 when none. */
 int mplane_topo_find_nic(const struct mplane_topo *t, const char *name);
 
-/* MPLANE_PLANES: "NIC=plane" entries, comma separated, e.g. "mlx5_0=0,mlx5_1=1" or
- * "eth0=0,eth1=1". NIC is a verbs device, an interface name or a plugin device name; plane is
- * 0..MPLANE_TOPO_MAX_NICS-1. No NIC may appear twice and no two NICs may share a plane. */
-#define MPLANE_TOPO_PLANES_MAX 64
-struct mplane_topo_planes_spec {
-  int n;
-  struct {
-    char nic[64];
-    int plane;
-  } entry[MPLANE_TOPO_PLANES_MAX];
-};
-/* Parse (grammar only: whether the NICs exist is checked against a node). 0 on success, else -1
- * with the reason in why. "" parses as no entries. */
-int mplane_topo_planes_parse(const char *value, struct mplane_topo_planes_spec *out, char *why, size_t whylen);
-/* The config table's validate callback for MPLANE_PLANES (same as parse, result discarded). */
-int mplane_topo_planes_validate(const char *value, char *why, size_t whylen);
+/* MPLANE_PLANES is parsed by mplane_planes_parse (plugin/config.h), the grammar's one parser. */
 
 /* Pair GPUs with NICs and assign planes again, e.g. after NICs were added or the fabric was read.
  * planes is the MPLANE_PLANES value ("" or NULL: none); a NIC it names that does not exist, or

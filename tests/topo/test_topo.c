@@ -308,9 +308,9 @@ static void test_bad_files(void **state) {
 /* ------------------------------------------------------------------ MPLANE_PLANES */
 
 static void expect_parse_error(const char *value, const char *why_part) {
-  struct mplane_topo_planes_spec spec;
+  struct mplane_planes_spec spec;
   char why[256] = "";
-  int rc = mplane_topo_planes_parse(value, &spec, why, sizeof(why));
+  int rc = mplane_planes_parse(value, &spec, why, sizeof(why));
   if (rc == 0 || !strstr(why, why_part)) fprintf(stderr, "'%s': rc %d why '%s', expected '%s'\n", value, rc, why, why_part);
   assert_int_equal(rc, -1);
   assert_non_null(strstr(why, why_part));
@@ -318,12 +318,12 @@ static void expect_parse_error(const char *value, const char *why_part) {
 
 static void test_planes_grammar(void **state) {
   (void)state;
-  struct mplane_topo_planes_spec spec;
+  struct mplane_planes_spec spec;
   char why[256];
-  assert_int_equal(mplane_topo_planes_parse("", &spec, why, sizeof(why)), 0);
+  assert_int_equal(mplane_planes_parse("", &spec, why, sizeof(why)), 0);
   assert_int_equal(spec.n, 0);
-  assert_int_equal(mplane_topo_planes_parse(NULL, &spec, why, sizeof(why)), 0);
-  assert_int_equal(mplane_topo_planes_parse(" mlx5_0 = 1 , eth0=0,mlx5_2:1=63 ", &spec, why, sizeof(why)), 0);
+  assert_int_equal(mplane_planes_parse(NULL, &spec, why, sizeof(why)), 0);
+  assert_int_equal(mplane_planes_parse(" mlx5_0 = 1 , eth0=0,mlx5_2:1=63 ", &spec, why, sizeof(why)), 0);
   assert_int_equal(spec.n, 3);
   assert_string_equal(spec.entry[0].nic, "mlx5_0");
   assert_int_equal(spec.entry[0].plane, 1);
@@ -340,7 +340,7 @@ static void test_planes_grammar(void **state) {
   expect_parse_error("mlx5_0=0,mlx5_1=0", "are both given plane 0");
   expect_parse_error("mlx5_0=0,", "empty entry");
   expect_parse_error("ml x5=0", "character (' ')");
-  assert_int_equal(mplane_topo_planes_validate("mlx5_0=0,mlx5_1=1", why, sizeof(why)), 0);
+  assert_int_equal(mplane_planes_parse("mlx5_0=0,mlx5_1=1", &spec, why, sizeof(why)), 0);
 }
 
 static void test_planes_in_config(void **state) {

@@ -181,6 +181,19 @@ static void test_plugin_planes(void **state) {
   free(log);
 }
 
+/* The value mplane-config --check accepts is the value init accepts: blanks around an entry are
+ * part of MPLANE_PLANES' grammar (init once refused 'lo=4 ' after --check had passed it). */
+static void test_plugin_planes_blanks(void **state) {
+  (void)state;
+  const char *values[] = {"MPLANE_PLANES=lo=4 ", "MPLANE_PLANES= lo = 4", "MPLANE_PLANES=lo=4\t"};
+  for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+    const char *env[] = {fixture_env, values[i], NULL};
+    char *log;
+    if (in_child(env, body_planes, &log) != 0) fail_msg("%s: init failed: %s", values[i], log);
+    free(log);
+  }
+}
+
 static void test_plugin_nccl_topo_off(void **state) {
   (void)state;
   const char *env[] = {fixture_env, "MPLANE_NCCL_TOPO=0", NULL};
@@ -237,7 +250,8 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_plugin_memfd),         cmocka_unit_test(test_plugin_planes),
-      cmocka_unit_test(test_plugin_nccl_topo_off), cmocka_unit_test(test_plugin_bad_input),
+      cmocka_unit_test(test_plugin_planes_blanks), cmocka_unit_test(test_plugin_nccl_topo_off),
+      cmocka_unit_test(test_plugin_bad_input),
       cmocka_unit_test(test_plugin_live),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

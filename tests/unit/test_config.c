@@ -12,9 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "net/socket/socket.h"
 #include "plugin/config.h"
 
 /* ------------------------------------------------------------------ the table, as described */
@@ -464,7 +467,126 @@ static void test_parse_long(void **state) {
   assert_int_not_equal(mplane_parse_long("", 0, 100, &v), 0);
   assert_int_not_equal(mplane_parse_long(NULL, 0, 100, &v), 0);
   assert_int_not_equal(mplane_parse_long("12a", 0, 100, &v), 0);
+  const char *inexact[] = {"+4", " 4", "4 ", "\n4", "04", "00", "-0", "-04", "+-4", "0x4", "4.0", "-"};
+  for (size_t i = 0; i < sizeof(inexact) / sizeof(inexact[0]); i++)
+    if (mplane_parse_long(inexact[i], -100, 100, &v) == 0) fail_msg("mplane_parse_long('%s') accepted", inexact[i]);
+  assert_int_equal(mplane_parse_long("9223372036854775807", 0, 9223372036854775807L, &v), 0);
+  assert_int_not_equal(mplane_parse_long("9223372036854775808", 0, 9223372036854775807L, &v), 0);
+  assert_int_equal(v, 9223372036854775807L);
+  v = 7;
+  assert_int_equal(mplane_parse_long("-9223372036854775807", -9223372036854775807L, 0, &v), 0);
+  assert_int_equal(v, -9223372036854775807L);
+  v = 7;
+  assert_int_not_equal(mplane_parse_long("+4", 0, 100, &v), 0);
   assert_int_equal(v, 7); /* untouched on failure */
+}
+
+/* Numbers are accepted exactly as documented: digits, no leading zero ("0" itself excepted), a K/M/G
+ * suffix on sizes, a '-' only for -1 where a row allows it. strtol's leniency (leading blanks and
+ * newlines, '+', leading zeros, "-0") once let ' 4', '\n4', '+4', '04', ' 1K', '+1K', '-0', '+15',
+ * 'default=+5' and 'default=\v5' through, while '1K ' and '4 ' were refused. */
+static void test_numbers_exact_form(void **state) {
+  (void)state;
+  const char *streams_bad[] = {" 4", "\n4", "\t4", "\v4", "+4", "04", "0004", "4\n", "- 4", "--4", "+-4", "4 "};
+  for (size_t i = 0; i < sizeof(streams_bad) / sizeof(streams_bad[0]); i++)
+    expect_refused("MPLANE_SOCKET_STREAMS", streams_bad[i]);
+  expect_int("MPLANE_SOCKET_STREAMS", "4", F(socket_streams), 4);
+  expect_int("MPLANE_SOCKET_STREAMS", "10", F(socket_streams), 10);
+
+  const char *size_bad[] = {" 1K", "+1K", "1K ", "01K", "\n1K", "\t1K", "+1024", "01024", "00K", "-0K"};
+  for (size_t i = 0; i < sizeof(size_bad) / sizeof(size_bad[0]); i++)
+    expect_refused("MPLANE_SOCKET_SPLIT_BYTES", size_bad[i]);
+  expect_long("MPLANE_SOCKET_SPLIT_BYTES", "1K", F(socket_split_bytes), 1024);
+  expect_long("MPLANE_SOCKET_SPLIT_BYTES", "10K", F(socket_split_bytes), 10240);
+
+  const char *sl_bad[] = {"-0", "+15", "015", " 15", "15\n", "+0", "00"};
+  for (size_t i = 0; i < sizeof(sl_bad) / sizeof(sl_bad[0]); i++) expect_refused("MPLANE_IB_SL", sl_bad[i]);
+  expect_int("MPLANE_IB_SL", "0", F(ib_sl), 0);
+  expect_int("MPLANE_IB_SL", "15", F(ib_sl), 15);
+
+  const char *gid_bad[] = {"-01", "+1", "- 1", "-1 ", " -1", "-+1", "+255", "0255"};
+  for (size_t i = 0; i < sizeof(gid_bad) / sizeof(gid_bad[0]); i++) expect_refused("MPLANE_IB_GID_INDEX", gid_bad[i]);
+  expect_int("MPLANE_IB_GID_INDEX", "-1", F(ib_gid_index), -1);
+  expect_int("MPLANE_IB_GID_INDEX", "0", F(ib_gid_index), 0);
+
+  const char *bool_bad[] = {"+1", "01", " 1", "1 ", "-0"};
+  for (size_t i = 0; i < sizeof(bool_bad) / sizeof(bool_bad[0]); i++) expect_refused("MPLANE_NCCL_TOPO", bool_bad[i]);
+
+  /* grammars built on the same number: the TC map's service levels, MPLANE_PLANES' planes */
+  const char *tc_bad[] = {"default=+5", "default=\v5", "default=\f5", "default=\n5", "default=05", "default=-0",
+                          "alltoall=+3,lowlat=5"};
+  for (size_t i = 0; i < sizeof(tc_bad) / sizeof(tc_bad[0]); i++) expect_refused("MPLANE_TC_MAP", tc_bad[i]);
+  expect_str("MPLANE_TC_MAP", "default = 5, lowlat=7:ar", F(tc_map)); /* blanks around entries: the grammar */
+  const char *planes_bad[] = {"mlx5_0=+1", "mlx5_0=01", "mlx5_0=\v1", "mlx5_0=-0", "mlx5_0=\n1"};
+  for (size_t i = 0; i < sizeof(planes_bad) / sizeof(planes_bad[0]); i++) expect_refused("MPLANE_PLANES", planes_bad[i]);
+}
+
+/* NCCL reads MPLANE_SOCKET_IFNAME's grammar (NCCL_SOCKET_IFNAME) as prefix[:port] entries and
+ * matches socket interfaces by the name alone; so does mplane: 'eth0:1' selects eth0, as it does in
+ * NCCL, where mplane once selected nothing. */
+static void test_ifname_port_suffix(void **state) {
+  (void)state;
+  struct {
+    const char *value, *stored;
+  } cases[] = {
+      {"eth0:1", "eth0"},
+      {"lo:0", "lo"},
+      {"=eth0:1,eth1", "=eth0,eth1"},
+      {"^docker:1,virbr:22", "^docker,virbr"},
+      {"mlx5_0:1,ib:2,eth", "mlx5_0,ib,eth"},
+      {"eth0:", "eth0"},
+      {"^docker,=eth0,ib", "^docker,=eth0,ib"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct mplane_config cfg;
+    if (load_with("MPLANE_SOCKET_IFNAME", cases[i].value, &cfg) != ncclSuccess)
+      fail_msg("MPLANE_SOCKET_IFNAME='%s' refused: %s", cases[i].value, err);
+    if (strcmp(cfg.socket_ifname, cases[i].stored) != 0)
+      fail_msg("MPLANE_SOCKET_IFNAME='%s' stored '%s', expected '%s'", cases[i].value, cfg.socket_ifname,
+               cases[i].stored);
+  }
+  struct mplane_config cfg;
+  assert_int_equal(load_with("MPLANE_SOCKET_IFNAME", "lo:1", &cfg), ncclSuccess);
+  assert_true(mps_iface_match(cfg.socket_ifname, "lo", 1));
+  assert_int_equal(load_with("MPLANE_SOCKET_IFNAME", "=eth0:1", &cfg), ncclSuccess);
+  assert_true(mps_iface_match(cfg.socket_ifname, "eth0", 0));
+  assert_false(mps_iface_match(cfg.socket_ifname, "eth01", 0));
+}
+
+/* Files named by variables are read only when they are regular files: a FIFO would block the reader
+ * (NCCL's init) forever. */
+static void test_open_regular_file(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mplane-config-test.XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char fifo[64], file[64];
+  snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+  snprintf(file, sizeof(file), "%s/file", dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fputs("x", f);
+  fclose(f);
+  char e[512] = "";
+  assert_int_equal(mplane_open_regular_file("MPLANE_X", fifo, "a file", e, sizeof(e)), -2);
+  assert_non_null(strstr(e, "MPLANE_X='"));
+  assert_non_null(strstr(e, "' is not a regular file (a FIFO); expected a file"));
+  assert_int_equal(mplane_open_regular_file("MPLANE_X", dir, "a file", e, sizeof(e)), -2);
+  assert_non_null(strstr(e, "(a directory)"));
+  assert_int_equal(mplane_open_regular_file("MPLANE_X", "/dev/zero", "a file", e, sizeof(e)), -2);
+  assert_non_null(strstr(e, "(a character device)"));
+  e[0] = '\0';
+  assert_int_equal(mplane_open_regular_file("MPLANE_X", "/nonexistent/x", "a file", e, sizeof(e)), -1);
+  assert_int_equal(e[0], '\0'); /* the caller words it, from errno */
+  int fd = mplane_open_regular_file("MPLANE_X", file, "a file", e, sizeof(e));
+  assert_true(fd >= 0);
+  char c = 0;
+  assert_int_equal(read(fd, &c, 1), 1);
+  assert_int_equal(c, 'x');
+  close(fd);
+  unlink(fifo);
+  unlink(file);
+  rmdir(dir);
 }
 
 static void test_describe_plain(void **state) {
@@ -496,6 +618,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_one_bad_among_good, setup, teardown),
       cmocka_unit_test_setup_teardown(test_short_error_buffer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_parse_long, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_numbers_exact_form, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ifname_port_suffix, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_open_regular_file, setup, teardown),
       cmocka_unit_test_setup_teardown(test_describe_plain, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

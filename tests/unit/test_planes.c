@@ -207,6 +207,54 @@ static void test_planes_apply(void **state) {
   assert_int_equal(devs4[1].plane, 1); /* a refused spec changes nothing */
 }
 
+/* MPLANE_PLANES has one grammar, so mplane-config --check (the config load) and the transport's early
+ * apply at init agree on every value. They once had two parsers: 'lo=0 ' passed --check and then
+ * failed init; 'veth0=0,' and 'veth0=0,veth1=0' passed init's and failed --check; planes 64..127
+ * passed one and not the other; a plane of 16 or more characters was cut to its first 15. */
+static void test_planes_one_grammar(void **state) {
+  (void)state;
+  struct {
+    const char *value;
+    int ok;
+    int plane0; /* veth0's plane after apply, when ok */
+  } cases[] = {
+      {"veth0=0 ", 1, 0},
+      {"veth0=2\t", 1, 2},
+      {" veth0 = 3 , veth1=1", 1, 3},
+      {"veth0=63", 1, 63},
+      {"veth0=abcdefghijklmnopqrstuvwxyz=1", 0, 0},
+      {"abcdefghijklmnopqrstu=5,veth0=6", 1, 6}, /* a long name that matches no device */
+      {"veth0=+1", 0, 0},
+      {"veth0=01", 0, 0},
+      {"veth0=0000000000000001x", 0, 0},
+      {"veth0=0000000000000000", 0, 0},
+      {"veth0=64", 0, 0},
+      {"veth0=100", 0, 0},
+      {"veth0=0,veth1=0", 0, 0},
+      {"veth0=0,veth0=1", 0, 0},
+      {"veth0=0,", 0, 0},
+      {",veth0=0", 0, 0},
+      {"veth0==1", 0, 0},
+      {"ve th0=1", 0, 0},
+      {"veth0=\v1", 0, 0},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    setup_devs(NULL);
+    setenv("MPLANE_PLANES", cases[i].value, 1);
+    struct mplane_config cfg;
+    char err[1024];
+    int checked = mplane_config_load(&cfg, err, sizeof(err)) == ncclSuccess;
+    unsetenv("MPLANE_PLANES");
+    int applied = mplane_planes_apply(cases[i].value, devs4, 4, why, sizeof(why)) == 0;
+    if (checked != cases[i].ok || applied != cases[i].ok)
+      fail_msg("MPLANE_PLANES='%s': config load %s, init's apply %s; expected both to %s (%s)", cases[i].value,
+               checked ? "accepts" : "refuses", applied ? "accepts" : "refuses", cases[i].ok ? "accept" : "refuse",
+               checked ? why : err);
+    if (cases[i].ok) assert_int_equal(devs4[0].plane, cases[i].plane0);
+    else assert_int_equal(devs4[0].plane, 0); /* a refused value changes nothing */
+  }
+}
+
 static struct sockaddr_in sin4(const char *ip) {
   struct sockaddr_in s = {.sin_family = AF_INET};
   inet_pton(AF_INET, ip, &s.sin_addr);
@@ -355,6 +403,7 @@ int main(void) {
       cmocka_unit_test(test_tc_dscp_and_socket),
       cmocka_unit_test_setup(test_relay_pick, setup_devs),
       cmocka_unit_test_setup(test_planes_apply, setup_devs),
+      cmocka_unit_test(test_planes_one_grammar),
       cmocka_unit_test(test_planes_from_subnets),
       cmocka_unit_test(test_stats),
       cmocka_unit_test(test_stats_no_plane),
