@@ -1,10 +1,18 @@
 /* mplane: the node model from hwloc, live or from an hwloc XML file. */
 #include <errno.h>
+#include <fcntl.h>
 #include <hwloc.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "../plugin/config.h"
 #include "../plugin/log.h"
 #include "topo_internal.h"
 
@@ -19,12 +27,10 @@ static int io_numa(hwloc_topology_t topo, hwloc_obj_t obj) {
 }
 
 static void cpuset_to_cpumap(hwloc_const_bitmap_t set, char *out, size_t len) {
+  /* Not hwloc_bitmap_foreach: an XML file may give an infinite set ("0xf...f"), which that macro
+   * asserts against and would otherwise walk for minutes. The first 4096 CPUs are plenty. */
   int cpus[4096], n = 0;
-  unsigned i;
-  hwloc_bitmap_foreach_begin(i, set) {
-    if (n < 4096) cpus[n++] = (int)i;
-  }
-  hwloc_bitmap_foreach_end();
+  for (int i = hwloc_bitmap_first(set); i >= 0 && n < 4096; i = hwloc_bitmap_next(set, i)) cpus[n++] = i;
   mplane_topo_cpumap(cpus, n, out, len);
 }
 
@@ -124,7 +130,10 @@ static ncclResult_t build(struct mplane_topo *t, hwloc_topology_t topo) {
     if (mplane_topo_find_pci(t, busid) >= 0) continue;
     if (mplane_topo_add_pci(t, busid) < 0) break;
   }
-  /* Attributes and parents, for bridges and functions alike. */
+  /* Attributes and parents, for bridges and functions alike. A bus id an XML file lists twice
+   * takes them from its first object only, and a parent that would close a loop is dropped: the
+   * model's parent walks must end. */
+  char seen[MPLANE_TOPO_MAX_PCI] = {0};
   for (int pass = 0; pass < 2; pass++) {
     hwloc_obj_t o = pass == 0 ? hwloc_get_next_bridge(topo, NULL) : hwloc_get_next_pcidev(topo, NULL);
     for (; o; o = pass == 0 ? hwloc_get_next_bridge(topo, o) : hwloc_get_next_pcidev(topo, o)) {
@@ -138,7 +147,8 @@ static ncclResult_t build(struct mplane_topo *t, hwloc_topology_t topo) {
       char busid[MPLANE_TOPO_BUSID_LEN];
       busid_of(pa, busid, sizeof(busid));
       int i = mplane_topo_find_pci(t, busid);
-      if (i < 0) continue;
+      if (i < 0 || seen[i]) continue;
+      seen[i] = 1;
       struct mplane_topo_pci *p = &t->pci[i];
       p->class_code = ((uint32_t)pa->class_id << 8);
       p->vendor = pa->vendor_id;
@@ -152,7 +162,8 @@ static ncclResult_t build(struct mplane_topo *t, hwloc_topology_t topo) {
       if (up && up->type == HWLOC_OBJ_BRIDGE && up->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI) {
         char pb[MPLANE_TOPO_BUSID_LEN];
         busid_of(&up->attr->bridge.upstream.pci, pb, sizeof(pb));
-        p->parent = mplane_topo_find_pci(t, pb);
+        int parent = mplane_topo_find_pci(t, pb);
+        p->parent = parent >= 0 && !mplane_topo_pci_would_cycle(t, i, parent) ? parent : -1;
       } else {
         char hb[16];
         if (up && up->type == HWLOC_OBJ_BRIDGE)
@@ -223,64 +234,259 @@ static ncclResult_t build(struct mplane_topo *t, hwloc_topology_t topo) {
   return ncclSuccess;
 }
 
+/* ------------------------------------------------------------------ hwloc XML from a file */
+
+/* hwloc set up to read an XML buffer (buf[len] is '\0'), loaded. 0 on success; -1 when hwloc refuses
+ * the buffer, with *topo destroyed. */
+static int load_xml_buffer(hwloc_topology_t *topo, const char *buf, size_t len) {
+  if (hwloc_topology_init(topo) != 0) return -1;
+  if (hwloc_topology_set_xmlbuffer(*topo, buf, (int)len + 1) != 0) {
+    hwloc_topology_destroy(*topo);
+    return -1;
+  }
+  hwloc_topology_set_io_types_filter(*topo, HWLOC_TYPE_FILTER_KEEP_ALL);
+  if (hwloc_topology_load(*topo) != 0) {
+    hwloc_topology_destroy(*topo);
+    return -1;
+  }
+  return 0;
+}
+
+/* What the check process writes back before it exits. */
+#define CHECK_LOADED 'k'
+#define CHECK_REFUSED 'r'
+
+static __attribute__((noreturn)) void xml_check_child(int wfd, const char *buf, size_t len, int with_build,
+                                                      int timeout_ms) {
+  /* Die of whatever goes wrong, quietly: no crash handler of the host process (a sanitizer's, a
+   * fuzzer's, a runtime's) may run here, and nothing is written to the host's stdout/stderr. */
+  static const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP, SIGALRM};
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++) sigaction(fatal[i], &dfl, NULL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  alarm((unsigned)(timeout_ms / 1000 + 2)); /* in case the parent is gone */
+  int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (devnull >= 0) {
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+  }
+  char verdict = CHECK_REFUSED;
+  hwloc_topology_t topo;
+  if (load_xml_buffer(&topo, buf, len) == 0) {
+    if (with_build) {
+      struct mplane_topo *scratch = malloc(sizeof(*scratch));
+      if (scratch) {
+        mplane_topo_init(scratch);
+        build(scratch, topo);
+      }
+    }
+    verdict = CHECK_LOADED;
+  }
+  ssize_t w = write(wfd, &verdict, 1);
+  (void)w;
+  _exit(0);
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int mplane_topo_xml_check(const char *buf, size_t len, int timeout_ms, int with_build, char *why, size_t whylen) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    snprintf(why, whylen, "no check process could be started (pipe: %s)", strerror(errno));
+    return -1;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    snprintf(why, whylen, "no check process could be started (fork: %s)", strerror(errno));
+    close(fds[0]);
+    close(fds[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    xml_check_child(fds[1], buf, len, with_build, timeout_ms);
+  }
+  close(fds[1]);
+  char verdict = 0;
+  int got = 0, timed_out = 0;
+  int64_t deadline = now_ms() + timeout_ms;
+  for (;;) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0) {
+      timed_out = 1;
+      break;
+    }
+    struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+    int r = poll(&pfd, 1, (int)left);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      timed_out = r == 0;
+      break;
+    }
+    ssize_t k = read(fds[0], &verdict, 1);
+    if (k < 0 && errno == EINTR) continue;
+    got = k == 1;
+    break;
+  }
+  close(fds[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  /* Reap it. A host that ignores SIGCHLD has it reaped already (ECHILD): then no status. */
+  int status = 0, have_status = 0;
+  for (int64_t until = now_ms() + 2000; now_ms() < until;) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      have_status = 1;
+      break;
+    }
+    if (r < 0 && errno != EINTR) break;
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  if (timed_out) {
+    snprintf(why, whylen, "hwloc did not finish loading it within %d s (in a check process, since killed)",
+             timeout_ms / 1000);
+    return -1;
+  }
+  if (got && verdict == CHECK_LOADED) return 0;
+  if (got && verdict == CHECK_REFUSED) return 1;
+  if (have_status && WIFSIGNALED(status))
+    snprintf(why, whylen, "loading it crashed hwloc (signal %d, %s) in a check process", WTERMSIG(status),
+             strsignal(WTERMSIG(status)));
+  else
+    snprintf(why, whylen, "loading it ended a check process before hwloc finished (exit status %d)",
+             have_status && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  return -1;
+}
+
+ncclResult_t mplane_topo_from_hwloc_xml(struct mplane_topo *t, const char *buf, size_t len, const char *name,
+                                        const char *what, int check_timeout_ms, char *err, size_t errlen) {
+  if (!memmem(buf, len < 512 ? len : 512, "<topology", 9) && !memmem(buf, len < 512 ? len : 512, "<?xml", 5)) {
+    snprintf(err, errlen, "%s='%s' is not an hwloc XML file (no <topology> element at its start); write one "
+             "with: lstopo --of xml FILE", what, name);
+    return ncclInvalidArgument;
+  }
+  if (check_timeout_ms > 0) {
+    /* hwloc 2.9 reads some malformed attributes (cpusets above all) past their end or through a
+     * NULL pointer: a broken file must cost NCCL this file, not the process. So hwloc (and the
+     * model built from it) first load the file in a short-lived child. */
+    char why[256];
+    int rc = mplane_topo_xml_check(buf, len, check_timeout_ms, 1, why, sizeof(why));
+    if (rc < 0) {
+      snprintf(err, errlen, "%s='%s' was refused: %s; mplane does not load it into this process. The file is "
+               "not an hwloc XML topology as lstopo writes it: write a new one with lstopo --of xml FILE, or "
+               "unset %s", what, name, why, what);
+      return ncclInvalidArgument;
+    }
+    if (rc > 0) {
+      snprintf(err, errlen, "%s='%s' is not a valid hwloc XML topology (hwloc could not load it; HWLOC_XML_VERBOSE=1 "
+               "lstopo --input '%s' says where)", what, name, name);
+      return ncclInvalidArgument;
+    }
+  }
+  hwloc_topology_t topo;
+  if (load_xml_buffer(&topo, buf, len) != 0) {
+    snprintf(err, errlen, "%s='%s' is not a valid hwloc XML topology (hwloc could not load it; HWLOC_XML_VERBOSE=1 "
+             "lstopo --input '%s' says where)", what, name, name);
+    return ncclInvalidArgument;
+  }
+  ncclResult_t res = build(t, topo);
+  hwloc_topology_destroy(topo);
+  t->from_file = 1;
+  snprintf(t->source, sizeof(t->source), "hwloc XML %s", name);
+  return res;
+}
+
+/* The whole file, NUL-terminated, into a malloc'ed buffer; a regular file only (a FIFO would block
+ * init forever) of at most MPLANE_TOPO_XML_MAX_BYTES. */
+static ncclResult_t read_xml_file(const char *path, const char *what, char **out, size_t *outlen, char *err,
+                                  size_t errlen) {
+  int fd = mplane_open_regular_file(what, path, "an hwloc XML file (lstopo --of xml)", err, errlen);
+  if (fd == -1)
+    snprintf(err, errlen, "%s='%s' cannot be read: %s; expected an hwloc XML file (lstopo --of xml)", what, path,
+             strerror(errno));
+  if (fd < 0) return ncclInvalidArgument;
+  size_t cap = 64 << 10, len = 0;
+  char *buf = malloc(cap + 1);
+  ncclResult_t res = ncclSuccess;
+  while (buf) {
+    if (len == cap) {
+      if (cap >= MPLANE_TOPO_XML_MAX_BYTES) {
+        snprintf(err, errlen, "%s='%s' is larger than %d MiB: not an hwloc XML file of one node", what, path,
+                 MPLANE_TOPO_XML_MAX_BYTES >> 20);
+        res = ncclInvalidArgument;
+        break;
+      }
+      size_t ncap = cap * 2 > MPLANE_TOPO_XML_MAX_BYTES ? MPLANE_TOPO_XML_MAX_BYTES : cap * 2;
+      char *nb = realloc(buf, ncap + 1);
+      if (!nb) break;
+      buf = nb;
+      cap = ncap;
+    }
+    ssize_t k = read(fd, buf + len, cap - len);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      snprintf(err, errlen, "%s='%s' cannot be read: %s; expected an hwloc XML file (lstopo --of xml)", what, path,
+               strerror(errno));
+      res = ncclInvalidArgument;
+      break;
+    }
+    if (k == 0) break;
+    len += (size_t)k;
+  }
+  close(fd);
+  if (!buf) {
+    snprintf(err, errlen, "%s='%s': out of memory", what, path);
+    return ncclSystemError;
+  }
+  if (res != ncclSuccess) {
+    free(buf);
+    return res;
+  }
+  buf[len] = '\0';
+  *out = buf;
+  *outlen = len;
+  return ncclSuccess;
+}
+
 ncclResult_t mplane_topo_from_hwloc(struct mplane_topo *t, const char *xml_path, const char *xml_input, char *err,
                                     size_t errlen) {
-  const char *what = xml_input && *xml_input ? xml_input : "topology file";
   if (xml_path) {
-    FILE *f = fopen(xml_path, "r");
-    if (!f) {
-      snprintf(err, errlen, "%s='%s' cannot be read: %s; expected an hwloc XML file (lstopo --of xml)", what,
-               xml_path, strerror(errno));
-      return ncclInvalidArgument;
-    }
-    char head[256] = "";
-    size_t got = fread(head, 1, sizeof(head) - 1, f);
-    head[got] = '\0';
-    fclose(f);
-    if (!strstr(head, "<topology") && !strstr(head, "<?xml")) {
-      snprintf(err, errlen, "%s='%s' is not an hwloc XML file (no <topology> element at its start); write one "
-               "with: lstopo --of xml FILE", what, xml_path);
-      return ncclInvalidArgument;
-    }
+    const char *what = xml_input && *xml_input ? xml_input : "topology file";
+    char *buf;
+    size_t len;
+    ncclResult_t res = read_xml_file(xml_path, what, &buf, &len, err, errlen);
+    if (res != ncclSuccess) return res;
+    res = mplane_topo_from_hwloc_xml(t, buf, len, xml_path, what, MPLANE_TOPO_XML_CHECK_MS, err, errlen);
+    free(buf);
+    return res;
   }
   hwloc_topology_t topo;
   if (hwloc_topology_init(&topo) != 0) {
     snprintf(err, errlen, "hwloc_topology_init failed: %s", strerror(errno));
     return ncclSystemError;
   }
-  if (xml_path) {
-    if (hwloc_topology_set_xml(topo, xml_path) != 0) {
-      snprintf(err, errlen, "%s='%s' is not a valid hwloc XML topology (hwloc could not parse it; "
-               "HWLOC_XML_VERBOSE=1 lstopo --input '%s' says where)", what, xml_path, xml_path);
-      hwloc_topology_destroy(topo);
-      return ncclInvalidArgument;
-    }
-    hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_ALL);
-  } else {
-    /* GPU components would initialize CUDA or OpenCL inside NCCL's process: leave them out. The
-     * libpciaccess one ("pci") leaks and loads more libraries; hwloc's Linux backend reads the same
-     * PCI tree from sysfs without it (as it does where libhwloc-plugins is not installed). */
-    const char *skip[] = {"cuda", "opencl", "rsmi", "levelzero", "gl", "pci"};
-    for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++)
-      hwloc_topology_set_components(topo, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, skip[i]);
-    hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-  }
+  /* GPU components would initialize CUDA or OpenCL inside NCCL's process: leave them out. The
+   * libpciaccess one ("pci") leaks and loads more libraries; hwloc's Linux backend reads the same
+   * PCI tree from sysfs without it (as it does where libhwloc-plugins is not installed). */
+  const char *skip[] = {"cuda", "opencl", "rsmi", "levelzero", "gl", "pci"};
+  for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++)
+    hwloc_topology_set_components(topo, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, skip[i]);
+  hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
   if (hwloc_topology_load(topo) != 0) {
-    if (xml_path)
-      snprintf(err, errlen, "%s='%s' is not a valid hwloc XML topology (hwloc could not load it; HWLOC_XML_VERBOSE=1 "
-               "lstopo --input '%s' says where)", what, xml_path, xml_path);
-    else
-      snprintf(err, errlen, "hwloc could not read this machine: %s", strerror(errno));
+    snprintf(err, errlen, "hwloc could not read this machine: %s", strerror(errno));
     hwloc_topology_destroy(topo);
-    return xml_path ? ncclInvalidArgument : ncclSystemError;
+    return ncclSystemError;
   }
   ncclResult_t res = build(t, topo);
   hwloc_topology_destroy(topo);
-  if (xml_path) {
-    t->from_file = 1;
-    snprintf(t->source, sizeof(t->source), "hwloc XML %s", xml_path);
-  } else {
-    snprintf(t->source, sizeof(t->source), "hwloc (live)");
-  }
+  snprintf(t->source, sizeof(t->source), "hwloc (live)");
   return res;
 }

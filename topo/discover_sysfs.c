@@ -11,6 +11,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include "../plugin/config.h"
 #include "../plugin/log.h"
 #include "topo_internal.h"
 
@@ -87,7 +88,8 @@ static int add_from_path(struct mplane_topo *t, const char *real) {
       snprintf(f, sizeof(f), "%s/subsystem_device", walked);
       p->subdevice = (uint16_t)read_num(f, 0);
       snprintf(f, sizeof(f), "%s/numa_node", walked);
-      p->numa = (int)read_num(f, -1);
+      long numa = read_num(f, -1);
+      p->numa = numa >= 0 && numa <= MPLANE_TOPO_MAX_CPU ? (int)numa : -1;
       p->is_bridge = (p->class_code >> 8) == 0x0604;
       p->parent = parent;
       if (parent < 0) p->hostbridge = mplane_topo_hostbridge(t, hb[0] ? hb : "????:??", p->numa);
@@ -194,20 +196,58 @@ static void scan_pci_device(void *vctx, const char *name) {
   if (has_ib) list_dir(ibdir, add_ibdev, &sub);
 }
 
-static int parse_cpu_list(const char *s, int *cpus, int max) {
+/* A decimal number of at most max (no sign, no overflow): its value, the end in *end; -1 if none. */
+static long bounded_num(const char *s, long max, const char **end) {
+  long v = 0;
+  const char *p = s;
+  if (*p < '0' || *p > '9') return -1;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (v > (max - (*p - '0')) / 10) return -1;
+    v = v * 10 + (*p - '0');
+  }
+  *end = p;
+  return v;
+}
+
+int mplane_topo_parse_cpulist(const char *s, int *cpus, int max) {
   int n = 0;
-  while (s && *s) {
-    char *end;
-    long a = strtol(s, &end, 10), b = a;
-    if (end == s) break;
-    if (*end == '-') {
-      s = end + 1;
-      b = strtol(s, &end, 10);
+  if (!s || !*s) return 0;
+  const char *p = s;
+  for (;;) {
+    const char *end;
+    long a = bounded_num(p, MPLANE_TOPO_MAX_CPU, &end), b = a;
+    if (a < 0) return 0;
+    p = end;
+    if (*p == '-') {
+      b = bounded_num(p + 1, MPLANE_TOPO_MAX_CPU, &end);
+      if (b < a) return 0; /* "3-1", "0-", or past the largest CPU number */
+      p = end;
     }
     for (long c = a; c <= b && n < max; c++) cpus[n++] = (int)c;
-    s = *end == ',' ? end + 1 : NULL;
+    if (*p == '\0') return n;
+    if (*p != ',') return 0;
+    p++;
   }
-  return n;
+}
+
+int mplane_topo_parse_ib_rate(const char *s) {
+  /* "400 Gb/sec (4X NDR)", "2.5 Gb/sec (1X SDR)", "53.125 Gb/sec (1X HDR)": whole Gb/s, then at
+   * most three digits of fraction count; anything else, or beyond MPLANE_TOPO_MAX_SPEED_MBPS, is
+   * no rate this code trusts. */
+  if (!s) return 0;
+  const char *end;
+  long whole = bounded_num(s, MPLANE_TOPO_MAX_SPEED_MBPS / 1000, &end);
+  if (whole < 0) return 0;
+  long mbps = whole * 1000;
+  const char *p = end;
+  if (*p == '.') {
+    p++;
+    if (*p < '0' || *p > '9') return 0;
+    for (long scale = 100; *p >= '0' && *p <= '9'; p++, scale /= 10) mbps += (*p - '0') * scale;
+  }
+  if (*p != '\0' && *p != ' ') return 0;
+  if (mbps <= 0 || mbps > MPLANE_TOPO_MAX_SPEED_MBPS) return 0;
+  return (int)mbps;
 }
 
 static void scan_numa(void *vctx, const char *name) {
@@ -222,7 +262,7 @@ static void scan_numa(void *vctx, const char *name) {
   d->os_index = id;
   if (read_line(p, buf, sizeof(buf)) == 0) {
     static int cpus[8192];
-    int n = parse_cpu_list(buf, cpus, 8192);
+    int n = mplane_topo_parse_cpulist(buf, cpus, 8192);
     mplane_topo_cpumap(cpus, n, d->affinity, sizeof(d->affinity));
   }
 }
@@ -242,7 +282,7 @@ ncclResult_t mplane_topo_from_sysfs(struct mplane_topo *t, const char *root) {
   join(dir, sizeof(dir), root, "sys/devices/system/cpu/online");
   if (read_line(dir, buf, sizeof(buf)) == 0) {
     static int cpus[8192];
-    int n = parse_cpu_list(buf, cpus, 8192);
+    int n = mplane_topo_parse_cpulist(buf, cpus, 8192);
     mplane_topo_cpumap(cpus, n, t->all_cpus, sizeof(t->all_cpus));
   }
   join(dir, sizeof(dir), root, "proc/sys/kernel/hostname");
@@ -258,8 +298,11 @@ ncclResult_t mplane_topo_from_sysfs(struct mplane_topo *t, const char *root) {
       while (*v == ' ') v++;
       v[strcspn(v, "\n")] = '\0';
       if (!strncmp(line, "vendor_id", 9) && !t->cpu_vendor[0]) snprintf(t->cpu_vendor, sizeof(t->cpu_vendor), "%s", v);
-      if (!strncmp(line, "cpu family", 10) && t->cpu_family < 0) t->cpu_family = atoi(v);
-      if (!strncmp(line, "model\t", 6) && t->cpu_model < 0) t->cpu_model = atoi(v);
+      long num;
+      if (!strncmp(line, "cpu family", 10) && t->cpu_family < 0 && mplane_parse_long(v, 0, 1 << 20, &num) == 0)
+        t->cpu_family = (int)num;
+      if (!strncmp(line, "model\t", 6) && t->cpu_model < 0 && mplane_parse_long(v, 0, 1 << 20, &num) == 0)
+        t->cpu_model = (int)num;
       if (!strncmp(line, "processor", 9) && t->cpu_vendor[0] && t->cpu_family >= 0 && t->cpu_model >= 0) break;
     }
     fclose(f);
@@ -287,15 +330,13 @@ void mplane_topo_read_speeds(struct mplane_topo *t, const char *root) {
     if (n->ibdev[0]) {
       snprintf(rel, sizeof(rel), "sys/class/infiniband/%s/ports/%d/rate", n->ibdev, n->port > 0 ? n->port : 1);
       join(p, sizeof(p), root, rel);
-      double gbps;
-      if (read_line(p, buf, sizeof(buf)) == 0 && sscanf(buf, "%lf", &gbps) == 1 && gbps > 0)
-        n->speed_mbps = (int)(gbps * 1000);
+      if (read_line(p, buf, sizeof(buf)) == 0) n->speed_mbps = mplane_topo_parse_ib_rate(buf);
     }
     if (n->speed_mbps <= 0 && n->netdev[0]) {
       snprintf(rel, sizeof(rel), "sys/class/net/%s/speed", n->netdev);
       join(p, sizeof(p), root, rel);
       long v = read_num(p, -1);
-      if (v > 0) n->speed_mbps = (int)v;
+      if (v > 0 && v <= MPLANE_TOPO_MAX_SPEED_MBPS) n->speed_mbps = (int)v; /* -1: no link; else no speed */
     }
   }
 }

@@ -177,13 +177,21 @@ int mplane_topo_nccl_parents(const struct mplane_topo *t, int pci, int *out, int
   int n = 0;
   if (pci < 0 || pci >= t->npci) return 0;
   int b = t->pci[pci].parent; /* the port the device hangs off: NCCL skips it */
-  while (b >= 0) {
+  /* The builders keep parents acyclic; the walk is bounded all the same (a tree has no path
+   * longer than npci), so a malformed model cannot turn it into an endless loop. */
+  for (int steps = 0; b >= 0 && b < t->npci && steps < t->npci; steps += 2) {
     int up = t->pci[b].parent; /* the switch's upstream port: NCCL keeps it */
-    if (up < 0) break;
+    if (up < 0 || up >= t->npci) break;
     if (n < max) out[n++] = up;
     b = t->pci[up].parent;
   }
   return n;
+}
+
+int mplane_topo_pci_would_cycle(const struct mplane_topo *t, int child, int parent) {
+  for (int b = parent, steps = 0; b >= 0 && b < t->npci; b = t->pci[b].parent, steps++)
+    if (b == child || steps > t->npci) return 1;
+  return 0;
 }
 
 enum mplane_topo_link mplane_topo_pci_link(const struct mplane_topo *t, int a, int b) {
