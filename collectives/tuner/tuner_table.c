@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
+#include "plugin/config.h"
 #include "plugin/log.h"
 
 #define TRY(call)                            \
@@ -265,6 +267,8 @@ ncclResult_t mplane_tuner_table_parse(const char *name, const char *text, size_t
   int have_header = 0, cap = 0;
   int colmap[NUM_COLS];
   size_t pos = 0;
+  /* A UTF-8 byte order mark (spreadsheet exports write one) is no part of the first column's name. */
+  if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) pos = 3;
   while (pos < len) {
     const char *line = text + pos;
     const char *nl = memchr(line, '\n', len - pos);
@@ -323,9 +327,14 @@ out:
 
 ncclResult_t mplane_tuner_table_load(const char *path, struct mplane_tuner_table **out, char *err, size_t errlen) {
   *out = NULL;
-  FILE *f = fopen(path, "rb");
+  /* A regular file only: a FIFO would block init forever, a device would be read for nothing. */
+  int fd = mplane_open_regular_file("MPLANE_TUNER_CONFIG", path, "a CSV tuner table", err, errlen);
+  if (fd == -1) snprintf(err, errlen, "MPLANE_TUNER_CONFIG='%s': cannot open: %s", path, strerror(errno));
+  if (fd < 0) return ncclInvalidArgument;
+  FILE *f = fdopen(fd, "rb");
   if (!f) {
     snprintf(err, errlen, "MPLANE_TUNER_CONFIG='%s': cannot open: %s", path, strerror(errno));
+    close(fd);
     return ncclInvalidArgument;
   }
   char *buf = malloc((size_t)MPLANE_TUNER_MAX_FILE_BYTES + 1);

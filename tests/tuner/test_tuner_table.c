@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -232,6 +236,75 @@ static void test_load_file(void **state) {
   unlink(path);
 }
 
+/* A FIFO (or a directory, a device) as MPLANE_TUNER_CONFIG blocked NCCL's init forever in fopen
+ * (or read a device for nothing): only a regular file is read. The load runs in a child with a
+ * deadline so that a hang fails this test instead of stalling it. */
+static void load_expect_refused(const char *path, const char *kind) {
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    signal(SIGSEGV, SIG_DFL); /* a crash ends the child, not cmocka's next test in it */
+    signal(SIGABRT, SIG_DFL);
+    struct mplane_tuner_table *t = NULL;
+    char err[512] = "";
+    ncclResult_t res = mplane_tuner_table_load(path, &t, err, sizeof(err));
+    char msg[600];
+    int n = snprintf(msg, sizeof(msg), "%d %s", (int)res, err);
+    if (write(fds[1], msg, (size_t)n) < 0) _exit(2);
+    _exit(0);
+  }
+  close(fds[1]);
+  struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+  int ready = poll(&pfd, 1, 5000);
+  char got[600] = "";
+  if (ready > 0) {
+    ssize_t k = read(fds[0], got, sizeof(got) - 1);
+    got[k > 0 ? k : 0] = '\0';
+  }
+  close(fds[0]);
+  if (ready <= 0) kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  if (ready <= 0) fail_msg("MPLANE_TUNER_CONFIG='%s' (%s): the load did not return within 5 s", path, kind);
+  char want[700];
+  snprintf(want, sizeof(want), "%d MPLANE_TUNER_CONFIG='%s' is not a regular file (%s)", (int)ncclInvalidArgument, path,
+           kind);
+  if (strncmp(got, want, strlen(want)) != 0) fail_msg("got '%s', want '%s...'", got, want);
+}
+
+static void test_load_refuses_non_regular_files(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mplane-tuner-test-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char fifo[64];
+  snprintf(fifo, sizeof(fifo), "%s/table.fifo", dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  load_expect_refused(fifo, "a FIFO");
+  load_expect_refused(dir, "a directory");
+  load_expect_refused("/dev/zero", "a character device");
+  unlink(fifo);
+  rmdir(dir);
+}
+
+/* A spreadsheet's CSV export starts with a UTF-8 byte order mark: it is skipped, not read as part
+ * of the first column's name ("unknown column"). Only at the very start of the file. */
+static void test_utf8_bom(void **state) {
+  (void)state;
+  struct mplane_tuner_table *t = parse_ok("\xEF\xBB\xBF" HEADER "allreduce,0,1M,ring,simple,-1,-1,-1\n");
+  assert_int_equal(t->nrows, 1);
+  assert_int_equal(t->rows[0].line, 2);
+  mplane_tuner_table_free(t);
+  t = parse_ok("\xEF\xBB\xBF# exported\n" HEADER);
+  assert_int_equal(t->nrows, 0);
+  mplane_tuner_table_free(t);
+  parse_bad(HEADER "\xEF\xBB\xBF" "allreduce,0,1M,ring,simple,-1,-1,-1\n", "2:1", "unknown collective");
+  parse_bad("\xEF\xBB\xBF\xEF\xBB\xBF" HEADER, "1:1", "unknown column");
+}
+
 static void test_names(void **state) {
   (void)state;
   assert_string_equal(mplane_tuner_coll_name(ncclFuncAllReduce), "allreduce");
@@ -272,6 +345,8 @@ int main(void) {
       cmocka_unit_test(test_nul_byte),
       cmocka_unit_test(test_overlap_warns_once_naming_both_lines),
       cmocka_unit_test(test_load_file),
+      cmocka_unit_test(test_load_refuses_non_regular_files),
+      cmocka_unit_test(test_utf8_bom),
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_row_limit),
   };
