@@ -112,6 +112,8 @@ const struct mplane_config *mpib_config(void);
 void mpib_shutdown(void);
 /* 1 if an NCCL_IB_HCA-style spec selects (name, port). Exposed for unit tests. */
 int mpib_hca_match(const char *spec, const char *name, int port);
+/* ptrSupport from what the node has: the NVIDIA driver, nvidia-peermem, an HCA that takes dma-bufs. */
+int mpib_ptr_support(int nvidia, int peermem, int dmabuf);
 /* Pick the RoCE GID: RoCE v2 IPv4-mapped first, then RoCE v2, then any; -1 if none. types[i]: 1 = v2. */
 int mpib_pick_gid(int n, const union ibv_gid *gids, const int *types, const int *valid);
 

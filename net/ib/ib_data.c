@@ -72,10 +72,14 @@ static ncclResult_t reg_common(void *comm, void *data, size_t size, int type, in
     MP_WARN("NET/IB: regMr of memory type %d; expected NCCL_PTR_HOST or NCCL_PTR_CUDA", type);
     return ncclInvalidArgument;
   }
-  if (type == NCCL_PTR_CUDA && !(b->dev->props.ptr_support & NCCL_PTR_CUDA)) {
-    MP_WARN("NET/IB: %s: regMr of GPU memory, but GPUDirect RDMA is not available on this node (needs the NVIDIA "
-            "driver with nvidia-peermem loaded, or dma-buf support); ptrSupport is host memory only",
-            b->dev->props.name);
+  /* GPU memory through a dma-buf needs the HCA's dma-buf support, through plain regMr nvidia-peermem */
+  int need = fd >= 0 ? NCCL_PTR_DMABUF : NCCL_PTR_CUDA;
+  if (type == NCCL_PTR_CUDA && !(b->dev->props.ptr_support & need)) {
+    MP_WARN("NET/IB: %s: %s of GPU memory, but this node %s (ptrSupport 0x%x)", b->dev->props.name,
+            fd >= 0 ? "regMrDmaBuf" : "regMr",
+            fd >= 0 ? "has no dma-buf support for this HCA (NVIDIA driver and a kernel/HCA that take dma-bufs)"
+                    : "has no nvidia-peermem loaded (modprobe nvidia-peermem, or let NCCL use dma-bufs)",
+            b->dev->props.ptr_support);
     return ncclInvalidUsage;
   }
   struct mpib_mr *m = calloc(1, sizeof(*m));

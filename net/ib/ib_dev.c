@@ -178,9 +178,9 @@ static void pick_oob(const struct mplane_config *cfg, struct mpib_dev *d) {
 /* ------------------------------------------------------------------ GPUDirect */
 static int file_exists(const char *p) { return access(p, F_OK) == 0; }
 
-/* CUDA pointers can be registered when the NVIDIA driver is there and either nvidia-peermem is
- * loaded or the HCA takes dma-bufs (probed the usual way: a dma-buf registration of fd -1 fails
- * with EBADF rather than EOPNOTSUPP). */
+/* GPU memory can be registered when the NVIDIA driver is there, through nvidia-peermem (plain
+ * regMr) or dma-bufs (probed the usual way: a dma-buf registration of fd -1 fails with EBADF rather
+ * than EOPNOTSUPP). */
 static int ptr_support(struct mpib_hca *h, int *dmabuf_out) {
   int nvidia = file_exists("/proc/driver/nvidia/version");
   int peermem = file_exists("/sys/kernel/mm/memory_peers/nv_mem/version") ||
@@ -193,8 +193,15 @@ static int ptr_support(struct mpib_hca *h, int *dmabuf_out) {
     else dmabuf = errno != EOPNOTSUPP && errno != EPROTONOSUPPORT && errno != ENOSYS && errno != 0;
   }
   *dmabuf_out = dmabuf;
+  return mpib_ptr_support(nvidia, peermem, dmabuf);
+}
+
+/* As NCCL's net_ib: NCCL_PTR_CUDA says plain regMr takes GPU memory, which needs nvidia-peermem;
+ * NCCL_PTR_DMABUF says regMrDmaBuf does. Advertising CUDA on dma-buf alone makes NCCL call plain
+ * regMr on GPU memory, which then fails. */
+int mpib_ptr_support(int nvidia, int peermem, int dmabuf) {
   int p = NCCL_PTR_HOST;
-  if (nvidia && (peermem || dmabuf)) p |= NCCL_PTR_CUDA;
+  if (nvidia && peermem) p |= NCCL_PTR_CUDA;
   if (nvidia && dmabuf) p |= NCCL_PTR_DMABUF;
   return p;
 }

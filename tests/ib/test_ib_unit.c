@@ -70,6 +70,16 @@ static void test_recv_entry_chunks(void **state) {
   assert_int_equal(en.chunks, en.nchunks);
 }
 
+/* GPU memory is advertised as NCCL's net_ib does: CUDA for nvidia-peermem, DMABUF for dma-bufs. */
+static void test_ptr_support(void **state) {
+  (void)state;
+  assert_int_equal(mpib_ptr_support(0, 1, 1), NCCL_PTR_HOST); /* no NVIDIA driver */
+  assert_int_equal(mpib_ptr_support(1, 0, 0), NCCL_PTR_HOST);
+  assert_int_equal(mpib_ptr_support(1, 1, 0), NCCL_PTR_HOST | NCCL_PTR_CUDA);
+  assert_int_equal(mpib_ptr_support(1, 0, 1), NCCL_PTR_HOST | NCCL_PTR_DMABUF); /* not CUDA: plain regMr would fail */
+  assert_int_equal(mpib_ptr_support(1, 1, 1), NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF);
+}
+
 static void gid_v4(union ibv_gid *g, int a) {
   memset(g, 0, sizeof(*g));
   g->raw[10] = g->raw[11] = 0xff;
@@ -118,6 +128,7 @@ int main(void) {
       cmocka_unit_test(test_gid_choice),
       cmocka_unit_test(test_imm_layout),
       cmocka_unit_test(test_recv_entry_chunks),
+      cmocka_unit_test(test_ptr_support),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
