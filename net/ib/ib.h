@@ -64,6 +64,7 @@ struct mpib_verbs {
   struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
   int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
   int (*destroy_qp)(struct ibv_qp *);
+  int (*fork_init)(void); /* optional */
   int (*get_async_event)(struct ibv_context *, struct ibv_async_event *);
   void (*ack_async_event)(struct ibv_async_event *);
 };

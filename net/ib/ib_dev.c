@@ -360,6 +360,17 @@ static void fill_props(struct mpib_dev *d, const struct ibv_port_attr *pa, int p
   p->max_coll_bytes = 1UL << 30;
 }
 
+/* Registered pages stay right in a child the application forks (a torch DataLoader) only if
+ * libibverbs knows before anything is registered; a no-op where the kernel copies pinned pages on
+ * fork itself. Before the device list, once per process, as NCCL's net_ib does. */
+static void fork_init_once(void) {
+  static int done;
+  if (done || !mpib_v.fork_init) return;
+  done = 1;
+  int rc = mpib_v.fork_init();
+  if (rc) MP_WARN("NET/IB: ibv_fork_init failed: %s; a fork after init may corrupt registered memory", strerror(rc));
+}
+
 ncclResult_t mpib_discover(const struct mplane_config *cfg) {
   g.cfg = cfg;
   if (g.ndev > 0) return ncclSuccess;
@@ -368,6 +379,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
     MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s (MPLANE_IBVERBS_LIB='%s'); no InfiniBand", why, cfg->ibverbs_lib);
     return ncclSystemError;
   }
+  fork_init_once();
   int n = 0;
   struct ibv_device **list = mpib_v.get_device_list(&n);
   if (!list || n == 0) {

@@ -24,6 +24,7 @@ int mpib_verbs_load(const char *libname, char *why, size_t whylen) {
     snprintf(why, whylen, "cannot load %s: %s", libname, dlerror());
     return -1;
   }
+  LOAD(fork_init, "ibv_fork_init", 0);
   LOAD(get_device_list, "ibv_get_device_list", 1);
   LOAD(free_device_list, "ibv_free_device_list", 1);
   LOAD(get_device_name, "ibv_get_device_name", 1);

@@ -468,6 +468,9 @@ static int sc_devices(void) {
   if (hca) setenv("MPLANE_IB_HCA", hca, 1);
   setenv("MPLANE_TRANSPORT", "auto", 1);
   up();
+  struct rec fr[2];
+  if (rec_find(fr, 2, "event=fork_init", "before_device_list=1", NULL) != 1)
+    fail("ibv_fork_init was not called once before the device list (a fork after init could break registered pages)");
   int n = 0;
   mplane_net_devices(&n);
   char names[512] = "";

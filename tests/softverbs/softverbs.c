@@ -504,9 +504,12 @@ static void port_down(struct sv_dev *d, int port) {
 }
 
 /* ------------------------------------------------------------------ exported: devices */
+static int fork_init_called, device_list_called;
+
 SV_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
   lock();
   init_once();
+  device_list_called = 1;
   struct ibv_device **l = calloc((size_t)G.ndev + 1, sizeof(*l));
   if (l) memcpy(l, G.list, sizeof(*l) * ((size_t)G.ndev + 1));
   if (num) *num = l ? G.ndev : 0;
@@ -520,7 +523,14 @@ SV_EXPORT const char *ibv_get_device_name(struct ibv_device *device) { return de
 SV_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device) {
   return htobe64(((struct sv_dev *)device)->guid);
 }
-SV_EXPORT int ibv_fork_init(void) { return 0; }
+/* Recorded, with whether it came before the device list (rdma-core wants it before anything else). */
+SV_EXPORT int ibv_fork_init(void) {
+  lock();
+  fork_init_called++;
+  record("event=fork_init calls=%d before_device_list=%d", fork_init_called, !device_list_called);
+  unlock();
+  return 0;
+}
 
 SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device);
 SV_EXPORT int ibv_close_device(struct ibv_context *context);
