@@ -38,6 +38,7 @@
 #define MPIB_MAX_RECVS 8
 #define MPIB_MAX_REQS NCCL_NET_MAX_REQUESTS          /* receive groups (FIFO slots) in flight */
 #define MPIB_MAX_SENDS (MPIB_MAX_REQS * MPIB_MAX_RECVS) /* send requests in flight */
+#define MPIB_MAX_FLUSHES MPIB_MAX_SENDS                 /* iflush requests in flight: more than NCCL can have */
 #define MPIB_CHUNK_MIN (64 * 1024)                      /* smaller messages ride one QP */
 #define MPIB_SQ_DEPTH (2 * MPIB_MAX_SENDS + 2 * MPIB_MAX_REQS + 8)
 #define MPIB_RQ_DEPTH (2 * MPIB_MAX_SENDS + 16)
@@ -253,7 +254,7 @@ struct mpib_recv_comm {
   struct ibv_qp *flush_qp;
   char *flush_buf;
   struct ibv_mr *flush_mr;
-  struct mpib_flush_req freqs[MPIB_MAX_REQS];
+  struct mpib_flush_req freqs[MPIB_MAX_FLUSHES];
 };
 
 /* registry (async thread) */

@@ -57,6 +57,8 @@ ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c) {
   for (int i = 0; i < MPIB_MAX_REQS; i++) {
     c->reqs[i].kind = MPIB_REQ_RECV;
     c->reqs[i].comm = c;
+  }
+  for (int i = 0; i < MPIB_MAX_FLUSHES; i++) {
     c->freqs[i].kind = MPIB_REQ_FLUSH;
     c->freqs[i].comm = c;
   }
@@ -226,7 +228,7 @@ static void poll_cq(struct mpib_comm_base *b) {
         uint64_t a = MPIB_WRID_A(wc->wr_id);
         if (kind == MPIB_WR_RECV) on_recv(c, wc);
         else if (kind == MPIB_WR_FIFO && a < MPIB_MAX_REQS) c->reqs[a].fifo_pending = 0;
-        else if (kind == MPIB_WR_FLUSH && a < MPIB_MAX_REQS) c->freqs[a].pending--;
+        else if (kind == MPIB_WR_FLUSH && a < MPIB_MAX_FLUSHES) c->freqs[a].pending--;
       }
     }
     if (n < 32) return;
@@ -580,9 +582,15 @@ ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void *
     }
   }
   int fi = -1;
-  for (int i = 0; i < MPIB_MAX_REQS && fi < 0; i++)
+  for (int i = 0; i < MPIB_MAX_FLUSHES && fi < 0; i++)
     if (!c->freqs[i].used) fi = i;
-  if (fi < 0) return ncclSuccess;
+  if (fi < 0) {
+    /* never NULL here: to NCCL a NULL flush request means "nothing to flush", and the GPU would
+     * read before the data landed */
+    MP_WARN("NET/IB: %s: %d flushes in flight and none tested: cannot flush another receive (peer %s)",
+            c->b.dev->props.name, MPIB_MAX_FLUSHES, c->b.peer);
+    return ncclInternalError;
+  }
   struct mpib_flush_req *f = &c->freqs[fi];
   struct mpib_mr *m = mhandles[last];
   struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr->lkey};

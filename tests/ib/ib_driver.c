@@ -365,16 +365,29 @@ static int sc_flush(void) {
     if (mplane_net_test(req, &done, NULL) != ncclSuccess) fail("flush failed");
     if (now() - t0 > 10) fail("flush did not complete in 10 s");
   }
+  /* flushes NCCL has not tested yet pile up: each gets a request, and when none is left that is an
+   * error, never NULL (which NCCL reads as "nothing to flush": the GPU would read too early) */
+  void *held[MPIB_MAX_FLUSHES];
+  for (int i = 0; i < MPIB_MAX_FLUSHES; i++)
+    if (mplane_net_iflush(p.rc, 1, &buf, &size, &mh, &held[i]) != ncclSuccess || !held[i])
+      fail("iflush %d of %d in flight gave no request", i + 1, MPIB_MAX_FLUSHES);
+  void *extra = NULL;
+  if (mplane_net_iflush(p.rc, 1, &buf, &size, &mh, &extra) == ncclSuccess)
+    fail("iflush %d with %d untested flushes in flight returned %s instead of an error", MPIB_MAX_FLUSHES + 1,
+         MPIB_MAX_FLUSHES, extra ? "a request" : "NULL (\"nothing to flush\")");
+  for (int i = 0; i < MPIB_MAX_FLUSHES; i++)
+    for (int d = 0; !d;)
+      if (mplane_net_test(held[i], &d, NULL) != ncclSuccess) fail("flush %d failed", i);
   mplane_net_dereg_mr(p.rc, mh);
   pair_close(&p);
   struct rec r[16];
-  int n = rec_find(r, 16, "event=destroy", "reads=1", NULL), loop = 0;
+  int n = rec_find(r, 16, "event=destroy", "reads=257", NULL), loop = 0;
   struct rec m[16];
   int k = rec_find(m, 16, "event=modify", "state=RTR", NULL);
   for (int i = 0; i < k; i++)
     if (rec_val(&m[i], "qpn") == rec_val(&m[i], "dest_qpn")) loop++;
-  if (n != 1 || loop != 1) fail("expected one loopback QP doing one RDMA read; %d read, %d loopback", n, loop);
-  note("flush by RDMA read on a loopback QP");
+  if (n != 1 || loop != 1) fail("expected one loopback QP doing 257 RDMA reads; %d read, %d loopback", n, loop);
+  note("flush by RDMA read on a loopback QP; %d flushes in flight, the next one an error", MPIB_MAX_FLUSHES);
   return 0;
 }
 
