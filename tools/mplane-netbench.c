@@ -2,6 +2,7 @@
  *
  *   mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S | --rounds N] [--raw-streams N]
  *                   [--sender-env "VAR=VALUE ..."] [--devices-only]
+ *   mplane-netbench [--plugin PATH] --pingpong [--min-size B] [--max-size B] [--iters N]
  *
  * Prints the devices the plugin discovers (NCCL's view: name, plane, speed, PCI path), then runs a
  * two-process bandwidth check through the plugin's ncclNet_v11 table on device 0, driven the way
@@ -11,6 +12,14 @@
  * Each process opens the plugin itself after the fork, as two ranks would (verbs contexts do not
  * survive a fork); --sender-env sets variables in the sending process only, e.g. its own HCA.
  * --rounds fixes the number of windows moved (default: about --seconds at 4 GB/s).
+ *
+ * --pingpong measures latency instead: for each size from --min-size (8) to --max-size (1 MiB), x4
+ * apart, one process sends a message through the plugin and the other sends it back, --iters times
+ * (default 2000, fewer above 64 KiB); each side keeps its next receive posted while it waits, as
+ * NCCL's proxy keeps receives posted ahead. Beside it, in the same processes and interleaved with it
+ * in batches (the machine's noise hits both alike), a plain TCP ping-pong over 127.0.0.1 that polls
+ * the same way (non-blocking calls, sched_yield when nothing moved). Prints median and p99 round
+ * trip of both and the ratio of the medians. Bytes are checked on every round trip.
  * Exit status is non-zero on any error or wrong byte. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -41,6 +50,9 @@ struct opts {
   int devices_only;
   long rounds;
   const char *sender_env;
+  int pingpong;
+  size_t min_size, max_size;
+  long iters;
 };
 
 static double now_s(void) {
@@ -224,7 +236,8 @@ static double raw_tcp(int streams, size_t total, size_t footprint, const char *i
 
 static void usage(void) {
   fprintf(stderr, "usage: mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S | --rounds N] "
-                  "[--raw-streams N] [--sender-env \"VAR=VALUE ...\"] [--devices-only]\n");
+                  "[--raw-streams N] [--sender-env \"VAR=VALUE ...\"] [--devices-only]\n"
+                  "       mplane-netbench [--plugin PATH] --pingpong [--min-size B] [--max-size B] [--iters N]\n");
   exit(2);
 }
 
@@ -233,6 +246,8 @@ static void parse(int argc, char **argv, struct opts *o) {
                                            {"window", 1, 0, 'w'},      {"seconds", 1, 0, 't'},
                                            {"raw-streams", 1, 0, 'r'}, {"devices-only", 0, 0, 'd'},
                                            {"rounds", 1, 0, 'n'},      {"sender-env", 1, 0, 'e'},
+                                           {"pingpong", 0, 0, 'P'},    {"min-size", 1, 0, 'a'},
+                                           {"max-size", 1, 0, 'b'},    {"iters", 1, 0, 'i'},
                                            {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "p:s:w:t:r:dn:e:h", longopts, NULL)) != -1) {
@@ -245,11 +260,17 @@ static void parse(int argc, char **argv, struct opts *o) {
       case 'd': o->devices_only = 1; break;
       case 'n': o->rounds = atol(optarg); break;
       case 'e': o->sender_env = optarg; break;
+      case 'P': o->pingpong = 1; break;
+      case 'a': o->min_size = strtoull(optarg, NULL, 0); break;
+      case 'b': o->max_size = strtoull(optarg, NULL, 0); break;
+      case 'i': o->iters = atol(optarg); break;
       default: usage();
     }
   }
   if (o->window < 1 || o->window > 32) die("--window must be 1..32");
   if (o->rounds < 0 || o->rounds > 10000000) die("--rounds must be 1..10000000");
+  if (o->iters < 0 || o->iters > 10000000) die("--iters must be 1..10000000");
+  if (o->min_size < 1 || o->max_size < o->min_size || o->max_size > (1u << 30)) die("--min-size/--max-size: 1 <= min <= max <= 1G");
 }
 
 /* dlopen the plugin and init it in this process; devices are this process's own. */
@@ -278,6 +299,239 @@ static void apply_env(const char *spec) {
   free(copy);
 }
 
+/* ---- ping-pong: round-trip latency through the plugin beside plain TCP ---- */
+
+#define PP_BATCHES 5 /* plugin and raw alternate this many times per size */
+
+struct pp_plugin {
+  ncclNet_v11_t *net;
+  void *send_comm, *recv_comm;
+  char *sbuf, *rbuf;
+  void *smh, *rmh;
+  size_t cap;
+  void *rreq; /* the receive kept posted, of the whole buffer (NCCL posts its step size, not the message's) */
+};
+
+static long pp_iters(const struct opts *o, size_t size) {
+  long n = o->iters ? o->iters : 2000;
+  if (!o->iters && size > 65536) n = (long)(n * 65536 / size) < 100 ? 100 : (long)(n * 65536 / size);
+  return n;
+}
+
+static void pp_post_recv(struct pp_plugin *p) {
+  int tag = 7;
+  void *d = p->rbuf;
+  size_t sz = p->cap;
+  while (!p->rreq) {
+    NCHECK(p->net->irecv(p->recv_comm, 1, &d, &sz, &tag, &p->rmh, NULL, &p->rreq));
+    if (!p->rreq) sched_yield();
+  }
+}
+
+static void pp_fill(char *buf, size_t n, long seq) {
+  /* cheap but position- and round-dependent: a stale or shifted byte shows */
+  for (size_t i = 0; i < n; i++) buf[i] = (char)(i * 7u + (unsigned long)seq * 13u + (i >> 8));
+}
+
+static void pp_check(const char *buf, size_t n, long seq) {
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != (char)(i * 7u + (unsigned long)seq * 13u + (i >> 8))) die("ping-pong: wrong bytes received");
+}
+
+/* One message out and, on the initiator, waiting for the echo; the echo side waits first.
+ * The next receive is posted as soon as one completes. */
+static void pp_plugin_round(struct pp_plugin *p, size_t size, long seq, int initiator) {
+  void *sreq = NULL;
+  int rdone = 0, sdone = 0;
+  if (!initiator) {
+    /* echo: wait for the ping */
+    while (!rdone) {
+      int sz = -1;
+      NCHECK(p->net->test(p->rreq, &rdone, &sz));
+      if (rdone && (size_t)sz != size) die("ping-pong: wrong size reported by test()");
+      if (!rdone) sched_yield();
+    }
+    pp_check(p->rbuf, size, seq);
+    p->rreq = NULL;
+    pp_post_recv(p);
+    rdone = 0;
+    pp_fill(p->sbuf, size, seq + 1);
+    while (!sreq) {
+      NCHECK(p->net->isend(p->send_comm, p->sbuf, size, 7, p->smh, NULL, &sreq));
+      if (!sreq) sched_yield();
+    }
+    while (!sdone) {
+      NCHECK(p->net->test(sreq, &sdone, NULL));
+      if (!sdone) sched_yield();
+    }
+    return;
+  }
+  pp_fill(p->sbuf, size, seq);
+  while (!sreq) {
+    NCHECK(p->net->isend(p->send_comm, p->sbuf, size, 7, p->smh, NULL, &sreq));
+    if (!sreq) sched_yield();
+  }
+  while (!rdone || !sdone) {
+    int progressed = 0;
+    if (!sdone) {
+      NCHECK(p->net->test(sreq, &sdone, NULL));
+      progressed |= sdone;
+    }
+    if (!rdone) {
+      int sz = -1;
+      NCHECK(p->net->test(p->rreq, &rdone, &sz));
+      if (rdone && (size_t)sz != size) die("ping-pong: wrong size reported by test()");
+      progressed |= rdone;
+    }
+    if (!progressed) sched_yield();
+  }
+  pp_check(p->rbuf, size, seq + 1);
+  p->rreq = NULL;
+  pp_post_recv(p);
+}
+
+/* Plain TCP, polled the same way: non-blocking send/recv, sched_yield when nothing moved. */
+static void pp_raw_xfer(int fd, char *buf, size_t n, int sending) {
+  size_t have = 0;
+  while (have < n) {
+    ssize_t r = sending ? send(fd, buf + have, n - have, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : recv(fd, buf + have, n - have, MSG_DONTWAIT);
+    if (r > 0) have += (size_t)r;
+    else if (r == 0) die("raw ping-pong: peer closed");
+    else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) sched_yield();
+    else die("raw ping-pong: send/recv failed");
+  }
+}
+
+static void pp_raw_round(int fd, char *sbuf, char *rbuf, size_t size, long seq, int initiator) {
+  if (!initiator) {
+    pp_raw_xfer(fd, rbuf, size, 0);
+    pp_check(rbuf, size, seq);
+    pp_fill(sbuf, size, seq + 1);
+    pp_raw_xfer(fd, sbuf, size, 1);
+    return;
+  }
+  pp_fill(sbuf, size, seq);
+  pp_raw_xfer(fd, sbuf, size, 1);
+  pp_raw_xfer(fd, rbuf, size, 0);
+  pp_check(rbuf, size, seq + 1);
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, long n, double q) {
+  qsort(v, (size_t)n, sizeof(*v), cmp_double);
+  long i = (long)(q * (double)(n - 1) + 0.5);
+  return v[i < n ? i : n - 1];
+}
+
+/* Both processes run this; rank 0 (the parent) initiates and prints. */
+static int pingpong_main(const struct opts *o) {
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp)) die("socketpair failed");
+  /* the raw TCP listener, made before the fork so both know its port */
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t alen = sizeof(a);
+  if (bind(lfd, (struct sockaddr *)&a, alen) || listen(lfd, 4)) die("raw TCP listen failed");
+  getsockname(lfd, (struct sockaddr *)&a, &alen);
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) die("fork failed");
+  int rank = pid == 0 ? 1 : 0;
+  int cfd = sp[rank];
+  close(sp[1 - rank]);
+  if (rank == 1 && o->sender_env) apply_env(o->sender_env);
+
+  struct pp_plugin p = {0};
+  void *ctx = NULL;
+  p.net = open_plugin(o->plugin, &ctx);
+  if (rank == 0) print_devices(p.net);
+  char mine[NCCL_NET_HANDLE_MAXSIZE] = {0}, peer[NCCL_NET_HANDLE_MAXSIZE] = {0};
+  void *listen_comm = NULL;
+  NCHECK(p.net->listen(ctx, 0, mine, &listen_comm));
+  if (write(cfd, mine, sizeof(mine)) != sizeof(mine) || read(cfd, peer, sizeof(peer)) != sizeof(peer))
+    die("handle exchange failed");
+  while (!p.send_comm || !p.recv_comm) {
+    if (!p.send_comm) NCHECK(p.net->connect(ctx, 0, peer, &p.send_comm, NULL));
+    if (!p.recv_comm) NCHECK(p.net->accept(listen_comm, &p.recv_comm, NULL));
+  }
+  size_t cap = p.cap = o->max_size;
+  if (posix_memalign((void **)&p.sbuf, 4096, cap) || posix_memalign((void **)&p.rbuf, 4096, cap)) die("out of memory");
+  NCHECK(p.net->regMr(p.send_comm, p.sbuf, cap, NCCL_PTR_HOST, &p.smh));
+  NCHECK(p.net->regMr(p.recv_comm, p.rbuf, cap, NCCL_PTR_HOST, &p.rmh));
+
+  int rfd;
+  if (rank == 0) {
+    rfd = accept(lfd, NULL, NULL);
+  } else {
+    rfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(rfd, (struct sockaddr *)&a, alen)) die("raw TCP connect failed");
+  }
+  close(lfd);
+  int one = 1;
+  setsockopt(rfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  char *rsbuf = malloc(cap), *rrbuf = malloc(cap);
+  if (!rsbuf || !rrbuf || rfd < 0) die("raw TCP setup failed");
+  pp_post_recv(&p);
+
+  if (rank == 0) {
+    printf("ping-pong round trip, us (plugin %s on dev 0, raw TCP over 127.0.0.1; %d interleaved batches per size)\n",
+           p.net->name, PP_BATCHES);
+    printf("%10s %8s %12s %10s %12s %10s %8s\n", "bytes", "iters", "plugin med", "p99", "raw med", "p99", "ratio");
+  }
+  long seq = 0;
+  for (size_t size = o->min_size; size <= o->max_size; size = size * 4 > o->max_size && size < o->max_size ? o->max_size : size * 4) {
+    long iters = pp_iters(o, size), per = (iters + PP_BATCHES - 1) / PP_BATCHES;
+    iters = per * PP_BATCHES;
+    double *tp = malloc(sizeof(double) * (size_t)iters), *tr = malloc(sizeof(double) * (size_t)iters);
+    long np = 0, nr = 0;
+    long warm = per < 50 ? per : 50;
+    for (long i = 0; i < warm; i++, seq += 2) {
+      pp_plugin_round(&p, size, seq, rank == 0);
+      pp_raw_round(rfd, rsbuf, rrbuf, size, seq, rank == 0);
+    }
+    for (int b = 0; b < PP_BATCHES; b++) {
+      for (long i = 0; i < per; i++, seq += 2) {
+        double t0 = now_s();
+        pp_plugin_round(&p, size, seq, rank == 0);
+        tp[np++] = (now_s() - t0) * 1e6;
+      }
+      for (long i = 0; i < per; i++, seq += 2) {
+        double t0 = now_s();
+        pp_raw_round(rfd, rsbuf, rrbuf, size, seq, rank == 0);
+        tr[nr++] = (now_s() - t0) * 1e6;
+      }
+    }
+    if (rank == 0) {
+      double pm = pct(tp, np, 0.5), p99 = pct(tp, np, 0.99), rm = pct(tr, nr, 0.5), r99 = pct(tr, nr, 0.99);
+      printf("%10zu %8ld %12.1f %10.1f %12.1f %10.1f %7.2fx\n", size, iters, pm, p99, rm, r99, pm / rm);
+      fflush(stdout);
+    }
+    free(tp);
+    free(tr);
+    if (size == o->max_size) break;
+  }
+  /* a receive is still posted on each side: closing a comm with one pending is allowed */
+  char bye = 0;
+  if (write(cfd, &bye, 1) != 1 || read(cfd, &bye, 1) != 1) die("final handshake failed");
+  NCHECK(p.net->deregMr(p.send_comm, p.smh));
+  NCHECK(p.net->deregMr(p.recv_comm, p.rmh));
+  NCHECK(p.net->closeSend(p.send_comm));
+  NCHECK(p.net->closeRecv(p.recv_comm));
+  NCHECK(p.net->closeListen(listen_comm));
+  close(rfd);
+  if (rank == 1) _exit(0);
+  int st;
+  waitpid(pid, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) die("echo process failed");
+  return 0;
+}
+
 /* The sending process: its own plugin, connect to the handle the receiver sends, move the rounds. */
 static void sender_main(const struct opts *o, int fd) {
   if (o->sender_env) apply_env(o->sender_env);
@@ -296,8 +550,10 @@ static void sender_main(const struct opts *o, int fd) {
 }
 
 int main(int argc, char **argv) {
-  struct opts o = {.plugin = "libnccl-net-mplane.so", .size = 4 << 20, .window = 8, .seconds = 3};
+  struct opts o = {.plugin = "libnccl-net-mplane.so", .size = 4 << 20, .window = 8, .seconds = 3,
+                   .min_size = 8, .max_size = 1 << 20};
   parse(argc, argv, &o);
+  if (o.pingpong) return pingpong_main(&o);
   int pipefd[2] = {-1, -1};
   pid_t pid = -1;
   if (!o.devices_only) {
