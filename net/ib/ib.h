@@ -98,6 +98,7 @@ struct mpib_dev { /* one port = one NCCL device */
   struct mpib_hca *hca;
   int port;
   int link_layer;         /* IBV_LINK_LAYER_* */
+  int grh_required;       /* IB port that takes only global addresses (IBV_QPF_GRH_REQUIRED: SR-IOV VFs) */
   uint16_t lid;
   int gid_index;          /* RoCE: the GID we use; IB: 0 */
   union ibv_gid gid;
@@ -269,6 +270,9 @@ ncclResult_t mpib_close_listen(void *listen_comm);
 ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, struct ibv_qp **out);
 ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32_t rqpn, uint32_t rlid,
                              const uint8_t *rgid, int rmtu);
+/* 1 if a QP of dev to the peer's GID needs a GRH: always on RoCE; on IB when the port requires one
+ * or the peer is in another subnet (its GID's 64-bit prefix differs), as NCCL's net_ib decides. */
+int mpib_needs_grh(const struct mpib_dev *d, const uint8_t *rgid);
 void mpib_comm_base_destroy(struct mpib_comm_base *b);
 
 /* data path (ib_data.c) */

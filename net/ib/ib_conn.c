@@ -95,6 +95,10 @@ ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, struct ibv_qp 
   return ncclSuccess;
 }
 
+int mpib_needs_grh(const struct mpib_dev *d, const uint8_t *rgid) {
+  return d->link_layer == IBV_LINK_LAYER_ETHERNET || d->grh_required || memcmp(rgid, d->gid.raw, 8) != 0;
+}
+
 ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32_t rqpn, uint32_t rlid,
                              const uint8_t *rgid, int rmtu) {
   const struct mplane_config *cfg = mpib_config();
@@ -109,15 +113,13 @@ ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32
   a.min_rnr_timer = 12;
   a.ah_attr.port_num = (uint8_t)d->port;
   a.ah_attr.sl = (uint8_t)b->sl;
-  if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
+  if (d->link_layer != IBV_LINK_LAYER_ETHERNET) a.ah_attr.dlid = (uint16_t)rlid;
+  if (mpib_needs_grh(d, rgid)) {
     a.ah_attr.is_global = 1;
     memcpy(a.ah_attr.grh.dgid.raw, rgid, 16);
     a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
     a.ah_attr.grh.hop_limit = 255;
     a.ah_attr.grh.traffic_class = (uint8_t)b->tclass;
-  } else {
-    a.ah_attr.is_global = 0;
-    a.ah_attr.dlid = (uint16_t)rlid;
   }
   int rc = mpib_v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);

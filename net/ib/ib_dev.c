@@ -431,6 +431,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
       d->link_layer = pa.link_layer;
       d->lid = pa.lid;
       d->mtu = pa.active_mtu;
+      d->grh_required = (pa.flags & IBV_QPF_GRH_REQUIRED) != 0;
       if (pa.link_layer == IBV_LINK_LAYER_ETHERNET) {
         int tbl = pa.gid_tbl_len > 256 ? 256 : pa.gid_tbl_len;
         union ibv_gid gids[256];

@@ -520,6 +520,22 @@ static int sc_cross_plane(void) {
 }
 
 /* The QP attributes of MPLANE_IB_TIMEOUT / MPLANE_IB_RETRY_CNT reach the QPs. */
+/* A port that requires a GRH (IB SR-IOV VFs in cloud VMs): every QP gets a global address, the
+ * data moves; a plain IB port in one subnet uses LIDs only. */
+static int sc_grh(void) {
+  env_base(getenv("IB_TEST_DEVS") ? getenv("IB_TEST_DEVS") : "mlx5_0:ib:grh");
+  up();
+  sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, NULL, NULL); /* 1 MiB x 20, bytes checked */
+  long want = getenv("IB_TEST_WANT") ? atol(getenv("IB_TEST_WANT")) : 1;
+  struct rec r[16];
+  int n = rec_find(r, 16, "event=modify", "state=RTR", NULL);
+  for (int i = 0; i < n; i++)
+    if (rec_val(&r[i], "is_global") != want) fail("a QP reached RTR with is_global %ld, expected %ld: %s",
+                                                   rec_val(&r[i], "is_global"), want, r[i].line);
+  note("%d QPs at RTR, all with is_global=%ld", n, want);
+  return 0;
+}
+
 static int sc_qp_attrs(void) {
   env_base("mlx5_0:ib");
   setenv("MPLANE_IB_TIMEOUT", "17", 1);
@@ -549,6 +565,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
+             {"grh", sc_grh},
              {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {

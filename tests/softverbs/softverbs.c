@@ -74,6 +74,7 @@ struct sv_resp {
 struct sv_dev {
   struct ibv_device ibdev;
   int index, nports, link_layer, fabric;
+  int grh_required; /* IB ports that take only global addresses (SR-IOV VFs in cloud VMs) */
   uint32_t ip; /* network order, RoCE */
   uint64_t guid;
   int port_state[SV_MAX_PORTS + 1];
@@ -258,6 +259,7 @@ static void parse_devices(void) {
       else if (!strncmp(f, "down=", 5)) down |= 1 << atoi(f + 5);
       else if (!strncmp(f, "ip=", 3)) inet_pton(AF_INET, f + 3, &d->ip);
       else if (!strncmp(f, "subnet=", 7)) d->fabric = atoi(f + 7);
+      else if (!strcmp(f, "grh")) d->grh_required = 1;
     }
     if (d->nports < 1) d->nports = 1;
     if (d->nports > SV_MAX_PORTS) d->nports = SV_MAX_PORTS;
@@ -625,6 +627,7 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port, struct _
   a->active_speed = 64; /* HDR: 4 x 50 Gb/s */
   a->phys_state = a->state == IBV_PORT_ACTIVE ? 5 : 3;
   a->link_layer = (uint8_t)d->link_layer;
+  a->flags = d->grh_required ? IBV_QPF_GRH_REQUIRED : 0;
   return 0;
 }
 
@@ -945,8 +948,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
         rc = EINVAL;
         goto out;
       }
-    } else if (!ah->is_global && ah->dlid == 0) {
-      rc = EINVAL;
+    } else if ((!ah->is_global && ah->dlid == 0) || (d->grh_required && !ah->is_global)) {
+      rc = EINVAL; /* as a GRH-required port's driver refuses an address without a GRH */
       goto out;
     }
     if (ah->sl > 15) {

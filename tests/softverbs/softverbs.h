@@ -1,7 +1,8 @@
 /* softverbs: a software double of libibverbs for tests (see docs/infiniband.md, last section).
  *
  * Environment:
- *   SOFTVERBS_DEVICES  devices, comma separated: NAME[:ib|:roce][:ports=N][:down=P][:ip=A.B.C.D][:subnet=N]
+ *   SOFTVERBS_DEVICES  devices, comma separated: NAME[:ib|:roce][:ports=N][:down=P][:ip=A.B.C.D][:subnet=N][:grh]
+ *                      (grh: the ports require a GRH, as IB SR-IOV VFs do: RTR without one is EINVAL)
  *                      default "mlx5_0:ib,mlx5_1:ib". subnet is the fabric (plane): QPs of different
  *                      subnets cannot reach each other, as on a multi-plane cluster.
  *   SOFTVERBS_RECORD   a file; every QP's attributes are appended at RTR and RTS (one line each,
