@@ -1,4 +1,5 @@
 /* mplane: the node model from hwloc, live or from an hwloc XML file. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hwloc.h>
@@ -366,6 +367,56 @@ int mplane_topo_xml_check(const char *buf, size_t len, int timeout_ms, int with_
   return -1;
 }
 
+/* hwloc reads the bitmap attributes (cpuset, nodeset and their complete_/allowed_ forms) with
+ * hwloc_bitmap_sscanf, which reads past the end of an empty one and fails an assertion on others
+ * (",1"). lstopo writes a bitmap as hex words, comma separated, each "0x" and 1..16 digits, the
+ * first of an infinite set "0xf...f". 0 when every bitmap attribute of buf has that form; else -1
+ * with the first offender in why. */
+static int bitmap_text_ok(const char *v, size_t n) {
+  size_t i = 0;
+  if (n >= 7 && memcmp(v, "0xf...f", 7) == 0) {
+    if (n == 7) return 1;
+    if (v[7] != ',') return 0;
+    i = 8;
+  }
+  for (;;) {
+    if (i + 1 < n && v[i] == '0' && (v[i + 1] == 'x' || v[i + 1] == 'X')) i += 2;
+    size_t digits = 0;
+    while (i < n && isxdigit((unsigned char)v[i])) i++, digits++;
+    if (digits == 0 || digits > 16) return 0;
+    if (i == n) return 1;
+    if (v[i] != ',') return 0;
+    i++;
+  }
+}
+
+static int check_bitmap_attrs(const char *buf, size_t len, char *why, size_t whylen) {
+  static const char *const names[] = {"cpuset", "complete_cpuset", "allowed_cpuset",
+                                      "nodeset", "complete_nodeset", "allowed_nodeset"};
+  const char *end = buf + len;
+  for (const char *p = buf; (p = memmem(p, (size_t)(end - p), "set=\"", 5)) != NULL; p += 5) {
+    const char *nb = p + 3; /* one past "set" */
+    while (nb > buf && (islower((unsigned char)nb[-1]) || nb[-1] == '_')) nb--;
+    if (nb == buf || !isspace((unsigned char)nb[-1])) continue;
+    size_t nlen = (size_t)(p + 3 - nb);
+    int known = 0;
+    for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)
+      known |= strlen(names[k]) == nlen && memcmp(names[k], nb, nlen) == 0;
+    if (!known) continue;
+    const char *v = p + 5, *q = memchr(v, '"', (size_t)(end - v));
+    if (!q) return 0; /* unterminated: hwloc's parser refuses it */
+    if (!bitmap_text_ok(v, (size_t)(q - v))) {
+      int line = 1;
+      for (const char *c = buf; c < nb; c++) line += *c == '\n';
+      snprintf(why, whylen, "%.*s=\"%.*s\" (line %d) is not a bitmap as lstopo writes one (hex words, "
+               "comma separated, e.g. 0x000000ff,0xffffffff)", (int)nlen, nb, (int)((q - v) < 40 ? q - v : 40), v,
+               line);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 ncclResult_t mplane_topo_from_hwloc_xml(struct mplane_topo *t, const char *buf, size_t len, const char *name,
                                         const char *what, int check_timeout_ms, char *err, size_t errlen) {
   if (!memmem(buf, len < 512 ? len : 512, "<topology", 9) && !memmem(buf, len < 512 ? len : 512, "<?xml", 5)) {
@@ -373,11 +424,15 @@ ncclResult_t mplane_topo_from_hwloc_xml(struct mplane_topo *t, const char *buf, 
              "with: lstopo --of xml FILE", what, name);
     return ncclInvalidArgument;
   }
+  char why[320];
+  if (check_bitmap_attrs(buf, len, why, sizeof(why)) != 0) {
+    snprintf(err, errlen, "%s='%s' is not a valid hwloc XML topology: %s", what, name, why);
+    return ncclInvalidArgument;
+  }
   if (check_timeout_ms > 0) {
     /* hwloc 2.9 reads some malformed attributes (cpusets above all) past their end or through a
      * NULL pointer: a broken file must cost NCCL this file, not the process. So hwloc (and the
      * model built from it) first load the file in a short-lived child. */
-    char why[256];
     int rc = mplane_topo_xml_check(buf, len, check_timeout_ms, 1, why, sizeof(why));
     if (rc < 0) {
       snprintf(err, errlen, "%s='%s' was refused: %s; mplane does not load it into this process. The file is "

@@ -227,14 +227,17 @@ static void test_infinite_cpuset(void **state) {
 }
 
 /* D4: malformed cpuset attributes crash hwloc 2.9 itself: a NULL dereference (a Machine without
- * complete_cpuset) and a failed assertion in hwloc_bitmap_sscanf (allowed_cpuset=",1"). Such a
- * file is loaded in a check process first and refused; this process lives on. */
+ * complete_cpuset), a failed assertion in hwloc_bitmap_sscanf (allowed_cpuset=",1"), a read past
+ * the end of an empty one (cpuset=""). A bitmap attribute lstopo would not write is refused before
+ * hwloc sees it; whatever else crashes hwloc does so in a check process, and the file is refused;
+ * this process lives on either way. */
 static void test_hwloc_crash_refused(void **state) {
   (void)state;
   const char *cases[][2] = {
       {" complete_cpuset=\"0x00000003\" allowed_cpuset", " allowed_cpuset"},
       {"allowed_cpuset=\"0x00000003\"", "allowed_cpuset=\",1\""},
       {"cpuset=\"0x00000002\" complete_cpuset=\"0x00000002\"", "cpuset=\",,ffffffff \" complete_cpuset=\"0x2\""},
+      {"cpuset=\"0x00000001\" complete_cpuset=\"0x00000001\"", "cpuset=\"\" complete_cpuset=\"0x00000001\""},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     const char *path = write_variant("crashes-hwloc.xml", cases[i][0], cases[i][1]);
@@ -244,8 +247,29 @@ static void test_hwloc_crash_refused(void **state) {
     char want[600];
     snprintf(want, sizeof(want), "MPLANE_TOPO_FILE='%s'", path);
     if (!strstr(o.text, want)) fail_msg("message does not name the variable and the file: %s", o.text);
+    if (i > 0 && !strstr(o.text, "is not a bitmap as lstopo writes one")) fail_msg("not refused by form: %s", o.text);
     print_message("refused: %s\n", o.text);
   }
+}
+
+/* The check process names a crash of hwloc (where this hwloc crashes on the file at all). */
+static void test_check_process_names_crash(void **state) {
+  (void)state;
+  const char *path = write_variant("crashes-hwloc.xml", " complete_cpuset=\"0x00000003\" allowed_cpuset", " allowed_cpuset");
+  char *text = slurp(path);
+  assert_non_null(text);
+  char why[256] = "";
+  int rc = mplane_topo_xml_check(text, strlen(text), 10000, 0, why, sizeof(why));
+  if (rc < 0) {
+    assert_non_null(strstr(why, "crashed hwloc (signal"));
+    struct outcome o;
+    run_bounded("crashing file", load_file_case, path, 30, &o);
+    assert_int_equal(o.res, ncclInvalidArgument);
+    assert_non_null(strstr(o.text, "was refused: loading it crashed hwloc (signal"));
+  } else {
+    print_message("this hwloc does not crash on the file (check: %d)\n", rc);
+  }
+  free(text);
 }
 
 /* The plugin's init says so in a WARN and fails (NCCL falls back), naming the variable and path. */
@@ -472,6 +496,7 @@ int main(void) {
       cmocka_unit_test(test_repeated_busid_ends),
       cmocka_unit_test(test_infinite_cpuset),
       cmocka_unit_test(test_hwloc_crash_refused),
+      cmocka_unit_test(test_check_process_names_crash),
       cmocka_unit_test(test_plugin_warns_refused_file),
       cmocka_unit_test(test_not_regular_file_refused),
       cmocka_unit_test(test_check_process),
