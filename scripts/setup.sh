@@ -23,6 +23,15 @@ have lstopo-no-graphics || need_pkgs+=(hwloc-nox)
 have_pc hwloc || need_pkgs+=(libhwloc-dev)
 have_pc cmocka || need_pkgs+=(libcmocka-dev)
 [ -f /usr/include/infiniband/verbs.h ] || need_pkgs+=(libibverbs-dev)
+# The fuzz suite (tests/fuzz): clang and its libFuzzer/sanitizer runtime (libclang-rt-dev on Debian 12).
+fuzz_links() { echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' |
+  clang -x c - -fsanitize=fuzzer,address,undefined -o /dev/null >/dev/null 2>&1; }
+if ! have clang; then
+  need_pkgs+=(clang)
+  apt-cache show libclang-rt-dev >/dev/null 2>&1 && need_pkgs+=(libclang-rt-dev)
+elif ! fuzz_links && apt-cache show libclang-rt-dev >/dev/null 2>&1; then
+  need_pkgs+=(libclang-rt-dev)
+fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "setup: installing ${need_pkgs[*]}"
   SUDO=""

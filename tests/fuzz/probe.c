@@ -1,0 +1,8 @@
+/* Configure-time probe: can clang build a libFuzzer target with ASan and UBSan here? */
+#include <stddef.h>
+#include <stdint.h>
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  (void)data;
+  (void)size;
+  return 0;
+}
