@@ -267,8 +267,13 @@ static void *async_thread(void *arg) {
     char what[128];
     switch (ev.event_type) {
       case IBV_EVENT_PORT_ERR:
-        snprintf(what, sizeof(what), "port down (IBV_EVENT_PORT_ERR)");
-        fail_comms(h, ev.element.port_num, NULL, NULL, what);
+        /* QPs stay in RTS and retry: a flap shorter than timeout x retries loses nothing, and a port
+         * that stays down ends each connection with its retry-exceeded completion (as net_ib) */
+        MP_WARN("NET/IB: %s port %d went down (IBV_EVENT_PORT_ERR); its connections retry and fail if it "
+                "stays down past MPLANE_IB_TIMEOUT/MPLANE_IB_RETRY_CNT's retry time", h->name, ev.element.port_num);
+        break;
+      case IBV_EVENT_PORT_ACTIVE:
+        MP_INFO(NCCL_NET, "NET/IB: %s port %d is active again", h->name, ev.element.port_num);
         break;
       case IBV_EVENT_QP_FATAL:
       case IBV_EVENT_QP_REQ_ERR:

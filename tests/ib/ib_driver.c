@@ -327,6 +327,25 @@ static int sc_port_down(void) {
   return 0;
 }
 
+/* A port that goes down and comes back within the retry time (a link flap): the connections on it
+ * go on, every byte arrives (on hardware the QPs retry meanwhile; failing them all on the event
+ * would end a job a flap leaves intact). */
+static int sc_port_flap(void) {
+  env_base("mlx5_0:ib");
+  setenv("SOFTVERBS_FAULTS", "port_flap_after=8", 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  for (int i = 0; i < 10; i++) transfer(&p, 64 << 10, 10, 1); /* fails the scenario if one fails */
+  usleep(300 * 1000); /* the async thread has taken both events */
+  struct rec r[2];
+  if (rec_find(r, 2, "event=port_flap", NULL) != 1) fail("the port did not flap (no record)");
+  if (transfer(&p, 1 << 20, 10, 1) != ncclSuccess) fail("the connection failed after its port flapped");
+  note("port flapped after 8 work requests; the connection carried on");
+  pair_close(&p);
+  return 0;
+}
+
 /* A QP fatal async event fails the connection that owns the QP. */
 static int sc_qp_fatal(void) {
   env_base("mlx5_0:ib");
@@ -563,7 +582,7 @@ int main(int argc, char **argv) {
     const char *name;
     int (*fn)(void);
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
-             {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
+             {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh},
              {"close-complete", sc_close_complete}};

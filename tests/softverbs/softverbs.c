@@ -199,7 +199,7 @@ static struct {
   int nic_started, wake_fd;
   char ns[64];
   /* faults */
-  long err_wr, port_down_after, qp_fatal_after;
+  long err_wr, port_down_after, port_flap_after, qp_fatal_after;
   int err_status;
   char fault_dev[64];
   long nwr;
@@ -288,6 +288,7 @@ static void parse_faults(void) {
     if (!strncmp(t, "err_wr=", 7)) G.err_wr = atol(t + 7);
     else if (!strncmp(t, "err_status=", 11)) G.err_status = atoi(t + 11);
     else if (!strncmp(t, "port_down_after=", 16)) G.port_down_after = atol(t + 16);
+    else if (!strncmp(t, "port_flap_after=", 16)) G.port_flap_after = atol(t + 16);
     else if (!strncmp(t, "qp_fatal_after=", 15)) G.qp_fatal_after = atol(t + 15);
     else if (!strncmp(t, "dev=", 4)) snprintf(G.fault_dev, sizeof(G.fault_dev), "%s", t + 4);
   }
@@ -1096,10 +1097,22 @@ static void fault_count(struct sv_qp *q, struct sv_swr *w) {
   }
 }
 
+/* A link that drops and comes back within the transport's retry time: the port reports down, then
+ * active again, and no QP notices (hardware retries the packets it lost meanwhile). */
+static void port_flap(struct sv_dev *d, int port) {
+  record("event=port_flap pid=%d dev=%s port=%d", (int)getpid(), d->ibdev.name, port);
+  for (struct sv_ctx *c = G.ctxs; c; c = c->next)
+    if (c->dev == d) {
+      post_event(c, IBV_EVENT_PORT_ERR, NULL, port);
+      post_event(c, IBV_EVENT_PORT_ACTIVE, NULL, port);
+    }
+}
+
 static void fault_after_post(struct sv_qp *q) {
   struct sv_dev *d = q->sctx->dev;
   if (G.fault_dev[0] && strcmp(G.fault_dev, d->ibdev.name) != 0) return;
   if (G.port_down_after && G.nwr == G.port_down_after) port_down(d, q->port);
+  if (G.port_flap_after && G.nwr == G.port_flap_after) port_flap(d, q->port);
   if (G.qp_fatal_after && G.nwr == G.qp_fatal_after) {
     record("event=qp_fatal pid=%d dev=%s qpn=%u", (int)getpid(), d->ibdev.name, q->qp.qp_num);
     qp_fail(q, IBV_WC_WR_FLUSH_ERR);
