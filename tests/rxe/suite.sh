@@ -81,15 +81,16 @@ perftest() {
   local g0 g1 spid rc line
   g0=$(ipv4_gid_index rxe0) || { echo "rxe0 has no RoCE v2 IPv4 GID"; return 1; }
   g1=$(ipv4_gid_index rxe1) || { echo "rxe1 has no RoCE v2 IPv4 GID"; return 1; }
-  timeout 120 ib_write_bw -d rxe0 -x "$g0" -F -s 1048576 -n 200 >"$LOGS/ib_write_bw-server.log" 2>&1 &
+  # 2 QPs of 100 x 1 MiB: the plugin's shape below (MPLANE_IB_QPS=2 stripes each 1 MiB over both)
+  timeout 120 ib_write_bw -d rxe0 -x "$g0" -F -q 2 -s 1048576 -n 100 >"$LOGS/ib_write_bw-server.log" 2>&1 &
   spid=$!
   sleep 1
-  timeout 120 ib_write_bw -d rxe1 -x "$g1" -F -s 1048576 -n 200 198.18.0.1 >"$LOGS/ib_write_bw-client.log" 2>&1
+  timeout 120 ib_write_bw -d rxe1 -x "$g1" -F -q 2 -s 1048576 -n 100 198.18.0.1 >"$LOGS/ib_write_bw-client.log" 2>&1
   rc=$?
   wait "$spid" || rc=1
   cat "$LOGS/ib_write_bw-client.log"
   # the result row: bytes, iterations, peak MB/s, average MB/s, Mpps
-  line=$(awk '$1 == 1048576 && $2 == 200 { print $4 }' "$LOGS/ib_write_bw-client.log")
+  line=$(awk '$1 == 1048576 && $2 == 100 { print $4 }' "$LOGS/ib_write_bw-client.log")
   [ "$rc" -eq 0 ] && [ -n "$line" ] || { echo "ib_write_bw failed (status $rc)"; cat "$LOGS/ib_write_bw-server.log"; return 1; }
   echo "rxe ib_write_bw: $line MB/s"
 }
