@@ -8,9 +8,9 @@
  * and a TCP socket used to exchange QP numbers, addresses and keys (the listen handle carries its
  * address) and, afterwards, only to notice that the peer process is gone.
  *
- * Data (receiver driven, as on sockets). Each irecv of n <= 8 buffers writes one FIFO slot
- * {n, (addr, rkey, size, tag) x n, seq} into the sender's memory with an RDMA write; the sender only
- * ever writes where a slot says, so a short receive buffer is caught before a byte moves. A send
+ * Data (receiver driven, as on sockets). Each irecv of n <= 8 buffers writes one FIFO slot of n
+ * 64-byte elements {addr, rkey, size, tag, n, seq} into the sender's memory with an RDMA write; the
+ * sender only ever writes where a slot says, so a short receive buffer is caught before a byte moves. A send
  * matched to entry e of slot k is cut into chunks striped over the QPs, each an RDMA write with
  * immediate (imm = slot, entry, chunk, chunk count, seq); the receiver counts chunks and bytes from
  * its completions. A send whose tag the oldest slot does not offer (untaken) waits with a NULL
@@ -128,8 +128,29 @@ struct mpib_mr {
   size_t size;
 };
 
-/* One FIFO slot, written by the receiver into the sender's memory. `seq` is last: it is written
- * last, so a sender that sees seq sees the rest. */
+/* The FIFO on the wire: per receive, one 64-byte element per buffer, written by the receiver into
+ * the sender's memory with one RDMA write. Each element carries the slot's sequence number itself,
+ * as NCCL's net_ib does: a sender takes a slot only once every one of its n elements shows the
+ * sequence, so no ordering inside the write is assumed (PCIe may deliver an element before the one
+ * before it; an aligned 64-byte element arrives as a whole). The FIFO's memory is never registered
+ * with relaxed ordering. */
+struct mpib_fifo_elem {
+  uint64_t addr;
+  uint64_t size;
+  uint32_t rkey;
+  int32_t tag;
+  uint32_t nreqs;         /* buffers in this receive, the same in each element */
+  uint32_t rec_rkey;      /* receiver's length records (adaptive routing) */
+  uint64_t rec_addr;
+  uint64_t seq;           /* request sequence + 1; 0 = never written */
+  uint64_t reserved[2];
+} __attribute__((aligned(64)));
+_Static_assert(sizeof(struct mpib_fifo_elem) == 64, "a FIFO element is one 64-byte line");
+struct mpib_fifo_wire {
+  struct mpib_fifo_elem e[MPIB_MAX_RECVS];
+};
+
+/* A receive as the sender took it from the FIFO. */
 struct mpib_fifo_entry {
   uint64_t addr;
   uint64_t size;
@@ -139,10 +160,13 @@ struct mpib_fifo_entry {
 struct mpib_fifo_slot {
   struct mpib_fifo_entry e[MPIB_MAX_RECVS];
   uint32_t n;
-  uint32_t rec_rkey;      /* receiver's length records (adaptive routing) */
+  uint32_t rec_rkey;
   uint64_t rec_addr;
-  uint64_t seq;           /* request sequence + 1; 0 = never written */
 };
+
+/* Take FIFO slot `w` for request `seq`: 1 when all its elements have landed (out filled), 0 when
+ * not yet, -1 when they disagree or name an impossible count (a peer's protocol error). */
+int mpib_fifo_take(const struct mpib_fifo_wire *w, uint64_t seq, struct mpib_fifo_slot *out);
 
 /* What each side tells the other on the side channel. */
 #define MPIB_MAGIC 0x4d504942u /* "MPIB" */
@@ -201,7 +225,7 @@ struct mpib_send_req {
 
 struct mpib_send_comm {
   struct mpib_comm_base b;
-  struct mpib_fifo_slot *fifo; /* registered, remote-writable */
+  struct mpib_fifo_wire *fifo; /* registered, remote-writable */
   struct ibv_mr *fifo_mr;
   uint64_t seq;                /* next FIFO slot to consume */
   struct mpib_fifo_slot cur;   /* copy of slot `seq` once it arrived */
@@ -245,7 +269,7 @@ struct mpib_recv_comm {
   struct mpib_comm_base b;
   uint64_t remote_fifo;
   uint32_t remote_fifo_rkey;
-  struct mpib_fifo_slot *slots;  /* registered staging of the FIFO writes */
+  struct mpib_fifo_wire *slots;  /* registered staging of the FIFO writes */
   struct ibv_mr *slots_mr;
   uint64_t *lens;                /* AR length records [slot][entry][chunk] */
   struct ibv_mr *lens_mr;

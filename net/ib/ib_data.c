@@ -31,9 +31,9 @@ static struct ibv_mr *reg_local(struct mpib_comm_base *b, void *p, size_t bytes,
 }
 
 ncclResult_t mpib_send_comm_setup(struct mpib_send_comm *c) {
-  c->fifo = alloc_pages(sizeof(struct mpib_fifo_slot) * MPIB_MAX_REQS);
+  c->fifo = alloc_pages(sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS);
   if (!c->fifo) return ncclSystemError;
-  c->fifo_mr = reg_local(&c->b, c->fifo, sizeof(struct mpib_fifo_slot) * MPIB_MAX_REQS,
+  c->fifo_mr = reg_local(&c->b, c->fifo, sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS,
                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "send FIFO");
   if (!c->fifo_mr) return ncclSystemError;
   for (int i = 0; i < MPIB_MAX_SENDS; i++) {
@@ -46,10 +46,10 @@ ncclResult_t mpib_send_comm_setup(struct mpib_send_comm *c) {
 #define MPIB_LENS (MPIB_MAX_REQS * MPIB_MAX_RECVS * MPIB_MAX_QPS)
 
 ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c) {
-  c->slots = alloc_pages(sizeof(struct mpib_fifo_slot) * MPIB_MAX_REQS);
+  c->slots = alloc_pages(sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS);
   c->lens = alloc_pages(sizeof(uint64_t) * MPIB_LENS);
   if (!c->slots || !c->lens) return ncclSystemError;
-  c->slots_mr = reg_local(&c->b, c->slots, sizeof(struct mpib_fifo_slot) * MPIB_MAX_REQS, IBV_ACCESS_LOCAL_WRITE,
+  c->slots_mr = reg_local(&c->b, c->slots, sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS, IBV_ACCESS_LOCAL_WRITE,
                           "FIFO staging");
   c->lens_mr = reg_local(&c->b, c->lens, sizeof(uint64_t) * MPIB_LENS,
                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "length records");
@@ -248,6 +248,23 @@ static void check_peer(struct mpib_comm_base *b) {
 }
 
 /* ------------------------------------------------------------------ send */
+int mpib_fifo_take(const struct mpib_fifo_wire *w, uint64_t seq, struct mpib_fifo_slot *out) {
+  if (__atomic_load_n(&w->e[0].seq, __ATOMIC_ACQUIRE) != seq + 1) return 0;
+  uint32_t n = w->e[0].nreqs;
+  if (n < 1 || n > MPIB_MAX_RECVS) return -1;
+  for (uint32_t i = 1; i < n; i++)
+    if (__atomic_load_n(&w->e[i].seq, __ATOMIC_ACQUIRE) != seq + 1) return 0; /* still landing */
+  for (uint32_t i = 0; i < n; i++) {
+    const struct mpib_fifo_elem *el = &w->e[i];
+    if (el->nreqs != n) return -1;
+    out->e[i] = (struct mpib_fifo_entry){.addr = el->addr, .size = el->size, .rkey = el->rkey, .tag = el->tag};
+  }
+  out->n = n;
+  out->rec_rkey = w->e[0].rec_rkey;
+  out->rec_addr = w->e[0].rec_addr;
+  return 1;
+}
+
 static struct mpib_send_req *send_req_alloc(struct mpib_send_comm *c, int *index) {
   for (int i = 0; i < MPIB_MAX_SENDS; i++)
     if (!c->reqs[i].used) {
@@ -297,17 +314,17 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
   *request = NULL;
   if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) return send_failed(c, request);
   if (!c->cur_valid) {
-    struct mpib_fifo_slot *s = &c->fifo[c->seq % MPIB_MAX_REQS];
-    if (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != c->seq + 1) {
+    int got = mpib_fifo_take(&c->fifo[c->seq % MPIB_MAX_REQS], c->seq, &c->cur);
+    if (got < 0) {
+      mpib_error_set(&c->b.err, ncclInternalError, "peer %s posted receive %llu with an inconsistent FIFO slot "
+                     "(buffer counts disagree or out of 1..%d)", c->b.peer, (unsigned long long)c->seq, MPIB_MAX_RECVS);
+      return mpib_error_check(&c->b.err);
+    }
+    if (got == 0) {
       poll_cq(&c->b);
       check_peer(&c->b);
       if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) return send_failed(c, request);
-      return ncclSuccess; /* no receive posted yet: NCCL calls again */
-    }
-    memcpy(&c->cur, s, sizeof(c->cur));
-    if (c->cur.n < 1 || c->cur.n > MPIB_MAX_RECVS) {
-      mpib_error_set(&c->b.err, ncclInternalError, "peer %s posted a receive of %u buffers", c->b.peer, c->cur.n);
-      return mpib_error_check(&c->b.err);
+      return ncclSuccess; /* no receive posted yet (or not all of it landed): NCCL calls again */
     }
     c->cur_valid = 1;
     c->cur_used = 0;
@@ -477,7 +494,7 @@ ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int 
     *request = r;
     return ncclSuccess;
   }
-  struct mpib_fifo_slot *s = &c->slots[k];
+  struct mpib_fifo_wire *s = &c->slots[k];
   memset(r->e, 0, sizeof(r->e));
   memset(s, 0, sizeof(*s));
   for (int i = 0; i < n; i++) {
@@ -486,23 +503,25 @@ ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int 
       MP_WARN("NET/IB: irecv buffer %d (%zu bytes) has no registered memory handle", i, sizes[i]);
       return ncclInvalidArgument;
     }
-    s->e[i].addr = (uint64_t)(uintptr_t)data[i];
-    s->e[i].size = sizes[i];
-    s->e[i].rkey = m ? m->mr->rkey : 0;
-    s->e[i].tag = tags[i];
+    struct mpib_fifo_elem *el = &s->e[i];
+    el->addr = (uint64_t)(uintptr_t)data[i];
+    el->size = sizes[i];
+    el->rkey = m ? m->mr->rkey : 0;
+    el->tag = tags[i];
+    el->nreqs = (uint32_t)n;
+    el->rec_addr = (uint64_t)(uintptr_t)c->lens;
+    el->rec_rkey = c->lens_mr->rkey;
+    el->seq = c->seq + 1;
     r->e[i].cap = sizes[i];
     r->e[i].tag = tags[i];
   }
-  s->n = (uint32_t)n;
-  s->rec_addr = (uint64_t)(uintptr_t)c->lens;
-  s->rec_rkey = c->lens_mr->rkey;
-  s->seq = c->seq + 1;
   r->used = 1;
   r->seq = c->seq;
   r->n = n;
   r->done_entries = 0;
   r->fifo_pending = 1;
-  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)s, .length = sizeof(*s), .lkey = c->slots_mr->lkey};
+  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)s, .length = (uint32_t)(n * sizeof(s->e[0])),
+                        .lkey = c->slots_mr->lkey};
   struct ibv_send_wr wr;
   memset(&wr, 0, sizeof(wr));
   wr.wr_id = MPIB_WRID(MPIB_WR_FIFO, k, 0);
@@ -510,7 +529,7 @@ ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int 
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.sg_list = &sge;
   wr.num_sge = 1;
-  wr.wr.rdma.remote_addr = c->remote_fifo + k * sizeof(struct mpib_fifo_slot);
+  wr.wr.rdma.remote_addr = c->remote_fifo + k * sizeof(struct mpib_fifo_wire);
   wr.wr.rdma.rkey = c->remote_fifo_rkey;
   c->seq++;
   ncclResult_t res = post(&c->b, (int)(k % (unsigned)c->b.nqps), &wr);

@@ -118,8 +118,38 @@ static void test_imm_layout(void **state) {
   assert_true(imm & MPIB_IMM_AR);
   assert_false(imm & MPIB_IMM_TRUNC);
   assert_int_equal(MPIB_IMM_SEQ(imm), 0x345);
-  /* the FIFO slot's seq is its last word: one RDMA write makes it visible last */
-  assert_int_equal(offsetof(struct mpib_fifo_slot, seq) + sizeof(uint64_t), sizeof(struct mpib_fifo_slot));
+}
+
+/* A FIFO slot is taken only when every element shows its sequence, whatever order they land in. */
+static void test_fifo_take(void **state) {
+  (void)state;
+  assert_int_equal(sizeof(struct mpib_fifo_elem), 64);
+  assert_int_equal(offsetof(struct mpib_fifo_wire, e[1]), 64);
+  static struct mpib_fifo_wire w;
+  struct mpib_fifo_slot out;
+  memset(&w, 0, sizeof(w));
+  assert_int_equal(mpib_fifo_take(&w, 0, &out), 0); /* never written */
+  for (int i = 0; i < 3; i++)
+    w.e[i] = (struct mpib_fifo_elem){.addr = 0x1000u * (unsigned)(i + 1), .size = 100u + (unsigned)i, .rkey = 7,
+                                      .tag = 10 + i, .nreqs = 3, .rec_rkey = 9, .rec_addr = 0x5000};
+  /* elements 0 and 2 landed, 1 not yet: not taken */
+  w.e[0].seq = w.e[2].seq = 5;
+  assert_int_equal(mpib_fifo_take(&w, 4, &out), 0);
+  w.e[1].seq = 5;
+  assert_int_equal(mpib_fifo_take(&w, 4, &out), 1);
+  assert_int_equal(out.n, 3);
+  assert_int_equal(out.e[1].addr, 0x2000);
+  assert_int_equal(out.e[2].tag, 12);
+  assert_int_equal(out.rec_addr, 0x5000);
+  /* the previous use of the slot (seq 4 - 32 + 1) is not this one */
+  assert_int_equal(mpib_fifo_take(&w, 36, &out), 0);
+  /* counts that disagree, or none, are the peer's error */
+  w.e[2].nreqs = 2;
+  assert_int_equal(mpib_fifo_take(&w, 4, &out), -1);
+  w.e[0].nreqs = 0;
+  assert_int_equal(mpib_fifo_take(&w, 4, &out), -1);
+  w.e[0].nreqs = MPIB_MAX_RECVS + 1;
+  assert_int_equal(mpib_fifo_take(&w, 4, &out), -1);
 }
 
 int main(void) {
@@ -129,6 +159,7 @@ int main(void) {
       cmocka_unit_test(test_imm_layout),
       cmocka_unit_test(test_recv_entry_chunks),
       cmocka_unit_test(test_ptr_support),
+      cmocka_unit_test(test_fifo_take),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
