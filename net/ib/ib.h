@@ -59,6 +59,7 @@ struct mpib_verbs {
   int (*dealloc_pd)(struct ibv_pd *);
   struct ibv_mr *(*reg_mr)(struct ibv_pd *, void *, size_t, int);
   struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int); /* optional */
+  struct ibv_mr *(*reg_mr_iova2)(struct ibv_pd *, void *, size_t, uint64_t, unsigned int);  /* optional */
   int (*dereg_mr)(struct ibv_mr *);
   struct ibv_cq *(*create_cq)(struct ibv_context *, int, void *, struct ibv_comp_channel *, int);
   int (*destroy_cq)(struct ibv_cq *);

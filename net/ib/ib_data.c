@@ -66,6 +66,33 @@ ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c) {
 }
 
 /* ------------------------------------------------------------------ memory registration */
+/* NCCL's data buffers are registered with PCIe relaxed ordering where libibverbs has
+ * ibv_reg_mr_iova2 (NCCL's net_ib does the same; GPUDirect bandwidth needs it on many hosts). The
+ * flag is optional: a kernel that does not know it ignores it. Never on the FIFO or the length
+ * records (reg_local): their order is what a reader relies on. A library or provider that refuses
+ * the flag outright (EINVAL/EOPNOTSUPP) is asked once more without it, and no more after that. */
+static int relaxed_refused;
+
+static struct ibv_mr *reg_data(struct ibv_pd *pd, void *addr, size_t len) {
+  if (mpib_v.reg_mr_iova2 && !__atomic_load_n(&relaxed_refused, __ATOMIC_RELAXED)) {
+    struct ibv_mr *mr = mpib_v.reg_mr_iova2(pd, addr, len, (uint64_t)(uintptr_t)addr,
+                                            MPIB_ACCESS | IBV_ACCESS_RELAXED_ORDERING);
+    if (mr || (errno != EINVAL && errno != EOPNOTSUPP)) return mr;
+    __atomic_store_n(&relaxed_refused, 1, __ATOMIC_RELAXED);
+    MP_INFO(NCCL_NET, "NET/IB: memory registration refuses relaxed ordering (%s); registering without it",
+            strerror(errno));
+  }
+  return mpib_v.reg_mr(pd, addr, len, MPIB_ACCESS);
+}
+
+static struct ibv_mr *reg_data_dmabuf(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd) {
+  if (!__atomic_load_n(&relaxed_refused, __ATOMIC_RELAXED)) {
+    struct ibv_mr *mr = mpib_v.reg_dmabuf_mr(pd, offset, len, iova, fd, MPIB_ACCESS | IBV_ACCESS_RELAXED_ORDERING);
+    if (mr || (errno != EINVAL && errno != EOPNOTSUPP)) return mr;
+  }
+  return mpib_v.reg_dmabuf_mr(pd, offset, len, iova, fd, MPIB_ACCESS);
+}
+
 static ncclResult_t reg_common(void *comm, void *data, size_t size, int type, int fd, uint64_t offset,
                                void **mhandle) {
   struct mpib_comm_base *b = comm;
@@ -95,12 +122,12 @@ static ncclResult_t reg_common(void *comm, void *data, size_t size, int type, in
       MP_WARN("NET/IB: regMrDmaBuf: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core >= 34 needed)");
       return ncclInvalidUsage;
     }
-    m->mr = mpib_v.reg_dmabuf_mr(b->dev->hca->pd, offset, size, (uint64_t)(uintptr_t)data, fd, MPIB_ACCESS);
+    m->mr = reg_data_dmabuf(b->dev->hca->pd, offset, size, (uint64_t)(uintptr_t)data, fd);
   } else {
     /* whole pages, as the kernel pins pages anyway */
     uintptr_t start = (uintptr_t)data & ~(uintptr_t)4095;
     size_t len = (((uintptr_t)data + size + 4095) & ~(uintptr_t)4095) - start;
-    m->mr = mpib_v.reg_mr(b->dev->hca->pd, (void *)start, len ? len : 4096, MPIB_ACCESS);
+    m->mr = reg_data(b->dev->hca->pd, (void *)start, len ? len : 4096);
   }
   if (!m->mr) {
     int e = errno;

@@ -38,6 +38,7 @@ int mpib_verbs_load(const char *libname, char *why, size_t whylen) {
   LOAD(dealloc_pd, "ibv_dealloc_pd", 1);
   LOAD(reg_mr, "ibv_reg_mr", 1);
   LOAD(reg_dmabuf_mr, "ibv_reg_dmabuf_mr", 0);
+  LOAD(reg_mr_iova2, "ibv_reg_mr_iova2", 0);
   LOAD(dereg_mr, "ibv_dereg_mr", 1);
   LOAD(create_cq, "ibv_create_cq", 1);
   LOAD(destroy_cq, "ibv_destroy_cq", 1);

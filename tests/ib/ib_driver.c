@@ -555,6 +555,29 @@ static int sc_grh(void) {
   return 0;
 }
 
+/* NCCL's buffers are registered with relaxed ordering, the FIFO and the length records never. */
+static int sc_relaxed_ordering(void) {
+  env_base("mlx5_0:ib");
+  up();
+  unlink(record_path);
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  transfer(&p, 1 << 20, 10, 1);
+  pair_close(&p);
+  struct rec r[64];
+  int n = rec_find(r, 64, "event=reg_mr", NULL), data_ro = 0;
+  for (int i = 0; i < n; i++) {
+    long len = rec_val(&r[i], "length"), ro = rec_val(&r[i], "relaxed_ordering");
+    int fifo = len == (long)(sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS);
+    int lens = len == (long)(sizeof(uint64_t) * MPIB_MAX_REQS * MPIB_MAX_RECVS * MPIB_MAX_QPS);
+    if ((fifo || lens) && ro) fail("the %s was registered with relaxed ordering: %s", fifo ? "FIFO" : "length records", r[i].line);
+    if (len >= (1 << 20) && ro) data_ro++;
+  }
+  if (data_ro != 2) fail("%d of the 2 data buffers (send and receive) were registered with relaxed ordering", data_ro);
+  note("%d registrations: data buffers relaxed ordering, FIFO and length records strict", n);
+  return 0;
+}
+
 static int sc_qp_attrs(void) {
   env_base("mlx5_0:ib");
   setenv("MPLANE_IB_TIMEOUT", "17", 1);
@@ -584,7 +607,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
-             {"grh", sc_grh},
+             {"grh", sc_grh}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {

@@ -699,6 +699,8 @@ static struct ibv_mr *reg(struct ibv_pd *pd, char *host, size_t len, uint64_t io
   m->next = G.mrs;
   G.mrs = m;
   unlock();
+  record("event=reg_mr pid=%d length=%zu dmabuf=%d relaxed_ordering=%d", (int)getpid(), len, map != NULL,
+         (access & IBV_ACCESS_RELAXED_ORDERING) != 0);
   return &m->mr;
 }
 
