@@ -35,6 +35,8 @@ struct abi_net {
 
 /* dlopen path (once per process) and dlsym ncclNetPlugin_v<version>. Exits on failure. */
 void abi_net_open(struct abi_net *net, const char *path, int version);
+/* dlclose the plugin, as NCCL does when its last communicator is gone; abi_net_open opens it anew. */
+void abi_net_close(struct abi_net *net);
 /* v11/v12: per-communicator init (ctx out); v8-v10: process init (ctx = NULL). */
 ncclResult_t abi_init(struct abi_net *net, uint64_t comm_id, int traffic_class, void **ctx);
 ncclResult_t abi_finalize(struct abi_net *net, void *ctx);

@@ -31,7 +31,7 @@
  *   MPLANE_ABI_SHARED_STEPS  steps of the shared-comms scenario (default 1000)
  *
  * Scenarios (--list prints them with one line each): props, sizes, inflight, inflight-max, multirecv,
- * shared-order, shared-wait, shared-comms (abi_shared.c), reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, close-early,
+ * shared-order, shared-wait, shared-comms (abi_shared.c), reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, ctrl-full, close-early,
  * stalled-close, abort, threads, dead-listener, v12, v10, v9, v8 drive any transport;
  * fake-peer, fake-version, connect-timeout, silent-listener and half-open speak TCP to the listen
  * address themselves and skip (77) on other transports.
@@ -799,6 +799,31 @@ static int sc_multirecv(void) {
   return pair_finish(&pp, rank);
 }
 
+/* NCCL 2.28 dlcloses a net plugin once its last communicator is gone and may dlopen it again for
+ * a later one. The plugin's threads (IB async events, socket helpers) must not run unmapped code
+ * after that, and a second open must work: three rounds of open, init, connect both ways, data,
+ * close, finalize, dlclose, with a pause after each dlclose for any stray thread to wake. */
+static int sc_reload(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  for (int round = 0; round < 3; round++) {
+    struct node nd;
+    node_up(&nd, g_opts.version);
+    struct link l;
+    link_up(&nd, pp.fd, &l);
+    size_t sizes[3] = {0, 4096, (1 << 20) + 5};
+    struct xfer_spec x = {.sizes = sizes, .count = 3, .slack = 64, .group = 1, .seed = 40u + (unsigned)round};
+    exchange(&nd, &l, rank, pp.fd, &x, "data after a reload");
+    link_down(&nd, &l);
+    node_down(&nd);
+    abi_net_close(&nd.net);
+    usleep(300000); /* a thread of the plugin still running would crash here */
+    barrier(pp.fd);
+  }
+  abi_note("3 rounds of dlopen, init, data, finalize, dlclose");
+  return pair_finish(&pp, rank);
+}
+
 static int count_dir(const char *path) {
   DIR *d = opendir(path);
   if (!d) return -1;
@@ -1313,17 +1338,18 @@ struct fake_chunk {
 };
 
 /* One connection from a fake sender (control + one data stream) into a posted receive of cap bytes;
- * the chunks go out as given. The receive must fail within 5 s with a WARN containing warn, never
- * complete. */
+ * the chunks go out as given, on the data stream or (ctrl) on the control socket, where the plugin's
+ * own sender puts small messages. The receive must fail within 5 s with a WARN containing warn,
+ * never complete. */
 static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_storage *ss, socklen_t sl, size_t cap,
-                             const struct fake_chunk *ch, int nch, const char *what, const char *warn) {
+                             const struct fake_chunk *ch, int nch, int ctrl, const char *what, const char *warn) {
   int fds[2], port;
   struct mps_hello hello;
   memset(&hello, 0, sizeof(hello));
   hello.magic = MPLANE_HANDLE_MAGIC;
   hello.version = MPLANE_PROTOCOL_VERSION;
   hello.type = MPS_HELLO;
-  hello.nonce = 0xfa4e0000u + (uint64_t)nch * 977 + cap;
+  hello.nonce = 0xfa4e0000u + (uint64_t)nch * 977 + cap + (uint64_t)ctrl * 65537;
   hello.nstreams = 1;
   for (int i = 0; i < 2; i++) {
     fds[i] = tcp_client(ss, sl, &port);
@@ -1347,9 +1373,10 @@ static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_st
   memset(payload, 0x5a, sizeof(payload));
   for (int i = 0; i < nch; i++) {
     struct mps_chunk h = {.slot = m.e[0].slot, .offset = ch[i].offset, .len = ch[i].len, .total = ch[i].total};
-    if (send(fds[1], &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) abi_fail("fake sender: send");
+    if (send(fds[ctrl ? 0 : 1], &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) abi_fail("fake sender: send");
     size_t n = ch[i].len < sizeof(payload) ? ch[i].len : sizeof(payload);
-    if (send(fds[1], payload, n, MSG_NOSIGNAL) != (ssize_t)n) abi_fail("fake sender: send");
+    if (send(fds[ctrl ? 0 : 1], payload, n, MSG_NOSIGNAL) != (ssize_t)n) abi_fail("fake sender: send");
+    if (n < ch[i].len) shutdown(fds[ctrl ? 0 : 1], SHUT_WR); /* the rest of the chunk never comes */
   }
   size_t mark = abi_log_mark();
   ncclResult_t res = ncclSuccess;
@@ -1379,15 +1406,21 @@ static int sc_fake_chunks(void) {
   struct sockaddr_storage ss;
   socklen_t sl;
   if (!listen_tcp(&nd, NULL, handle, &lc, &ss, &sl)) return 77;
-  const struct fake_chunk overlap[2] = {{0, 50, 100}, {0, 50, 100}};
-  fake_chunks_case(&nd, lc, &ss, sl, 100, overlap, 2, "two chunks over the same 50 bytes of a 100-byte message",
-                   "overlaps");
-  const struct fake_chunk past_end[1] = {{0, 150, 100}};
-  fake_chunks_case(&nd, lc, &ss, sl, 200, past_end, 1, "a 150-byte chunk of a 100-byte message", "past the message");
-  const struct fake_chunk totals[2] = {{0, 50, 100}, {50, 50, 120}};
-  fake_chunks_case(&nd, lc, &ss, sl, 200, totals, 2, "chunks that name totals 100 and 120", "total differs");
-  const struct fake_chunk too_big[1] = {{0, 10, 300}};
-  fake_chunks_case(&nd, lc, &ss, sl, 200, too_big, 1, "a 300-byte message into 200 bytes, sent anyway", "bigger than");
+  for (int ctrl = 0; ctrl < 2; ctrl++) {
+    const struct fake_chunk overlap[2] = {{0, 50, 100}, {0, 50, 100}};
+    fake_chunks_case(&nd, lc, &ss, sl, 100, overlap, 2, ctrl, "two chunks over the same 50 bytes of a 100-byte message",
+                     "overlaps");
+    const struct fake_chunk past_end[1] = {{0, 150, 100}};
+    fake_chunks_case(&nd, lc, &ss, sl, 200, past_end, 1, ctrl, "a 150-byte chunk of a 100-byte message", "past the message");
+    const struct fake_chunk totals[2] = {{0, 50, 100}, {50, 50, 120}};
+    fake_chunks_case(&nd, lc, &ss, sl, 200, totals, 2, ctrl, "chunks that name totals 100 and 120", "total differs");
+    const struct fake_chunk too_big[1] = {{0, 10, 300}};
+    fake_chunks_case(&nd, lc, &ss, sl, 200, too_big, 1, ctrl, "a 300-byte message into 200 bytes, sent anyway",
+                     "bigger than");
+    /* an honest first chunk, then the rest of the message never comes: the control socket closes mid-chunk */
+    const struct fake_chunk cut[1] = {{0, 600, 600}};
+    if (ctrl) fake_chunks_case(&nd, lc, &ss, sl, 1000, cut, 1, ctrl, "a control socket closed inside a chunk", "mid-message");
+  }
   abi_close_listen(&nd.net, lc);
   node_down(&nd);
   return 0;
@@ -2094,6 +2127,73 @@ static int sc_close_early(void) {
   return pair_finish(&pp, rank);
 }
 
+/* Small messages the receiver does not read for a while: on sockets they ride the control socket,
+ * written by the proxy thread without blocking, so its buffers fill and a message goes out in
+ * pieces over several isend/test calls while the messages behind it take the data streams. Every
+ * message still arrives intact, in its own buffer, and no call blocks. Rank 0 sends, rank 1 posts
+ * every receive group (maxRecvs buffers, one tag each) and only then, late, tests; sizes alternate
+ * around the inline limit (64 KiB) and below it, 16 MiB in flight in all. */
+static int sc_ctrl_full(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  struct link l;
+  link_up(&nd, pp.fd, &l);
+  int group = nd.props.max_recvs < OP_BUFS ? nd.props.max_recvs : OP_BUFS;
+  int ngroups = MAX_INFLIGHT, nmsg = ngroups * group, nops = rank == 0 ? nmsg : ngroups;
+  static const size_t pick[] = {65536, 1, 65536, 40000, 65536 + 1, 65536, 0, 65536, 65535};
+  struct op *ops = calloc((size_t)nops, sizeof(*ops));
+  void **bufs = calloc((size_t)nmsg, sizeof(void *));
+  for (int round = 0; round < 2; round++) {
+    memset(ops, 0, sizeof(*ops) * (size_t)nops);
+    for (int m = 0; m < nmsg; m++) {
+      size_t sz = pick[(m + round) % (sizeof(pick) / sizeof(pick[0]))];
+      struct op *o = rank == 0 ? &ops[m] : &ops[m / group];
+      int b = rank == 0 ? 0 : m % group;
+      o->n = b + 1;
+      o->send = rank == 0;
+      o->tag[b] = m % group;
+      bufs[m] = alloc_buf(sz, 64);
+      o->data[b] = bufs[m];
+      o->size[b] = sz;
+      o->expect[b] = sz;
+      o->msg[b] = msg_id(0, (uint32_t)(round * nmsg + m));
+      if (o->send) fill(bufs[m], sz, o->msg[b]);
+      reg(&nd, o->send ? l.sc : l.rc, bufs[m], sz ? sz : 1, &o->mh[b]);
+    }
+    struct run_stats st;
+    size_t mark = abi_log_mark();
+    if (rank == 1) {
+      for (int i = 0; i < nops; i++) {
+        double deadline = abi_now() + 10;
+        while (!ops[i].req) {
+          if (abi_irecv(&nd.net, l.rc, ops[i].n, ops[i].data, ops[i].size, ops[i].tag, ops[i].mh, &ops[i].req) != ncclSuccess)
+            abi_fail("irecv");
+          if (abi_now() > deadline) abi_fail("irecv gave no request in 10 s");
+        }
+        ops[i].posted = 1;
+      }
+      usleep(300000); /* the sender posts everything meanwhile; nobody reads the control socket */
+      if (run_ops(&nd, NULL, l.rc, ops, nops, 0, 30, &st)) fail_run("receives", &st, ops, mark);
+      verify_recvs(ops, nops, 64);
+    } else {
+      if (run_ops(&nd, l.sc, NULL, ops, nops, RUN_POST_ALL_FIRST, 30, &st)) fail_run("sends", &st, ops, mark);
+    }
+    for (int i = 0; i < nops; i++)
+      for (int b = 0; b < ops[i].n; b++) dereg(&nd, rank == 0 ? l.sc : l.rc, ops[i].mh[b]);
+    for (int m = 0; m < nmsg; m++) free(bufs[m]);
+    barrier(pp.fd);
+  }
+  abi_note("2 rounds of %d messages around the inline limit in groups of %d, the receiver late to read: all intact",
+           nmsg, group);
+  free(ops);
+  free(bufs);
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
 /* A receiver whose helper threads fell behind (its socket buffers full, the sender blocked on a
  * zero window) closes its comm: the sender's close, test or isend must then end promptly, not after
  * the kernel's FIN timeout. The receiver's non-main threads are held in a signal handler to make
@@ -2298,6 +2398,7 @@ static const struct {
     {"shared-order", sc_shared_order, "shared comm: groups {1,2},{1,2}, tag 1 sent twice before tag 2: a wait, never an error"},
     {"shared-wait", sc_shared_wait, "shared comm: a tag no posted group offers waits (NULL, never an error), one WARN names it"},
     {"shared-comms", sc_shared_comms, "shared comm as NCCL drives it: k=2,4,8 tags, each its own sender and pace, 1000 steps"},
+    {"reload", sc_reload, "3 x (dlopen, init, data both ways, finalize, dlclose), as NCCL 2.28 reloads its net plugin"},
     {"reconnect", sc_reconnect, "50 x (init, connect/accept both ways, data, close, finalize); no fd/thread leak"},
     {"kill-receiver", sc_kill_receiver, "receiver SIGKILLed mid-transfer: sender errors within 10 s, WARN names peer"},
     {"kill-sender", sc_kill_sender, "sender SIGKILLed mid-transfer: receiver errors within 10 s, WARN names peer"},
@@ -2307,6 +2408,7 @@ static const struct {
     {"fake-chunks", sc_fake_chunks, "a fake sender's overlapping, overlong and inconsistent chunks fail the receive (socket only)"},
     {"fake-version", sc_fake_version, "a peer of another protocol version: WARN and NACK (socket only)"},
     {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
+    {"ctrl-full", sc_ctrl_full, "small messages the receiver reads late: partial control-socket writes, all intact"},
     {"close-early", sc_close_early, "sender closes right after its sends complete: the receiver still gets every byte"},
     {"stalled-close", sc_stalled_close, "receiver closes with full socket buffers: the blocked sender fails fast"},
     {"strangers", sc_strangers, "64 silent sockets, an HTTP request, a bad IB record on the port: accept goes on, a real peer gets in"},

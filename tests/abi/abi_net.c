@@ -130,6 +130,14 @@ void abi_log_dump(size_t mark, const char *why) {
 
 static void *lib_handle;
 
+void abi_net_close(struct abi_net *net) {
+  if (!lib_handle) return;
+  if (dlclose(lib_handle) != 0) abi_fail("dlclose: %s", dlerror());
+  lib_handle = NULL;
+  net->lib = NULL;
+  net->table = NULL;
+}
+
 void abi_net_open(struct abi_net *net, const char *path, int version) {
   if (!lib_handle) {
     lib_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
