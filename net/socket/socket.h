@@ -7,7 +7,14 @@
  * A send takes the first untaken entry of its tag in the oldest offered group, or waits (a NULL
  * request) when that group has none: a later group's send on a shared comm (net/tag_wait.h).
  * Data travels in self-describing chunks (slot, offset, length, total) on any stream, written
- * straight into the posted buffer by the receiver's helper threads. */
+ * straight into the posted buffer by the receiver's helper threads.
+ *
+ * Small messages (MPLANE_SOCKET_INLINE_BYTES) skip the helper threads at both ends: the sender's
+ * proxy thread writes the chunk on the control socket itself (without blocking; a partial write
+ * is finished by later isend/test calls, and other messages take the data streams meanwhile), and
+ * the receiver's test() reads the control socket and lands the chunk in its slot, with the same
+ * checks as a data stream's. The control socket thus carries CTS records one way and chunks the
+ * other, each direction written and read by one proxy thread only. */
 #ifndef MPLANE_NET_SOCKET_H
 #define MPLANE_NET_SOCKET_H
 
@@ -26,6 +33,8 @@
 #define MPS_MAX_GROUPS NCCL_NET_MAX_REQUESTS             /* receive requests in flight */
 #define MPS_MAX_SLOTS (MPS_MAX_GROUPS * MPS_MAX_RECVS)   /* = sends in flight */
 #define MPS_MAX_DEVS 32
+#define MPS_CTRL_STAGE 16384 /* receiver: bytes of the control stream read in one call */
+#define MPS_CTRL_GRACE_NS 1000000000ull /* streams all closed, control open: a receive waits this long */
 
 /* ---- wire formats (little endian; both ends are x86-64/arm64 little endian hosts) ---- */
 enum mps_msg_type { MPS_HELLO = 1, MPS_ACK = 2, MPS_NACK = 3, MPS_CTS = 4 };
@@ -159,7 +168,7 @@ struct mps_send_comm {
   unsigned rr;                     /* stream of the next unsplit message */
   struct mps_cts_group cts[MPS_MAX_GROUPS];
   unsigned cts_head, cts_tail;     /* ring of offered receive groups */
-  char ctrl_buf[sizeof(struct mps_ctrl)];
+  char ctrl_buf[4 * sizeof(struct mps_ctrl)]; /* control records read, not yet whole */
   size_t ctrl_have;
   struct mps_send_req reqs[MPS_MAX_SLOTS];
   struct mps_send_req trunc_req; /* owner of "does not fit" notices: never handed to NCCL or reused */
@@ -169,6 +178,13 @@ struct mps_send_comm {
   int threads_started;
   struct mps_error err;
   struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
+  size_t inline_bytes;             /* messages up to this size go on the control socket */
+  struct {                         /* the inline chunk being written on the control socket */
+    struct mps_send_req *req;      /* NULL: the control socket is idle */
+    struct mps_chunk hdr;
+    const char *data;
+    size_t done;                   /* bytes of hdr + data written so far */
+  } inl;
 };
 
 /* ---- receive side ---- */
@@ -212,6 +228,16 @@ struct mps_recv_comm {
   size_t out_len;
   int stop; /* atomic */
   int streams_closed; /* atomic: data streams the peer closed in order (FIN at a chunk boundary) */
+  uint64_t streams_closed_ns; /* when test() first saw them all closed with a receive waiting */
+  struct mps_ctrl_rx { /* the control socket's incoming chunks (inline messages); proxy thread only */
+    size_t have, pos;            /* stage[pos..have) read but not consumed */
+    struct mps_chunk h;
+    size_t hhave;                /* header bytes collected */
+    struct mps_slot *slot;       /* non-NULL: inside h's payload */
+    uint64_t off, rem;           /* where the payload's next byte goes, bytes left */
+    int closed;                  /* the peer closed it at a chunk boundary */
+    char stage[MPS_CTRL_STAGE];
+  } rx;
   pthread_t threads[MPS_MAX_STREAMS];
   int threads_started;
   struct mps_error err;

@@ -1,5 +1,6 @@
 /* mplane: the socket data path. The proxy thread posts work and polls; helper threads move bytes
- * with blocking I/O on the data streams (see socket.h for the protocol). */
+ * with blocking I/O on the data streams, and the proxy thread itself moves small messages on the
+ * control socket without blocking (see socket.h for the protocol). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -7,9 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/sockios.h>
 
 #include "../../plugin/log.h"
 #include "socket.h"
@@ -161,6 +164,7 @@ static void *send_thread(void *argp) {
 
 ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg) {
   c->split_bytes = (size_t)cfg->socket_split_bytes;
+  c->inline_bytes = (size_t)cfg->socket_inline_bytes;
   c->spin_ns = mps_spin_ns(cfg);
   /* connect finished when our hellos were written, not when the acceptor answered: a listener that
    * is not mplane (accepts TCP, stays silent) is only noticed by the missing ACK */
@@ -194,10 +198,46 @@ ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_co
   return ncclSuccess;
 }
 
-/* Read every complete control record that has arrived (ACK, NACK, CTS). Never blocks. */
+/* One control record from the receiver (ACK, NACK, CTS). */
+static ncclResult_t send_ctrl_record(struct mps_send_comm *c, const struct mps_ctrl *m) {
+  if (m->magic != MPLANE_HANDLE_MAGIC) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s is not mplane (control magic 0x%08x)", c->peer, m->magic);
+    return mps_error_check(&c->err);
+  }
+  if (m->type == MPS_NACK || m->version != MPLANE_PROTOCOL_VERSION) {
+    mps_error_set(&c->err, ncclInvalidUsage, "peer %s refused the connection: it speaks mplane protocol "
+                  "version %u, this library speaks %u", c->peer, m->version, MPLANE_PROTOCOL_VERSION);
+    return mps_error_check(&c->err);
+  }
+  if (m->type == MPS_ACK) {
+    c->acked = 1;
+    return ncclSuccess;
+  }
+  if (m->type != MPS_CTS || m->n < 1 || m->n > MPS_MAX_RECVS || c->cts_tail - c->cts_head >= MPS_MAX_GROUPS) {
+    mps_error_set(&c->err, ncclInternalError, "bad control record from peer %s (type %u, n %u)", c->peer,
+                  m->type, m->n);
+    return mps_error_check(&c->err);
+  }
+  c->acked = 1; /* the acceptor sends its ACK first; a CTS proves the handshake as well */
+  struct mps_cts_group *g = &c->cts[c->cts_tail % MPS_MAX_GROUPS];
+  memset(g, 0, sizeof(*g));
+  g->seq = m->seq;
+  g->n = (int)m->n;
+  for (uint32_t i = 0; i < m->n; i++) {
+    g->e[i].slot = m->e[i].slot;
+    g->e[i].tag = m->e[i].tag;
+    g->e[i].size = m->e[i].size;
+  }
+  c->cts_tail++;
+  return ncclSuccess;
+}
+
+/* Read every complete control record that has arrived. Never blocks; a read that comes back short
+ * has emptied the socket, so that is the last system call. */
 static ncclResult_t send_poll_ctrl(struct mps_send_comm *c) {
   for (;;) {
-    ssize_t r = recv(c->ctrl_fd, c->ctrl_buf + c->ctrl_have, sizeof(c->ctrl_buf) - c->ctrl_have, MSG_DONTWAIT);
+    size_t space = sizeof(c->ctrl_buf) - c->ctrl_have;
+    ssize_t r = recv(c->ctrl_fd, c->ctrl_buf + c->ctrl_have, space, MSG_DONTWAIT);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
     if (r <= 0) {
       mps_error_set(&c->err, ncclRemoteError, "peer %s closed the connection%s%s", c->peer, r < 0 ? ": " : "",
@@ -205,39 +245,16 @@ static ncclResult_t send_poll_ctrl(struct mps_send_comm *c) {
       return mps_error_check(&c->err);
     }
     c->ctrl_have += (size_t)r;
-    if (c->ctrl_have < sizeof(c->ctrl_buf)) continue;
-    c->ctrl_have = 0;
-    struct mps_ctrl m;
-    memcpy(&m, c->ctrl_buf, sizeof(m));
-    if (m.magic != MPLANE_HANDLE_MAGIC) {
-      mps_error_set(&c->err, ncclRemoteError, "peer %s is not mplane (control magic 0x%08x)", c->peer, m.magic);
-      return mps_error_check(&c->err);
+    size_t off = 0;
+    while (c->ctrl_have - off >= sizeof(struct mps_ctrl)) {
+      struct mps_ctrl m;
+      memcpy(&m, c->ctrl_buf + off, sizeof(m));
+      off += sizeof(m);
+      MP_CHECK(send_ctrl_record(c, &m));
     }
-    if (m.type == MPS_NACK || m.version != MPLANE_PROTOCOL_VERSION) {
-      mps_error_set(&c->err, ncclInvalidUsage, "peer %s refused the connection: it speaks mplane protocol "
-                    "version %u, this library speaks %u", c->peer, m.version, MPLANE_PROTOCOL_VERSION);
-      return mps_error_check(&c->err);
-    }
-    if (m.type == MPS_ACK) {
-      c->acked = 1;
-      continue;
-    }
-    if (m.type != MPS_CTS || m.n < 1 || m.n > MPS_MAX_RECVS || c->cts_tail - c->cts_head >= MPS_MAX_GROUPS) {
-      mps_error_set(&c->err, ncclInternalError, "bad control record from peer %s (type %u, n %u)", c->peer,
-                    m.type, m.n);
-      return mps_error_check(&c->err);
-    }
-    c->acked = 1; /* the acceptor sends its ACK first; a CTS proves the handshake as well */
-    struct mps_cts_group *g = &c->cts[c->cts_tail % MPS_MAX_GROUPS];
-    memset(g, 0, sizeof(*g));
-    g->seq = m.seq;
-    g->n = (int)m.n;
-    for (uint32_t i = 0; i < m.n; i++) {
-      g->e[i].slot = m.e[i].slot;
-      g->e[i].tag = m.e[i].tag;
-      g->e[i].size = m.e[i].size;
-    }
-    c->cts_tail++;
+    memmove(c->ctrl_buf, c->ctrl_buf + off, c->ctrl_have - off);
+    c->ctrl_have -= off;
+    if ((size_t)r < space) return ncclSuccess;
   }
 }
 
@@ -268,12 +285,40 @@ static void send_warn_wait(struct mps_send_comm *c, const struct mps_cts_group *
   mplane_tag_wait_warn(who, tag, (unsigned long long)g->seq, open, nopen);
 }
 
+/* Write what the control socket takes of the inline chunk in progress; never blocks. The request
+ * completes once its last byte is in the kernel, as a helper thread's would. */
+static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
+  while (c->inl.req) {
+    size_t hlen = sizeof(c->inl.hdr), total = hlen + c->inl.hdr.len, done = c->inl.done;
+    struct iovec iov[2];
+    int n = 0;
+    if (done < hlen) iov[n++] = (struct iovec){(char *)&c->inl.hdr + done, hlen - done};
+    size_t doff = done < hlen ? 0 : done - hlen;
+    if (doff < c->inl.hdr.len) iov[n++] = (struct iovec){(char *)c->inl.data + doff, c->inl.hdr.len - doff};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(c->ctrl_fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ncclSuccess;
+      mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s (peer closed or died?)", c->peer,
+                    strerror(errno));
+      return mps_error_check(&c->err);
+    }
+    c->inl.done += (size_t)w;
+    if (c->inl.done == total) {
+      ADD(&c->inl.req->chunks_done, 1);
+      c->inl.req = NULL;
+    }
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
   struct mps_send_comm *c = send_comm;
   (void)mhandle;
   *request = NULL;
   MP_CHECK(mps_error_check(&c->err));
   MP_CHECK(send_poll_ctrl(c));
+  MP_CHECK(send_flush_inline(c));
   if (!c->acked && now_ns() > c->ack_deadline_ns) {
     mps_error_set(&c->err, ncclRemoteError, "peer %s accepted TCP but sent no mplane handshake within %d s "
                   "(MPLANE_CONNECT_TIMEOUT): not an mplane rank, or one that never calls accept", c->peer,
@@ -316,6 +361,17 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
             c->peer, (unsigned long long)g->e[k].size);
     return ncclInvalidUsage;
   }
+  if (size <= c->inline_bytes && !c->inl.req) {
+    /* Small, and the control socket is idle: the proxy thread writes it now, no thread hand-off. */
+    req->nchunks = 1;
+    c->inl.req = req;
+    c->inl.hdr = t.hdr;
+    c->inl.hdr.len = size;
+    c->inl.data = data;
+    c->inl.done = 0;
+    *request = req;
+    return send_flush_inline(c);
+  }
   if (size < c->split_bytes || c->nstreams == 1) {
     int s = (int)(c->rr++ % (unsigned)c->nstreams);
     req->nchunks = 1;
@@ -347,6 +403,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
 static ncclResult_t send_test(struct mps_send_req *req, int *done, int *sizes) {
   struct mps_send_comm *c = req->comm;
   *done = 0;
+  if (c->inl.req) MP_CHECK(send_flush_inline(c)); /* whichever request NCCL tests, the control socket moves */
   if (LOAD(&req->chunks_done) == req->nchunks) {
     /* All bytes are in the kernel; a later failure shows on the next request. */
     MP_CHECK(mps_error_check(&c->err));
@@ -358,6 +415,26 @@ static ncclResult_t send_test(struct mps_send_req *req, int *done, int *sizes) {
   /* A dead receiver shows as a failed write in a send thread; polling the control socket here
    * would cost a system call on every one of NCCL's polls. */
   return mps_error_check(&c->err);
+}
+
+/* The control socket carries inline messages the receiver may not have read yet. A close with
+ * unread bytes in our receive queue (CTS records of receives we never used) resets the connection
+ * and drops what our kernel has not sent, so: read those records, send the FIN after our data,
+ * and give data still unsent (the receiver's window is full) a bounded moment to leave. */
+static void ctrl_close_orderly(struct mps_send_comm *c) {
+  char scratch[sizeof(struct mps_ctrl) * 4];
+  shutdown(c->ctrl_fd, SHUT_WR);
+  uint64_t deadline = now_ns() + 1000000000ull;
+  for (;;) {
+    ssize_t r;
+    while ((r = recv(c->ctrl_fd, scratch, sizeof(scratch), MSG_DONTWAIT)) > 0) {}
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break; /* peer gone */
+    int unsent = 0;
+    if (ioctl(c->ctrl_fd, SIOCOUTQNSD, &unsent) != 0 || unsent == 0 || now_ns() > deadline) break;
+    struct pollfd p = {.fd = c->ctrl_fd, .events = POLLIN};
+    poll(&p, 1, 1);
+  }
+  close(c->ctrl_fd);
 }
 
 ncclResult_t mps_close_send(void *send_comm) {
@@ -381,7 +458,7 @@ ncclResult_t mps_close_send(void *send_comm) {
     free(c->queues[t].tasks);
   }
   for (int i = 0; i < c->nstreams; i++) close(c->fds[i]);
-  close(c->ctrl_fd);
+  ctrl_close_orderly(c);
   free(c);
   return ncclSuccess;
 }
@@ -418,6 +495,42 @@ static const char *slot_claim(struct mps_slot *s, const struct mps_chunk *h) {
   return bad;
 }
 
+/* A chunk header has arrived (on a data stream or the control socket): check it against its slot
+ * and claim its byte range. 0 and *sp: its payload may land in *sp; 1: a "does not fit" notice,
+ * recorded, no payload follows; -1: the peer's error (set on the comm). */
+static int chunk_begin(struct mps_recv_comm *c, const struct mps_chunk *h, struct mps_slot **sp) {
+  if (h->slot >= MPS_MAX_SLOTS) {
+    mps_error_set(&c->err, ncclInternalError, "peer %s sent data for slot %u which does not exist", c->peer,
+                  h->slot);
+    return -1;
+  }
+  struct mps_slot *s = &c->slots[h->slot];
+  if (LOAD(&s->state) != MPS_SLOT_POSTED) {
+    mps_error_set(&c->err, ncclInternalError, "peer %s sent data for slot %u which is not posted", c->peer,
+                  h->slot);
+    return -1;
+  }
+  if (h->flags & MPS_CHUNK_TRUNCATED) {
+    STORE(&s->total, h->total);
+    STORE(&s->state, MPS_SLOT_TRUNCATED);
+    return 1;
+  }
+  const char *bad = slot_claim(s, h);
+  if (bad) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad chunk for slot %u: %llu bytes at offset %llu of a "
+                  "%llu-byte message into a %llu-byte buffer (%s)", c->peer, h->slot, (unsigned long long)h->len,
+                  (unsigned long long)h->offset, (unsigned long long)h->total, (unsigned long long)s->cap, bad);
+    return -1;
+  }
+  *sp = s;
+  return 0;
+}
+
+/* A claimed chunk's payload has landed. */
+static void chunk_end(struct mps_slot *s, const struct mps_chunk *h) {
+  if (ADD(&s->received, h->len) == h->total) STORE(&s->state, MPS_SLOT_DONE);
+}
+
 /* Receive one chunk from fd into its slot. 0 ok, -1 the stream is finished (error set if it was
  * not an orderly close at a record boundary during shutdown). */
 static int recv_chunk(struct mps_recv_comm *c, int fd) {
@@ -436,36 +549,16 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
                     c->peer, r < 0 ? " mid-message" : "");
     return -1;
   }
-  if (h.slot >= MPS_MAX_SLOTS) {
-    mps_error_set(&c->err, ncclInternalError, "peer %s sent data for slot %u which does not exist", c->peer,
-                  h.slot);
-    return -1;
-  }
-  struct mps_slot *s = &c->slots[h.slot];
-  if (LOAD(&s->state) != MPS_SLOT_POSTED) {
-    mps_error_set(&c->err, ncclInternalError, "peer %s sent data for slot %u which is not posted", c->peer,
-                  h.slot);
-    return -1;
-  }
-  if (h.flags & MPS_CHUNK_TRUNCATED) {
-    STORE(&s->total, h.total);
-    STORE(&s->state, MPS_SLOT_TRUNCATED);
-    return 0;
-  }
-  const char *bad = slot_claim(s, &h);
-  if (bad) {
-    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad chunk for slot %u: %llu bytes at offset %llu of a "
-                  "%llu-byte message into a %llu-byte buffer (%s)", c->peer, h.slot, (unsigned long long)h.len,
-                  (unsigned long long)h.offset, (unsigned long long)h.total, (unsigned long long)s->cap, bad);
-    return -1;
-  }
+  struct mps_slot *s = NULL;
+  int b = chunk_begin(c, &h, &s);
+  if (b != 0) return b > 0 ? 0 : -1;
   if (h.len && read_full(fd, s->buf + h.offset, h.len) != 1) {
     if (!LOAD(&c->stop))
       mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream mid-message (%s)", c->peer,
                     errno ? strerror(errno) : "end of stream");
     return -1;
   }
-  if (ADD(&s->received, h.len) == h.total) STORE(&s->state, MPS_SLOT_DONE);
+  chunk_end(s, &h);
   return 0;
 }
 
@@ -580,10 +673,91 @@ ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *
   return ncclSuccess;
 }
 
+/* Land what has arrived of the inline chunks on the control socket; never blocks. Small reads go
+ * through the stage (a header and its payload, often several messages, in one system call); a
+ * payload of at least a stage's size is read straight into its buffer. */
+static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
+  struct mps_ctrl_rx *x = &c->rx;
+  while (!x->closed) {
+    if (x->pos == x->have) {
+      x->pos = x->have = 0;
+      char *dst = x->stage;
+      size_t want = sizeof(x->stage);
+      int direct = x->slot && x->rem >= sizeof(x->stage);
+      if (direct) {
+        dst = x->slot->buf + x->off;
+        want = x->rem;
+      }
+      ssize_t r = recv(c->ctrl_fd, dst, want, MSG_DONTWAIT);
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ncclSuccess;
+      if (r <= 0) {
+        /* At a chunk boundary this is the sender's close (a reset too: it may close with our CTS
+         * records unread); recv_test fails a receive still waiting once everything has closed. */
+        if (x->slot || x->hhave) {
+          mps_error_set(&c->err, ncclRemoteError, "peer %s closed the control connection mid-message%s%s (process "
+                        "exited or killed?)", c->peer, r < 0 ? ": " : "", r < 0 ? strerror(errno) : "");
+          return mps_error_check(&c->err);
+        }
+        x->closed = 1;
+        return ncclSuccess;
+      }
+      if (direct) {
+        x->off += (uint64_t)r;
+        x->rem -= (uint64_t)r;
+        if (x->rem == 0) {
+          chunk_end(x->slot, &x->h);
+          x->slot = NULL;
+        }
+        if ((size_t)r < want) return ncclSuccess; /* the socket is empty now */
+        continue;
+      }
+      x->have = (size_t)r;
+    }
+    while (x->pos < x->have) {
+      size_t avail = x->have - x->pos;
+      if (x->slot) {
+        size_t n = avail < x->rem ? avail : (size_t)x->rem;
+        memcpy(x->slot->buf + x->off, x->stage + x->pos, n);
+        x->pos += n;
+        x->off += n;
+        x->rem -= n;
+        if (x->rem == 0) {
+          chunk_end(x->slot, &x->h);
+          x->slot = NULL;
+        }
+        continue;
+      }
+      size_t n = sizeof(x->h) - x->hhave;
+      if (n > avail) n = avail;
+      memcpy((char *)&x->h + x->hhave, x->stage + x->pos, n);
+      x->pos += n;
+      x->hhave += n;
+      if (x->hhave < sizeof(x->h)) break;
+      x->hhave = 0;
+      struct mps_slot *s = NULL;
+      int b = chunk_begin(c, &x->h, &s);
+      if (b < 0) return mps_error_check(&c->err);
+      if (b > 0) continue;
+      if (x->h.len == 0) {
+        chunk_end(s, &x->h);
+        continue;
+      }
+      x->slot = s;
+      x->off = x->h.offset;
+      x->rem = x->h.len;
+    }
+    if (x->have < sizeof(x->stage)) return ncclSuccess; /* a short read emptied the socket */
+  }
+  return ncclSuccess;
+}
+
 static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
   struct mps_recv_comm *c = req->comm;
   *done = 0;
   MP_CHECK(recv_flush_ctrl(c));
+  int pending = 0;
+  for (int i = 0; i < req->n && !pending; i++) pending = LOAD(&c->slots[req->slots[i]].state) == MPS_SLOT_POSTED;
+  if (pending) MP_CHECK(recv_poll_ctrl(c)); /* an inline message lands only when the proxy thread reads it */
   int complete = 0;
   int closed = LOAD(&c->streams_closed); /* before the slots: a chunk that lands after is seen next call */
   for (int i = 0; i < req->n; i++) {
@@ -599,9 +773,16 @@ static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
     complete += st == MPS_SLOT_DONE;
   }
   if (complete < req->n) {
-    if (closed == c->nstreams && !LOAD(&c->stop))
-      mps_error_set(&c->err, ncclRemoteError, "peer %s closed every data stream while a receive was still "
-                    "waiting (process exited or closed its comm early?)", c->peer);
+    /* Nothing more can come once every stream has closed: the control socket too, or, since a
+     * sender writes its inline messages before it closes the data streams, a moment later (the
+     * control socket's bytes may trail the streams' FINs on a real network). */
+    if (closed == c->nstreams && !LOAD(&c->stop)) {
+      uint64_t t = now_ns();
+      if (!c->streams_closed_ns) c->streams_closed_ns = t;
+      if (c->rx.closed || t - c->streams_closed_ns > MPS_CTRL_GRACE_NS)
+        mps_error_set(&c->err, ncclRemoteError, "peer %s closed every data stream while a receive was still "
+                      "waiting (process exited or closed its comm early?)", c->peer);
+    }
     return mps_error_check(&c->err);
   }
   for (int i = 0; i < req->n; i++) {

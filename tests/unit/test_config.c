@@ -201,7 +201,7 @@ static const struct enum_row enum_rows[] = {
     {"MPLANE_RELAY", F(relay), {"auto", "nvlink", "pcie", "host", "off"}},
 };
 
-static const char *size_rows[] = {"MPLANE_SOCKET_SPLIT_BYTES"};
+static const char *size_rows[] = {"MPLANE_SOCKET_SPLIT_BYTES", "MPLANE_SOCKET_INLINE_BYTES"};
 
 static int known_row(const char *name) {
   for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++)
@@ -246,6 +246,7 @@ static void test_defaults(void **state) {
   assert_int_equal(cfg.transport, MPLANE_TRANSPORT_AUTO);
   assert_int_equal(cfg.relay, MPLANE_RELAY_AUTO);
   assert_int_equal(cfg.socket_split_bytes, 256 * 1024);
+  assert_int_equal(cfg.socket_inline_bytes, 64 * 1024);
   for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++) {
     int got = *(int *)((char *)&cfg + int_rows[i].off);
     if (got != int_rows[i].dflt) fail_msg("%s default is %d, expected %ld", int_rows[i].name, got, int_rows[i].dflt);
@@ -498,6 +499,12 @@ static void test_numbers_exact_form(void **state) {
     expect_refused("MPLANE_SOCKET_SPLIT_BYTES", size_bad[i]);
   expect_long("MPLANE_SOCKET_SPLIT_BYTES", "1K", F(socket_split_bytes), 1024);
   expect_long("MPLANE_SOCKET_SPLIT_BYTES", "10K", F(socket_split_bytes), 10240);
+  /* the inline limit takes 0 (never inline) and stops at 1M */
+  expect_long("MPLANE_SOCKET_INLINE_BYTES", "0", F(socket_inline_bytes), 0);
+  expect_long("MPLANE_SOCKET_INLINE_BYTES", "8K", F(socket_inline_bytes), 8192);
+  expect_long("MPLANE_SOCKET_INLINE_BYTES", "1M", F(socket_inline_bytes), 1L << 20);
+  expect_refused("MPLANE_SOCKET_INLINE_BYTES", "1025K");
+  expect_refused("MPLANE_SOCKET_INLINE_BYTES", "00");
 
   const char *sl_bad[] = {"-0", "+15", "015", " 15", "15\n", "+0", "00"};
   for (size_t i = 0; i < sizeof(sl_bad) / sizeof(sl_bad[0]); i++) expect_refused("MPLANE_IB_SL", sl_bad[i]);
