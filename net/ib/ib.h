@@ -93,6 +93,7 @@ struct mpib_hca { /* one opened HCA, shared by its ports */
   struct ibv_device_attr attr;
   pthread_t async_thread;
   int async_started;
+  int async_broken;       /* ibv_get_async_event failures (async thread only) */
 };
 
 struct mpib_dev { /* one port = one NCCL device */

@@ -263,7 +263,15 @@ static void *async_thread(void *arg) {
     int r = poll(&p, 1, 100);
     if (r <= 0) continue;
     struct ibv_async_event ev;
-    if (mpib_v.get_async_event(h->ctx, &ev) != 0) continue;
+    if (mpib_v.get_async_event(h->ctx, &ev) != 0) {
+      /* a readable channel that yields no event: the device is going away. Back off instead of
+       * spinning a core; its connections fail by their completions. */
+      if (!h->async_broken++)
+        MP_WARN("NET/IB: %s: its async event channel yields no events (%s): device removed? Watching it every "
+                "100 ms", h->name, strerror(errno));
+      usleep(100000);
+      continue;
+    }
     char what[128];
     switch (ev.event_type) {
       case IBV_EVENT_PORT_ERR:

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -346,6 +347,30 @@ static int sc_port_flap(void) {
   return 0;
 }
 
+/* The HCA's async event channel breaks (a removed device: readable for ever, no event): the async
+ * thread must not spin a core; connections still work while their QPs do. */
+static int sc_async_dead(void) {
+  env_base("mlx5_0:ib");
+  setenv("SOFTVERBS_FAULTS", "async_dead_after=4", 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  for (int i = 0; i < 4; i++) transfer(&p, 64 << 10, 10, 1);
+  struct rec r[2];
+  if (rec_find(r, 2, "event=async_dead", NULL) != 1) fail("the event channel did not break (no record)");
+  struct rusage a, b;
+  getrusage(RUSAGE_SELF, &a);
+  usleep(1000 * 1000);
+  getrusage(RUSAGE_SELF, &b);
+  double cpu = (double)(b.ru_utime.tv_sec - a.ru_utime.tv_sec + b.ru_stime.tv_sec - a.ru_stime.tv_sec) +
+               (double)(b.ru_utime.tv_usec - a.ru_utime.tv_usec + b.ru_stime.tv_usec - a.ru_stime.tv_usec) / 1e6;
+  if (cpu > 0.3) fail("an idle process used %.2f s of CPU in 1 s with a broken event channel: the async thread spins", cpu);
+  transfer(&p, 1 << 20, 10, 1);
+  note("broken event channel: %.3f s of CPU in 1 s idle; data still moves", cpu);
+  pair_close(&p);
+  return 0;
+}
+
 /* A QP fatal async event fails the connection that owns the QP. */
 static int sc_qp_fatal(void) {
   env_base("mlx5_0:ib");
@@ -605,7 +630,7 @@ int main(int argc, char **argv) {
     const char *name;
     int (*fn)(void);
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
-             {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
+             {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};

@@ -199,7 +199,7 @@ static struct {
   int nic_started, wake_fd;
   char ns[64];
   /* faults */
-  long err_wr, port_down_after, port_flap_after, qp_fatal_after;
+  long err_wr, port_down_after, port_flap_after, qp_fatal_after, async_dead_after;
   int err_status;
   char fault_dev[64];
   long nwr;
@@ -289,6 +289,7 @@ static void parse_faults(void) {
     else if (!strncmp(t, "err_status=", 11)) G.err_status = atoi(t + 11);
     else if (!strncmp(t, "port_down_after=", 16)) G.port_down_after = atol(t + 16);
     else if (!strncmp(t, "port_flap_after=", 16)) G.port_flap_after = atol(t + 16);
+    else if (!strncmp(t, "async_dead_after=", 17)) G.async_dead_after = atol(t + 17);
     else if (!strncmp(t, "qp_fatal_after=", 15)) G.qp_fatal_after = atol(t + 15);
     else if (!strncmp(t, "dev=", 4)) snprintf(G.fault_dev, sizeof(G.fault_dev), "%s", t + 4);
   }
@@ -1115,6 +1116,16 @@ static void fault_after_post(struct sv_qp *q) {
   if (G.fault_dev[0] && strcmp(G.fault_dev, d->ibdev.name) != 0) return;
   if (G.port_down_after && G.nwr == G.port_down_after) port_down(d, q->port);
   if (G.port_flap_after && G.nwr == G.port_flap_after) port_flap(d, q->port);
+  if (G.async_dead_after && G.nwr == G.async_dead_after) {
+    /* the device's event channel breaks (a removed device): its fd polls readable (hung up) for
+     * ever and ibv_get_async_event fails every time */
+    record("event=async_dead pid=%d dev=%s", (int)getpid(), d->ibdev.name);
+    for (struct sv_ctx *c = G.ctxs; c; c = c->next)
+      if (c->dev == d && c->pipe[1] >= 0) {
+        close(c->pipe[1]);
+        c->pipe[1] = -1;
+      }
+  }
   if (G.qp_fatal_after && G.nwr == G.qp_fatal_after) {
     record("event=qp_fatal pid=%d dev=%s qpn=%u", (int)getpid(), d->ibdev.name, q->qp.qp_num);
     qp_fail(q, IBV_WC_WR_FLUSH_ERR);

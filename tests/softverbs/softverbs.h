@@ -11,7 +11,8 @@
  *                      with err_status, default IBV_WC_RETRY_EXC_ERR=12), port_down_after=N (after N send
  *                      work requests the port goes down: IBV_EVENT_PORT_ERR, every QP on it fails),
  *                      port_flap_after=N (after N send WRs IBV_EVENT_PORT_ERR then IBV_EVENT_PORT_ACTIVE,
- *                      no QP affected: a flap shorter than the retry time),
+ *                      no QP affected: a flap shorter than the retry time), async_dead_after=N (after N
+ *                      send WRs the device's async event channel breaks: readable, no event),
  *                      qp_fatal_after=N (IBV_EVENT_QP_FATAL on the QP of the Nth send WR), dev=NAME
  *                      (count only work requests on that device).
  *   SOFTVERBS_DMABUF   1: ibv_reg_dmabuf_mr is supported (maps the fd; a memfd works).
