@@ -117,6 +117,9 @@ const struct mplane_config *mpib_config(void);
 void mpib_shutdown(void);
 /* 1 if an NCCL_IB_HCA-style spec selects (name, port). Exposed for unit tests. */
 int mpib_hca_match(const char *spec, const char *name, int port);
+/* How good an interface is for the side channel when nothing names one: 0 IPoIB (ib*), 1 another,
+ * -1 never (docker*, loopback), as NCCL's default. */
+int mpib_oob_rank(const char *ifname, int loopback);
 /* ptrSupport from what the node has: the NVIDIA driver, nvidia-peermem, an HCA that takes dma-bufs. */
 int mpib_ptr_support(int nvidia, int peermem, int dmabuf);
 /* Pick the RoCE GID: RoCE v2 IPv4-mapped first, then RoCE v2, then any; -1 if none. types[i]: 1 = v2. */

@@ -128,23 +128,32 @@ static int gid_type(struct mpib_hca *h, int port, int index, union ibv_gid *gid)
 }
 
 /* ------------------------------------------------------------------ side-channel address */
-static int ipv4_of_ifname(const char *ifname, struct sockaddr_storage *out, socklen_t *len) {
-  struct ifaddrs *ifas = NULL, *ifa;
-  int found = 0;
-  if (getifaddrs(&ifas) != 0) return 0;
-  for (ifa = ifas; ifa && !found; ifa = ifa->ifa_next) {
-    if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET || !(ifa->ifa_flags & IFF_UP)) continue;
-    if (ifname ? strcmp(ifa->ifa_name, ifname) != 0 : (ifa->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    memcpy(out, ifa->ifa_addr, sizeof(struct sockaddr_in));
-    *len = sizeof(struct sockaddr_in);
-    found = 1;
-  }
-  freeifaddrs(ifas);
-  return found;
+int mpib_oob_rank(const char *ifname, int loopback) {
+  if (loopback || !strncmp(ifname, "docker", 6)) return -1; /* as NCCL's default ^docker,lo */
+  return !strncmp(ifname, "ib", 2) ? 0 : 1;              /* IPoIB first, as NCCL */
 }
 
-/* MPLANE_SOCKET_IFNAME when set; else the port's own netdev (IPoIB / RoCE); else the first up
- * interface; else loopback (peers on this host only). NCCL's IB transport does the same. */
+/* The IPv4 address of ifname; with ifname NULL, of the best interface by mpib_oob_rank. */
+static int ipv4_of_ifname(const char *ifname, struct sockaddr_storage *out, socklen_t *len) {
+  struct ifaddrs *ifas = NULL, *ifa;
+  int best = -1;
+  if (getifaddrs(&ifas) != 0) return 0;
+  for (ifa = ifas; ifa; ifa = ifa->ifa_next) {
+    if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET || !(ifa->ifa_flags & IFF_UP)) continue;
+    int rank = ifname ? (strcmp(ifa->ifa_name, ifname) == 0 ? 0 : -1)
+                      : mpib_oob_rank(ifa->ifa_name, (ifa->ifa_flags & IFF_LOOPBACK) != 0);
+    if (rank < 0 || (best >= 0 && rank >= best)) continue;
+    memcpy(out, ifa->ifa_addr, sizeof(struct sockaddr_in));
+    *len = sizeof(struct sockaddr_in);
+    best = rank;
+  }
+  freeifaddrs(ifas);
+  return best >= 0;
+}
+
+/* MPLANE_SOCKET_IFNAME when set; else the port's own netdev (IPoIB / RoCE); else the first up ib*
+ * interface, else any other but docker* and lo; else loopback (peers on this host only). NCCL's IB
+ * transport chooses the same way. */
 static void pick_oob(const struct mplane_config *cfg, struct mpib_dev *d) {
   struct ifaddrs *ifas = NULL;
   if (cfg->socket_ifname[0] && getifaddrs(&ifas) == 0) {

@@ -80,6 +80,18 @@ static void test_ptr_support(void **state) {
   assert_int_equal(mpib_ptr_support(1, 1, 1), NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF);
 }
 
+/* The side channel's interface when nothing names one: IPoIB first, never docker or loopback. */
+static void test_oob_rank(void **state) {
+  (void)state;
+  assert_int_equal(mpib_oob_rank("ib0", 0), 0);
+  assert_int_equal(mpib_oob_rank("ibp12s0", 0), 0);
+  assert_int_equal(mpib_oob_rank("eth0", 0), 1);
+  assert_int_equal(mpib_oob_rank("enp1s0f0", 0), 1);
+  assert_int_equal(mpib_oob_rank("docker0", 0), -1);
+  assert_int_equal(mpib_oob_rank("lo", 1), -1);
+  assert_true(mpib_oob_rank("ib0", 0) < mpib_oob_rank("eth0", 0));
+}
+
 static void gid_v4(union ibv_gid *g, int a) {
   memset(g, 0, sizeof(*g));
   g->raw[10] = g->raw[11] = 0xff;
@@ -160,6 +172,7 @@ int main(void) {
       cmocka_unit_test(test_recv_entry_chunks),
       cmocka_unit_test(test_ptr_support),
       cmocka_unit_test(test_fifo_take),
+      cmocka_unit_test(test_oob_rank),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
