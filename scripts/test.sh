@@ -7,4 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --build
+meson configure build -Dtests=enabled >/dev/null # the suites, cmocka required (a user build may have left them out)
 meson test -C build --no-suite bench --print-errorlogs "$@"
