@@ -120,6 +120,10 @@ static const struct row rows[] = {
      "IB local ACK timeout exponent (4.096us * 2^n)"},
     {"MPLANE_IB_RETRY_CNT", K_INT, OFF(ib_retry_cnt), 0, "7", 0, 7, NULL, "an integer from 0 to 7",
      "IB transport retry count"},
+    {"MPLANE_IB_TC", K_INT, OFF(ib_tc), 0, "-1", -1, 255, NULL, "-1 (from the class) or 0..255",
+     "RoCE GRH traffic class of every connection (default: the DSCP of its class's SL, << 2)"},
+    {"MPLANE_IB_PKEY", K_INT, OFF(ib_pkey), 0, "0", 0, 65535, NULL, "an integer from 0 to 65535",
+     "partition key index of every QP"},
     {"MPLANE_IB_QPS", K_INT, OFF(ib_qps), 0, "2", 1, 16, NULL, "an integer from 1 to 16",
      "queue pairs per connection; large messages are striped across them"},
     {"MPLANE_IBVERBS_LIB", K_STR, STR(ibverbs_lib), "libibverbs.so.1", 0, 0, NULL, "a library name or path",
@@ -129,6 +133,34 @@ static const struct row rows[] = {
     {"MPLANE_TUNER_CONFIG", K_STR, STR(tuner_config), "", 0, 0, NULL, "a path to a CSV tuner table",
      "tuner table; without one the tuner changes nothing"},
 };
+
+/* NCCL's own variable of the same meaning: read when the MPLANE_* one is unset, so a site's
+ * NCCL_IB_* settings (a RoCE site's NCCL_IB_TC, say) hold for mplane too. */
+static const struct {
+  const char *name, *nccl;
+} nccl_aliases[] = {
+    {"MPLANE_IB_HCA", "NCCL_IB_HCA"},         {"MPLANE_IB_GID_INDEX", "NCCL_IB_GID_INDEX"},
+    {"MPLANE_IB_SL", "NCCL_IB_SL"},           {"MPLANE_IB_TIMEOUT", "NCCL_IB_TIMEOUT"},
+    {"MPLANE_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"}, {"MPLANE_IB_TC", "NCCL_IB_TC"},
+    {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},
+};
+
+static const char *nccl_alias(const char *name) {
+  for (size_t i = 0; i < sizeof(nccl_aliases) / sizeof(nccl_aliases[0]); i++)
+    if (!strcmp(nccl_aliases[i].name, name)) return nccl_aliases[i].nccl;
+  return NULL;
+}
+
+/* The value of row r's variable, or of its NCCL alias when it is unset (*from names which). */
+static const char *row_value(const char *name, const char **from) {
+  const char *value = getenv(name), *alias = nccl_alias(name);
+  *from = name;
+  if ((value == NULL || value[0] == '\0') && alias) {
+    value = getenv(alias);
+    *from = alias;
+  }
+  return value == NULL || value[0] == '\0' ? NULL : value; /* empty is unset, as NCCL reads its variables */
+}
 
 /* Digits of s (no sign) into *out; the end in *end. 0 on success: at least one digit, no leading
  * zero unless the number is "0", no overflow past LONG_MAX. */
@@ -234,15 +266,17 @@ ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t err
       snprintf(err, errlen, "internal: default of %s does not parse", r->name);
       return ncclInternalError;
     }
-    const char *value = getenv(r->name);
-    if (value == NULL || value[0] == '\0') continue; /* empty is unset, as NCCL reads its variables */
+    const char *from;
+    const char *value = row_value(r->name, &from);
+    if (value == NULL) continue;
     if (parse_row(r, value, cfg) != 0) {
-      snprintf(err, errlen, "%s='%s' is not valid: expected %s", r->name, value, r->form);
+      snprintf(err, errlen, "%s='%s' is not valid%s%s: expected %s", from, value, from != r->name ? " for " : "",
+               from != r->name ? r->name : "", r->form);
       return ncclInvalidArgument;
     }
     char why[256] = "";
     if (r->validate && r->validate(value, why, sizeof(why)) != 0) {
-      snprintf(err, errlen, "%s='%s' is not valid: %s; expected %s", r->name, value, why, r->form);
+      snprintf(err, errlen, "%s='%s' is not valid: %s; expected %s", from, value, why, r->form);
       return ncclInvalidArgument;
     }
   }
@@ -260,6 +294,11 @@ static void load_global(void) {
     return;
   }
   global_config_ok = 1;
+  for (size_t i = 0; i < sizeof(nccl_aliases) / sizeof(nccl_aliases[0]); i++) {
+    const char *from, *value = row_value(nccl_aliases[i].name, &from);
+    if (value && from == nccl_aliases[i].nccl)
+      MP_INFO(NCCL_INIT | NCCL_ENV, "%s unset: using %s=%s", nccl_aliases[i].name, from, value);
+  }
 }
 
 const struct mplane_config *mplane_config_get(void) {
@@ -280,14 +319,18 @@ void mplane_config_describe(FILE *out, int markdown) {
   for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
     const struct row *r = &rows[i];
     const char *d = *r->dflt ? r->dflt : "(unset)";
+    char meaning[512];
+    const char *alias = nccl_alias(r->name);
+    snprintf(meaning, sizeof(meaning), "%s%s%s%s", r->meaning, alias ? "; unset: " : "", alias ? alias : "",
+             alias ? "'s value, when that is set" : "");
     if (markdown) {
       fprintf(out, "| `%s` | `%s` | ", r->name, d);
       md_cell(out, r->form);
       fputs(" | ", out);
-      md_cell(out, r->meaning);
+      md_cell(out, meaning);
       fputs(" |\n", out);
     } else
-      fprintf(out, "%-26s default %-12s %s\n%26s accepted: %s\n", r->name, d, r->meaning, "", r->form);
+      fprintf(out, "%-26s default %-12s %s\n%26s accepted: %s\n", r->name, d, meaning, "", r->form);
   }
 }
 

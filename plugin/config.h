@@ -39,6 +39,8 @@ struct mplane_config {
   int ib_sl;                                 /* default service level */
   int ib_timeout;                            /* ibv local ack timeout exponent */
   int ib_retry_cnt;
+  int ib_tc;                                 /* RoCE GRH traffic class of every QP; -1: from the class */
+  int ib_pkey;                               /* partition key index of every QP */
   int ib_qps;                                /* QPs per connection */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */
@@ -47,6 +49,8 @@ struct mplane_config {
 
 /* Read the environment into cfg (defaults first; a variable set to "" counts as unset). On a bad
  * value returns ncclInvalidArgument and writes "MPLANE_X='value' is not valid: expected <form>" into
+ * err (for a value taken from NCCL's own variable because MPLANE_X is unset, e.g. NCCL_IB_SL: "NCCL_Y='value'
+ * is not valid for MPLANE_X: ..."); the MPLANE_IB_* variables NCCL has a twin of read it then.
  * err. */
 ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t errlen);
 

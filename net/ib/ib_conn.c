@@ -82,7 +82,7 @@ ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, struct ibv_qp 
   struct ibv_qp_attr a;
   memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = 0;
+  a.pkey_index = (uint16_t)mpib_config()->ib_pkey;
   a.port_num = (uint8_t)b->dev->port;
   a.qp_access_flags = access;
   int rc = mpib_v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
@@ -469,8 +469,10 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   c->b.sl = opts->service_level;
   c->b.tc_class = opts->tc_class;
   c->b.ar = opts->adaptive_routing;
-  /* RoCE: the class's DSCP in the IP header's traffic-class byte (DSCP << 2, ECN bits left 0) */
-  c->b.tclass = d->link_layer == IBV_LINK_LAYER_ETHERNET ? mplane_tc_dscp(c->b.sl) << 2 : 0;
+  /* RoCE: the class's DSCP in the IP header's traffic-class byte (DSCP << 2, ECN bits left 0), or
+   * the site's one value (MPLANE_IB_TC / NCCL_IB_TC: its lossless queue with PFC) */
+  if (d->link_layer != IBV_LINK_LAYER_ETHERNET) c->b.tclass = 0;
+  else c->b.tclass = cfg->ib_tc >= 0 ? cfg->ib_tc : mplane_tc_dscp(c->b.sl) << 2;
   int fd = socket(peer.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) goto fail;
   c->b.fd = fd;

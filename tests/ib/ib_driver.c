@@ -282,6 +282,31 @@ static int sc_roce(void) {
   return 0;
 }
 
+/* A site's NCCL_IB_* settings hold where the MPLANE_IB_* twin is unset, and the twin wins where
+ * both are set: RoCE traffic class, P_Key index, timeout from NCCL's variables, retry count from
+ * mplane's. */
+static int sc_nccl_vars(void) {
+  env_base("mlx5_0:roce:ip=198.18.0.1");
+  setenv("NCCL_IB_TC", "106", 1);
+  setenv("NCCL_IB_PKEY", "1", 1);
+  setenv("NCCL_IB_TIMEOUT", "16", 1);
+  setenv("NCCL_IB_RETRY_CNT", "6", 1);
+  setenv("MPLANE_IB_RETRY_CNT", "5", 1);
+  up();
+  int tclass = -1;
+  sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, &tclass, NULL);
+  struct rec r[16];
+  int n = rec_find(r, 16, "event=modify", "state=RTS", NULL);
+  if (n < 2) fail("only %d QPs reached RTS", n);
+  for (int i = 0; i < n; i++)
+    if (rec_val(&r[i], "traffic_class") != 106 || rec_val(&r[i], "pkey_index") != 1 || rec_val(&r[i], "timeout") != 16 ||
+        rec_val(&r[i], "retry_cnt") != 5)
+      fail("expected traffic class 106, P_Key index 1 and timeout 16 from NCCL_IB_*, retry count 5 from "
+           "MPLANE_IB_RETRY_CNT: %s", r[i].line);
+  note("%d QPs: NCCL_IB_TC, NCCL_IB_PKEY, NCCL_IB_TIMEOUT applied; MPLANE_IB_RETRY_CNT over NCCL_IB_RETRY_CNT", n);
+  return 0;
+}
+
 /* An error completion (injected on the Nth work request) ends in an error from test(), no hang,
  * with a WARN naming device, port and peer. */
 static int sc_fault_wr(void) {
@@ -632,7 +657,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
-             {"grh", sc_grh}, {"relaxed-ordering", sc_relaxed_ordering},
+             {"grh", sc_grh}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {

@@ -46,6 +46,7 @@
 #define SV_EXPORT __attribute__((visibility("default")))
 #define SV_MAX_DEVS 32
 #define SV_MAX_PORTS 4
+#define SV_PKEY_TABLE 128 /* P_Key table entries per port */
 #define SV_MAGIC 0x53565842u
 #define SV_SMALL 4096
 #define SV_MAX_SGE 16
@@ -895,11 +896,11 @@ static void record_qp(struct sv_qp *q, const char *state) {
   inet_ntop(AF_INET6, a->ah_attr.grh.dgid.raw, dgid, sizeof(dgid));
   record("event=modify pid=%d dev=%s port=%d qpn=%u state=%s dest_qpn=%u sl=%u traffic_class=%u is_global=%u "
          "sgid_index=%u dgid=%s dlid=%u hop_limit=%u path_mtu=%d timeout=%u retry_cnt=%u rnr_retry=%u "
-         "min_rnr_timer=%u max_rd_atomic=%u max_dest_rd_atomic=%u",
+         "min_rnr_timer=%u max_rd_atomic=%u max_dest_rd_atomic=%u pkey_index=%u",
          (int)getpid(), q->sctx->dev->ibdev.name, q->port, q->qp.qp_num, state, a->dest_qp_num, a->ah_attr.sl,
          a->ah_attr.grh.traffic_class, a->ah_attr.is_global, a->ah_attr.grh.sgid_index, dgid, a->ah_attr.dlid,
          a->ah_attr.grh.hop_limit, (int)a->path_mtu, a->timeout, a->retry_cnt, a->rnr_retry, a->min_rnr_timer,
-         a->max_rd_atomic, a->max_dest_rd_atomic);
+         a->max_rd_atomic, a->max_dest_rd_atomic, a->pkey_index);
 }
 
 SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask) {
@@ -943,6 +944,13 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
     q->port = attr->port_num;
   }
   if (mask & IBV_QP_ACCESS_FLAGS) q->access = attr->qp_access_flags;
+  if (mask & IBV_QP_PKEY_INDEX) {
+    if (attr->pkey_index >= SV_PKEY_TABLE) { /* as a port's P_Key table of SV_PKEY_TABLE entries refuses it */
+      rc = EINVAL;
+      goto out;
+    }
+    q->attr.pkey_index = attr->pkey_index;
+  }
   if (mask & IBV_QP_AV) {
     const struct ibv_ah_attr *ah = &attr->ah_attr;
     if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {

@@ -161,6 +161,8 @@ static const struct int_row int_rows[] = {
     {"MPLANE_IB_TIMEOUT", F(ib_timeout), 1, 31, 20},
     {"MPLANE_IB_RETRY_CNT", F(ib_retry_cnt), 0, 7, 7},
     {"MPLANE_IB_QPS", F(ib_qps), 1, 16, 2},
+    {"MPLANE_IB_TC", F(ib_tc), -1, 255, -1},
+    {"MPLANE_IB_PKEY", F(ib_pkey), 0, 65535, 0},
     {"MPLANE_DEBUG", F(debug), 0, 2, 0},
     {"MPLANE_SOCKET_SPIN_US", F(socket_spin_us), 0, 10000, 0},
     {"MPLANE_SOCKET_SPEED", F(socket_speed_mbps), -1, 10000000, -1},
@@ -608,6 +610,36 @@ static void test_describe_plain(void **state) {
   free(text);
 }
 
+/* NCCL's twin of an MPLANE_IB_* variable is read when the MPLANE_* one is unset; mplane's wins when
+ * both are set; a bad value is named by the variable it came from. */
+static void test_nccl_twins(void **state) {
+  (void)state;
+  struct mplane_config cfg;
+  const char *twins[] = {"NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_SL", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT",
+                         "NCCL_IB_TC", "NCCL_IB_PKEY"};
+  for (size_t i = 0; i < sizeof(twins) / sizeof(twins[0]); i++) unsetenv(twins[i]);
+  setenv("NCCL_IB_GID_INDEX", "3", 1);
+  setenv("NCCL_IB_HCA", "=mlx5_2", 1);
+  setenv("NCCL_IB_TC", "106", 1);
+  setenv("NCCL_IB_SL", "4", 1);
+  setenv("MPLANE_IB_SL", "2", 1);
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.ib_gid_index, 3);
+  assert_string_equal(cfg.ib_hca, "=mlx5_2");
+  assert_int_equal(cfg.ib_tc, 106);
+  assert_int_equal(cfg.ib_sl, 2); /* MPLANE_IB_SL over NCCL_IB_SL */
+  unsetenv("MPLANE_IB_SL");
+  setenv("NCCL_IB_TIMEOUT", "abc", 1);
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclInvalidArgument);
+  assert_non_null(strstr(err, "NCCL_IB_TIMEOUT='abc'"));
+  assert_non_null(strstr(err, "for MPLANE_IB_TIMEOUT"));
+  setenv("NCCL_IB_TIMEOUT", "", 1); /* empty is unset: the default */
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.ib_timeout, 20);
+  assert_int_equal(cfg.ib_sl, 4);
+  for (size_t i = 0; i < sizeof(twins) / sizeof(twins[0]); i++) unsetenv(twins[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_table_is_described, setup, teardown),
@@ -629,6 +661,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_ifname_port_suffix, setup, teardown),
       cmocka_unit_test_setup_teardown(test_open_regular_file, setup, teardown),
       cmocka_unit_test_setup_teardown(test_describe_plain, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nccl_twins, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
