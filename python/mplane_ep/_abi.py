@@ -144,7 +144,8 @@ class EPError(RuntimeError):
 
 def default_library_paths(repo_root=None):
     """Where libmplane-ep.so is looked for: $MPLANE_EP_LIB (a file), then $MPLANE_LIB_DIR and the
-    repository's build folders (build*/collectives/ep, build*/)."""
+    repository's build folders (build*/collectives/ep, build*/), then by name on the loader's search
+    path (an installed library)."""
     paths = []
     if os.environ.get("MPLANE_EP_LIB"):
         paths.append(os.environ["MPLANE_EP_LIB"])
@@ -160,6 +161,7 @@ def default_library_paths(repo_root=None):
     for d in dirs:
         for sub in ("collectives/ep", ""):
             paths.append(os.path.join(d, sub, "libmplane-ep.so"))
+    paths.append("libmplane-ep.so")  # the loader's own search path: an installed library (meson install)
     return paths
 
 
@@ -169,7 +171,7 @@ def load(path=None):
     candidates = [path] if path else default_library_paths()
     tried = []
     for p in candidates:
-        if not os.path.isfile(p):
+        if os.sep in p and not os.path.isfile(p):
             tried.append(f"{p} (not there)")
             continue
         try:
