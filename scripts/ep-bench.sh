@@ -105,7 +105,7 @@ direct_build() {
   local d="$build/direct" ep="$here/collectives/ep" cl
   cl="$(cuda_lib)"
   mkdir -p "$d"
-  local inc=(-I"$ep" -I"$ep/tools" -I"$(dirname "$(command -v nvcc)")/../include" -I"$NCCL_INC")
+  local inc=(-I"$ep" -I"$ep/bench" -I"$(dirname "$(command -v nvcc)")/../include" -I"$NCCL_INC")
   set -x
   # shellcheck disable=SC2086
   nvcc -std=c++17 -O2 -Xcompiler -fPIC "-gencode=arch=compute_90,code=[sm_90,compute_90]" ${EP_NVCC_FLAGS:-} "${inc[@]}" \
@@ -116,7 +116,7 @@ direct_build() {
     -L"$cl" -lcudart "$NCCL_LIB" -lstdc++ -Wl,-rpath,"$cl" -Wl,-rpath,"$(dirname "$NCCL_LIB")" &&
   # -g -rdynamic: a crashing rank prints a backtrace with function names (mplane_ep_bench.c)
   cc -std=gnu11 -O2 -g -rdynamic -ffp-contract=off -D_GNU_SOURCE "${inc[@]}" -o "$d/mplane-ep-bench" \
-    "$ep/tools/mplane_ep_bench.c" "$ep/tools/bench_run.c" "$ep/ep_model.c" "$ep/ep_check.c" "$ep/ep_ref.c" \
+    "$ep/bench/mplane_ep_bench.c" "$ep/bench/bench_run.c" "$ep/ep_model.c" "$ep/ep_check.c" "$ep/ep_ref.c" \
     -L"$d" -lmplane-ep -L"$cl" -lcudart "$NCCL_LIB" -lm -lpthread \
     -Wl,-rpath,"$d" -Wl,-rpath,"$cl" -Wl,-rpath,"$(dirname "$NCCL_LIB")"
   local rc=$?
