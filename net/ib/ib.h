@@ -40,8 +40,15 @@
 #define MPIB_MAX_SENDS (MPIB_MAX_REQS * MPIB_MAX_RECVS) /* send requests in flight */
 #define MPIB_MAX_FLUSHES MPIB_MAX_SENDS                 /* iflush requests in flight: more than NCCL can have */
 #define MPIB_CHUNK_MIN (64 * 1024)                      /* smaller messages ride one QP */
-#define MPIB_SQ_DEPTH (2 * MPIB_MAX_SENDS + 2 * MPIB_MAX_REQS + 8)
+/* Queue depths per role, for what each QP really posts (NCCL's net_ib sizes them the same way):
+ * a sender's QP writes at most a chunk and an AR length record per send in flight and receives
+ * nothing; a receiver's QP writes FIFO slots and takes one receive per chunk or record it is sent;
+ * the flush QP reads, one per flush in flight. */
+#define MPIB_SEND_SQ (2 * MPIB_MAX_SENDS + 8)
+#define MPIB_RECV_SQ (MPIB_MAX_REQS + 8)
 #define MPIB_RQ_DEPTH (2 * MPIB_MAX_SENDS + 16)
+#define MPIB_FLUSH_SQ (MPIB_MAX_FLUSHES + 8)
+#define MPIB_INLINE 16 /* the AR length record (8 bytes) goes inline; nothing else does */
 
 /* ---- the dlopen'ed libibverbs ---- */
 struct mpib_verbs {
@@ -296,7 +303,9 @@ ncclResult_t mpib_listen(int dev, void *handle, void **listen_comm);
 ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm);
 ncclResult_t mpib_accept(void *listen_comm, void **recv_comm);
 ncclResult_t mpib_close_listen(void *listen_comm);
-ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, struct ibv_qp **out);
+/* An RC QP on b's CQ, in INIT, with room for send_wr / recv_wr work requests and inline bytes. */
+ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, int send_wr, int recv_wr, int inline_bytes,
+                            struct ibv_qp **out);
 ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32_t rqpn, uint32_t rlid,
                              const uint8_t *rgid, int rmtu);
 /* 1 if a QP of dev to the peer's GID needs a GRH: always on RoCE; on IB when the port requires one

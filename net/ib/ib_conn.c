@@ -63,17 +63,18 @@ static int io_some(int fd, void *buf, size_t len, size_t *done, int wr) {
 }
 
 /* ------------------------------------------------------------------ QPs */
-ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, struct ibv_qp **out) {
+ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, int send_wr, int recv_wr, int inline_bytes,
+                            struct ibv_qp **out) {
   struct ibv_qp_init_attr ia;
   memset(&ia, 0, sizeof(ia));
   ia.send_cq = b->cq;
   ia.recv_cq = b->cq;
   ia.qp_type = IBV_QPT_RC;
-  ia.cap.max_send_wr = MPIB_SQ_DEPTH;
-  ia.cap.max_recv_wr = MPIB_RQ_DEPTH;
+  ia.cap.max_send_wr = (uint32_t)send_wr;
+  ia.cap.max_recv_wr = (uint32_t)recv_wr;
   ia.cap.max_send_sge = 1;
-  ia.cap.max_recv_sge = 1;
-  ia.cap.max_inline_data = 64;
+  ia.cap.max_recv_sge = recv_wr ? 1 : 0;
+  ia.cap.max_inline_data = (uint32_t)inline_bytes;
   struct ibv_qp *qp = mpib_v.create_qp(b->dev->hca->pd, &ia);
   if (!qp) {
     MP_WARN("NET/IB: %s: ibv_create_qp failed: %s", b->dev->props.name, strerror(errno));
@@ -144,20 +145,24 @@ ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32
   return ncclSuccess;
 }
 
+/* The CQ (room for every completion its QPs can have outstanding: theirs, and the receiver's flush
+ * QP) and nqps QPs sized for the comm's role (ib.h). */
 static ncclResult_t base_open(struct mpib_comm_base *b, int devindex, int nqps) {
   struct mpib_dev *d = mpib_dev_get(devindex);
   b->dev = d;
   b->devindex = devindex;
   b->nqps = nqps;
-  int cqe = nqps * (MPIB_SQ_DEPTH + MPIB_RQ_DEPTH) + 2 * MPIB_SQ_DEPTH;
+  int sender = b->kind == MPIB_SEND_COMM;
+  int sq = sender ? MPIB_SEND_SQ : MPIB_RECV_SQ, rq = sender ? 0 : MPIB_RQ_DEPTH;
+  int cqe = nqps * (sq + rq) + (sender ? 0 : MPIB_FLUSH_SQ);
   b->cq = mpib_v.create_cq(d->hca->ctx, cqe, NULL, NULL, 0);
   if (!b->cq) {
     MP_WARN("NET/IB: %s: ibv_create_cq(%d) failed: %s", d->props.name, cqe, strerror(errno));
     return ncclSystemError;
   }
   for (int i = 0; i < nqps; i++)
-    MP_CHECK(mpib_create_qp(b, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE,
-                            &b->qps[i]));
+    MP_CHECK(mpib_create_qp(b, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE, sq, rq,
+                            sender ? MPIB_INLINE : 0, &b->qps[i]));
   return ncclSuccess;
 }
 

@@ -605,7 +605,7 @@ static ncclResult_t flush_setup(struct mpib_recv_comm *c) {
   if (!c->flush_buf) return ncclSystemError;
   c->flush_mr = reg_local(&c->b, c->flush_buf, 64, IBV_ACCESS_LOCAL_WRITE, "flush buffer");
   if (!c->flush_mr) return ncclSystemError;
-  MP_CHECK(mpib_create_qp(&c->b, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE, &c->flush_qp));
+  MP_CHECK(mpib_create_qp(&c->b, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE, MPIB_FLUSH_SQ, 0, 0, &c->flush_qp));
   /* a loopback connection: the QP's peer is itself */
   return mpib_qp_connect(&c->b, c->flush_qp, c->flush_qp->qp_num, c->b.dev->lid, c->b.dev->gid.raw, c->b.dev->mtu);
 }

@@ -628,6 +628,32 @@ static int sc_relaxed_ordering(void) {
   return 0;
 }
 
+/* QPs sized for their role, as NCCL's net_ib: a sender's QPs take no receives and keep a little
+ * inline room (the AR length record), a receiver's QPs a small send queue (FIFO writes) and the
+ * receives, the flush QP reads only; data still moves, with adaptive routing too (two WRs a chunk). */
+static int sc_qp_sizes(void) {
+  env_base("mlx5_0:ib");
+  setenv("MPLANE_TC_MAP", "default=0:ar", 1);
+  up();
+  unlink(record_path);
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  for (int i = 0; i < 4; i++) transfer(&p, 1 << 20, 10, 1);
+  pair_close(&p);
+  struct rec r[16];
+  int n = rec_find(r, 16, "event=create_qp", NULL), send = 0, recv = 0;
+  for (int i = 0; i < n; i++) {
+    long sq = rec_val(&r[i], "max_send_wr"), rq = rec_val(&r[i], "max_recv_wr"), inl = rec_val(&r[i], "max_inline_data");
+    if (rq == 0 && sq == MPIB_SEND_SQ && inl == MPIB_INLINE) send++;
+    else if (rq == MPIB_RQ_DEPTH && sq == MPIB_RECV_SQ && inl == 0) recv++;
+    else fail("a QP of neither role's size: %s", r[i].line);
+  }
+  if (send != 2 || recv != 2) fail("%d sender and %d receiver QPs, expected 2 and 2 (MPLANE_IB_QPS=2)", send, recv);
+  note("2 sender QPs (%d send WRs, no receives, %d B inline), 2 receiver QPs (%d send WRs, %d receives)", MPIB_SEND_SQ,
+       MPIB_INLINE, MPIB_RECV_SQ, MPIB_RQ_DEPTH);
+  return 0;
+}
+
 static int sc_qp_attrs(void) {
   env_base("mlx5_0:ib");
   setenv("MPLANE_IB_TIMEOUT", "17", 1);
@@ -657,7 +683,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
-             {"grh", sc_grh}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
+             {"grh", sc_grh}, {"qp-sizes", sc_qp_sizes}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {

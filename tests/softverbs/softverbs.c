@@ -834,9 +834,9 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
   struct sv_qp *q = calloc(1, sizeof(*q));
   if (!q) return NULL;
   q->sq_cap = ia->cap.max_send_wr ? ia->cap.max_send_wr : 1;
-  q->rq_cap = ia->cap.max_recv_wr ? ia->cap.max_recv_wr : 1;
+  q->rq_cap = ia->cap.max_recv_wr; /* 0: no receive can be posted, as on hardware */
   q->sq = calloc(q->sq_cap, sizeof(*q->sq));
-  q->rq = calloc(q->rq_cap, sizeof(*q->rq));
+  q->rq = calloc(q->rq_cap ? q->rq_cap : 1, sizeof(*q->rq));
   if (!q->sq || !q->rq) {
     free(q->sq);
     free(q->rq);
@@ -844,9 +844,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
     errno = ENOMEM;
     return NULL;
   }
-  q->cap = ia->cap;
-  if (q->cap.max_inline_data < 64) q->cap.max_inline_data = 64;
-  ia->cap.max_inline_data = q->cap.max_inline_data;
+  q->cap = ia->cap; /* inline data as asked: a post with more fails, as it may on hardware */
   q->sq_sig_all = ia->sq_sig_all;
   q->sctx = (struct sv_ctx *)pd->context;
   q->qp.context = pd->context;
@@ -886,6 +884,8 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
   q->next = G.qps;
   G.qps = q;
   unlock();
+  record("event=create_qp pid=%d qpn=%u max_send_wr=%u max_recv_wr=%u max_inline_data=%u", (int)getpid(), q->qp.qp_num,
+         ia->cap.max_send_wr, ia->cap.max_recv_wr, ia->cap.max_inline_data);
   wake_nic();
   return &q->qp;
 }
