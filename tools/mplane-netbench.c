@@ -15,11 +15,13 @@
  *
  * --pingpong measures latency instead: for each size from --min-size (8) to --max-size (1 MiB), x4
  * apart, one process sends a message through the plugin and the other sends it back, --iters times
- * (default 2000, fewer above 64 KiB); each side keeps its next receive posted while it waits, as
- * NCCL's proxy keeps receives posted ahead. Beside it, in the same processes and interleaved with it
- * in batches (the machine's noise hits both alike), a plain TCP ping-pong over 127.0.0.1 that polls
- * the same way (non-blocking calls, sched_yield when nothing moved). Prints median and p99 round
- * trip of both and the ratio of the medians. Bytes are checked on every round trip.
+ * (default 2000, fewer above 64 KiB). Each side keeps two receives posted (of --max-size bytes) and
+ * reposts one after the send that depends on it, as NCCL's proxy posts the receives of the steps
+ * ahead while it waits for the GPU. Beside it, in the same processes and interleaved with it in
+ * batches (the machine's noise hits both alike), a plain TCP ping-pong over 127.0.0.1 that polls the
+ * same way (non-blocking calls, sched_yield when nothing moved). Prints median and p99 round trip of
+ * both and the ratio of the medians. Every message is checked (a sequence stamp at both ends and in
+ * the middle; the whole body at the end of each batch).
  * Exit status is non-zero on any error or wrong byte. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -302,14 +304,17 @@ static void apply_env(const char *spec) {
 /* ---- ping-pong: round-trip latency through the plugin beside plain TCP ---- */
 
 #define PP_BATCHES 5 /* plugin and raw alternate this many times per size */
+#define PP_POSTED 2  /* receives each side keeps posted */
+#define PP_TAG 7
 
 struct pp_plugin {
   ncclNet_v11_t *net;
   void *send_comm, *recv_comm;
-  char *sbuf, *rbuf;
-  void *smh, *rmh;
+  char *sbuf, *rbuf[PP_POSTED];
+  void *smh, *rmh[PP_POSTED];
   size_t cap;
-  void *rreq; /* the receive kept posted, of the whole buffer (NCCL posts its step size, not the message's) */
+  void *rreq[PP_POSTED]; /* posted receives, of the whole buffer (NCCL posts its step size, not the message's) */
+  long next;             /* the message the oldest posted receive gets; it lands in rbuf[next % PP_POSTED] */
 };
 
 static long pp_iters(const struct opts *o, size_t size) {
@@ -318,76 +323,95 @@ static long pp_iters(const struct opts *o, size_t size) {
   return n;
 }
 
-static void pp_post_recv(struct pp_plugin *p) {
-  int tag = 7;
-  void *d = p->rbuf;
+/* Post the receive that message k will land in (receives complete in the order they were posted). */
+static void pp_post_recv(struct pp_plugin *p, long k) {
+  int tag = PP_TAG, b = (int)(k % PP_POSTED);
+  void *d = p->rbuf[b];
   size_t sz = p->cap;
-  while (!p->rreq) {
-    NCHECK(p->net->irecv(p->recv_comm, 1, &d, &sz, &tag, &p->rmh, NULL, &p->rreq));
-    if (!p->rreq) sched_yield();
+  while (!p->rreq[b]) {
+    NCHECK(p->net->irecv(p->recv_comm, 1, &d, &sz, &tag, &p->rmh[b], NULL, &p->rreq[b]));
+    if (!p->rreq[b]) sched_yield();
   }
 }
 
-static void pp_fill(char *buf, size_t n, long seq) {
-  /* cheap but position- and round-dependent: a stale or shifted byte shows */
-  for (size_t i = 0; i < n; i++) buf[i] = (char)(i * 7u + (unsigned long)seq * 13u + (i >> 8));
+/* The body of every message carries a fixed pattern, filled once per size and checked in full at the
+ * end of each batch; each round stamps its sequence number at both ends and in the middle, checked
+ * on every receive, so a stale, shifted or misrouted message shows without a byte loop in the timing. */
+static char pp_byte(size_t i) { return (char)(i * 7u + (i >> 8) + 1); }
+
+static void pp_fill(char *buf, size_t n) {
+  for (size_t i = 0; i < n; i++) buf[i] = pp_byte(i);
 }
 
-static void pp_check(const char *buf, size_t n, long seq) {
-  for (size_t i = 0; i < n; i++)
-    if (buf[i] != (char)(i * 7u + (unsigned long)seq * 13u + (i >> 8))) die("ping-pong: wrong bytes received");
+static void pp_stamp(char *buf, size_t n, long seq) {
+  size_t at[3] = {0, n / 2, n - 1};
+  for (int i = 0; i < 3 && n; i++) buf[at[i]] = (char)(seq * 13 + i);
 }
 
-/* One message out and, on the initiator, waiting for the echo; the echo side waits first.
- * The next receive is posted as soon as one completes. */
+static void pp_check_stamp(const char *buf, size_t n, long seq) {
+  size_t at[3] = {0, n / 2, n - 1};
+  for (int i = 0; i < 3 && n; i++)
+    if (buf[at[i]] != (char)(seq * 13 + i)) die("ping-pong: wrong message received (stamp)");
+}
+
+static void pp_check_body(const char *buf, size_t n) {
+  for (size_t i = 1; i + 1 < n; i++)
+    if (i != n / 2 && buf[i] != pp_byte(i)) die("ping-pong: wrong bytes received");
+}
+
+static void pp_wait(struct pp_plugin *p, void **req, size_t size) {
+  int done = 0, sz = -1;
+  while (!done) {
+    NCHECK(p->net->test(*req, &done, &sz));
+    if (!done) sched_yield();
+  }
+  if (size != (size_t)-1 && (size_t)sz != size) die("ping-pong: wrong size reported by test()");
+  *req = NULL;
+}
+
+/* One round trip: the initiator sends seq and waits for seq + 1; the echo waits for seq and sends
+ * seq + 1. After its dependent send each side reposts the receive that completed, so the next
+ * message always finds a receive posted ahead, as NCCL's proxy posts receives for the steps
+ * ahead while it waits for the GPU. */
 static void pp_plugin_round(struct pp_plugin *p, size_t size, long seq, int initiator) {
   void *sreq = NULL;
-  int rdone = 0, sdone = 0;
   if (!initiator) {
-    /* echo: wait for the ping */
-    while (!rdone) {
-      int sz = -1;
-      NCHECK(p->net->test(p->rreq, &rdone, &sz));
-      if (rdone && (size_t)sz != size) die("ping-pong: wrong size reported by test()");
-      if (!rdone) sched_yield();
-    }
-    pp_check(p->rbuf, size, seq);
-    p->rreq = NULL;
-    pp_post_recv(p);
-    rdone = 0;
-    pp_fill(p->sbuf, size, seq + 1);
+    int b = (int)(p->next % PP_POSTED);
+    pp_wait(p, &p->rreq[b], size);
+    pp_check_stamp(p->rbuf[b], size, seq);
+    pp_stamp(p->sbuf, size, seq + 1);
     while (!sreq) {
-      NCHECK(p->net->isend(p->send_comm, p->sbuf, size, 7, p->smh, NULL, &sreq));
+      NCHECK(p->net->isend(p->send_comm, p->sbuf, size, PP_TAG, p->smh, NULL, &sreq));
       if (!sreq) sched_yield();
     }
-    while (!sdone) {
-      NCHECK(p->net->test(sreq, &sdone, NULL));
-      if (!sdone) sched_yield();
-    }
+    pp_post_recv(p, p->next + PP_POSTED);
+    p->next++;
+    pp_wait(p, &sreq, (size_t)-1);
     return;
   }
-  pp_fill(p->sbuf, size, seq);
+  pp_stamp(p->sbuf, size, seq);
   while (!sreq) {
-    NCHECK(p->net->isend(p->send_comm, p->sbuf, size, 7, p->smh, NULL, &sreq));
+    NCHECK(p->net->isend(p->send_comm, p->sbuf, size, PP_TAG, p->smh, NULL, &sreq));
     if (!sreq) sched_yield();
   }
+  int b = (int)(p->next % PP_POSTED), rdone = 0, sdone = 0;
   while (!rdone || !sdone) {
-    int progressed = 0;
+    int progressed = 0, sz = -1;
     if (!sdone) {
       NCHECK(p->net->test(sreq, &sdone, NULL));
       progressed |= sdone;
     }
     if (!rdone) {
-      int sz = -1;
-      NCHECK(p->net->test(p->rreq, &rdone, &sz));
+      NCHECK(p->net->test(p->rreq[b], &rdone, &sz));
       if (rdone && (size_t)sz != size) die("ping-pong: wrong size reported by test()");
       progressed |= rdone;
     }
     if (!progressed) sched_yield();
   }
-  pp_check(p->rbuf, size, seq + 1);
-  p->rreq = NULL;
-  pp_post_recv(p);
+  p->rreq[b] = NULL;
+  pp_check_stamp(p->rbuf[b], size, seq + 1);
+  pp_post_recv(p, p->next + PP_POSTED);
+  p->next++;
 }
 
 /* Plain TCP, polled the same way: non-blocking send/recv, sched_yield when nothing moved. */
@@ -406,15 +430,15 @@ static void pp_raw_xfer(int fd, char *buf, size_t n, int sending) {
 static void pp_raw_round(int fd, char *sbuf, char *rbuf, size_t size, long seq, int initiator) {
   if (!initiator) {
     pp_raw_xfer(fd, rbuf, size, 0);
-    pp_check(rbuf, size, seq);
-    pp_fill(sbuf, size, seq + 1);
+    pp_check_stamp(rbuf, size, seq);
+    pp_stamp(sbuf, size, seq + 1);
     pp_raw_xfer(fd, sbuf, size, 1);
     return;
   }
-  pp_fill(sbuf, size, seq);
+  pp_stamp(sbuf, size, seq);
   pp_raw_xfer(fd, sbuf, size, 1);
   pp_raw_xfer(fd, rbuf, size, 0);
-  pp_check(rbuf, size, seq + 1);
+  pp_check_stamp(rbuf, size, seq + 1);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -461,9 +485,12 @@ static int pingpong_main(const struct opts *o) {
     if (!p.recv_comm) NCHECK(p.net->accept(listen_comm, &p.recv_comm, NULL));
   }
   size_t cap = p.cap = o->max_size;
-  if (posix_memalign((void **)&p.sbuf, 4096, cap) || posix_memalign((void **)&p.rbuf, 4096, cap)) die("out of memory");
+  if (posix_memalign((void **)&p.sbuf, 4096, cap)) die("out of memory");
   NCHECK(p.net->regMr(p.send_comm, p.sbuf, cap, NCCL_PTR_HOST, &p.smh));
-  NCHECK(p.net->regMr(p.recv_comm, p.rbuf, cap, NCCL_PTR_HOST, &p.rmh));
+  for (int b = 0; b < PP_POSTED; b++) {
+    if (posix_memalign((void **)&p.rbuf[b], 4096, cap)) die("out of memory");
+    NCHECK(p.net->regMr(p.recv_comm, p.rbuf[b], cap, NCCL_PTR_HOST, &p.rmh[b]));
+  }
 
   int rfd;
   if (rank == 0) {
@@ -477,11 +504,11 @@ static int pingpong_main(const struct opts *o) {
   setsockopt(rfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   char *rsbuf = malloc(cap), *rrbuf = malloc(cap);
   if (!rsbuf || !rrbuf || rfd < 0) die("raw TCP setup failed");
-  pp_post_recv(&p);
+  for (int k = 0; k < PP_POSTED; k++) pp_post_recv(&p, k);
 
   if (rank == 0) {
-    printf("ping-pong round trip, us (plugin %s on dev 0, raw TCP over 127.0.0.1; %d interleaved batches per size)\n",
-           p.net->name, PP_BATCHES);
+    printf("ping-pong round trip, us (plugin %s on dev 0, %d receives posted ahead; raw TCP over 127.0.0.1; "
+           "%d interleaved batches per size)\n", p.net->name, PP_POSTED, PP_BATCHES);
     printf("%10s %8s %12s %10s %12s %10s %8s\n", "bytes", "iters", "plugin med", "p99", "raw med", "p99", "ratio");
   }
   long seq = 0;
@@ -490,6 +517,8 @@ static int pingpong_main(const struct opts *o) {
     iters = per * PP_BATCHES;
     double *tp = malloc(sizeof(double) * (size_t)iters), *tr = malloc(sizeof(double) * (size_t)iters);
     long np = 0, nr = 0;
+    pp_fill(p.sbuf, size);
+    pp_fill(rsbuf, size);
     long warm = per < 50 ? per : 50;
     for (long i = 0; i < warm; i++, seq += 2) {
       pp_plugin_round(&p, size, seq, rank == 0);
@@ -501,11 +530,13 @@ static int pingpong_main(const struct opts *o) {
         pp_plugin_round(&p, size, seq, rank == 0);
         tp[np++] = (now_s() - t0) * 1e6;
       }
+      pp_check_body(p.rbuf[(p.next - 1) % PP_POSTED], size);
       for (long i = 0; i < per; i++, seq += 2) {
         double t0 = now_s();
         pp_raw_round(rfd, rsbuf, rrbuf, size, seq, rank == 0);
         tr[nr++] = (now_s() - t0) * 1e6;
       }
+      pp_check_body(rrbuf, size);
     }
     if (rank == 0) {
       double pm = pct(tp, np, 0.5), p99 = pct(tp, np, 0.99), rm = pct(tr, nr, 0.5), r99 = pct(tr, nr, 0.99);
@@ -516,11 +547,11 @@ static int pingpong_main(const struct opts *o) {
     free(tr);
     if (size == o->max_size) break;
   }
-  /* a receive is still posted on each side: closing a comm with one pending is allowed */
+  /* receives are still posted on each side: closing a comm with some pending is allowed */
   char bye = 0;
   if (write(cfd, &bye, 1) != 1 || read(cfd, &bye, 1) != 1) die("final handshake failed");
   NCHECK(p.net->deregMr(p.send_comm, p.smh));
-  NCHECK(p.net->deregMr(p.recv_comm, p.rmh));
+  for (int b = 0; b < PP_POSTED; b++) NCHECK(p.net->deregMr(p.recv_comm, p.rmh[b]));
   NCHECK(p.net->closeSend(p.send_comm));
   NCHECK(p.net->closeRecv(p.recv_comm));
   NCHECK(p.net->closeListen(listen_comm));

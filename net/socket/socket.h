@@ -34,6 +34,7 @@
 #define MPS_MAX_SLOTS (MPS_MAX_GROUPS * MPS_MAX_RECVS)   /* = sends in flight */
 #define MPS_MAX_DEVS 32
 #define MPS_CTRL_STAGE 16384 /* receiver: bytes of the control stream read in one call */
+#define MPS_CTRL_POLL_NS 1000 /* test() reads the control socket at most this often */
 #define MPS_CTRL_GRACE_NS 1000000000ull /* streams all closed, control open: a receive waits this long */
 
 /* ---- wire formats (little endian; both ends are x86-64/arm64 little endian hosts) ---- */
@@ -236,6 +237,7 @@ struct mps_recv_comm {
     struct mps_slot *slot;       /* non-NULL: inside h's payload */
     uint64_t off, rem;           /* where the payload's next byte goes, bytes left */
     int closed;                  /* the peer closed it at a chunk boundary */
+    uint64_t empty_ns;           /* when test() last read it */
     char stage[MPS_CTRL_STAGE];
   } rx;
   pthread_t threads[MPS_MAX_STREAMS];

@@ -31,7 +31,7 @@
  *   MPLANE_ABI_SHARED_STEPS  steps of the shared-comms scenario (default 1000)
  *
  * Scenarios (--list prints them with one line each): props, sizes, inflight, inflight-max, multirecv,
- * shared-order, shared-wait, shared-comms (abi_shared.c), reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, ctrl-full, close-early,
+ * shared-order, shared-wait, shared-comms (abi_shared.c), reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, ctrl-full, ctrl-big, close-early,
  * stalled-close, abort, threads, dead-listener, v12, v10, v9, v8 drive any transport;
  * fake-peer, fake-version, connect-timeout, silent-listener and half-open speak TCP to the listen
  * address themselves and skip (77) on other transports.
@@ -2131,9 +2131,10 @@ static int sc_close_early(void) {
  * written by the proxy thread without blocking, so its buffers fill and a message goes out in
  * pieces over several isend/test calls while the messages behind it take the data streams. Every
  * message still arrives intact, in its own buffer, and no call blocks. Rank 0 sends, rank 1 posts
- * every receive group (maxRecvs buffers, one tag each) and only then, late, tests; sizes alternate
- * around the inline limit (64 KiB) and below it, 16 MiB in flight in all. */
-static int sc_ctrl_full(void) {
+ * every receive group (maxRecvs buffers, one tag each) and tests: late and all of them in the first
+ * round; at once and only the oldest, as NCCL does, in the second; late and only the oldest in the
+ * third. Sizes alternate around the inline limit (64 KiB) and below it, 16 MiB in flight in all. */
+static int ctrl_rounds(const size_t *pick, int npick, int max_group, const char *what) {
   struct pair pp;
   int rank = pair_fork(&pp);
   struct node nd;
@@ -2141,14 +2142,14 @@ static int sc_ctrl_full(void) {
   struct link l;
   link_up(&nd, pp.fd, &l);
   int group = nd.props.max_recvs < OP_BUFS ? nd.props.max_recvs : OP_BUFS;
+  if (group > max_group) group = max_group;
   int ngroups = MAX_INFLIGHT, nmsg = ngroups * group, nops = rank == 0 ? nmsg : ngroups;
-  static const size_t pick[] = {65536, 1, 65536, 40000, 65536 + 1, 65536, 0, 65536, 65535};
   struct op *ops = calloc((size_t)nops, sizeof(*ops));
   void **bufs = calloc((size_t)nmsg, sizeof(void *));
-  for (int round = 0; round < 2; round++) {
+  for (int round = 0; round < 3; round++) {
     memset(ops, 0, sizeof(*ops) * (size_t)nops);
     for (int m = 0; m < nmsg; m++) {
-      size_t sz = pick[(m + round) % (sizeof(pick) / sizeof(pick[0]))];
+      size_t sz = pick[(m + round) % npick];
       struct op *o = rank == 0 ? &ops[m] : &ops[m / group];
       int b = rank == 0 ? 0 : m % group;
       o->n = b + 1;
@@ -2174,8 +2175,27 @@ static int sc_ctrl_full(void) {
         }
         ops[i].posted = 1;
       }
-      usleep(300000); /* the sender posts everything meanwhile; nobody reads the control socket */
-      if (run_ops(&nd, NULL, l.rc, ops, nops, 0, 30, &st)) fail_run("receives", &st, ops, mark);
+      /* rounds 0 and 2: the sender posts everything meanwhile, nobody reads the control socket;
+       * round 1: the receiver reads as the bytes come, so it catches up inside messages */
+      if (round != 1) usleep(300000);
+      if (round == 0) {
+        if (run_ops(&nd, NULL, l.rc, ops, nops, 0, 30, &st)) fail_run("receives", &st, ops, mark);
+      } else {
+        /* as NCCL's proxy does: test only the oldest receive, so no other request's test reads the
+         * control socket on its behalf while its message lands in pieces */
+        for (int i = 0; i < nops; i++) {
+          double deadline = abi_now() + 10;
+          for (int done = 0; !done;) {
+            for (int k = 0; k < OP_BUFS; k++) ops[i].got[k] = -1;
+            double t0 = abi_now();
+            if (abi_test(&nd.net, ops[i].req, &done, ops[i].got) != ncclSuccess) abi_fail("test of receive %d failed", i);
+            timed(t0, "test");
+            if (abi_now() > deadline) abi_fail("receive %d (the oldest, tested alone) did not complete in 10 s", i);
+            if (!done) sched_yield();
+          }
+          ops[i].done = 1;
+        }
+      }
       verify_recvs(ops, nops, 64);
     } else {
       if (run_ops(&nd, l.sc, NULL, ops, nops, RUN_POST_ALL_FIRST, 30, &st)) fail_run("sends", &st, ops, mark);
@@ -2185,13 +2205,25 @@ static int sc_ctrl_full(void) {
     for (int m = 0; m < nmsg; m++) free(bufs[m]);
     barrier(pp.fd);
   }
-  abi_note("2 rounds of %d messages around the inline limit in groups of %d, the receiver late to read: all intact",
-           nmsg, group);
+  abi_note("3 rounds of %d messages %s in groups of %d, the receiver late or not to read: all intact", nmsg, what, group);
   free(ops);
   free(bufs);
   link_down(&nd, &l);
   node_down(&nd);
   return pair_finish(&pp, rank);
+}
+
+static int sc_ctrl_full(void) {
+  static const size_t pick[] = {65536, 1, 65536, 40000, 65536 + 1, 65536, 0, 65536, 65535};
+  return ctrl_rounds(pick, sizeof(pick) / sizeof(pick[0]), OP_BUFS, "around the inline limit");
+}
+
+/* The same with MPLANE_SOCKET_INLINE_BYTES=1M: every message rides the control socket and most are
+ * bigger than its buffers, so each is written and landed in many pieces. */
+static int sc_ctrl_big(void) {
+  setenv("MPLANE_SOCKET_INLINE_BYTES", "1M", 1);
+  static const size_t pick[] = {1 << 20, 300000, 1, (1 << 20) - 1, 0, 700001};
+  return ctrl_rounds(pick, sizeof(pick) / sizeof(pick[0]), 1, "of up to 1 MiB, all inline");
 }
 
 /* A receiver whose helper threads fell behind (its socket buffers full, the sender blocked on a
@@ -2409,6 +2441,7 @@ static const struct {
     {"fake-version", sc_fake_version, "a peer of another protocol version: WARN and NACK (socket only)"},
     {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
     {"ctrl-full", sc_ctrl_full, "small messages the receiver reads late: partial control-socket writes, all intact"},
+    {"ctrl-big", sc_ctrl_big, "inline limit 1M: messages written and landed in pieces, the oldest tested alone"},
     {"close-early", sc_close_early, "sender closes right after its sends complete: the receiver still gets every byte"},
     {"stalled-close", sc_stalled_close, "receiver closes with full socket buffers: the blocked sender fails fast"},
     {"strangers", sc_strangers, "64 silent sockets, an HTTP request, a bad IB record on the port: accept goes on, a real peer gets in"},
