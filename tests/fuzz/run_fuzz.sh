@@ -22,7 +22,8 @@ if [ -n "${FUZZ_KEEP_CORPUS:-}" ]; then
   mkdir -p "$FUZZ_KEEP_CORPUS"
   corpus="$FUZZ_KEEP_CORPUS"
 fi
-"$exe" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+# -error_exitcode: libFuzzer's default, 77, is what meson reads as "skipped"
+"$exe" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 -error_exitcode=1 \
   -artifact_prefix="$artifacts/$name-" "$corpus" "$@" 2>"$work/log"
 rc=$?
 set -e
