@@ -2,7 +2,8 @@
 # Run mplane's fuzz targets longer than the test suite does (tests/fuzz; needs clang).
 #
 #   scripts/fuzz.sh                  every target, 60 s each
-#   scripts/fuzz.sh topo_xml 600     one target (config, planes, topo_xml, sysfs, tuner_table, handle)
+#   scripts/fuzz.sh topo_xml 600     one target (config, planes, topo_xml, sysfs, tuner_table, handle,
+#                                    socket_wire, ib_record, ib_accounting)
 #
 # Builds the targets in $BUILD (default build/), then runs each on its seed corpus
 # (tests/fuzz/corpus/<target>/) plus what earlier runs found, kept in $BUILD/tests/fuzz/found/<target>/.
@@ -11,7 +12,7 @@
 # regression seed, copy it (small) into tests/fuzz/corpus/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(config planes topo_xml sysfs tuner_table handle)
+targets=(config planes topo_xml sysfs tuner_table handle socket_wire ib_record ib_accounting)
 want="${1:-all}"
 secs="${2:-60}"
 build="${BUILD:-build}"
@@ -23,7 +24,17 @@ if [ "$want" != all ]; then
 fi
 command -v clang >/dev/null || { echo "fuzz.sh: clang not found (apt-get install clang libclang-rt-dev)" >&2; exit 1; }
 [ -f "$build/build.ninja" ] || meson setup "$build"
-ninja -C "$build" $(printf "tests/fuzz/fuzz_%s " "${targets[@]}")
+# A build without infiniband/verbs.h has no IB targets: those are left out, with a note.
+have=()
+for t in "${targets[@]}"; do
+  if ninja -C "$build" -t query "tests/fuzz/fuzz_$t" >/dev/null 2>&1; then have+=("$t"); else echo "fuzz.sh: fuzz_$t is not in this build (skipped)"; fi
+done
+[ ${#have[@]} -gt 0 ] || exit 1
+targets=("${have[@]}")
+outs=($(printf "tests/fuzz/fuzz_%s " "${targets[@]}"))
+# fuzz_ib_record runs the plugin on the software verbs, found next to it in the build
+case " ${targets[*]} " in *" ib_record "*) outs+=(tests/softverbs/libsoftverbs.so) ;; esac
+ninja -C "$build" "${outs[@]}"
 for t in "${targets[@]}"; do
   seeds=("tests/fuzz/corpus/$t")
   [ "$t" = topo_xml ] && seeds+=(tests/fixtures)
