@@ -109,7 +109,7 @@ struct mpib_dev { /* one port = one NCCL device */
   int link_layer;         /* IBV_LINK_LAYER_* */
   int grh_required;       /* IB port that takes only global addresses (IBV_QPF_GRH_REQUIRED: SR-IOV VFs) */
   uint16_t lid;
-  int gid_index;          /* RoCE: the GID we use; IB: 0 */
+  int gid_index;          /* RoCE: the GID index last resolved (atomic: connections resolve it anew); IB: 0 */
   union ibv_gid gid;
   enum ibv_mtu mtu;
   struct sockaddr_storage oob;  /* address of the TCP side channel */
@@ -213,6 +213,8 @@ struct mpib_comm_base {
   struct ibv_qp *qps[MPIB_MAX_QPS];
   struct mpib_error err;
   int sl, tclass, ar, tc_class;
+  int gid_index;          /* this connection's GID, read from the port's table when it was made */
+  union ibv_gid gid;
   unsigned live_polls;
   struct mpib_comm_base *next_live; /* registry for the async thread */
 };
@@ -308,9 +310,11 @@ ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, int send_wr, i
                             struct ibv_qp **out);
 ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32_t rqpn, uint32_t rlid,
                              const uint8_t *rgid, int rmtu);
-/* 1 if a QP of dev to the peer's GID needs a GRH: always on RoCE; on IB when the port requires one
- * or the peer is in another subnet (its GID's 64-bit prefix differs), as NCCL's net_ib decides. */
-int mpib_needs_grh(const struct mpib_dev *d, const uint8_t *rgid);
+/* 1 if a QP of comm b to the peer's GID needs a GRH: always on RoCE; on IB when the port requires
+ * one or the peer is in another subnet (its GID's 64-bit prefix differs), as NCCL's net_ib decides. */
+int mpib_needs_grh(const struct mpib_comm_base *b, const uint8_t *rgid);
+/* The GID index and GID a new connection of d uses, from the port's table now. 0, or -1 and why. */
+int mpib_dev_resolve_gid(const struct mpib_dev *d, int *index, union ibv_gid *gid, char *why, size_t whylen);
 void mpib_comm_base_destroy(struct mpib_comm_base *b);
 
 /* data path (ib_data.c) */

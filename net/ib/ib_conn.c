@@ -96,8 +96,9 @@ ncclResult_t mpib_create_qp(struct mpib_comm_base *b, int access, int send_wr, i
   return ncclSuccess;
 }
 
-int mpib_needs_grh(const struct mpib_dev *d, const uint8_t *rgid) {
-  return d->link_layer == IBV_LINK_LAYER_ETHERNET || d->grh_required || memcmp(rgid, d->gid.raw, 8) != 0;
+int mpib_needs_grh(const struct mpib_comm_base *b, const uint8_t *rgid) {
+  const struct mpib_dev *d = b->dev;
+  return d->link_layer == IBV_LINK_LAYER_ETHERNET || d->grh_required || memcmp(rgid, b->gid.raw, 8) != 0;
 }
 
 ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32_t rqpn, uint32_t rlid,
@@ -115,10 +116,10 @@ ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32
   a.ah_attr.port_num = (uint8_t)d->port;
   a.ah_attr.sl = (uint8_t)b->sl;
   if (d->link_layer != IBV_LINK_LAYER_ETHERNET) a.ah_attr.dlid = (uint16_t)rlid;
-  if (mpib_needs_grh(d, rgid)) {
+  if (mpib_needs_grh(b, rgid)) {
     a.ah_attr.is_global = 1;
     memcpy(a.ah_attr.grh.dgid.raw, rgid, 16);
-    a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+    a.ah_attr.grh.sgid_index = (uint8_t)b->gid_index;
     a.ah_attr.grh.hop_limit = 255;
     a.ah_attr.grh.traffic_class = (uint8_t)b->tclass;
   }
@@ -152,6 +153,15 @@ static ncclResult_t base_open(struct mpib_comm_base *b, int devindex, int nqps) 
   b->dev = d;
   b->devindex = devindex;
   b->nqps = nqps;
+  char why[256];
+  if (mpib_dev_resolve_gid(d, &b->gid_index, &b->gid, why, sizeof(why)) != 0) {
+    MP_WARN("NET/IB: %s: no GID for a connection to peer %s: %s", d->props.name, b->peer, why);
+    return ncclSystemError;
+  }
+  int was = __atomic_exchange_n(&d->gid_index, b->gid_index, __ATOMIC_ACQ_REL); /* the index last seen */
+  if (was != b->gid_index)
+    MP_INFO(NCCL_NET, "NET/IB: %s: the GID moved from index %d to %d (the interface's addresses changed); new "
+            "connections use %d", d->props.name, was, b->gid_index, b->gid_index);
   int sender = b->kind == MPIB_SEND_COMM;
   int sq = sender ? MPIB_SEND_SQ : MPIB_RECV_SQ, rq = sender ? 0 : MPIB_RQ_DEPTH;
   int cqe = nqps * (sq + rq) + (sender ? 0 : MPIB_FLUSH_SQ);
@@ -183,7 +193,7 @@ static void info_fill(struct mpib_conn_info *ci, struct mpib_comm_base *b) {
   ci->link_layer = b->dev->link_layer;
   ci->lid = b->dev->lid;
   ci->mtu = b->dev->mtu;
-  memcpy(ci->gid, b->dev->gid.raw, 16);
+  memcpy(ci->gid, b->gid.raw, 16);
   for (int i = 0; i < b->nqps; i++) ci->qpn[i] = b->qps[i]->qp_num;
 }
 

@@ -607,7 +607,7 @@ static ncclResult_t flush_setup(struct mpib_recv_comm *c) {
   if (!c->flush_mr) return ncclSystemError;
   MP_CHECK(mpib_create_qp(&c->b, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE, MPIB_FLUSH_SQ, 0, 0, &c->flush_qp));
   /* a loopback connection: the QP's peer is itself */
-  return mpib_qp_connect(&c->b, c->flush_qp, c->flush_qp->qp_num, c->b.dev->lid, c->b.dev->gid.raw, c->b.dev->mtu);
+  return mpib_qp_connect(&c->b, c->flush_qp, c->flush_qp->qp_num, c->b.dev->lid, c->b.gid.raw, c->b.dev->mtu);
 }
 
 ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request) {

@@ -127,6 +127,48 @@ static int gid_type(struct mpib_hca *h, int port, int index, union ibv_gid *gid)
   return strstr(buf, "v2") ? 1 : 0;
 }
 
+/* ------------------------------------------------------------------ GIDs */
+/* The GID a connection of d uses, read from the port's table now: on RoCE the table follows the
+ * interface's addresses, so an index chosen at init may name another address (or none) later, and
+ * NCCL's net_ib looks it up at each connection too. IB: index 0. 0 on success, else why. */
+int mpib_dev_resolve_gid(const struct mpib_dev *d, int *index, union ibv_gid *gid, char *why, size_t whylen) {
+  struct mpib_hca *h = d->hca;
+  if (d->link_layer != IBV_LINK_LAYER_ETHERNET) {
+    *index = 0;
+    if (mpib_v.query_gid(h->ctx, (uint8_t)d->port, 0, gid) == 0) return 0;
+    snprintf(why, whylen, "cannot read GID 0");
+    return -1;
+  }
+  struct ibv_port_attr pa;
+  memset(&pa, 0, sizeof(pa));
+  if (mpib_v.query_port(h->ctx, (uint8_t)d->port, &pa) != 0) {
+    snprintf(why, whylen, "cannot query the port");
+    return -1;
+  }
+  int tbl = pa.gid_tbl_len > 256 ? 256 : pa.gid_tbl_len;
+  union ibv_gid gids[256];
+  int types[256], valid[256];
+  for (int i = 0; i < tbl; i++) {
+    types[i] = gid_type(h, d->port, i, &gids[i]);
+    valid[i] = types[i] >= 0;
+    if (types[i] < 0) types[i] = 0;
+  }
+  int idx = mpib_config()->ib_gid_index;
+  if (idx >= 0) {
+    if (idx >= tbl || !valid[idx] || gid_is_zero(&gids[idx])) {
+      snprintf(why, whylen, "MPLANE_IB_GID_INDEX=%d names no GID (table of %d); expected an index listed by "
+               "'show_gids'", idx, tbl);
+      return -1;
+    }
+  } else if ((idx = mpib_pick_gid(tbl, gids, types, valid)) < 0) {
+    snprintf(why, whylen, "no usable RoCE GID (is an IP address configured on its interface?)");
+    return -1;
+  }
+  *index = idx;
+  *gid = gids[idx];
+  return 0;
+}
+
 /* ------------------------------------------------------------------ side-channel address */
 int mpib_oob_rank(const char *ifname, int loopback) {
   if (loopback || !strncmp(ifname, "docker", 6)) return -1; /* as NCCL's default ^docker,lo */
@@ -454,35 +496,10 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
       d->lid = pa.lid;
       d->mtu = pa.active_mtu;
       d->grh_required = (pa.flags & IBV_QPF_GRH_REQUIRED) != 0;
-      if (pa.link_layer == IBV_LINK_LAYER_ETHERNET) {
-        int tbl = pa.gid_tbl_len > 256 ? 256 : pa.gid_tbl_len;
-        union ibv_gid gids[256];
-        int types[256], valid[256];
-        for (int i = 0; i < tbl; i++) {
-          types[i] = gid_type(h, port, i, &gids[i]);
-          valid[i] = types[i] >= 0;
-          if (types[i] < 0) types[i] = 0;
-        }
-        int idx = cfg->ib_gid_index;
-        if (idx >= 0) {
-          if (idx >= tbl || !valid[idx] || gid_is_zero(&gids[idx])) {
-            MP_WARN("NET/IB: MPLANE_IB_GID_INDEX=%d: %s port %d has no GID at that index (table of %d); skipped; "
-                    "expected an index listed by 'show_gids'", idx, name, port, tbl);
-            continue;
-          }
-        } else {
-          idx = mpib_pick_gid(tbl, gids, types, valid);
-          if (idx < 0) {
-            MP_WARN("NET/IB: %s port %d (RoCE) has no usable GID; skipped (is an IP address configured on its "
-                    "interface?)", name, port);
-            continue;
-          }
-        }
-        d->gid_index = idx;
-        d->gid = gids[idx];
-      } else {
-        d->gid_index = 0;
-        mpib_v.query_gid(ctx, (uint8_t)port, 0, &d->gid);
+      char why[256];
+      if (mpib_dev_resolve_gid(d, &d->gid_index, &d->gid, why, sizeof(why)) != 0) {
+        MP_WARN("NET/IB: %s port %d: %s; skipped", name, port, why);
+        continue;
       }
       fill_props(d, &pa, ptr);
       pick_oob(cfg, d);

@@ -6,6 +6,7 @@
  *
  *   ib_driver SCENARIO      exit 0 pass, 1 fail (77 never: softverbs is always there)
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -304,6 +305,33 @@ static int sc_nccl_vars(void) {
       fail("expected traffic class 106, P_Key index 1 and timeout 16 from NCCL_IB_*, retry count 5 from "
            "MPLANE_IB_RETRY_CNT: %s", r[i].line);
   note("%d QPs: NCCL_IB_TC, NCCL_IB_PKEY, NCCL_IB_TIMEOUT applied; MPLANE_IB_RETRY_CNT over NCCL_IB_RETRY_CNT", n);
+  return 0;
+}
+
+/* RoCE GIDs follow the interface's addresses: an address added after init moves the IPv4 GID from
+ * index 3 to 5. A connection made after that uses the index of the moment, and moves data. */
+static int sc_gid_move(void) {
+  env_base("mlx5_0:roce:ip=198.18.0.1");
+  up();
+  struct pair p, q;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  transfer(&p, 64 << 10, 10, 1);
+  pair_close(&p);
+  void *sv = dlopen(getenv("MPLANE_IBVERBS_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  int (*gid_move)(const char *) = sv ? (int (*)(const char *))dlsym(sv, "softverbs_gid_move") : NULL;
+  if (!gid_move || gid_move("mlx5_0") != 0) fail("softverbs_gid_move not found or refused");
+  struct rec r[16];
+  if (rec_find(r, 16, "event=gid_move", NULL) != 1) fail("the GIDs did not move (no record)");
+  unlink(record_path);
+  pair_open(&q, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  transfer(&q, 1 << 20, 10, 1);
+  pair_close(&q);
+  int n = rec_find(r, 16, "event=modify", "state=RTR", NULL);
+  if (n < 2) fail("only %d QPs of the new connection reached RTR", n);
+  for (int i = 0; i < n; i++)
+    if (rec_val(&r[i], "sgid_index") != 5 || !strstr(r[i].line, "dgid=::ffff:198.18.0.1"))
+      fail("a connection made after the GIDs moved uses a stale GID: %s", r[i].line);
+  note("GIDs moved after init: %d QPs of a new connection use index 5 and the IPv4 GID", n);
   return 0;
 }
 
@@ -683,7 +711,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
-             {"grh", sc_grh}, {"qp-sizes", sc_qp_sizes}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
+             {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {

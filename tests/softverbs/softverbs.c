@@ -76,6 +76,7 @@ struct sv_dev {
   struct ibv_device ibdev;
   int index, nports, link_layer, fabric;
   int grh_required; /* IB ports that take only global addresses (SR-IOV VFs in cloud VMs) */
+  int gid_shift;    /* RoCE: entries an added IPv6 address put before the IPv4 ones (gid_move_after) */
   uint32_t ip; /* network order, RoCE */
   uint64_t guid;
   int port_state[SV_MAX_PORTS + 1];
@@ -364,6 +365,15 @@ static int port_gid(const struct sv_dev *d, int port, int index, union ibv_gid *
     gid->global.interface_id = htobe64(iid);
     return IBV_GID_TYPE_IB;
   }
+  if (d->gid_shift && (index == 2 || index == 3)) { /* a global IPv6 address, 2001:db8::1 */
+    gid->raw[0] = 0x20;
+    gid->raw[1] = 0x01;
+    gid->raw[2] = 0x0d;
+    gid->raw[3] = 0xb8;
+    gid->raw[15] = 1;
+    return index == 2 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
+  }
+  if (index >= 4) index -= d->gid_shift;
   switch (index) {
     case 0:
     case 1:
@@ -382,7 +392,9 @@ static int port_gid(const struct sv_dev *d, int port, int index, union ibv_gid *
   }
 }
 
-static int gid_tbl_len(const struct sv_dev *d) { return d->link_layer == IBV_LINK_LAYER_INFINIBAND ? 1 : 4; }
+static int gid_tbl_len(const struct sv_dev *d) {
+  return d->link_layer == IBV_LINK_LAYER_INFINIBAND ? 1 : 4 + d->gid_shift;
+}
 
 static void qp_sockname(uint32_t qpn, struct sockaddr_un *sa, socklen_t *len) {
   memset(sa, 0, sizeof(*sa));
@@ -419,7 +431,8 @@ static void post_event(struct sv_ctx *c, enum ibv_event_type type, void *elem, i
   struct sv_event *e = calloc(1, sizeof(*e));
   if (!e) return;
   e->ev.event_type = type;
-  if (type == IBV_EVENT_PORT_ERR || type == IBV_EVENT_PORT_ACTIVE) e->ev.element.port_num = port;
+  if (type == IBV_EVENT_PORT_ERR || type == IBV_EVENT_PORT_ACTIVE || type == IBV_EVENT_GID_CHANGE)
+    e->ev.element.port_num = port;
   else if (type == IBV_EVENT_CQ_ERR) e->ev.element.cq = elem;
   else e->ev.element.qp = elem;
   if (c->tail) c->tail->next = e;
@@ -506,6 +519,26 @@ static void port_down(struct sv_dev *d, int port) {
   }
   for (struct sv_ctx *c = G.ctxs; c; c = c->next)
     if (c->dev == d) post_event(c, IBV_EVENT_PORT_ERR, NULL, port);
+}
+
+/* A test's hand on the interface: an IPv6 address is added to a RoCE device's interface; its GIDs
+ * take indices 2 and 3 and the IPv4 ones move to 4 and 5, and the port reports IBV_EVENT_GID_CHANGE.
+ * 0, or -1 if there is no such RoCE device. */
+SV_EXPORT int softverbs_gid_move(const char *dev) {
+  lock();
+  init_once();
+  int rc = -1;
+  for (int i = 0; i < G.ndev; i++) {
+    struct sv_dev *d = &G.devs[i];
+    if (strcmp(d->ibdev.name, dev) || d->link_layer != IBV_LINK_LAYER_ETHERNET) continue;
+    d->gid_shift = 2;
+    record("event=gid_move pid=%d dev=%s", (int)getpid(), d->ibdev.name);
+    for (struct sv_ctx *c = G.ctxs; c; c = c->next)
+      if (c->dev == d) post_event(c, IBV_EVENT_GID_CHANGE, NULL, 1);
+    rc = 0;
+  }
+  unlock();
+  return rc;
 }
 
 /* ------------------------------------------------------------------ exported: devices */
