@@ -81,10 +81,14 @@ static const struct row rows[] = {
     {"MPLANE_SOCKET_SPLIT_BYTES", K_SIZE, OFF(socket_split_bytes), 0, "256K", 1, 1L << 30, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 1 to 1G",
      "messages at least this big are split across the streams; smaller ones ride one stream"},
-    {"MPLANE_SOCKET_INLINE_BYTES", K_SIZE, OFF(socket_inline_bytes), 0, "64K", 0, 1L << 20, NULL,
+    {"MPLANE_SOCKET_INLINE_BYTES", K_SIZE, OFF(socket_inline_bytes), 0, "256K", 0, 1L << 20, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1M",
      "messages up to this big are written and read by NCCL's proxy thread on the control socket, "
      "without the helper threads (lower latency); bigger ones ride the data streams"},
+    {"MPLANE_SOCKET_INLINE_BUSY", K_INT, OFF(socket_inline_busy), 0, "2", 0, 1024, NULL,
+     "an integer from 0 to 1024; 0: no limit",
+     "messages above 16K ride the control socket only while fewer sends than this are in flight in the "
+     "process; with more, helper threads copy them in parallel"},
     {"MPLANE_SOCKET_SPEED", K_INT, OFF(socket_speed_mbps), 0, "-1", -1, 10000000, NULL,
      "-1 (automatic) or Mb/s from 1 to 10000000",
      "speed reported where the driver reports none; NCCL sizes its channels by it (automatic: loopback "

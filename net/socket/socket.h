@@ -9,9 +9,10 @@
  * Data travels in self-describing chunks (slot, offset, length, total) on any stream, written
  * straight into the posted buffer by the receiver's helper threads.
  *
- * Small messages (MPLANE_SOCKET_INLINE_BYTES) skip the helper threads at both ends: the sender's
- * proxy thread writes the chunk on the control socket itself (without blocking; a partial write
- * is finished by later isend/test calls, and other messages take the data streams meanwhile), and
+ * Small messages (MPLANE_SOCKET_INLINE_BYTES; above MPS_INLINE_ALWAYS only while the process has
+ * fewer than MPLANE_SOCKET_INLINE_BUSY sends in flight) skip the helper threads at both ends: the sender's proxy thread writes the
+ * chunk on the control socket itself (without blocking; a partial write is finished by later
+ * isend/test calls, and other messages take the data streams meanwhile), and
  * the receiver's test() reads the control socket and lands the chunk in its slot, with the same
  * checks as a data stream's. The control socket thus carries CTS records one way and chunks the
  * other, each direction written and read by one proxy thread only. */
@@ -34,6 +35,7 @@
 #define MPS_MAX_SLOTS (MPS_MAX_GROUPS * MPS_MAX_RECVS)   /* = sends in flight */
 #define MPS_MAX_DEVS 32
 #define MPS_CTRL_STAGE 16384 /* receiver: bytes of the control stream read in one call */
+#define MPS_INLINE_ALWAYS 16384 /* inline up to this size even while other sends are in flight */
 #define MPS_CTRL_POLL_NS 1000 /* test() reads the control socket at most this often */
 #define MPS_CTRL_GRACE_NS 1000000000ull /* streams all closed, control open: a receive waits this long */
 
@@ -144,6 +146,7 @@ struct mps_send_req {
   size_t size;
   int nchunks;
   int chunks_done; /* atomic */
+  int counted;     /* in the process's count of sends in flight */
 };
 
 struct mps_cts_group {
@@ -180,6 +183,7 @@ struct mps_send_comm {
   struct mps_error err;
   struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
   size_t inline_bytes;             /* messages up to this size go on the control socket */
+  int inline_busy;                 /* ... above MPS_INLINE_ALWAYS only with fewer sends in flight (0: always) */
   struct {                         /* the inline chunk being written on the control socket */
     struct mps_send_req *req;      /* NULL: the control socket is idle */
     struct mps_chunk hdr;

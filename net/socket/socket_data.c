@@ -165,6 +165,7 @@ static void *send_thread(void *argp) {
 ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg) {
   c->split_bytes = (size_t)cfg->socket_split_bytes;
   c->inline_bytes = (size_t)cfg->socket_inline_bytes;
+  c->inline_busy = cfg->socket_inline_busy;
   c->spin_ns = mps_spin_ns(cfg);
   /* connect finished when our hellos were written, not when the acceptor answered: a listener that
    * is not mplane (accepts TCP, stays silent) is only noticed by the missing ACK */
@@ -285,6 +286,11 @@ static void send_warn_wait(struct mps_send_comm *c, const struct mps_cts_group *
   mplane_tag_wait_warn(who, tag, (unsigned long long)g->seq, open, nopen);
 }
 
+/* Send requests in flight in this process, all comms together. A proxy thread with several
+ * messages moving (many channels, big collectives) hands a mid-sized one to a helper thread: it
+ * copies in parallel, while the proxy thread would copy one message after another. */
+static int g_sends_inflight; /* atomic */
+
 /* Write what the control socket takes of the inline chunk in progress; never blocks. The request
  * completes once its last byte is in the kernel, as a helper thread's would. */
 static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
@@ -342,6 +348,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   if (!req) return ncclSuccess; /* cannot happen while offers <= slots; be polite anyway */
   mplane_tag_wait_matched(&c->tag_wait, tag);
   g->e[k].taken = 1;
+  req->counted = 0;
   if (++g->used == g->n) c->cts_head++;
 
   struct mps_task t = {.req = req};
@@ -361,9 +368,12 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
             c->peer, (unsigned long long)g->e[k].size);
     return ncclInvalidUsage;
   }
-  if (size <= c->inline_bytes && !c->inl.req) {
+  if (size <= c->inline_bytes && !c->inl.req &&
+      (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy)) {
     /* Small, and the control socket is idle: the proxy thread writes it now, no thread hand-off. */
     req->nchunks = 1;
+    req->counted = 1;
+    ADD(&g_sends_inflight, 1);
     c->inl.req = req;
     c->inl.hdr = t.hdr;
     c->inl.hdr.len = size;
@@ -372,6 +382,8 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
     *request = req;
     return send_flush_inline(c);
   }
+  req->counted = 1;
+  ADD(&g_sends_inflight, 1);
   if (size < c->split_bytes || c->nstreams == 1) {
     int s = (int)(c->rr++ % (unsigned)c->nstreams);
     req->nchunks = 1;
@@ -409,6 +421,8 @@ static ncclResult_t send_test(struct mps_send_req *req, int *done, int *sizes) {
     MP_CHECK(mps_error_check(&c->err));
     *done = 1;
     if (sizes) sizes[0] = (int)req->size;
+    if (req->counted) ADD(&g_sends_inflight, -1);
+    req->counted = 0;
     req->used = 0;
     return ncclSuccess;
   }
@@ -440,6 +454,8 @@ static void ctrl_close_orderly(struct mps_send_comm *c) {
 ncclResult_t mps_close_send(void *send_comm) {
   struct mps_send_comm *c = send_comm;
   if (!c) return ncclSuccess;
+  for (int i = 0; i < MPS_MAX_SLOTS; i++)
+    if (c->reqs[i].used && c->reqs[i].counted) ADD(&g_sends_inflight, -1);
   STORE(&c->stop, 1);
   for (int t = 0; t < c->threads_started; t++) {
     pthread_mutex_lock(&c->queues[t].lock);
@@ -478,7 +494,8 @@ static const char *slot_claim(struct mps_slot *s, const struct mps_chunk *h) {
   if (h->len == 0 && h->total != 0) return "an empty chunk of a message that is not empty";
   while (__atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE)) __builtin_ia32_pause();
   const char *bad = NULL;
-  if (s->nranges > 0 && LOAD(&s->total) != h->total) bad = "its total differs from the message's other chunks";
+  if (s->nranges < 0) bad = "data after a 'does not fit' notice for the same buffer";
+  else if (s->nranges > 0 && LOAD(&s->total) != h->total) bad = "its total differs from the message's other chunks";
   else if (s->nranges == MPS_MAX_STREAMS) bad = "more chunks than there are streams";
   for (int i = 0; i < s->nranges && !bad; i++) {
     uint64_t a = s->ranges[i].off, b = a + s->ranges[i].len;
@@ -490,6 +507,21 @@ static const char *slot_claim(struct mps_slot *s, const struct mps_chunk *h) {
     s->ranges[s->nranges].off = h->offset;
     s->ranges[s->nranges].len = h->len;
     s->nranges++;
+  }
+  __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+  return bad;
+}
+
+/* A "does not fit" notice claims the whole slot: refused once a chunk claimed part of it (a chunk
+ * on another stream could otherwise complete the slot with the notice's total as its size), and no
+ * chunk is taken after it (nranges -1). */
+static const char *slot_claim_truncated(struct mps_slot *s, const struct mps_chunk *h) {
+  if (h->total <= s->cap) return "a 'does not fit' notice for a message that fits";
+  while (__atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE)) __builtin_ia32_pause();
+  const char *bad = s->nranges != 0 ? "a 'does not fit' notice after data for the same buffer" : NULL;
+  if (!bad) {
+    s->nranges = -1;
+    STORE(&s->total, h->total);
   }
   __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
   return bad;
@@ -510,12 +542,11 @@ static int chunk_begin(struct mps_recv_comm *c, const struct mps_chunk *h, struc
                   h->slot);
     return -1;
   }
-  if (h->flags & MPS_CHUNK_TRUNCATED) {
-    STORE(&s->total, h->total);
+  const char *bad = h->flags & MPS_CHUNK_TRUNCATED ? slot_claim_truncated(s, h) : slot_claim(s, h);
+  if (!bad && (h->flags & MPS_CHUNK_TRUNCATED)) {
     STORE(&s->state, MPS_SLOT_TRUNCATED);
     return 1;
   }
-  const char *bad = slot_claim(s, h);
   if (bad) {
     mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad chunk for slot %u: %llu bytes at offset %llu of a "
                   "%llu-byte message into a %llu-byte buffer (%s)", c->peer, h->slot, (unsigned long long)h->len,
@@ -528,7 +559,9 @@ static int chunk_begin(struct mps_recv_comm *c, const struct mps_chunk *h, struc
 
 /* A claimed chunk's payload has landed. */
 static void chunk_end(struct mps_slot *s, const struct mps_chunk *h) {
-  if (ADD(&s->received, h->len) == h->total) STORE(&s->state, MPS_SLOT_DONE);
+  int posted = MPS_SLOT_POSTED; /* only a posted slot completes: never over a notice or an error */
+  if (ADD(&s->received, h->len) == h->total)
+    __atomic_compare_exchange_n(&s->state, &posted, MPS_SLOT_DONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
 /* Receive one chunk from fd into its slot. 0 ok, -1 the stream is finished (error set if it was

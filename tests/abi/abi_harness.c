@@ -1335,6 +1335,7 @@ static void fake_read_ctrl(int fd, struct mps_ctrl *m, uint16_t want) {
 
 struct fake_chunk {
   uint64_t offset, len, total;
+  uint32_t flags; /* MPS_CHUNK_TRUNCATED: a "does not fit" notice, no payload */
 };
 
 /* One connection from a fake sender (control + one data stream) into a posted receive of cap bytes;
@@ -1372,7 +1373,8 @@ static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_st
   char payload[512];
   memset(payload, 0x5a, sizeof(payload));
   for (int i = 0; i < nch; i++) {
-    struct mps_chunk h = {.slot = m.e[0].slot, .offset = ch[i].offset, .len = ch[i].len, .total = ch[i].total};
+    struct mps_chunk h = {.slot = m.e[0].slot, .flags = ch[i].flags, .offset = ch[i].offset, .len = ch[i].len,
+                          .total = ch[i].total};
     if (send(fds[ctrl ? 0 : 1], &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) abi_fail("fake sender: send");
     size_t n = ch[i].len < sizeof(payload) ? ch[i].len : sizeof(payload);
     if (send(fds[ctrl ? 0 : 1], payload, n, MSG_NOSIGNAL) != (ssize_t)n) abi_fail("fake sender: send");
@@ -1414,6 +1416,14 @@ static int sc_fake_chunks(void) {
     fake_chunks_case(&nd, lc, &ss, sl, 200, past_end, 1, ctrl, "a 150-byte chunk of a 100-byte message", "past the message");
     const struct fake_chunk totals[2] = {{0, 50, 100}, {50, 50, 120}};
     fake_chunks_case(&nd, lc, &ss, sl, 200, totals, 2, ctrl, "chunks that name totals 100 and 120", "total differs");
+    /* a "does not fit" notice after data for the same buffer: on two streams a chunk could then
+     * complete the receive with the notice's total as its size */
+    const struct fake_chunk notice_after[2] = {{0, 50, 100, 0}, {0, 0, 9000000, MPS_CHUNK_TRUNCATED}};
+    fake_chunks_case(&nd, lc, &ss, sl, 100, notice_after, 2, ctrl, "a 'does not fit' notice after a chunk",
+                     "notice after data");
+    const struct fake_chunk notice_fits[1] = {{0, 0, 50, MPS_CHUNK_TRUNCATED}};
+    fake_chunks_case(&nd, lc, &ss, sl, 100, notice_fits, 1, ctrl, "a 'does not fit' notice for 50 bytes into 100",
+                     "a message that fits");
     const struct fake_chunk too_big[1] = {{0, 10, 300}};
     fake_chunks_case(&nd, lc, &ss, sl, 200, too_big, 1, ctrl, "a 300-byte message into 200 bytes, sent anyway",
                      "bigger than");
@@ -2214,14 +2224,19 @@ static int ctrl_rounds(const size_t *pick, int npick, int max_group, const char 
 }
 
 static int sc_ctrl_full(void) {
+  setenv("MPLANE_SOCKET_INLINE_BYTES", "64K", 1);
+  setenv("MPLANE_SOCKET_INLINE_BUSY", "0", 1); /* inline with every send in flight, so the socket fills */
   static const size_t pick[] = {65536, 1, 65536, 40000, 65536 + 1, 65536, 0, 65536, 65535};
   return ctrl_rounds(pick, sizeof(pick) / sizeof(pick[0]), OP_BUFS, "around the inline limit");
 }
 
 /* The same with MPLANE_SOCKET_INLINE_BYTES=1M: every message rides the control socket and most are
- * bigger than its buffers, so each is written and landed in many pieces. */
+ * bigger than its buffers, so each is written and landed in many pieces. (Both scenarios lift
+ * MPLANE_SOCKET_INLINE_BUSY, which by default sends mid-sized messages through helper threads
+ * while others are in flight.) */
 static int sc_ctrl_big(void) {
   setenv("MPLANE_SOCKET_INLINE_BYTES", "1M", 1);
+  setenv("MPLANE_SOCKET_INLINE_BUSY", "0", 1);
   static const size_t pick[] = {1 << 20, 300000, 1, (1 << 20) - 1, 0, 700001};
   return ctrl_rounds(pick, sizeof(pick) / sizeof(pick[0]), 1, "of up to 1 MiB, all inline");
 }

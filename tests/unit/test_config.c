@@ -165,6 +165,7 @@ static const struct int_row int_rows[] = {
     {"MPLANE_IB_PKEY", F(ib_pkey), 0, 65535, 0},
     {"MPLANE_DEBUG", F(debug), 0, 2, 0},
     {"MPLANE_SOCKET_SPIN_US", F(socket_spin_us), 0, 10000, 0},
+    {"MPLANE_SOCKET_INLINE_BUSY", F(socket_inline_busy), 0, 1024, 2},
     {"MPLANE_SOCKET_SPEED", F(socket_speed_mbps), -1, 10000000, -1},
     /* booleans are integers 0..1 */
     {"MPLANE_NCCL_TOPO", F(nccl_topo), 0, 1, 1},
@@ -248,7 +249,7 @@ static void test_defaults(void **state) {
   assert_int_equal(cfg.transport, MPLANE_TRANSPORT_AUTO);
   assert_int_equal(cfg.relay, MPLANE_RELAY_AUTO);
   assert_int_equal(cfg.socket_split_bytes, 256 * 1024);
-  assert_int_equal(cfg.socket_inline_bytes, 64 * 1024);
+  assert_int_equal(cfg.socket_inline_bytes, 256 * 1024);
   for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++) {
     int got = *(int *)((char *)&cfg + int_rows[i].off);
     if (got != int_rows[i].dflt) fail_msg("%s default is %d, expected %ld", int_rows[i].name, got, int_rows[i].dflt);
