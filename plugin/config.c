@@ -81,7 +81,7 @@ static const struct row rows[] = {
     {"MPLANE_SOCKET_SPLIT_BYTES", K_SIZE, OFF(socket_split_bytes), 0, "256K", 1, 1L << 30, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 1 to 1G",
      "messages at least this big are split across the streams; smaller ones ride one stream"},
-    {"MPLANE_SOCKET_INLINE_BYTES", K_SIZE, OFF(socket_inline_bytes), 0, "256K", 0, 1L << 20, NULL,
+    {"MPLANE_SOCKET_INLINE_BYTES", K_SIZE, OFF(socket_inline_bytes), 0, "128K", 0, 1L << 20, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1M",
      "messages up to this big are written and read by NCCL's proxy thread on the control socket, "
      "without the helper threads (lower latency); bigger ones ride the data streams"},

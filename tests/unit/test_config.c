@@ -249,7 +249,7 @@ static void test_defaults(void **state) {
   assert_int_equal(cfg.transport, MPLANE_TRANSPORT_AUTO);
   assert_int_equal(cfg.relay, MPLANE_RELAY_AUTO);
   assert_int_equal(cfg.socket_split_bytes, 256 * 1024);
-  assert_int_equal(cfg.socket_inline_bytes, 256 * 1024);
+  assert_int_equal(cfg.socket_inline_bytes, 128 * 1024);
   for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++) {
     int got = *(int *)((char *)&cfg + int_rows[i].off);
     if (got != int_rows[i].dflt) fail_msg("%s default is %d, expected %ld", int_rows[i].name, got, int_rows[i].dflt);
