@@ -10,10 +10,10 @@
 #   scripts/ep-bench.sh [all|build|node1|node2] ...   (default: all)
 #   scripts/ep-bench.sh prepare     (on the development machine, not the GPU one: copies the built
 #                                    net plugin with its libhwloc, and nccl.h, into .deps/ - ignored
-#                                    by git - for a device whose image cannot build them; then
-#                                    name .deps in the device call's carry)
+#                                    by git - for a GPU machine whose image cannot build them; then
+#                                    copy .deps along with the tree to that machine)
 #
-# Results go to $OUT (the device tool's folder) when set, else build-ep-dev/ep-bench-out: ep-bench.txt (the
+# Results go to $OUT (an output folder the caller names) when set, else build-ep-dev/ep-bench-out: ep-bench.txt (the
 # tables), build.log, node1.log, node2.log, nccl-net.txt (which network NCCL used), stats.txt.
 # Environment:
 #   NCCL_HOME      folder with include/nccl.h and lib/libnccl.so* (default: searched)
@@ -22,7 +22,7 @@
 #                  the whole project is not possible here, e.g. no hwloc or cmocka headers)
 #   EP_ARGS        extra mplane-ep-bench arguments (e.g. "--iters 10 --sms 0")
 #   EP_TIMEOUT     seconds per shape at most (default 270)
-#   EP_BUDGET      seconds for the whole script (default 570: the device tool stops a command at 600);
+#   EP_BUDGET      seconds for the whole script (default 570: inside a 10-minute limit per command);
 #                  a shape gets what is left, and is skipped with a message under 60 s
 #   EP_NVCC_FLAGS  extra nvcc flags for the kernels (builds directly, without meson), e.g.
 #                  -DMP_EP_TRACE: every fused dispatch prints when its pack, link and unpack blocks ended
@@ -214,7 +214,7 @@ prepare() {
     [ -f "$h" ] && { cp "$h" "$here/.deps/nccl/include/"; break; }
   done
   ls -la "$here/.deps/ep-plugin" "$here/.deps/nccl/include"
-  echo "prepare: done; name .deps/ep-plugin and .deps/nccl in the device call's carry (found there by this script)"
+  echo "prepare: done; copy .deps/ep-plugin and .deps/nccl to the GPU machine with the tree (found there by this script)"
 }
 
 # One-node benchmark once per setting: each argument is VAR=V[,VAR=V...].
