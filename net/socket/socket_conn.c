@@ -297,6 +297,21 @@ static void send_ctrl_now(int fd, uint16_t type) {
     MP_TRACE(NCCL_NET, "socket: could not send control record %u", type);
 }
 
+/* 1, with the reason in why, if a complete hello is not one this library takes. */
+static int hello_refused(const struct mps_hello *h, char *why, size_t whylen) {
+  if (h->version != MPLANE_PROTOCOL_VERSION)
+    snprintf(why, whylen, "it speaks mplane protocol version %u, this library speaks %u: use the same mplane "
+             "build on every node", h->version, MPLANE_PROTOCOL_VERSION);
+  else if (h->type != MPS_HELLO || h->nstreams < 1 || h->nstreams > MPS_MAX_STREAMS || h->stream > h->nstreams)
+    snprintf(why, whylen, "a malformed hello (type %u, stream %u of %u; 1..%d streams)", h->type, h->stream,
+             h->nstreams, MPS_MAX_STREAMS);
+  else if (h->sl > MPLANE_TC_SL_MAX)
+    snprintf(why, whylen, "it asks for service level %u (0..%d)", h->sl, MPLANE_TC_SL_MAX);
+  else
+    return 0;
+  return 1;
+}
+
 /* Read what has arrived of each pending socket's hello; refuse strangers. */
 static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
   double now = now_s();
@@ -329,11 +344,9 @@ static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
         i++;
         continue;
       }
-      if (p->hello.version != MPLANE_PROTOCOL_VERSION || p->hello.type != MPS_HELLO ||
-          p->hello.nstreams < 1 || p->hello.nstreams > MPS_MAX_STREAMS || p->hello.stream > p->hello.nstreams) {
-        MP_WARN("socket: peer %s speaks mplane protocol version %u (nstreams %u), this library speaks %u: use "
-                "the same mplane build on every node", p->peer, p->hello.version, p->hello.nstreams,
-                MPLANE_PROTOCOL_VERSION);
+      char why[160];
+      if (hello_refused(&p->hello, why, sizeof(why))) {
+        MP_WARN("socket: connection from %s refused: %s", p->peer, why);
         /* The connector fails on the NACK; this listener goes on accepting (a stranger on the port
          * must not end the job). */
         send_ctrl_now(p->fd, MPS_NACK);

@@ -205,9 +205,15 @@ static ncclResult_t send_ctrl_record(struct mps_send_comm *c, const struct mps_c
     mps_error_set(&c->err, ncclRemoteError, "peer %s is not mplane (control magic 0x%08x)", c->peer, m->magic);
     return mps_error_check(&c->err);
   }
-  if (m->type == MPS_NACK || m->version != MPLANE_PROTOCOL_VERSION) {
+  if (m->version != MPLANE_PROTOCOL_VERSION) {
     mps_error_set(&c->err, ncclInvalidUsage, "peer %s refused the connection: it speaks mplane protocol "
-                  "version %u, this library speaks %u", c->peer, m->version, MPLANE_PROTOCOL_VERSION);
+                  "version %u, this library speaks %u: use the same mplane build on every node", c->peer,
+                  m->version, MPLANE_PROTOCOL_VERSION);
+    return mps_error_check(&c->err);
+  }
+  if (m->type == MPS_NACK) {
+    mps_error_set(&c->err, ncclInvalidUsage, "peer %s refused the connection: it found our handshake malformed "
+                  "(its log says why)", c->peer);
     return mps_error_check(&c->err);
   }
   if (m->type == MPS_ACK) {

@@ -1436,30 +1436,27 @@ static int sc_fake_chunks(void) {
   return 0;
 }
 
-static int sc_fake_version(void) {
-  struct node nd;
-  node_up(&nd, g_opts.version);
-  unsigned char handle[HANDLE_SIZE];
-  void *lc = NULL;
-  struct sockaddr_storage ss;
-  socklen_t sl;
-  if (!listen_tcp(&nd, NULL, handle, &lc, &ss, &sl)) return 77;
+/* A fake connector sends one hello (version, sl) and reads what comes back: the plugin must WARN
+ * with warn, go on accepting, and answer with a NACK. */
+static void fake_hello_refused(struct node *nd, void *lc, const struct sockaddr_storage *ss, socklen_t sl,
+                               uint16_t version, uint32_t service_level, const char *what, const char *warn) {
   int port;
-  int fd = tcp_client(&ss, sl, &port);
+  int fd = tcp_client(ss, sl, &port);
   struct mps_hello hello;
   memset(&hello, 0, sizeof(hello));
   hello.magic = MPLANE_HANDLE_MAGIC;
-  hello.version = 99;
+  hello.version = version;
   hello.type = MPS_HELLO;
   hello.nstreams = 1;
   hello.stream = 0;
+  hello.sl = service_level;
   if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) abi_fail("fake peer: send");
   size_t mark = abi_log_mark();
   char port_text[16];
   snprintf(port_text, sizeof(port_text), ":%d", port);
-  ncclResult_t res = accept_until_warn(&nd, lc, mark, 5, "a hello of protocol version 99", "version 99", port_text);
+  ncclResult_t res = accept_until_warn(nd, lc, mark, 5, what, warn, port_text);
   if (res != ncclSuccess)
-    abi_fail("accept failed (%d) on a hello of another version: that ends NCCL's job; the socket alone must go", res);
+    abi_fail("accept failed (%d) on %s: that ends NCCL's job; the socket alone must go", res, what);
   struct mps_ctrl m;
   size_t have = 0;
   double t0 = abi_now();
@@ -1471,8 +1468,21 @@ static int sc_fake_version(void) {
     have += (size_t)r;
   }
   if (have != sizeof(m) || m.magic != MPLANE_HANDLE_MAGIC || m.type != MPS_NACK)
-    abi_fail("the version-99 peer got no NACK (%zu bytes back, type %u)", have, have >= 8 ? m.type : 0);
+    abi_fail("%s got no NACK (%zu bytes back, type %u)", what, have, have >= 8 ? m.type : 0);
   close(fd);
+}
+
+static int sc_fake_version(void) {
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  unsigned char handle[HANDLE_SIZE];
+  void *lc = NULL;
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (!listen_tcp(&nd, NULL, handle, &lc, &ss, &sl)) return 77;
+  fake_hello_refused(&nd, lc, &ss, sl, 99, 0, "a hello of protocol version 99", "version 99");
+  fake_hello_refused(&nd, lc, &ss, sl, MPLANE_PROTOCOL_VERSION, 200, "a hello asking for service level 200",
+                     "service level 200");
   abi_close_listen(&nd.net, lc);
   node_down(&nd);
   return 0;
