@@ -47,6 +47,7 @@
 #include "fuzz_util.h"
 #include "net/handle.h"
 #include "net/socket/socket.h"
+#include "net/tc.h"
 #include "plugin/net_core.h"
 
 #define MAX_SOCKS (MPS_MAX_STREAMS + 1)
@@ -333,7 +334,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct sock socks[MAX_SOCKS];
   memset(socks, 0, sizeof(socks));
   for (int i = 0; i < nsock; i++) socks[i].fd = tcp_open(&socks[i].port);
-  int expect_accept = !raw && (spoil == 0 || spoil == 7);
+  /* a hello's service level is only checked for range (0..15): that spoil alone keeps the connection */
+  int expect_accept = !raw && (spoil == 0 || (spoil == 7 && spoil_val <= MPLANE_TC_SL_MAX));
   for (int i = 0; i < nsock; i++) {
     struct mps_hello hl;
     memset(&hl, 0, sizeof(hl));
