@@ -34,7 +34,6 @@
 #include "net/tc.h"
 #include "plugin/net_core.h"
 
-#define CALL_LIMIT_S 2.0 /* as fuzz_socket_wire: room for a loaded CI host */
 #define READY 0x52
 _Static_assert(sizeof(struct mpib_conn_info) == 168, "the IB connection record is 168 bytes");
 
@@ -49,20 +48,6 @@ static struct mplane_net_ctx *ctx;
 static struct port ports[2];
 static int nports;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-#define TIMED(what, call)                                                                  \
-  ({                                                                                       \
-    double t0_ = now_s();                                                                  \
-    ncclResult_t r_ = (call);                                                              \
-    double dt_ = now_s() - t0_;                                                            \
-    FUZZ_REQUIRE(dt_ < CALL_LIMIT_S, "%s took %.3f s", what, dt_);                         \
-    r_;                                                                                    \
-  })
 
 /* softverbs keeps a destroyed CQ's or QP's struct on purpose (its NIC thread may still hold a
  * pointer); the plugin's own objects are counted at the verbs boundary below instead. */

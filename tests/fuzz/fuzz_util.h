@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "plugin/log.h"
 
@@ -21,6 +22,25 @@
       abort();                                                           \
     }                                                                    \
   } while (0)
+
+static inline double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Targets that drive the plugin: every call must come back within CALL_LIMIT_S, as the plugin never
+ * blocks NCCL's proxy thread (2 s: a call that waits on the network waits far longer; the rest is
+ * room for a loaded host). */
+#define CALL_LIMIT_S 2.0
+#define TIMED(what, call)                                                                  \
+  ({                                                                                       \
+    double t0_ = now_s();                                                                  \
+    ncclResult_t r_ = (call);                                                              \
+    double dt_ = now_s() - t0_;                                                            \
+    FUZZ_REQUIRE(dt_ < CALL_LIMIT_S, "%s took %.3f s", what, dt_);                         \
+    r_;                                                                                    \
+  })
 
 /* WARNs go nowhere (as under NCCL's logger at its default level): millions of them would only slow
  * the run down. */
