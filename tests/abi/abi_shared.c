@@ -71,6 +71,23 @@ static uint32_t step_msg(int sender, int t, int s) { return msg_id(sender, ((uin
 /* NCCL's tags on a shared comm are ranks: not 0..k-1, not in order. */
 static int tag_of(int t) { return 3 + 5 * t; }
 
+/* ------------------------------------------------------------------ buffers */
+
+/* n buffers of size bytes (guard bytes behind each), registered on comm. */
+static void bufs_up(struct node *nd, void *comm, int n, size_t size, size_t guard, void **buf, void **mh) {
+  for (int i = 0; i < n; i++) {
+    buf[i] = alloc_buf(size, guard);
+    reg(nd, comm, buf[i], size, &mh[i]);
+  }
+}
+
+static void bufs_down(struct node *nd, void *comm, int n, void **buf, void **mh) {
+  for (int i = 0; i < n; i++) {
+    dereg(nd, comm, mh[i]);
+    free(buf[i]);
+  }
+}
+
 /* ------------------------------------------------------------------ calls, timed as the proxy's */
 
 static void *post_send(struct node *nd, void *sc, void *buf, size_t size, int tag, void *mh) {
@@ -128,10 +145,7 @@ int sc_shared_order(void) {
   const int tags[2] = {1, 2};
   void *buf[4], *mh[4];
   void *comm = rank == 0 ? l.sc : l.rc;
-  for (int i = 0; i < 4; i++) {
-    buf[i] = alloc_buf(SZ, SH_GUARD);
-    reg(&nd, comm, buf[i], SZ, &mh[i]);
-  }
+  bufs_up(&nd, comm, 4, SZ, SH_GUARD, buf, mh);
   char c;
   if (rank == 1) {
     /* two groups {1,2} and {1,2}; buffer i of group g is buf[2g+i] */
@@ -196,10 +210,7 @@ int sc_shared_order(void) {
     abi_note("the second tag-1 send waited (NULL request) %d times while group 0 lacked tag 2", nulls_second);
   }
   barrier(pp.fd);
-  for (int i = 0; i < 4; i++) {
-    dereg(&nd, comm, mh[i]);
-    free(buf[i]);
-  }
+  bufs_down(&nd, comm, 4, buf, mh);
   link_down(&nd, &l);
   node_down(&nd);
   return pair_finish(&pp, rank);
@@ -221,10 +232,7 @@ int sc_shared_wait(void) {
   int tags[2] = {1, 2};
   void *buf[2], *mh[2];
   void *comm = rank == 0 ? l.sc : l.rc;
-  for (int i = 0; i < 2; i++) {
-    buf[i] = alloc_buf(SZ, SH_GUARD);
-    reg(&nd, comm, buf[i], SZ, &mh[i]);
-  }
+  bufs_up(&nd, comm, 2, SZ, SH_GUARD, buf, mh);
   char c;
   if (rank == 1) {
     size_t sizes[2] = {SZ, SZ};
@@ -262,10 +270,7 @@ int sc_shared_wait(void) {
         if (abi_now() > deadline) abi_fail("the send with tag %d not done in 20 s", tags[i]);
   }
   barrier(pp.fd);
-  for (int i = 0; i < 2; i++) {
-    dereg(&nd, comm, mh[i]);
-    free(buf[i]);
-  }
+  bufs_down(&nd, comm, 2, buf, mh);
   link_down(&nd, &l);
   node_down(&nd);
   return pair_finish(&pp, rank);
@@ -310,31 +315,17 @@ static void sh_alloc(struct sh_run *r) {
     s->tag_index = t;
     s->filled = -1;
     s->pace = 0.1 + 0.1 * (double)(rng() % 10);
-    for (int w = 0; w < r->window; w++) {
-      s->buf[w] = alloc_buf(SH_MAX_BYTES, 0);
-      reg(r->nd, r->l->sc, s->buf[w], SH_MAX_BYTES, &s->mh[w]);
-    }
+    bufs_up(r->nd, r->l->sc, r->window, SH_MAX_BYTES, 0, s->buf, s->mh);
   }
   memset(&r->rcv, 0, sizeof(r->rcv));
   r->rcv.prepared = -1;
   for (int d = 0; d < r->depth; d++)
-    for (int t = 0; t < r->k; t++) {
-      r->rcv.buf[d][t] = alloc_buf(SH_MAX_BYTES + SH_SLACK, SH_GUARD);
-      reg(r->nd, r->l->rc, r->rcv.buf[d][t], SH_MAX_BYTES + SH_SLACK, &r->rcv.mh[d][t]);
-    }
+    bufs_up(r->nd, r->l->rc, r->k, SH_MAX_BYTES + SH_SLACK, SH_GUARD, r->rcv.buf[d], r->rcv.mh[d]);
 }
 
 static void sh_free(struct sh_run *r) {
-  for (int t = 0; t < r->k; t++)
-    for (int w = 0; w < r->window; w++) {
-      dereg(r->nd, r->l->sc, r->snd[t].mh[w]);
-      free(r->snd[t].buf[w]);
-    }
-  for (int d = 0; d < r->depth; d++)
-    for (int t = 0; t < r->k; t++) {
-      dereg(r->nd, r->l->rc, r->rcv.mh[d][t]);
-      free(r->rcv.buf[d][t]);
-    }
+  for (int t = 0; t < r->k; t++) bufs_down(r->nd, r->l->sc, r->window, r->snd[t].buf, r->snd[t].mh);
+  for (int d = 0; d < r->depth; d++) bufs_down(r->nd, r->l->rc, r->k, r->rcv.buf[d], r->rcv.mh[d]);
 }
 
 /* One turn of a sending rank: maybe sit out, maybe try its next step, test its oldest. */
