@@ -282,14 +282,14 @@ static int speed_mbps(const struct ibv_port_attr *a) {
 }
 
 /* ------------------------------------------------------------------ async events */
-static void fail_comms(struct mpib_hca *h, int port, void *qp, void *cq, const char *what) {
+/* Fail the live connections of HCA h that own qp, or cq; with neither, all of them. */
+static void fail_comms(struct mpib_hca *h, void *qp, void *cq, const char *what) {
   int n = 0;
   pthread_mutex_lock(&g.reg_lock);
   for (struct mpib_comm_base *c = g.live; c; c = c->next_live) {
     if (c->dev->hca != h) continue;
     int hit = 0;
-    if (port > 0) hit = c->dev->port == port;
-    else if (qp) {
+    if (qp) {
       for (int i = 0; i < c->nqps; i++) hit |= (void *)c->qps[i] == qp;
       if (c->kind == MPIB_RECV_COMM) hit |= (void *)((struct mpib_recv_comm *)c)->flush_qp == qp;
     } else if (cq) hit = (void *)c->cq == cq;
@@ -303,8 +303,7 @@ static void fail_comms(struct mpib_hca *h, int port, void *qp, void *cq, const c
     __atomic_store_n(&c->err.warned, 1, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&g.reg_lock);
-  if (n == 0) MP_WARN("NET/IB: %s%s%d: %s (no open connection affected)", h->name, port > 0 ? " port " : "",
-                      port > 0 ? port : 0, what);
+  if (n == 0) MP_WARN("NET/IB: %s: %s (no open connection affected)", h->name, what);
 }
 
 static void *async_thread(void *arg) {
@@ -338,14 +337,14 @@ static void *async_thread(void *arg) {
       case IBV_EVENT_QP_REQ_ERR:
       case IBV_EVENT_QP_ACCESS_ERR:
         snprintf(what, sizeof(what), "%s on QP %u", mpib_event_str(ev.event_type), ev.element.qp->qp_num);
-        fail_comms(h, 0, ev.element.qp, NULL, what);
+        fail_comms(h, ev.element.qp, NULL, what);
         break;
       case IBV_EVENT_CQ_ERR:
         snprintf(what, sizeof(what), "CQ error (overrun)");
-        fail_comms(h, 0, NULL, ev.element.cq, what);
+        fail_comms(h, NULL, ev.element.cq, what);
         break;
       case IBV_EVENT_DEVICE_FATAL:
-        fail_comms(h, 0, NULL, NULL, "device fatal error (IBV_EVENT_DEVICE_FATAL)");
+        fail_comms(h, NULL, NULL, "device fatal error (IBV_EVENT_DEVICE_FATAL)");
         break;
       default:
         MP_INFO(NCCL_NET, "NET/IB: %s: async event %s (%d)", h->name, mpib_event_str(ev.event_type),
