@@ -259,9 +259,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   struct peer pe = {.fd = socket(p->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)};
   FUZZ_REQUIRE(pe.fd >= 0, "socket: %s", strerror(errno));
-  FUZZ_REQUIRE(connect(pe.fd, (struct sockaddr *)&p->ss, p->len) == 0, "connect: %s", strerror(errno));
+  FUZZ_REQUIRE(fuzz_connect(pe.fd, (struct sockaddr *)&p->ss, p->len) == 0, "connect: %s", strerror(errno));
   pe.port = local_port(pe.fd);
-  if (nrec) FUZZ_REQUIRE(send(pe.fd, data, nrec, MSG_NOSIGNAL) == (ssize_t)nrec, "send: %s", strerror(errno));
+  if (nrec) FUZZ_REQUIRE(fuzz_send_all(pe.fd, data, nrec) == 0, "send: %s", strerror(errno));
 
   void *rc = NULL;
   double t0 = now_s();

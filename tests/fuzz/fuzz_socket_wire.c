@@ -108,7 +108,7 @@ static int tcp_open(unsigned short *port) {
   int fd = socket(listen_ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   FUZZ_REQUIRE(fd >= 0, "socket: %s", strerror(errno));
   /* loopback: connect completes at once (the listener's backlog is 1024) */
-  if (connect(fd, (struct sockaddr *)&listen_ss, listen_len) != 0) {
+  if (fuzz_connect(fd, (struct sockaddr *)&listen_ss, listen_len) != 0) {
     FUZZ_REQUIRE(0, "connect to the plugin's listen address: %s", strerror(errno));
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);

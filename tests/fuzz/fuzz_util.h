@@ -5,10 +5,13 @@
 #ifndef MPLANE_FUZZ_UTIL_H
 #define MPLANE_FUZZ_UTIL_H
 
+#include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "plugin/log.h"
@@ -27,6 +30,36 @@ static inline double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* libFuzzer's timeout alarm (SIGALRM, installed without SA_RESTART) interrupts a blocking call of a
+ * target. A connect() cut short goes on in the kernel: wait for it and read its result; a send() cut
+ * short is resumed where it stopped. Both return 0 or -1 with errno set. */
+static inline int fuzz_connect(int fd, const struct sockaddr *sa, socklen_t len) {
+  if (connect(fd, sa, len) == 0) return 0;
+  if (errno != EINTR && errno != EINPROGRESS) return -1;
+  struct pollfd p = {.fd = fd, .events = POLLOUT};
+  int n;
+  do n = poll(&p, 1, 5000); /* a loaded host defers loopback softirqs; a full backlog resends SYN after 1 s */
+  while (n < 0 && errno == EINTR);
+  if (n == 0) errno = ETIMEDOUT;
+  if (n <= 0) return -1;
+  int err = 0;
+  socklen_t el = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) return -1;
+  errno = err;
+  return err ? -1 : 0;
+}
+
+static inline int fuzz_send_all(int fd, const void *buf, size_t len) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t w = send(fd, (const char *)buf + done, len - done, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    done += (size_t)w;
+  }
+  return 0;
 }
 
 /* Targets that drive the plugin: every call must come back within CALL_LIMIT_S, as the plugin never
