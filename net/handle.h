@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
-#include "../plugin/nccl/err.h"
+#include "../common/nccl/err.h"
 
 #define MPLANE_HANDLE_MAGIC 0x4e4c504du /* "MPLN" read as little-endian u32 */
 #define MPLANE_PROTOCOL_VERSION 2 /* 2: socket inline messages on the control socket */

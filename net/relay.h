@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#include "../plugin/nccl/err.h"
+#include "../common/nccl/err.h"
 #include "transport.h"
 
 /* ---------------------------------------------------------------- planes of devices */

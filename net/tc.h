@@ -19,7 +19,7 @@
 #define MPLANE_NET_TC_H
 
 #include <stddef.h>
-#include "../plugin/nccl/net.h"
+#include "../common/nccl/net.h"
 
 enum mplane_tc_class {
   MPLANE_TC_DEFAULT = 0,

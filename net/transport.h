@@ -12,7 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "../plugin/nccl/net.h"
+#include "../common/nccl/net.h"
 
 struct mplane_config;
 

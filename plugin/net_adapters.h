@@ -2,7 +2,7 @@
 #ifndef MPLANE_PLUGIN_NET_ADAPTERS_H
 #define MPLANE_PLUGIN_NET_ADAPTERS_H
 
-#include "nccl/net.h"
+#include "../common/nccl/net.h"
 
 #define MPLANE_ADAPTER_MAX_RECVS 8
 

@@ -4,7 +4,7 @@
 #define MPLANE_PLUGIN_NET_CORE_H
 
 #include "../net/transport.h"
-#include "nccl/net.h"
+#include "../common/nccl/net.h"
 
 /* One per NCCL communicator (net v11+ init), or one shared for older NCCLs. */
 struct mplane_net_ctx {

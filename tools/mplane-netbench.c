@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "plugin/nccl/net.h"
+#include "common/nccl/net.h"
 
 struct opts {
   const char *plugin;

@@ -23,7 +23,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../plugin/nccl/err.h"
+#include "../common/nccl/err.h"
 
 struct mplane_config;
 struct mplane_dev_props;

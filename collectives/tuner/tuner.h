@@ -9,7 +9,7 @@
 #define MPLANE_TUNER_H
 
 #include <stdint.h>
-#include "plugin/nccl/tuner.h"
+#include "common/nccl/tuner.h"
 #include "tuner_table.h"
 
 struct mplane_tuner_ctx;

@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "plugin/nccl/tuner.h"
+#include "common/nccl/tuner.h"
 
 #define MPLANE_TUNER_ANY (-1)
 #define MPLANE_TUNER_NO_LIMIT UINT64_MAX

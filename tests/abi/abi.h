@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "plugin/nccl/net.h"
+#include "common/nccl/net.h"
 
 /* ------------------------------------------------------------------ the plugin, any table version */
 

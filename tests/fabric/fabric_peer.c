@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "plugin/nccl/net.h"
+#include "common/nccl/net.h"
 
 static const char *role = "?";
 static char warns[64][1024];

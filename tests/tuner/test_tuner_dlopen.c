@@ -22,7 +22,7 @@
 
 #include <cmocka.h>
 
-#include "plugin/nccl/tuner.h"
+#include "common/nccl/tuner.h"
 
 #define NA 7
 #define NP 3

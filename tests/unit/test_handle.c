@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "net/handle.h"
-#include "plugin/nccl/net.h"
+#include "common/nccl/net.h"
 
 static struct mplane_handle sample(uint8_t transport, uint8_t len) {
   struct mplane_handle h;
