@@ -20,35 +20,7 @@
 
 #include <stddef.h>
 #include "../common/nccl/net.h"
-
-enum mplane_tc_class {
-  MPLANE_TC_DEFAULT = 0,
-  MPLANE_TC_COLLECTIVE = 1,
-  MPLANE_TC_ALLTOALL = 2,
-  MPLANE_TC_LOWLAT = 3,
-  MPLANE_TC_STORAGE = 4,
-  MPLANE_TC_NCLASSES = 5
-};
-
-#define MPLANE_TC_SL_MAX 15
-
-struct mplane_tc_map {
-  int sl[MPLANE_TC_NCLASSES];
-  int ar[MPLANE_TC_NCLASSES]; /* adaptive routing on (1) / off (0) */
-  int named[MPLANE_TC_NCLASSES];
-};
-
-/* "default", "collective", ... ; "?" for a value out of range. */
-const char *mplane_tc_class_name(int cls);
-/* Class index of a name (case-insensitive), -1 if unknown. */
-int mplane_tc_class_by_name(const char *name, size_t len);
-
-/* Parse a MPLANE_TC_MAP value. default_sl is the SL of classes the map leaves out when it leaves
- * out `default` too. 0 on success, else -1 with a reason in why (names the entry and column). */
-int mplane_tc_map_parse(const char *value, int default_sl, struct mplane_tc_map *out, char *why, size_t whylen);
-
-/* The validate callback of the MPLANE_TC_MAP row in plugin/config.c. */
-int mplane_tc_validate(const char *value, char *why, size_t whylen);
+#include "../common/tc_map.h"
 
 /* The process-wide map, parsed once from the configuration (the built-in default if none). */
 const struct mplane_tc_map *mplane_tc_map_get(void);
