@@ -5,7 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "../plugin/config.h"
+#include "config.h"
 
 static const char *const class_names[MPLANE_TC_NCLASSES] = {"default", "collective", "alltoall", "lowlat",
                                                              "storage"};

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../plugin/config.h" /* enum mplane_relay_mode, mplane_planes_parse */
-#include "../plugin/log.h"
+#include "../common/config.h" /* enum mplane_relay_mode, mplane_planes_parse */
+#include "../common/log.h"
 
 /* ================================================================ planes of devices */
 
@@ -90,7 +90,7 @@ static int name_matches(const char *entry, size_t len, const char *devname) {
 
 int mplane_planes_apply(const char *spec, struct mplane_dev_props *props, int ndev, char *why, size_t whylen) {
   struct mplane_planes_spec parsed;
-  if (mplane_planes_parse(spec, &parsed, why, whylen) != 0) return -1; /* plugin/config.c: the one grammar */
+  if (mplane_planes_parse(spec, &parsed, why, whylen) != 0) return -1; /* common/config.c: the one grammar */
   for (int i = 0; i < parsed.n; i++) {
     size_t len = strlen(parsed.entry[i].nic);
     for (int d = 0; d < ndev; d++)

@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../plugin/config.h"
-#include "../plugin/log.h"
+#include "../common/config.h"
+#include "../common/log.h"
 #include "handle.h"
 #include "tc.h"
 

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "../plugin/config.h"
-#include "../plugin/log.h"
+#include "../common/config.h"
+#include "../common/log.h"
 
 static uint64_t mono_ns(void) {
   struct timespec ts;

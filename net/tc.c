@@ -11,8 +11,8 @@
 #include <strings.h>
 #include <sys/socket.h>
 
-#include "../plugin/config.h"
-#include "../plugin/log.h"
+#include "../common/config.h"
+#include "../common/log.h"
 
 static pthread_once_t map_once = PTHREAD_ONCE_INIT;
 static struct mplane_tc_map global_map;

@@ -39,7 +39,7 @@ struct mplane_dev_props {
 struct mplane_comm_opts {
   int traffic_class; /* NCCL_NET_TRAFFIC_CLASS_UNDEF or the communicator's class */
   int service_level; /* resolved SL / DSCP class index (0..15) */
-  int tc_class;      /* resolved mplane class (net/tc.h enum mplane_tc_class) */
+  int tc_class;      /* resolved mplane class (common/tc_map.h enum mplane_tc_class) */
   int adaptive_routing; /* the class's adaptive-routing flag (MPLANE_TC_MAP ":ar") */
 };
 

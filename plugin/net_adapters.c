@@ -1,7 +1,7 @@
 /* mplane: calls shared by several ncclNet_vN tables (see net_adapters.h). */
 #include "net_adapters.h"
 
-#include "log.h"
+#include "../common/log.h"
 #include "net_core.h"
 
 ncclResult_t mplane_adapter_init_ctx(void **ctx, uint64_t comm_id, ncclNetCommConfig_v11_t *config,

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "log.h"
+#include "../common/config.h"
+#include "../common/log.h"
 #include "../net/handle.h"
 #include "../net/relay.h"
 #include "../net/stats.h"

@@ -1,7 +1,7 @@
 /* mplane: ncclNet_v8 (NCCL 2.19 - 2.22): int sizes, so messages are limited to INT_MAX bytes. */
 #include <limits.h>
 
-#include "log.h"
+#include "../common/log.h"
 #include "net_core.h"
 #include "net_adapters.h"
 

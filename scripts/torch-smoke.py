@@ -406,7 +406,7 @@ def read_network_report(log_dir, nprocs):
     return ranks
 
 
-# mplane's traffic classes (net/tc.h): ncclConfig_t.trafficClass values 0..4
+# mplane's traffic classes (common/tc_map.h): ncclConfig_t.trafficClass values 0..4
 TRAFFIC_CLASSES = {"default": 0, "collective": 1, "alltoall": 2, "lowlat": 3, "storage": 4}
 
 

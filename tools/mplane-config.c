@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "plugin/config.h"
+#include "common/config.h"
 
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--check") == 0) {

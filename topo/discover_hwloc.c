@@ -13,8 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../plugin/config.h"
-#include "../plugin/log.h"
+#include "../common/config.h"
+#include "../common/log.h"
 #include "topo_internal.h"
 
 /* NUMA node of an I/O object: the one NUMA node its locality covers, else -1 (the firmware gave

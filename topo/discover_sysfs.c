@@ -11,8 +11,8 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#include "../plugin/config.h"
-#include "../plugin/log.h"
+#include "../common/config.h"
+#include "../common/log.h"
 #include "topo_internal.h"
 
 static void join(char *out, size_t len, const char *root, const char *path) {

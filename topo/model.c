@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../plugin/config.h"
-#include "../plugin/log.h"
+#include "../common/config.h"
+#include "../common/log.h"
 #include "topo_internal.h"
 
 void mplane_topo_init(struct mplane_topo *t) {

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../plugin/config.h"
+#include "../common/config.h"
 #include "topo.h"
 
 static void usage(FILE *out) {

@@ -16,7 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../plugin/log.h"
+#include "../common/log.h"
 #include "topo_internal.h"
 
 struct writer {

@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include "../net/transport.h"
-#include "../plugin/config.h"
-#include "../plugin/log.h"
+#include "../common/config.h"
+#include "../common/log.h"
 #include "topo_internal.h"
 
 static struct mplane_topo *node_topo;

@@ -175,7 +175,7 @@ const char *mplane_topo_nic_kind_name(enum mplane_topo_nic_kind kind);
  * mlx5_0. -1 when none. */
 int mplane_topo_find_nic(const struct mplane_topo *t, const char *name);
 
-/* MPLANE_PLANES is parsed by mplane_planes_parse (plugin/config.h), the grammar's one parser. */
+/* MPLANE_PLANES is parsed by mplane_planes_parse (common/config.h), the grammar's one parser. */
 
 /* Pair GPUs with NICs and assign planes again, e.g. after NICs were added or the fabric was read.
  * planes is the MPLANE_PLANES value ("" or NULL: none); a NIC it names that does not exist, or

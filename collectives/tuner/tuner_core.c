@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plugin/config.h"
-#include "plugin/log.h"
+#include "common/config.h"
+#include "common/log.h"
 
 #define NCOLL MPLANE_NCCL_NUM_COLL_FUNCS
 

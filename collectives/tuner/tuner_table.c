@@ -10,8 +10,8 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "plugin/config.h"
-#include "plugin/log.h"
+#include "common/config.h"
+#include "common/log.h"
 
 #define TRY(call)                            \
   do {                                       \

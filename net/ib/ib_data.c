@@ -10,7 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../../plugin/log.h"
+#include "../../common/log.h"
 #include "ib.h"
 
 #define MPIB_LIVENESS_EVERY 64

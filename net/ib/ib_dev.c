@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../plugin/log.h"
+#include "../../common/log.h"
 #include "ib.h"
 
 static struct {

@@ -1,5 +1,5 @@
 /* mplane: the InfiniBand / RoCE transport's ops table (net/transport.h); see ib.h for the design. */
-#include "../../plugin/log.h"
+#include "../../common/log.h"
 #include "ib.h"
 
 static ncclResult_t ib_init(const struct mplane_config *cfg) { return mpib_discover(cfg); }

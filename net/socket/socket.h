@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#include "../../plugin/config.h"
+#include "../../common/config.h"
 #include "../handle.h"
 #include "../tag_wait.h"
 #include "../transport.h"

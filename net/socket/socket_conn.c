@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../plugin/log.h"
+#include "../../common/log.h"
 #include "../stage_set.h"
 #include "../tc.h"
 #include "socket.h"

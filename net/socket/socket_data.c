@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <linux/sockios.h>
 
-#include "../../plugin/log.h"
+#include "../../common/log.h"
 #include "socket.h"
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)

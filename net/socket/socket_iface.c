@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../plugin/log.h"
+#include "../../common/log.h"
 #include "../relay.h"
 #include "socket.h"
 

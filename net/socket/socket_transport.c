@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../plugin/log.h"
+#include "../../common/log.h"
 #include "socket.h"
 
 static const struct mplane_config *socket_cfg;

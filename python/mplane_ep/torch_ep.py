@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from . import _abi, _nccl
 
-# mplane's traffic classes (net/tc.h): the ncclConfig_t.trafficClass values the plugin understands
+# mplane's traffic classes (common/tc_map.h): the ncclConfig_t.trafficClass values the plugin understands
 TRAFFIC_CLASSES = {"default": 0, "collective": 1, "alltoall": 2, "lowlat": 3, "storage": 4}
 
 

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "fuzz_util.h"
-#include "plugin/config.h"
+#include "common/config.h"
 
 static char names[128][64];
 static int nnames;

@@ -7,7 +7,7 @@
 #include "fuzz_util.h"
 #include "net/relay.h"
 #include "net/transport.h"
-#include "plugin/config.h"
+#include "common/config.h"
 #include "topo/topo_internal.h"
 
 static const char *devnames[] = {"mlx5_0:1", "mlx5_1:1", "eth0", "lo", "veth0", "ib0"};

@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "plugin/log.h"
+#include "common/log.h"
 
 #define FUZZ_REQUIRE(cond, ...)                                          \
   do {                                                                   \

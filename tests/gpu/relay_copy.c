@@ -13,7 +13,7 @@
  * 77: no CUDA driver, no GPU, or fewer than 2 GPUs (meson's "skipped").
  *
  * Builds without meson where hwloc/cmocka are absent (the GPU machine):
- *   gcc -O2 -D_GNU_SOURCE -I. tests/gpu/relay_copy.c net/relay.c plugin/log.c -ldl -lpthread -o relay_copy */
+ *   gcc -O2 -D_GNU_SOURCE -I. tests/gpu/relay_copy.c net/relay.c common/log.c common/config.c common/tc_map.c -ldl -lpthread -o relay_copy */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -78,10 +78,10 @@ class TrafficClass(unittest.TestCase):
         with self.assertRaises(Exception):
             ts.parse_traffic_class("bulk")
 
-    def test_table_matches_net_tc_h(self):
+    def test_table_matches_tc_map_h(self):
         sys.path.insert(0, HERE)
         import cheader
-        with open(os.path.join(HERE, "..", "..", "net", "tc.h")) as f:
+        with open(os.path.join(HERE, "..", "..", "common", "tc_map.h")) as f:
             h = cheader.parse(f.read())
         plugin = {n[len("MPLANE_TC_"):].lower(): v for n, v in h.enums.items()
                   if n.startswith("MPLANE_TC_") and n != "MPLANE_TC_NCLASSES"}

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "net/transport.h"
-#include "plugin/config.h"
+#include "common/config.h"
 #include "topo/topo.h"
 #include "topo/topo_internal.h"
 #include "topo_test_util.h"

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "collectives/tuner/tuner_table.h"
-#include "plugin/log.h"
+#include "common/log.h"
 
 #define HEADER "collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks\n"
 

@@ -1,4 +1,4 @@
-/* Unit tests: MPLANE_* configuration parsing (plugin/config.c).
+/* Unit tests: MPLANE_* configuration parsing (common/config.c).
  *
  * Every row of the config table is exercised: its default, values it must accept (stored exactly),
  * values it must refuse (ncclInvalidArgument with a message that names the variable, the value and
@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "net/socket/socket.h"
-#include "plugin/config.h"
+#include "common/config.h"
 
 /* ------------------------------------------------------------------ the table, as described */
 

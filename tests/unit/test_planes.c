@@ -17,7 +17,7 @@
 #include "net/relay.h"
 #include "net/stats.h"
 #include "net/tc.h"
-#include "plugin/config.h"
+#include "common/config.h"
 
 static char why[256];
 

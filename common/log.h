@@ -6,7 +6,7 @@
 #ifndef MPLANE_LOG_H
 #define MPLANE_LOG_H
 
-#include "../common/nccl/common.h"
+#include "nccl/common.h"
 
 void mplane_log_set_logger(ncclDebugLogger_t logger);
 void mplane_log(ncclDebugLogLevel level, unsigned long subsys, const char *file, int line, const char *fmt, ...)

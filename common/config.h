@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
-#include "../common/nccl/err.h"
+#include "nccl/err.h"
 
 enum mplane_transport_choice { MPLANE_TRANSPORT_AUTO = 0, MPLANE_TRANSPORT_IB, MPLANE_TRANSPORT_SOCKET };
 enum mplane_relay_mode { MPLANE_RELAY_AUTO = 0, MPLANE_RELAY_NVLINK, MPLANE_RELAY_PCIE, MPLANE_RELAY_HOST,

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "../common/tc_map.h"
+#include "tc_map.h"
 
 enum kind { K_INT, K_SIZE, K_BOOL, K_ENUM, K_STR };
 
