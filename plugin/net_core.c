@@ -11,7 +11,7 @@
 #include "../net/relay.h"
 #include "../net/stats.h"
 #include "../net/tc.h"
-#include "../topo/topo.h"
+#include "topo_bind.h"
 
 #define MPLANE_MAX_DEVS 64
 

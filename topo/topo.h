@@ -25,8 +25,6 @@
 
 #include "../common/nccl/err.h"
 
-struct mplane_config;
-struct mplane_dev_props;
 
 #define MPLANE_TOPO_MAX_GPUS 64
 #define MPLANE_TOPO_MAX_NICS 64
@@ -190,14 +188,19 @@ void mplane_topo_apply_cuda_visible(struct mplane_topo *t, const char *spec);
  * "fec0:0000:0000:0001"). kind: 1 IB prefix, 2 IPv4, 3 IPv6. Call assign_planes afterwards. */
 void mplane_topo_set_subnet(struct mplane_topo *t, int nic, int kind, uint64_t key, const char *text);
 
+/* Sort NICs again (after virtual ones were added). */
+void mplane_topo_sort_nics(struct mplane_topo *t);
+
+/* Live details: read up interfaces (getifaddrs) for IP subnets; with add_virtual, interfaces that
+ * are no NIC of the model yet (and no loopback / container bridge) are added as virtual NICs.
+ * Link speeds from sysfs for NICs that have none. */
+void mplane_topo_read_interfaces(struct mplane_topo *t, int add_virtual);
+
+/* Parse "0000:18:00.0"-like strings; 0 when it is a PCI bus id, and then writes it lower case. */
+int mplane_topo_parse_busid(const char *s, char *out, size_t len);
+
 /* Add a NIC that has no PCI device (veth, lo). Returns its index, or -1 when full. */
 int mplane_topo_add_virtual_nic(struct mplane_topo *t, const char *name);
-
-/* The plugin's part: match each transport device to its NIC by name (or PCI path), add the ones
- * hwloc does not know as virtual NICs, assign planes, and write back plane, rail, and (when the
- * transport left them empty) pci_path, guid and speed. planes as in assign_planes. */
-ncclResult_t mplane_topo_annotate_props(struct mplane_topo *t, struct mplane_dev_props *props, int n,
-                                        const char *planes, char *err, size_t errlen);
 
 /* NCCL topology XML of the node (the tree NCCL builds from sysfs: <system><cpu numaid><pci switch>
  * <pci gpu/nic>...), each NIC's <nic><net name dev speed port guid plane rail/></nic>. GPU <pci>
@@ -212,12 +215,5 @@ void mplane_topo_print_table(const struct mplane_topo *t, FILE *out);
 void mplane_topo_print_picture(const struct mplane_topo *t, FILE *out);
 void mplane_topo_print_json(const struct mplane_topo *t, FILE *out);
 void mplane_topo_print_nccl_env(const struct mplane_topo *t, FILE *out);
-
-/* Plugin init: discover (MPLANE_TOPO_FILE or live), annotate the transport's devices, and unless
- * NCCL_TOPO_FILE is set or MPLANE_NCCL_TOPO=0, hand NCCL the node's topology through a memfd and
- * NCCL_TOPO_FILE. Fails only on bad input (the WARN names it); a node hwloc cannot read is no error. */
-ncclResult_t mplane_topo_plugin_init(const struct mplane_config *cfg, struct mplane_dev_props *props, int n);
-/* The node as the plugin saw it at init; NULL before, or when discovery found nothing. */
-const struct mplane_topo *mplane_topo_node(void);
 
 #endif

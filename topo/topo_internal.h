@@ -37,13 +37,7 @@ int mplane_topo_nic_for_pci(struct mplane_topo *t, int pci);
 /* After a builder: GPUs from the PCI functions (NVIDIA display/3D class), sorted by bus id and
  * numbered; NICs sorted (PCI ones by bus id, then virtual ones by name); names and guids filled. */
 void mplane_topo_finish(struct mplane_topo *t);
-/* Sort NICs again (after virtual ones were added). */
-void mplane_topo_sort_nics(struct mplane_topo *t);
 
-/* Live details: read up interfaces (getifaddrs) for IP subnets; with add_virtual, interfaces that
- * are no NIC of the model yet (and no loopback / container bridge) are added as virtual NICs.
- * Link speeds from sysfs for NICs that have none. */
-void mplane_topo_read_interfaces(struct mplane_topo *t, int add_virtual);
 void mplane_topo_read_speeds(struct mplane_topo *t, const char *root);
 
 /* The NCCL view of the PCI tree: PCI nodes NCCL keeps between a device and its CPU (every second
@@ -66,8 +60,6 @@ int mplane_topo_parse_ib_rate(const char *s);
 /* "ffffffff,0000ffff" (sysfs cpumap form) from a list of CPU numbers. */
 void mplane_topo_cpumap(const int *cpus, int n, char *out, size_t len);
 
-/* Parse "0000:18:00.0"-like strings; 0 when it is a PCI bus id, and then writes it lower case. */
-int mplane_topo_parse_busid(const char *s, char *out, size_t len);
 
 /* Natural order of names: "veth2" < "veth10". */
 int mplane_topo_name_cmp(const char *a, const char *b);

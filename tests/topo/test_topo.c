@@ -17,6 +17,7 @@
 
 #include "net/transport.h"
 #include "common/config.h"
+#include "plugin/topo_bind.h"
 #include "topo/topo.h"
 #include "topo/topo_internal.h"
 #include "topo_test_util.h"

@@ -20,6 +20,7 @@
 
 #include "net/transport.h"
 #include "plugin/net_core.h"
+#include "plugin/topo_bind.h"
 #include "topo/topo.h"
 #include "topo_test_util.h"
 

@@ -1,13 +1,12 @@
-/* mplane: what the plugin asks of topo/ at init (see topo.h). */
+/* mplane: what the plugin asks of topo/ at init (see topo_bind.h). */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../net/transport.h"
-#include "../common/config.h"
+#include "topo_bind.h"
+
 #include "../common/log.h"
-#include "topo_internal.h"
 
 static struct mplane_topo *node_topo;
 
