@@ -174,7 +174,7 @@ int sc_shared_order(void) {
   } else {
     chan_recv(pp.fd, &c, 1);
     usleep(200000); /* both groups' offers have reached this side */
-    /* the order of the issue: tag 1, tag 1 again, then tag 2, tag 2 */
+    /* the order that broke shared comms: tag 1, tag 1 again, then tag 2, tag 2 */
     const int order[4][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}}; /* {message of the tag, tag index} */
     void *req[4] = {0};
     int nulls_second = 0;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mplane topo on a GPU machine (the device run of issue 3), from a build made elsewhere:
+# mplane topo on a GPU machine, from a build made elsewhere:
 #
 #   bash tests/topo/device-check.sh [BUILD_DIR]          (default build-topo)
 #
