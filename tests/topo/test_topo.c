@@ -567,40 +567,6 @@ static void test_cuda_visible(void **state) {
 
 /* ------------------------------------------------------------------ sysfs fallback */
 
-static void mkfile(const char *root, const char *rel, const char *text) {
-  char path[1024];
-  snprintf(path, sizeof(path), "%s/%s", root, rel);
-  for (char *p = path + strlen(root) + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    mkdir(path, 0755);
-    *p = '/';
-  }
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
-
-static void mkpci(const char *root, const char *devpath, const char *cls, const char *vendor, const char *numa) {
-  char rel[512];
-  const char *bdf = strrchr(devpath, '/') + 1;
-  snprintf(rel, sizeof(rel), "sys/devices/%s/class", devpath);
-  mkfile(root, rel, cls);
-  snprintf(rel, sizeof(rel), "sys/devices/%s/vendor", devpath);
-  mkfile(root, rel, vendor);
-  snprintf(rel, sizeof(rel), "sys/devices/%s/device", devpath);
-  mkfile(root, rel, "0x1234\n");
-  snprintf(rel, sizeof(rel), "sys/devices/%s/numa_node", devpath);
-  mkfile(root, rel, numa);
-  char link[1024], target[1024];
-  snprintf(link, sizeof(link), "%s/sys/bus/pci/devices", root);
-  mkdir(link, 0755);
-  snprintf(link, sizeof(link), "%s/sys/bus/pci/devices/%s", root, bdf);
-  snprintf(target, sizeof(target), "../../../devices/%s", devpath);
-  assert_int_equal(symlink(target, link), 0);
-}
-
 static void test_sysfs_fallback(void **state) {
   (void)state;
   char root[512];
@@ -608,30 +574,30 @@ static void test_sysfs_fallback(void **state) {
   mkdir(root, 0755);
   char rel[512];
   snprintf(rel, sizeof(rel), "sys/bus/pci/x");
-  mkfile(root, rel, "");
+  sysfs_mkfile(root, rel, "");
   /* switch 0000:11:00.0 below root port 0000:10:01.0 carries a GPU and an IB NIC; a second GPU
    * sits on another root complex of NUMA node 1 */
   const char *rp = "pci0000:10/0000:10:01.0", *up = "pci0000:10/0000:10:01.0/0000:11:00.0";
-  mkpci(root, rp, "0x060400\n", "0x8086\n", "0\n");
-  mkpci(root, up, "0x060400\n", "0x1000\n", "0\n");
-  mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:00.0", "0x060400\n", "0x1000\n", "0\n");
-  mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0", "0x060400\n", "0x1000\n", "0\n");
-  mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:00.0/0000:13:00.0", "0x030200\n", "0x10de\n", "0\n");
-  mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0/0000:14:00.0", "0x020700\n", "0x15b3\n", "0\n");
-  mkfile(root, "sys/devices/pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0/0000:14:00.0/infiniband/mlx5_0/x", "");
-  mkfile(root, "sys/devices/pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0/0000:14:00.0/net/ibp20s0/x", "");
-  mkfile(root, "sys/class/infiniband/mlx5_0/node_guid", "a088:c203:00aa:bb01\n");
-  mkfile(root, "sys/class/infiniband/mlx5_0/ports/1/gids/0", "fec0:0000:0000:0003:a088:c203:00aa:bb01\n");
-  mkfile(root, "sys/class/infiniband/mlx5_0/ports/1/rate", "400 Gb/sec (4X NDR)\n");
-  mkfile(root, "sys/class/net/ibp20s0/address", "00:00:10:29:fe:80:00:00:00:00:00:00:a0:88:c2:03:00:aa:bb:01\n");
-  mkpci(root, "pci0000:90/0000:90:01.0", "0x060400\n", "0x8086\n", "1\n");
-  mkpci(root, "pci0000:90/0000:90:01.0/0000:91:00.0", "0x030200\n", "0x10de\n", "1\n");
-  mkpci(root, "pci0000:90/0000:90:02.0", "0x060400\n", "0x8086\n", "1\n");
-  mkpci(root, "pci0000:90/0000:90:02.0/0000:92:00.0", "0x010802\n", "0x144d\n", "1\n"); /* NVMe: ignored */
-  mkfile(root, "sys/devices/system/node/node0/cpulist", "0-3\n");
-  mkfile(root, "sys/devices/system/node/node1/cpulist", "4-7,40\n");
-  mkfile(root, "sys/devices/system/cpu/online", "0-7,40\n");
-  mkfile(root, "proc/sys/kernel/hostname", "fake-node\n");
+  sysfs_mkpci(root, rp, "0x060400\n", "0x8086\n", "0\n");
+  sysfs_mkpci(root, up, "0x060400\n", "0x1000\n", "0\n");
+  sysfs_mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:00.0", "0x060400\n", "0x1000\n", "0\n");
+  sysfs_mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0", "0x060400\n", "0x1000\n", "0\n");
+  sysfs_mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:00.0/0000:13:00.0", "0x030200\n", "0x10de\n", "0\n");
+  sysfs_mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0/0000:14:00.0", "0x020700\n", "0x15b3\n", "0\n");
+  sysfs_mkfile(root, "sys/devices/pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0/0000:14:00.0/infiniband/mlx5_0/x", "");
+  sysfs_mkfile(root, "sys/devices/pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0/0000:14:00.0/net/ibp20s0/x", "");
+  sysfs_mkfile(root, "sys/class/infiniband/mlx5_0/node_guid", "a088:c203:00aa:bb01\n");
+  sysfs_mkfile(root, "sys/class/infiniband/mlx5_0/ports/1/gids/0", "fec0:0000:0000:0003:a088:c203:00aa:bb01\n");
+  sysfs_mkfile(root, "sys/class/infiniband/mlx5_0/ports/1/rate", "400 Gb/sec (4X NDR)\n");
+  sysfs_mkfile(root, "sys/class/net/ibp20s0/address", "00:00:10:29:fe:80:00:00:00:00:00:00:a0:88:c2:03:00:aa:bb:01\n");
+  sysfs_mkpci(root, "pci0000:90/0000:90:01.0", "0x060400\n", "0x8086\n", "1\n");
+  sysfs_mkpci(root, "pci0000:90/0000:90:01.0/0000:91:00.0", "0x030200\n", "0x10de\n", "1\n");
+  sysfs_mkpci(root, "pci0000:90/0000:90:02.0", "0x060400\n", "0x8086\n", "1\n");
+  sysfs_mkpci(root, "pci0000:90/0000:90:02.0/0000:92:00.0", "0x010802\n", "0x144d\n", "1\n"); /* NVMe: ignored */
+  sysfs_mkfile(root, "sys/devices/system/node/node0/cpulist", "0-3\n");
+  sysfs_mkfile(root, "sys/devices/system/node/node1/cpulist", "4-7,40\n");
+  sysfs_mkfile(root, "sys/devices/system/cpu/online", "0-7,40\n");
+  sysfs_mkfile(root, "proc/sys/kernel/hostname", "fake-node\n");
 
   /* The fallback says so once at INFO (MPLANE_DEBUG=1 sends INFO to stderr): catch stderr. */
   char errpath[600];

@@ -337,38 +337,6 @@ static void test_check_process(void **state) {
 
 /* ------------------------------------------------------------------ sysfs text */
 
-static void mkfile(const char *root, const char *rel, const char *text) {
-  char path[1024];
-  snprintf(path, sizeof(path), "%s/%s", root, rel);
-  for (char *p = path + strlen(root) + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    mkdir(path, 0755);
-    *p = '/';
-  }
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
-
-static void mkpci(const char *root, const char *devpath, const char *cls, const char *vendor, const char *numa) {
-  char rel[512];
-  const char *bdf = strrchr(devpath, '/') + 1;
-  snprintf(rel, sizeof(rel), "sys/devices/%s/class", devpath);
-  mkfile(root, rel, cls);
-  snprintf(rel, sizeof(rel), "sys/devices/%s/vendor", devpath);
-  mkfile(root, rel, vendor);
-  snprintf(rel, sizeof(rel), "sys/devices/%s/numa_node", devpath);
-  mkfile(root, rel, numa);
-  char link[1024], target[1024];
-  snprintf(link, sizeof(link), "%s/sys/bus/pci/devices", root);
-  mkdir(link, 0755);
-  snprintf(link, sizeof(link), "%s/sys/bus/pci/devices/%s", root, bdf);
-  snprintf(target, sizeof(target), "../../../devices/%s", devpath);
-  assert_int_equal(symlink(target, link), 0);
-}
-
 static void sysfs_case(const void *arg, struct outcome *o) {
   struct mplane_topo_options opts = {.sysfs_root = arg, .force_sysfs = 1};
   struct mplane_topo *t = NULL;
@@ -390,14 +358,14 @@ static const char *huge_sysfs_root(void) {
   snprintf(root, sizeof(root), "%s/sysroot-huge", tmpdir);
   if (access(root, F_OK) == 0) return root;
   mkdir(root, 0755);
-  mkfile(root, "sys/bus/pci/x", "");
-  mkpci(root, "pci0000:10/0000:10:01.0", "0x060400\n", "0x8086\n", "0\n");
-  mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0", "0x020700\n", "0x15b3\n", "99999999999999999999\n");
-  mkfile(root, "sys/devices/pci0000:10/0000:10:01.0/0000:11:00.0/infiniband/mlx5_0/x", "");
-  mkfile(root, "sys/class/infiniband/mlx5_0/ports/1/gids/0", "fe80:0000:0000:0000:a088:c203:00aa:bb01\n");
-  mkfile(root, "sys/class/infiniband/mlx5_0/ports/1/rate", "1e12 Gb/sec (4X NDR)\n");
-  mkfile(root, "sys/devices/system/node/node0/cpulist", "9223372036854775807\n");
-  mkfile(root, "sys/devices/system/cpu/online", "0-9223372036854775807\n");
+  sysfs_mkfile(root, "sys/bus/pci/x", "");
+  sysfs_mkpci(root, "pci0000:10/0000:10:01.0", "0x060400\n", "0x8086\n", "0\n");
+  sysfs_mkpci(root, "pci0000:10/0000:10:01.0/0000:11:00.0", "0x020700\n", "0x15b3\n", "99999999999999999999\n");
+  sysfs_mkfile(root, "sys/devices/pci0000:10/0000:10:01.0/0000:11:00.0/infiniband/mlx5_0/x", "");
+  sysfs_mkfile(root, "sys/class/infiniband/mlx5_0/ports/1/gids/0", "fe80:0000:0000:0000:a088:c203:00aa:bb01\n");
+  sysfs_mkfile(root, "sys/class/infiniband/mlx5_0/ports/1/rate", "1e12 Gb/sec (4X NDR)\n");
+  sysfs_mkfile(root, "sys/devices/system/node/node0/cpulist", "9223372036854775807\n");
+  sysfs_mkfile(root, "sys/devices/system/cpu/online", "0-9223372036854775807\n");
   return root;
 }
 

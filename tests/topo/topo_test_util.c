@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 struct xt_parser {
   const char *p;
@@ -313,4 +315,43 @@ int tmpdir_remove(const char *dir) {
   char cmd[512];
   snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
   return system(cmd) == 0 ? 0 : -1;
+}
+
+static void put_or_abort(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+    fprintf(stderr, "topo test: cannot write the fixture file %s\n", path);
+    abort();
+  }
+}
+
+void sysfs_mkfile(const char *root, const char *rel, const char *text) {
+  char path[1024];
+  snprintf(path, sizeof(path), "%s/%s", root, rel);
+  for (char *p = path + strlen(root) + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    mkdir(path, 0755);
+    *p = '/';
+  }
+  put_or_abort(path, text);
+}
+
+void sysfs_mkpci(const char *root, const char *devpath, const char *cls, const char *vendor, const char *numa) {
+  static const char *const names[] = {"class", "vendor", "device", "numa_node"};
+  const char *texts[] = {cls, vendor, "0x1234\n", numa};
+  char rel[512];
+  for (int i = 0; i < 4; i++) {
+    snprintf(rel, sizeof(rel), "sys/devices/%s/%s", devpath, names[i]);
+    sysfs_mkfile(root, rel, texts[i]);
+  }
+  char link[1024], target[1024];
+  snprintf(link, sizeof(link), "%s/sys/bus/pci/devices", root);
+  mkdir(link, 0755);
+  snprintf(link, sizeof(link), "%s/sys/bus/pci/devices/%s", root, strrchr(devpath, '/') + 1);
+  snprintf(target, sizeof(target), "../../../devices/%s", devpath);
+  if (symlink(target, link) != 0) {
+    fprintf(stderr, "topo test: cannot link %s\n", link);
+    abort();
+  }
 }

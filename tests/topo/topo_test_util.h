@@ -42,4 +42,10 @@ int tmpdir_make(char *dir, size_t len, const char *prefix);
 /* Remove that folder and everything in it; 0 on success. */
 int tmpdir_remove(const char *dir);
 
+/* A fake sysfs under root, for the sysfs fallback. sysfs_mkfile writes root/rel (making its
+ * folders); sysfs_mkpci makes a PCI function at sys/devices/<devpath> (class, vendor, device,
+ * numa_node) and its sys/bus/pci/devices link. Either aborts the test when the file cannot be made. */
+void sysfs_mkfile(const char *root, const char *rel, const char *text);
+void sysfs_mkpci(const char *root, const char *devpath, const char *cls, const char *vendor, const char *numa);
+
 #endif
