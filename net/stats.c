@@ -15,21 +15,8 @@
 #define ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 
-struct comm_rec {
-  struct mplane_stats_comm_info info;
-  char dev_name[64];
-  char peer[96];
-  struct mplane_stats_counters c;
-};
-
-struct req_rec {
-  struct comm_rec *comm;
-  size_t send_bytes;
-  int is_send;
-  int nrecv;
-};
-
-/* ---- a small pointer-keyed hash map (linear probing, backward-shift delete), under one lock ---- */
+/* ---- a small pointer-keyed hash map (linear probing, backward-shift delete) for listen comms, under
+ * the lock (connection setup only, never the data path) ---- */
 struct pmap_ent {
   void *key;
   void *val;
@@ -106,96 +93,79 @@ static void *pmap_del(struct pmap *m, void *key) {
 }
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static struct pmap comms, reqs, listens;
-static struct mplane_stats_totals totals;
+static struct pmap listens;
+static struct mplane_stats_totals totals; /* closed comms' counters, and comms opened/closed */
+static struct mplane_stats_comm *live;     /* open comms, whose counters a snapshot adds */
 
 struct listen_rec {
   int dev, cls;
 };
 
 /* Bytes on a device with no plane (loopback, a NIC topo/ left out) still count: under plane -1. */
-static struct mplane_stats_counters *plane_ctr(int plane) {
-  if (plane < 0 || plane >= MPLANE_STATS_MAX_PLANES) return &totals.plane_unknown;
-  return &totals.plane[plane];
+static struct mplane_stats_counters *plane_ctr(struct mplane_stats_totals *t, int plane) {
+  if (plane < 0 || plane >= MPLANE_STATS_MAX_PLANES) return &t->plane_unknown;
+  return &t->plane[plane];
 }
 
-static struct mplane_stats_counters *class_ctr(int cls) {
+static struct mplane_stats_counters *class_ctr(struct mplane_stats_totals *t, int cls) {
   if (cls < 0 || cls >= MPLANE_TC_NCLASSES) cls = MPLANE_TC_DEFAULT;
-  return &totals.cls[cls];
+  return &t->cls[cls];
 }
 
-void mplane_stats_comm_open(void *comm, const struct mplane_stats_comm_info *info) {
-  if (!comm || !info) return;
-  struct comm_rec *r = calloc(1, sizeof(*r));
+void mplane_stats_comm_open(struct mplane_stats_comm *s, const struct mplane_stats_comm_info *info) {
+  if (!s || !info) return;
+  memset(s, 0, sizeof(*s));
+  s->info = *info;
+  snprintf(s->dev_name, sizeof(s->dev_name), "%s", info->dev_name ? info->dev_name : "?");
+  snprintf(s->peer, sizeof(s->peer), "%s", info->peer ? info->peer : "");
+  s->info.dev_name = s->dev_name;
+  s->info.peer = s->peer;
+  s->open = 1;
+  pthread_mutex_lock(&lock);
+  s->next = live;
+  if (live) live->prev = s;
+  live = s;
+  totals.comms_opened++;
+  pthread_mutex_unlock(&lock);
+}
+
+void mplane_stats_request(struct mplane_stats_comm *s, struct mplane_stats_req *r, size_t send_bytes, int nrecv) {
   if (!r) return;
-  r->info = *info;
-  snprintf(r->dev_name, sizeof(r->dev_name), "%s", info->dev_name ? info->dev_name : "?");
-  snprintf(r->peer, sizeof(r->peer), "%s", info->peer ? info->peer : "");
-  r->info.dev_name = r->dev_name;
-  r->info.peer = r->peer;
-  pthread_mutex_lock(&lock);
-  struct comm_rec *old = pmap_get(&comms, comm);
-  if (pmap_put(&comms, comm, r) != 0) {
-    free(r);
-    r = NULL;
-  } else {
-    free(old);
-  }
-  pthread_mutex_unlock(&lock);
-  if (r) ADD(&totals.comms_opened, 1);
+  r->comm = s && s->open ? s : NULL;
+  r->send_bytes = send_bytes;
+  r->nrecv = nrecv;
 }
 
-void mplane_stats_request(void *comm, void *request, size_t send_bytes, int nrecv) {
-  if (!comm || !request) return;
-  pthread_mutex_lock(&lock);
-  struct comm_rec *c = pmap_get(&comms, comm);
-  if (c) {
-    /* The request record lives in the map's value slot: bytes and direction packed with the comm. */
-    struct req_rec *rr = malloc(sizeof(*rr));
-    if (rr) {
-      rr->comm = c;
-      rr->send_bytes = send_bytes;
-      rr->is_send = c->info.is_send;
-      rr->nrecv = nrecv;
-      struct req_rec *old = pmap_get(&reqs, request);
-      if (pmap_put(&reqs, request, rr) != 0) free(rr);
-      else free(old);
-    }
+void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes) {
+  if (!r || !r->comm) return;
+  struct mplane_stats_comm *c = r->comm;
+  r->comm = NULL;
+  if (!c->open) return;
+  struct mplane_stats_counters *k = &c->c;
+  if (c->info.is_send) {
+    ADD(&k->tx_bytes, r->send_bytes);
+    ADD(&k->tx_msgs, 1);
+    if (c->info.relayed) ADD(&k->relayed_bytes, r->send_bytes);
+    return;
   }
-  pthread_mutex_unlock(&lock);
+  uint64_t bytes = 0;
+  for (int i = 0; sizes && i < r->nrecv; i++) bytes += (uint64_t)(sizes[i] > 0 ? sizes[i] : 0);
+  ADD(&k->rx_bytes, bytes);
+  ADD(&k->rx_msgs, (uint64_t)r->nrecv);
 }
 
-static void account(struct comm_rec *c, int is_send, uint64_t bytes, uint64_t msgs) {
-  struct mplane_stats_counters *ctrs[3] = {&c->c, plane_ctr(c->info.plane), class_ctr(c->info.cls)};
-  for (int i = 0; i < 3; i++) {
-    struct mplane_stats_counters *k = ctrs[i];
-    if (!k) continue;
-    if (is_send) {
-      ADD(&k->tx_bytes, bytes);
-      ADD(&k->tx_msgs, msgs);
-      if (c->info.relayed) ADD(&k->relayed_bytes, bytes);
-    } else {
-      ADD(&k->rx_bytes, bytes);
-      ADD(&k->rx_msgs, msgs);
-    }
-  }
+static void add_ctr(struct mplane_stats_counters *d, const struct mplane_stats_counters *s) {
+  d->tx_bytes += LOAD(&s->tx_bytes);
+  d->tx_msgs += LOAD(&s->tx_msgs);
+  d->rx_bytes += LOAD(&s->rx_bytes);
+  d->rx_msgs += LOAD(&s->rx_msgs);
+  d->relayed_bytes += LOAD(&s->relayed_bytes);
 }
 
-void mplane_stats_request_done(void *request, const int *sizes) {
-  if (!request) return;
-  pthread_mutex_lock(&lock);
-  struct req_rec *rr = pmap_del(&reqs, request);
-  if (rr) {
-    uint64_t bytes = rr->send_bytes, msgs = 1;
-    if (!rr->is_send) {
-      bytes = 0;
-      msgs = (uint64_t)rr->nrecv;
-      for (int i = 0; sizes && i < rr->nrecv; i++) bytes += (uint64_t)(sizes[i] > 0 ? sizes[i] : 0);
-    }
-    account(rr->comm, rr->is_send, bytes, msgs);
-    free(rr);
-  }
-  pthread_mutex_unlock(&lock);
+/* A comm's counters into its plane's and its class's (under the lock). */
+static void fold(struct mplane_stats_totals *t, const struct mplane_stats_comm *c) {
+  add_ctr(plane_ctr(t, c->info.plane), &c->c);
+  add_ctr(class_ctr(t, c->info.cls), &c->c);
 }
 
 static void human(uint64_t b, char *buf, size_t len) {
@@ -209,25 +179,17 @@ static void human(uint64_t b, char *buf, size_t len) {
   snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", v, u[i]);
 }
 
-void mplane_stats_comm_close(void *comm) {
-  if (!comm) return;
+void mplane_stats_comm_close(struct mplane_stats_comm *c) {
+  if (!c || !c->open) return;
   pthread_mutex_lock(&lock);
-  struct comm_rec *c = pmap_del(&comms, comm);
-  if (c) {
-    /* Requests still in flight die with the comm. */
-    for (size_t i = 0; i < reqs.cap; i++) {
-      if (!reqs.e[i].key) continue;
-      struct req_rec *rr = reqs.e[i].val;
-      if (rr->comm == c) {
-        pmap_del(&reqs, reqs.e[i].key);
-        free(rr);
-        i--; /* backward shift may have moved an entry into slot i */
-      }
-    }
-  }
+  c->open = 0;
+  if (c->prev) c->prev->next = c->next;
+  else live = c->next;
+  if (c->next) c->next->prev = c->prev;
+  c->prev = c->next = NULL;
+  fold(&totals, c);
+  totals.comms_closed++;
   pthread_mutex_unlock(&lock);
-  if (!c) return;
-  ADD(&totals.comms_closed, 1);
   char bytes[32], rel[64] = "";
   const struct mplane_stats_counters *k = &c->c;
   human(c->info.is_send ? k->tx_bytes : k->rx_bytes, bytes, sizeof(bytes));
@@ -240,7 +202,6 @@ void mplane_stats_comm_close(void *comm) {
           c->info.is_send ? "send" : "recv", c->info.is_send ? "to" : "from", c->peer[0] ? c->peer : "peer",
           c->dev_name, c->info.plane, mplane_tc_class_name(c->info.cls), c->info.sl,
           (unsigned long long)(c->info.is_send ? k->tx_msgs : k->rx_msgs), bytes, rel);
-  free(c);
   mplane_stats_flush();
 }
 
@@ -274,21 +235,11 @@ void mplane_stats_listen_close(void *listen_comm) {
   pthread_mutex_unlock(&lock);
 }
 
-static void copy_ctr(struct mplane_stats_counters *d, const struct mplane_stats_counters *s) {
-  d->tx_bytes = LOAD(&s->tx_bytes);
-  d->tx_msgs = LOAD(&s->tx_msgs);
-  d->rx_bytes = LOAD(&s->rx_bytes);
-  d->rx_msgs = LOAD(&s->rx_msgs);
-  d->relayed_bytes = LOAD(&s->relayed_bytes);
-}
-
 void mplane_stats_snapshot(struct mplane_stats_totals *out) {
-  memset(out, 0, sizeof(*out));
-  for (int p = 0; p < MPLANE_STATS_MAX_PLANES; p++) copy_ctr(&out->plane[p], &totals.plane[p]);
-  copy_ctr(&out->plane_unknown, &totals.plane_unknown);
-  for (int c = 0; c < 8; c++) copy_ctr(&out->cls[c], &totals.cls[c]);
-  out->comms_opened = LOAD(&totals.comms_opened);
-  out->comms_closed = LOAD(&totals.comms_closed);
+  pthread_mutex_lock(&lock);
+  *out = totals;
+  for (const struct mplane_stats_comm *c = live; c; c = c->next) fold(out, c);
+  pthread_mutex_unlock(&lock);
 }
 
 static void json_ctr(FILE *f, const struct mplane_stats_counters *k) {

@@ -6,7 +6,7 @@
  * a relay NIC (a cross-plane connection). Each comm's own totals go to one INFO line when it
  * closes; with MPLANE_STATS_FILE set, the process totals are (re)written there as JSON at every
  * close ("%p" in the path becomes the process id). Thread-safe: NCCL may run several proxy
- * threads, and counters are atomics. */
+ * threads; a request's path (start, done) touches only its comm's counters, with relaxed atomics. */
 #ifndef MPLANE_NET_STATS_H
 #define MPLANE_NET_STATS_H
 
@@ -40,14 +40,36 @@ struct mplane_stats_comm_info {
   const char *peer;   /* free text for the INFO line, may be NULL */
 };
 
-void mplane_stats_comm_open(void *comm, const struct mplane_stats_comm_info *info);
-/* A request started on comm: a send of send_bytes, or a receive of nrecv buffers (bytes are counted
- * at completion, from the sizes test() reports). */
-void mplane_stats_request(void *comm, void *request, size_t send_bytes, int nrecv);
-/* test() said done: for a receive, sizes holds the nrecv received sizes (NULL: counted as 0 bytes). */
-void mplane_stats_request_done(void *request, const int *sizes);
-/* INFO summary of the comm, JSON file rewritten when configured. Safe on unknown comms. */
-void mplane_stats_comm_close(void *comm);
+/* One comm's record: lives inside the transport's comm (struct mplane_transport_ops.comm_stats), so
+ * the data path finds it without a lookup. Its counters are written only by the comm's own calls
+ * (relaxed atomics, no lock): the process totals are the closed comms' sums plus the live comms'
+ * counters, summed when a snapshot is taken. */
+struct mplane_stats_comm {
+  struct mplane_stats_comm_info info;
+  char dev_name[64];
+  char peer[96];
+  struct mplane_stats_counters c;
+  int open;
+  struct mplane_stats_comm *prev, *next; /* the live comms, under a lock taken at open/close/snapshot */
+};
+
+/* One request's record: lives inside the transport's request (mplane_transport_ops.req_stats). */
+struct mplane_stats_req {
+  struct mplane_stats_comm *comm; /* NULL: nothing to count (not started, or counted already) */
+  uint64_t send_bytes;
+  int nrecv;
+};
+
+void mplane_stats_comm_open(struct mplane_stats_comm *s, const struct mplane_stats_comm_info *info);
+/* A request started on comm s: a send of send_bytes, or a receive of nrecv buffers (bytes are counted
+ * at completion, from the sizes test() reports). No lock, no allocation. */
+void mplane_stats_request(struct mplane_stats_comm *s, struct mplane_stats_req *r, size_t send_bytes, int nrecv);
+/* test() said done: for a receive, sizes holds the nrecv received sizes (NULL: counted as 0 bytes).
+ * Counted once; nothing once the comm closed. No lock, no allocation. */
+void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes);
+/* INFO summary of the comm, its counters folded into the process totals, JSON file rewritten when
+ * configured. Safe on NULL and on a comm that is not open. */
+void mplane_stats_comm_close(struct mplane_stats_comm *s);
 
 /* Remember which device and class a listen comm has, for the comms it accepts. */
 void mplane_stats_listen(void *listen_comm, int dev, int cls);

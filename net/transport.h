@@ -15,6 +15,8 @@
 #include "../common/nccl/net.h"
 
 struct mplane_config;
+struct mplane_stats_comm;
+struct mplane_stats_req;
 
 /* What a transport knows of one of its devices; plugin/ turns it into every props version. */
 struct mplane_dev_props {
@@ -69,6 +71,11 @@ struct mplane_transport_ops {
   /* NCCL variables this transport runs best with, as "NAME=value" strings ending in NULL; set at
    * init only where the user left them unset (MPLANE_NCCL_DEFAULTS=0 turns this off). May be NULL. */
   const char *const *nccl_env_defaults;
+  /* The counters record (net/stats.h) inside a send (is_send 1) or receive (0) comm, and inside a send or receive
+   * request (NULL for others, e.g. a flush): plugin/ counts each request through them without a
+   * lookup, a lock or an allocation. Either may be NULL in the table: then nothing is counted. */
+  struct mplane_stats_comm *(*comm_stats)(void *comm, int is_send);
+  struct mplane_stats_req *(*req_stats)(void *request);
 };
 
 extern const struct mplane_transport_ops mplane_socket_ops;

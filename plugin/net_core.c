@@ -149,6 +149,14 @@ ncclResult_t mplane_net_get_properties(int dev, const struct mplane_dev_props **
   return ncclSuccess;
 }
 
+/* The transport's counter records of a comm / request (net/stats.h), NULL where it keeps none. */
+static struct mplane_stats_comm *comm_stats(void *comm, int is_send) {
+  return comm && g.ops->comm_stats ? g.ops->comm_stats(comm, is_send) : NULL;
+}
+static struct mplane_stats_req *req_stats(void *request) {
+  return request && g.ops->req_stats ? g.ops->req_stats(request) : NULL;
+}
+
 ncclResult_t mplane_net_listen(struct mplane_net_ctx *ctx, int dev, void *handle, void **listen_comm) {
   (void)ctx;
   if (dev < 0 || dev >= g.ndev) {
@@ -196,7 +204,7 @@ ncclResult_t mplane_net_connect(struct mplane_net_ctx *ctx, int traffic_class, i
   struct mplane_stats_comm_info si = {.is_send = 1, .dev = via.dev, .dev_name = p->name, .plane = p->plane,
                                       .from_plane = via.local_plane, .cls = opts.tc_class,
                                       .sl = opts.service_level, .relayed = via.relayed};
-  mplane_stats_comm_open(*send_comm, &si);
+  mplane_stats_comm_open(comm_stats(*send_comm, 1), &si);
   return ncclSuccess;
 }
 
@@ -207,7 +215,7 @@ ncclResult_t mplane_net_accept(void *listen_comm, void **recv_comm) {
   struct mplane_stats_comm_info si = {.is_send = 0, .dev = dev, .dev_name = g.props[dev].name,
                                       .plane = g.props[dev].plane, .from_plane = g.props[dev].plane, .cls = cls,
                                       .sl = mplane_tc_sl(cls)};
-  mplane_stats_comm_open(*recv_comm, &si);
+  mplane_stats_comm_open(comm_stats(*recv_comm, 0), &si);
   return ncclSuccess;
 }
 
@@ -228,14 +236,14 @@ ncclResult_t mplane_net_dereg_mr(void *comm, void *mhandle) { return g.ops->dere
 
 ncclResult_t mplane_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
   ncclResult_t res = g.ops->isend(send_comm, data, size, tag, mhandle, request);
-  if (res == ncclSuccess && *request) mplane_stats_request(send_comm, *request, size, 0);
+  if (res == ncclSuccess && *request) mplane_stats_request(comm_stats(send_comm, 1), req_stats(*request), size, 0);
   return res;
 }
 
 ncclResult_t mplane_net_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
                               void **request) {
   ncclResult_t res = g.ops->irecv(recv_comm, n, data, sizes, tags, mhandles, request);
-  if (res == ncclSuccess && *request) mplane_stats_request(recv_comm, *request, 0, n);
+  if (res == ncclSuccess && *request) mplane_stats_request(comm_stats(recv_comm, 0), req_stats(*request), 0, n);
   return res;
 }
 
@@ -247,16 +255,16 @@ ncclResult_t mplane_net_test(void *request, int *done, int *sizes) {
   int local[NCCL_NET_MAX_REQUESTS];
   int *s = sizes ? sizes : local;
   ncclResult_t res = g.ops->test(request, done, s);
-  if (res == ncclSuccess && *done) mplane_stats_request_done(request, s); /* net/stats.c */
+  if (res == ncclSuccess && *done) mplane_stats_request_done(req_stats(request), s); /* net/stats.c */
   return res;
 }
 
 ncclResult_t mplane_net_close_send(void *send_comm) {
-  mplane_stats_comm_close(send_comm);
+  mplane_stats_comm_close(comm_stats(send_comm, 1));
   return g.ops->close_send(send_comm);
 }
 ncclResult_t mplane_net_close_recv(void *recv_comm) {
-  mplane_stats_comm_close(recv_comm);
+  mplane_stats_comm_close(comm_stats(recv_comm, 0));
   return g.ops->close_recv(recv_comm);
 }
 ncclResult_t mplane_net_close_listen(void *listen_comm) {

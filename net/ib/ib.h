@@ -30,6 +30,7 @@
 
 #include "../../common/config.h"
 #include "../handle.h"
+#include "../stats.h"
 #include "../tag_wait.h"
 #include "../transport.h"
 
@@ -217,6 +218,7 @@ struct mpib_comm_base {
   union ibv_gid gid;
   unsigned live_polls;
   struct mpib_comm_base *next_live; /* registry for the async thread */
+  struct mplane_stats_comm stats;   /* plugin/'s counters of this comm (net/stats.h) */
 };
 #define MPIB_SEND_COMM 0x49425343u
 #define MPIB_RECV_COMM 0x49425243u
@@ -235,6 +237,7 @@ struct mpib_send_req {
   size_t size;
   int pending;            /* signaled work requests not yet completed */
   int trunc;
+  struct mplane_stats_req stats;
 };
 
 struct mpib_send_comm {
@@ -270,6 +273,7 @@ struct mpib_recv_req {
   int n, done_entries;
   int fifo_pending;          /* the FIFO write's completion */
   struct mpib_recv_entry e[MPIB_MAX_RECVS];
+  struct mplane_stats_req stats;
 };
 
 struct mpib_flush_req {

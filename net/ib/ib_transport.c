@@ -18,6 +18,20 @@ static ncclResult_t ib_get_properties(int dev, struct mplane_dev_props *props) {
 
 static void ib_finalize(void) { mpib_shutdown(); }
 
+/* Send and receive comms start with their struct mpib_comm_base; requests with their kind. */
+static struct mplane_stats_comm *ib_comm_stats(void *comm, int is_send) {
+  (void)is_send;
+  return &((struct mpib_comm_base *)comm)->stats;
+}
+
+static struct mplane_stats_req *ib_req_stats(void *request) {
+  switch (*(const uint32_t *)request) {
+  case MPIB_REQ_SEND: return &((struct mpib_send_req *)request)->stats;
+  case MPIB_REQ_RECV: return &((struct mpib_recv_req *)request)->stats;
+  default: return NULL;
+  }
+}
+
 const struct mplane_transport_ops mplane_ib_ops = {
     .name = "ib",
     .init = ib_init,
@@ -37,4 +51,6 @@ const struct mplane_transport_ops mplane_ib_ops = {
     .close_recv = mpib_close_recv,
     .close_listen = mpib_close_listen,
     .finalize = ib_finalize,
+    .comm_stats = ib_comm_stats,
+    .req_stats = ib_req_stats,
 };

@@ -26,6 +26,7 @@
 
 #include "../../common/config.h"
 #include "../handle.h"
+#include "../stats.h"
 #include "../tag_wait.h"
 #include "../transport.h"
 
@@ -147,6 +148,7 @@ struct mps_send_req {
   int nchunks;
   int chunks_done; /* atomic */
   int counted;     /* in the process's count of sends in flight */
+  struct mplane_stats_req stats;
 };
 
 struct mps_cts_group {
@@ -182,6 +184,7 @@ struct mps_send_comm {
   int threads_started;
   struct mps_error err;
   struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
+  struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
   size_t inline_bytes;             /* messages up to this size go on the control socket */
   int inline_busy;                 /* ... above MPS_INLINE_ALWAYS only with fewer sends in flight (0: always) */
   struct {                         /* the inline chunk being written on the control socket */
@@ -216,6 +219,7 @@ struct mps_recv_req {
   int n;
   uint32_t slots[MPS_MAX_RECVS];
   int tags[MPS_MAX_RECVS];
+  struct mplane_stats_req stats;
 };
 
 struct mps_recv_comm {
@@ -247,6 +251,7 @@ struct mps_recv_comm {
   pthread_t threads[MPS_MAX_STREAMS];
   int threads_started;
   struct mps_error err;
+  struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
 };
 
 /* ---- connection establishment (socket_conn.c) ---- */

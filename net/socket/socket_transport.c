@@ -64,6 +64,19 @@ static void socket_finalize(void) {}
 
 const struct mplane_config *mps_config(void) { return socket_cfg; }
 
+static struct mplane_stats_comm *socket_comm_stats(void *comm, int is_send) {
+  return is_send ? &((struct mps_send_comm *)comm)->stats : &((struct mps_recv_comm *)comm)->stats;
+}
+
+/* Requests carry their kind in their first word. */
+static struct mplane_stats_req *socket_req_stats(void *request) {
+  switch (*(const uint32_t *)request) {
+  case MPS_REQ_SEND: return &((struct mps_send_req *)request)->stats;
+  case MPS_REQ_RECV: return &((struct mps_recv_req *)request)->stats;
+  default: return NULL;
+  }
+}
+
 /* TCP moves each message through the kernel twice: bigger steps amortise the per-message cost.
  * 512 KiB point-to-point chunks and 8 MiB buffers (1 MiB steps) are what NCCL's own guidance and
  * aws-ofi-nccl use for software-driven transports. */
@@ -89,4 +102,6 @@ const struct mplane_transport_ops mplane_socket_ops = {
     .close_listen = mps_close_listen,
     .finalize = socket_finalize,
     .nccl_env_defaults = socket_nccl_env,
+    .comm_stats = socket_comm_stats,
+    .req_stats = socket_req_stats,
 };

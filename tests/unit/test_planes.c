@@ -1,5 +1,5 @@
 /* cmocka tests of planes on the wire: MPLANE_TC_MAP grammar and class resolution (net/tc.c), the
- * relay decision and plane sources (net/relay.c), and the counters (net/stats.c). */
+ * relay decision and plane sources (net/relay.c). The counters (net/stats.c) are in test_stats.c. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <setjmp.h>
@@ -15,7 +15,6 @@
 #include <cmocka.h>
 
 #include "net/relay.h"
-#include "net/stats.h"
 #include "net/tc.h"
 #include "common/config.h"
 
@@ -290,110 +289,6 @@ static void test_planes_from_subnets(void **state) {
   assert_int_equal(mplane_plane_from_fabric_ip((struct sockaddr *)&a[0]), -1);
 }
 
-static void test_stats(void **state) {
-  (void)state;
-  int comm_a, comm_b, req1, req2, req3, listen;
-  struct mplane_stats_totals t0, t1;
-  mplane_stats_snapshot(&t0);
-  struct mplane_stats_comm_info si = {.is_send = 1, .dev = 3, .dev_name = "veth3", .plane = 3, .from_plane = 0,
-                                      .cls = MPLANE_TC_ALLTOALL, .sl = 3, .relayed = 1, .peer = "peer-a"};
-  mplane_stats_comm_open(&comm_a, &si);
-  struct mplane_stats_comm_info ri = {.is_send = 0, .dev = 1, .dev_name = "veth1", .plane = 1, .from_plane = 1,
-                                      .cls = MPLANE_TC_DEFAULT};
-  mplane_stats_comm_open(&comm_b, &ri);
-  mplane_stats_request(&comm_a, &req1, 1000, 0);
-  mplane_stats_request(&comm_a, &req2, 24, 0);
-  mplane_stats_request(&comm_b, &req3, 0, 2);
-  mplane_stats_request_done(&req1, NULL);
-  int sizes[2] = {300, 44};
-  mplane_stats_request_done(&req3, sizes);
-  mplane_stats_request_done(&req3, sizes); /* twice: counted once */
-  mplane_stats_request(&comm_a, NULL, 5, 0); /* NULL request: nothing */
-  mplane_stats_snapshot(&t1);
-  assert_int_equal(t1.plane[3].tx_bytes - t0.plane[3].tx_bytes, 1000);
-  assert_int_equal(t1.plane[3].relayed_bytes - t0.plane[3].relayed_bytes, 1000);
-  assert_int_equal(t1.plane[3].tx_msgs - t0.plane[3].tx_msgs, 1);
-  assert_int_equal(t1.cls[MPLANE_TC_ALLTOALL].tx_bytes - t0.cls[MPLANE_TC_ALLTOALL].tx_bytes, 1000);
-  assert_int_equal(t1.plane[1].rx_bytes - t0.plane[1].rx_bytes, 344);
-  assert_int_equal(t1.plane[1].rx_msgs - t0.plane[1].rx_msgs, 2);
-  assert_int_equal(t1.plane[1].relayed_bytes - t0.plane[1].relayed_bytes, 0);
-  /* close drops the pending req2; its completion afterwards counts nothing */
-  mplane_stats_comm_close(&comm_a);
-  mplane_stats_request_done(&req2, NULL);
-  mplane_stats_comm_close(&comm_b);
-  mplane_stats_comm_close(&comm_b); /* unknown now: harmless */
-  mplane_stats_snapshot(&t1);
-  assert_int_equal(t1.plane[3].tx_bytes - t0.plane[3].tx_bytes, 1000);
-  assert_int_equal(t1.comms_closed - t0.comms_closed, 2);
-
-  int dev = -1, cls = -1;
-  mplane_stats_listen(&listen, 2, MPLANE_TC_LOWLAT);
-  assert_int_equal(mplane_stats_listen_get(&listen, &dev, &cls), 0);
-  assert_int_equal(dev, 2);
-  assert_int_equal(cls, MPLANE_TC_LOWLAT);
-  mplane_stats_listen_close(&listen);
-  assert_int_not_equal(mplane_stats_listen_get(&listen, &dev, &cls), 0);
-
-  char path[256];
-  assert_int_equal(mplane_stats_expand_path("/tmp/s-%p-%%.json", path, sizeof(path)), 0);
-  char want[256];
-  snprintf(want, sizeof(want), "/tmp/s-%d-%%.json", (int)getpid());
-  assert_string_equal(path, want);
-  assert_int_not_equal(mplane_stats_expand_path("/tmp/%p", path, 6), 0);
-
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&buf, &len);
-  mplane_stats_write_json(f);
-  fclose(f);
-  assert_non_null(strstr(buf, "\"plane\": 3, \"tx_bytes\": 1000"));
-  assert_non_null(strstr(buf, "\"relayed_bytes\": 1000"));
-  assert_non_null(strstr(buf, "\"class\": \"alltoall\", \"sl\": 3"));
-  free(buf);
-}
-
-/* Many request records: the map grows and deletes keep every entry findable. */
-static void test_stats_many(void **state) {
-  (void)state;
-  enum { N = 5000 };
-  static char reqs[N];
-  int comm;
-  struct mplane_stats_comm_info si = {.is_send = 1, .plane = 2, .from_plane = 2, .cls = MPLANE_TC_STORAGE};
-  struct mplane_stats_totals t0, t1;
-  mplane_stats_snapshot(&t0);
-  mplane_stats_comm_open(&comm, &si);
-  for (int i = 0; i < N; i++) mplane_stats_request(&comm, &reqs[i], 1, 0);
-  for (int i = 0; i < N; i += 2) mplane_stats_request_done(&reqs[i], NULL);
-  for (int i = 1; i < N; i += 2) mplane_stats_request_done(&reqs[i], NULL);
-  mplane_stats_snapshot(&t1);
-  assert_int_equal(t1.plane[2].tx_bytes - t0.plane[2].tx_bytes, N);
-  mplane_stats_comm_close(&comm);
-}
-
-/* A device with no plane (loopback under emulated nodes) still counts, as plane -1 in the JSON: the
- * all-to-all's byte check sums the planes and read 0 when such traffic was dropped. */
-static void test_stats_no_plane(void **state) {
-  (void)state;
-  int comm, req;
-  struct mplane_stats_comm_info si = {.is_send = 1, .dev_name = "lo", .plane = -1, .from_plane = -1,
-                                      .cls = MPLANE_TC_DEFAULT};
-  struct mplane_stats_totals t0, t1;
-  mplane_stats_snapshot(&t0);
-  mplane_stats_comm_open(&comm, &si);
-  mplane_stats_request(&comm, &req, 4242, 0);
-  mplane_stats_request_done(&req, NULL);
-  mplane_stats_snapshot(&t1);
-  assert_int_equal(t1.plane_unknown.tx_bytes - t0.plane_unknown.tx_bytes, 4242);
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&buf, &len);
-  mplane_stats_write_json(f);
-  fclose(f);
-  assert_non_null(strstr(buf, "\"plane\": -1, \"tx_bytes\": "));
-  free(buf);
-  mplane_stats_comm_close(&comm);
-}
-
 int main(void) {
   setenv("MPLANE_TC_MAP", "default=0,collective=0,alltoall=3,lowlat=5,storage=1", 1);
   const struct CMUnitTest tests[] = {
@@ -405,9 +300,6 @@ int main(void) {
       cmocka_unit_test_setup(test_planes_apply, setup_devs),
       cmocka_unit_test(test_planes_one_grammar),
       cmocka_unit_test(test_planes_from_subnets),
-      cmocka_unit_test(test_stats),
-      cmocka_unit_test(test_stats_no_plane),
-      cmocka_unit_test(test_stats_many),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
