@@ -47,6 +47,7 @@
  * the flush QP reads, one per flush in flight. */
 #define MPIB_SEND_SQ (2 * MPIB_MAX_SENDS + 8)
 #define MPIB_RECV_SQ (MPIB_MAX_REQS + 8)
+#define MPIB_FIFO_SIGNAL_EVERY 16 /* one FIFO write in this many per QP asks for a completion */
 #define MPIB_RQ_DEPTH (2 * MPIB_MAX_SENDS + 16)
 #define MPIB_FLUSH_SQ (MPIB_MAX_FLUSHES + 8)
 #define MPIB_INLINE 16 /* the AR length record (8 bytes) goes inline; nothing else does */
@@ -271,7 +272,6 @@ struct mpib_recv_req {
   int used;
   uint64_t seq;
   int n, done_entries;
-  int fifo_pending;          /* the FIFO write's completion */
   struct mpib_recv_entry e[MPIB_MAX_RECVS];
   struct mplane_stats_req stats;
 };
@@ -292,6 +292,10 @@ struct mpib_recv_comm {
   uint64_t *lens;                /* AR length records [slot][entry][chunk] */
   struct ibv_mr *lens_mr;
   uint64_t seq;
+  /* FIFO writes are unsignaled but for one in MPIB_FIFO_SIGNAL_EVERY per QP. A send-queue entry is
+   * free again only once a signaled completion of its QP, posted after it, has been polled: each QP
+   * counts the writes posted, those known retired, and the count at its last signaled write. */
+  uint32_t fifo_posted[MPIB_MAX_QPS], fifo_retired[MPIB_MAX_QPS], fifo_signaled[MPIB_MAX_QPS];
   struct mpib_recv_req reqs[MPIB_MAX_REQS];
   /* iflush: a QP connected to itself reads one byte back, after which the GPU sees the data */
   struct ibv_qp *flush_qp;

@@ -682,6 +682,36 @@ static int sc_qp_sizes(void) {
   return 0;
 }
 
+/* Small messages: the receiver's FIFO writes ask for a completion once in MPIB_FIFO_SIGNAL_EVERY per
+ * QP, not each (every irecv posted a signaled write before), and nothing stalls on the send queue. */
+static int sc_fifo_unsignaled(void) {
+  env_base("mlx5_0:ib");
+  up();
+  unlink(record_path);
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  enum { N = 200 };
+  for (int i = 0; i < N; i++) transfer(&p, 8, 10, 1);
+  pair_close(&p);
+  struct rec c[16], d[16];
+  int nc = rec_find(c, 16, "event=create_qp", NULL), nd = rec_find(d, 16, "event=destroy", NULL);
+  long fifo = 0, signaled = 0;
+  for (int i = 0; i < nc; i++) {
+    if (rec_val(&c[i], "max_recv_wr") != MPIB_RQ_DEPTH) continue; /* a receiver's QP: it writes the FIFO */
+    for (int j = 0; j < nd; j++)
+      if (rec_val(&d[j], "qpn") == rec_val(&c[i], "qpn")) {
+        fifo += rec_val(&d[j], "writes");
+        signaled += rec_val(&d[j], "signaled");
+      }
+  }
+  if (fifo != N) fail("the receiver's QPs wrote %ld FIFO slots for %d receives", fifo, N);
+  if (signaled > N / MPIB_FIFO_SIGNAL_EVERY + 2)
+    fail("%ld of %ld FIFO writes were signaled; expected about one in %d per QP", signaled, fifo,
+         MPIB_FIFO_SIGNAL_EVERY);
+  note("%ld FIFO writes, %ld signaled", fifo, signaled);
+  return 0;
+}
+
 static int sc_qp_attrs(void) {
   env_base("mlx5_0:ib");
   setenv("MPLANE_IB_TIMEOUT", "17", 1);
@@ -711,7 +741,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
-             {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
+             {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {

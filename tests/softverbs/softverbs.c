@@ -164,7 +164,7 @@ struct sv_qp {
   struct sv_rwr *rq;
   unsigned rq_cap, rq_head, rq_tail;
   struct sv_in *ins;
-  unsigned long n_write, n_write_imm, n_read, n_send, n_recv;
+  unsigned long n_write, n_write_imm, n_read, n_send, n_recv, n_signaled;
   struct sv_qp *next;
 };
 
@@ -1059,9 +1059,10 @@ SV_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask
 SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
   struct sv_qp *q = (struct sv_qp *)qp;
   lock();
-  record("event=destroy pid=%d dev=%s port=%d qpn=%u writes=%lu write_imms=%lu reads=%lu sends=%lu recvs=%lu",
+  record("event=destroy pid=%d dev=%s port=%d qpn=%u writes=%lu write_imms=%lu reads=%lu sends=%lu recvs=%lu "
+         "signaled=%lu",
          (int)getpid(), q->sctx->dev->ibdev.name, q->port, q->qp.qp_num, q->n_write, q->n_write_imm, q->n_read,
-         q->n_send, q->n_recv);
+         q->n_send, q->n_recv, q->n_signaled);
   for (unsigned i = q->sq_done; i != q->sq_tail; i++) free(q->sq[i % q->sq_cap].inl);
   q->sq_done = q->sq_sent = q->sq_tail = 0;
   q->dead = 1; /* the NIC thread closes its sockets and drops it */
@@ -1358,6 +1359,7 @@ static void req_start(struct sv_qp *q) {
     case SV_OP_READ: q->n_read++; break;
     default: q->n_send++; break;
   }
+  if (w->signaled) q->n_signaled++;
 }
 
 static void qp_output(struct sv_qp *q) {
