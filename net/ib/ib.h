@@ -41,6 +41,9 @@
 #define MPIB_MAX_SENDS (MPIB_MAX_REQS * MPIB_MAX_RECVS) /* send requests in flight */
 #define MPIB_MAX_FLUSHES MPIB_MAX_SENDS                 /* iflush requests in flight: more than NCCL can have */
 #define MPIB_CHUNK_MIN (64 * 1024)                      /* smaller messages ride one QP */
+/* The largest message: NCCL's maxP2pBytes and maxCollBytes, and ConnectX's max_msg_sz (a longer
+ * work request ends in a local length error), so every chunk fits one work request. */
+#define MPIB_MAX_MSG (1UL << 30)
 /* Queue depths per role, for what each QP really posts (NCCL's net_ib sizes them the same way):
  * a sender's QP writes at most a chunk and an AR length record per send in flight and receives
  * nothing; a receiver's QP writes FIFO slots and takes one receive per chunk or record it is sent;

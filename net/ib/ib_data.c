@@ -347,6 +347,12 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
   struct mpib_send_comm *c = send_comm;
   struct mpib_mr *m = mhandle;
   *request = NULL;
+  if (size > MPIB_MAX_MSG) {
+    /* NCCL keeps to maxP2pBytes; a bigger message would be a work request the HCA refuses */
+    MP_WARN("NET/IB: isend of %zu bytes to peer %s; at most %lu (the device's maxP2pBytes)", size, c->b.peer,
+            MPIB_MAX_MSG);
+    return ncclInvalidArgument;
+  }
   if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) return send_failed(c, request);
   if (!c->cur_valid) {
     int got = mpib_fifo_take(&c->fifo[c->seq % MPIB_MAX_REQS], c->seq, &c->cur);

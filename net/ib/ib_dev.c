@@ -419,8 +419,8 @@ static void fill_props(struct mpib_dev *d, const struct ibv_port_attr *pa, int p
   p->latency_us = 0;
   p->max_comms = 65536;
   p->max_recvs = MPIB_MAX_RECVS;
-  p->max_p2p_bytes = 1UL << 30;
-  p->max_coll_bytes = 1UL << 30;
+  p->max_p2p_bytes = MPIB_MAX_MSG;
+  p->max_coll_bytes = MPIB_MAX_MSG;
 }
 
 /* Registered pages stay right in a child the application forks (a torch DataLoader) only if

@@ -1,9 +1,11 @@
 /* The software verbs double's own semantics, checked through dlopen as the transport uses it: QP
- * state rules, RDMA write/read/write-with-immediate/send, rkey and bounds checks, flushes. One
- * process, two QPs connected to each other. */
+ * state rules, RDMA write/read/write-with-immediate/send, rkey and bounds checks, flushes, send-queue
+ * credit, CQ overrun, max_msg_sz, write placement. One process, two QPs connected to each other. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +30,8 @@ static struct {
   struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
   int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
   int (*destroy_qp)(struct ibv_qp *);
+  int (*query_qp)(struct ibv_qp *, struct ibv_qp_attr *, int, struct ibv_qp_init_attr *);
+  int (*get_async_event)(struct ibv_context *, struct ibv_async_event *);
   struct ibv_context *ctx;
   struct ibv_pd *pd;
   struct ibv_cq *cq;
@@ -47,6 +51,8 @@ static void load(void) {
   *(void **)&V.create_qp = dlsym(V.lib, "ibv_create_qp");
   *(void **)&V.modify_qp = dlsym(V.lib, "ibv_modify_qp");
   *(void **)&V.destroy_qp = dlsym(V.lib, "ibv_destroy_qp");
+  *(void **)&V.query_qp = dlsym(V.lib, "ibv_query_qp");
+  *(void **)&V.get_async_event = dlsym(V.lib, "ibv_get_async_event");
   int n = 0;
   struct ibv_device **l = V.get_device_list(&n);
   assert_true(n >= 1);
@@ -60,17 +66,20 @@ static void load(void) {
   V.cq = V.create_cq(V.ctx, 1024, NULL, NULL, 0);
 }
 
-static struct ibv_qp *qp_new(void) {
+static struct ibv_qp *qp_new_on(struct ibv_cq *cq, unsigned send_wr) {
   struct ibv_qp_init_attr ia;
   memset(&ia, 0, sizeof(ia));
-  ia.send_cq = ia.recv_cq = V.cq;
+  ia.send_cq = ia.recv_cq = cq;
   ia.qp_type = IBV_QPT_RC;
-  ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
+  ia.cap.max_send_wr = send_wr;
+  ia.cap.max_recv_wr = 64;
   ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
   struct ibv_qp *qp = V.create_qp(V.pd, &ia);
   assert_non_null(qp);
   return qp;
 }
+
+static struct ibv_qp *qp_new(void) { return qp_new_on(V.cq, 64); }
 
 static int to_init(struct ibv_qp *qp, int access) {
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = access};
@@ -97,6 +106,15 @@ static int to_rts(struct ibv_qp *qp, uint32_t dqpn, uint16_t dlid) {
                                  IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+/* a and b connected to each other, both RTS */
+static void qp_pair(struct ibv_qp *a, struct ibv_qp *b) {
+  int rw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  assert_int_equal(to_init(a, rw), 0);
+  assert_int_equal(to_init(b, rw), 0);
+  assert_int_equal(to_rts(a, b->qp_num, V.lid), 0);
+  assert_int_equal(to_rts(b, a->qp_num, V.lid), 0);
+}
+
 static struct ibv_wc wait_wc(void) {
   struct ibv_wc wc;
   time_t t0 = time(NULL);
@@ -108,20 +126,25 @@ static struct ibv_wc wait_wc(void) {
   }
 }
 
-static int post_write(struct ibv_qp *qp, enum ibv_wr_opcode op, void *src, size_t len, uint32_t lkey,
-                      uint64_t raddr, uint32_t rkey, uint64_t id) {
+static int post_write_flags(struct ibv_qp *qp, enum ibv_wr_opcode op, void *src, size_t len, uint32_t lkey,
+                            uint64_t raddr, uint32_t rkey, uint64_t id, int flags) {
   struct ibv_sge sge = {.addr = (uintptr_t)src, .length = (uint32_t)len, .lkey = lkey};
   struct ibv_send_wr wr, *bad = NULL;
   memset(&wr, 0, sizeof(wr));
   wr.wr_id = id;
   wr.opcode = op;
-  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.send_flags = (unsigned)flags;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.imm_data = htonl(0xabcd);
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
   return ibv_post_send(qp, &wr, &bad);
+}
+
+static int post_write(struct ibv_qp *qp, enum ibv_wr_opcode op, void *src, size_t len, uint32_t lkey,
+                      uint64_t raddr, uint32_t rkey, uint64_t id) {
+  return post_write_flags(qp, op, src, len, lkey, raddr, rkey, id, IBV_SEND_SIGNALED);
 }
 
 static void test_state_rules(void **state) {
@@ -275,12 +298,149 @@ static void test_peer_destroyed(void **state) {
   V.destroy_qp(b);
 }
 
+/* A send-queue entry comes back when a completion is polled, not when the responder acknowledged it;
+ * an unsignaled WR's entry only with a later signaled completion of its QP. */
+static void test_sq_credit(void **state) {
+  (void)state;
+  load();
+  struct ibv_qp *a = qp_new_on(V.cq, 4), *b = qp_new();
+  qp_pair(a, b);
+  static char s[64], d[64];
+  struct ibv_mr *smr = V.reg_mr(V.pd, s, 64, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr *dmr = V.reg_mr(V.pd, d, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 8, smr->lkey, (uintptr_t)d, dmr->rkey, 100 + i), 0);
+  usleep(200000); /* all four acknowledged by now, their completions not polled */
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 8, smr->lkey, (uintptr_t)d, dmr->rkey, 104), ENOMEM);
+  struct ibv_wc wc = wait_wc();
+  assert_int_equal(wc.wr_id, 100);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 8, smr->lkey, (uintptr_t)d, dmr->rkey, 104), 0);
+  for (int i = 1; i < 5; i++) assert_int_equal(wait_wc().wr_id, 100 + i);
+  /* three unsignaled and a signaled one: full until the signaled completion is polled, then all free */
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(post_write_flags(a, IBV_WR_RDMA_WRITE, s, 8, smr->lkey, (uintptr_t)d, dmr->rkey, 200 + i, 0), 0);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 8, smr->lkey, (uintptr_t)d, dmr->rkey, 203), 0);
+  usleep(200000);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 8, smr->lkey, (uintptr_t)d, dmr->rkey, 204), ENOMEM);
+  wc = wait_wc();
+  assert_int_equal(wc.wr_id, 203);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(post_write_flags(a, IBV_WR_RDMA_WRITE, s, 8, smr->lkey, (uintptr_t)d, dmr->rkey, 300 + i, 0), 0);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 8, smr->lkey, (uintptr_t)d, dmr->rkey, 304), ENOMEM);
+  V.destroy_qp(a);
+  V.destroy_qp(b);
+}
+
+/* More completions than the CQ holds: an async CQ error, and its QPs go to ERR (IBV_EVENT_QP_FATAL). */
+static void test_cq_overrun(void **state) {
+  (void)state;
+  load();
+  struct ibv_cq *cq = V.create_cq(V.ctx, 2, NULL, NULL, 0);
+  assert_non_null(cq);
+  struct ibv_qp *a = qp_new_on(cq, 16), *b = qp_new();
+  qp_pair(a, b);
+  static char s[64], d[64];
+  struct ibv_mr *smr = V.reg_mr(V.pd, s, 64, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr *dmr = V.reg_mr(V.pd, d, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 8, smr->lkey, (uintptr_t)d, dmr->rkey, 400 + i), 0);
+  int cq_err = 0, qp_fatal = 0;
+  time_t t0 = time(NULL);
+  while ((!cq_err || !qp_fatal) && time(NULL) - t0 < 10) {
+    struct pollfd pfd = {.fd = V.ctx->async_fd, .events = POLLIN};
+    if (poll(&pfd, 1, 100) != 1) continue;
+    struct ibv_async_event ev;
+    assert_int_equal(V.get_async_event(V.ctx, &ev), 0);
+    if (ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == cq) cq_err = 1;
+    if (ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == a) qp_fatal = 1;
+  }
+  assert_true(cq_err);
+  assert_true(qp_fatal);
+  struct ibv_qp_attr at;
+  struct ibv_qp_init_attr ia;
+  assert_int_equal(V.query_qp(a, &at, IBV_QP_STATE, &ia), 0);
+  assert_int_equal(at.qp_state, IBV_QPS_ERR);
+  V.destroy_qp(a);
+  V.destroy_qp(b);
+}
+
+/* A work request longer than the port's max_msg_sz (1 GiB, as ConnectX) ends in a local length error. */
+static void test_max_msg(void **state) {
+  (void)state;
+  load();
+  struct ibv_port_attr pa;
+  memset(&pa, 0, sizeof(pa));
+  assert_int_equal(V.query_port(V.ctx, 1, &pa), 0);
+  assert_int_equal(pa.max_msg_sz, 1u << 30);
+  struct ibv_qp *a = qp_new(), *b = qp_new();
+  qp_pair(a, b);
+  static char s[64], d[64];
+  struct ibv_mr *smr = V.reg_mr(V.pd, s, 64, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr *dmr = V.reg_mr(V.pd, d, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, (1u << 30) + 1, smr->lkey, (uintptr_t)d, dmr->rkey, 500), 0);
+  struct ibv_wc wc = wait_wc();
+  assert_int_equal(wc.wr_id, 500);
+  assert_int_equal(wc.status, IBV_WC_LOC_LEN_ERR);
+  V.destroy_qp(a);
+  V.destroy_qp(b);
+}
+
+/* Small writes land last line first: a reader that sees a write's first line new sees its last one new
+ * too (in address order it could see the first line alone). */
+static struct {
+  volatile uint64_t *dst;
+  int stop, seen_first_only, seen;
+} P;
+
+static void *placement_reader(void *arg) {
+  (void)arg;
+  while (!__atomic_load_n(&P.stop, __ATOMIC_ACQUIRE)) {
+    uint64_t first = __atomic_load_n(&P.dst[0], __ATOMIC_ACQUIRE);
+    uint64_t last = __atomic_load_n(&P.dst[4096 / 8 - 1], __ATOMIC_ACQUIRE);
+    if (first && last < first) P.seen_first_only++;
+    if (first) P.seen++;
+  }
+  return NULL;
+}
+
+static void test_placement(void **state) {
+  (void)state;
+  load();
+  struct ibv_qp *a = qp_new(), *b = qp_new();
+  qp_pair(a, b);
+  uint64_t *s = aligned_alloc(4096, 4096), *d = aligned_alloc(4096, 4096);
+  memset(d, 0, 4096);
+  struct ibv_mr *smr = V.reg_mr(V.pd, s, 4096, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr *dmr = V.reg_mr(V.pd, d, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  P.dst = d;
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, placement_reader, NULL), 0);
+  for (uint64_t k = 1; k <= 200; k++) {
+    for (int i = 0; i < 4096 / 8; i++) s[i] = k;
+    assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 4096, smr->lkey, (uintptr_t)d, dmr->rkey, 600 + k), 0);
+    assert_int_equal(wait_wc().status, IBV_WC_SUCCESS);
+  }
+  __atomic_store_n(&P.stop, 1, __ATOMIC_RELEASE);
+  pthread_join(t, NULL);
+  assert_true(P.seen > 0);
+  assert_int_equal(P.seen_first_only, 0);
+  assert_int_equal(d[0], 200);
+  V.destroy_qp(a);
+  V.destroy_qp(b);
+  free(s);
+  free(d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_state_rules),
       cmocka_unit_test(test_data_and_keys),
       cmocka_unit_test(test_bad_rkey),
       cmocka_unit_test(test_peer_destroyed),
+      cmocka_unit_test(test_sq_credit),
+      cmocka_unit_test(test_cq_overrun),
+      cmocka_unit_test(test_max_msg),
+      cmocka_unit_test(test_placement),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,8 +15,13 @@
  * requests it leaves unanswered: a peer that goes away while nothing is outstanding is noticed only at
  * the next request, and never fails receives or completions already delivered); after
  * an error the QP is in ERR and everything else is flushed (IBV_WC_WR_FLUSH_ERR).
- * An RDMA write lands in ascending address order (small writes: the last 8 bytes after the rest),
- * the property real HCAs give and FIFO protocols rely on.
+ * What real hardware does and a lenient double would hide: a send-queue entry is free again only when
+ * a completion is polled - a signaled WR's own, or for an unsignaled WR a later signaled one of its
+ * QP (the responder's ACK alone frees nothing); a full CQ is fatal (IBV_EVENT_CQ_ERR, then every QP
+ * on it goes to ERR with IBV_EVENT_QP_FATAL); a WR longer than the port's max_msg_sz (1 GiB) ends
+ * in IBV_WC_LOC_LEN_ERR; and an RDMA write is not placed in address order: a small write (up to
+ * 4 KiB) lands in 64-byte lines from its last line to its first, each line whole (the unit PCIe
+ * writes arrive in), so a reader may see the end of a write before its start.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,6 +56,7 @@
 #define SV_SMALL 4096
 #define SV_MAX_SGE 16
 #define SV_MAX_INLINE 256
+#define SV_MAX_MSG (1u << 30) /* max_msg_sz of every port, as ConnectX reports */
 
 /* ------------------------------------------------------------------ wire */
 enum sv_op { SV_OP_WRITE = 1, SV_OP_WRITE_IMM, SV_OP_READ, SV_OP_SEND };
@@ -104,9 +110,17 @@ struct sv_mr {
   struct sv_mr *next;
 };
 
+struct sv_qp;
+/* A send completion frees its QP's send-queue entries up to `upto` when it is polled. */
+struct sv_cqref {
+  struct sv_qp *qp; /* NULL: a receive completion, or its QP was destroyed */
+  unsigned upto;
+};
+
 struct sv_cq {
   struct ibv_cq cq;
   struct ibv_wc *ring;
+  struct sv_cqref *refs; /* beside ring */
   unsigned cap, head, count;
   int dead, overrun;
 };
@@ -150,8 +164,10 @@ struct sv_qp {
   int lfd;
   /* requester */
   int ofd, oconnected, obroken;
-  struct sv_swr *sq;      /* ring: [sq_done .. sq_sent) awaiting response, [sq_sent .. sq_tail) queued */
-  unsigned sq_cap, sq_done, sq_sent, sq_tail;
+  /* ring: [sq_free .. sq_done) done, not yet freed by a polled completion; [sq_done .. sq_sent)
+   * awaiting response; [sq_sent .. sq_tail) queued */
+  struct sv_swr *sq;
+  unsigned sq_cap, sq_free, sq_done, sq_sent, sq_tail;
   uint32_t next_seq;
   int hello_sent;
   struct sv_obuf out;
@@ -404,11 +420,12 @@ static void qp_sockname(uint32_t qpn, struct sockaddr_un *sa, socklen_t *len) {
 }
 
 /* ------------------------------------------------------------------ completions and errors */
-static void cq_push(struct sv_cq *cq, const struct ibv_wc *wc) {
+static void cq_push(struct sv_cq *cq, const struct ibv_wc *wc, struct sv_qp *sq_of, unsigned upto) {
   if (!cq || cq->dead) return;
   if (cq->count == cq->cap) {
     if (!cq->overrun) {
       cq->overrun = 1;
+      wake_nic(); /* the NIC thread fails the CQ's QPs (fail_overrun_qps) at its next turn */
       struct sv_ctx *c = (struct sv_ctx *)cq->cq.context;
       struct sv_event *e = calloc(1, sizeof(*e));
       if (e) {
@@ -424,6 +441,7 @@ static void cq_push(struct sv_cq *cq, const struct ibv_wc *wc) {
     return;
   }
   cq->ring[(cq->head + cq->count) % cq->cap] = *wc;
+  cq->refs[(cq->head + cq->count) % cq->cap] = (struct sv_cqref){sq_of, upto};
   cq->count++;
 }
 
@@ -451,7 +469,8 @@ static enum ibv_wc_opcode swr_wc_opcode(int op) {
   }
 }
 
-static void complete_swr(struct sv_qp *q, struct sv_swr *w, int status, uint32_t byte_len) {
+/* w is the WR at ring position idx: its completion, when polled, frees the entries up to and including it. */
+static void complete_swr(struct sv_qp *q, struct sv_swr *w, unsigned idx, int status, uint32_t byte_len) {
   if (status == IBV_WC_SUCCESS && !w->signaled) goto out;
   struct ibv_wc wc;
   memset(&wc, 0, sizeof(wc));
@@ -461,7 +480,7 @@ static void complete_swr(struct sv_qp *q, struct sv_swr *w, int status, uint32_t
   wc.byte_len = byte_len;
   wc.qp_num = q->qp.qp_num;
   wc.vendor_err = status ? 0x81 : 0;
-  cq_push((struct sv_cq *)q->qp.send_cq, &wc);
+  cq_push((struct sv_cq *)q->qp.send_cq, &wc, q, idx + 1);
 out:
   free(w->inl);
   w->inl = NULL;
@@ -483,7 +502,7 @@ static void close_in(struct sv_in *in) {
 static void qp_fail(struct sv_qp *q, int status) {
   int first = 1;
   for (unsigned i = q->sq_done; i != q->sq_tail; i++) {
-    complete_swr(q, &q->sq[i % q->sq_cap], first ? status : IBV_WC_WR_FLUSH_ERR, 0);
+    complete_swr(q, &q->sq[i % q->sq_cap], i, first ? status : IBV_WC_WR_FLUSH_ERR, 0);
     first = 0;
   }
   q->sq_done = q->sq_sent = q->sq_tail;
@@ -494,7 +513,7 @@ static void qp_fail(struct sv_qp *q, int status) {
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = q->qp.qp_num;
-    cq_push((struct sv_cq *)q->qp.recv_cq, &wc);
+    cq_push((struct sv_cq *)q->qp.recv_cq, &wc, NULL, 0);
   }
   q->rq_head = q->rq_tail;
   q->qp.state = IBV_QPS_ERR;
@@ -655,7 +674,7 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port, struct _
   a->max_mtu = IBV_MTU_4096;
   a->active_mtu = IBV_MTU_4096;
   a->gid_tbl_len = gid_tbl_len(d);
-  a->max_msg_sz = 1u << 31;
+  a->max_msg_sz = SV_MAX_MSG;
   a->lid = d->link_layer == IBV_LINK_LAYER_INFINIBAND ? port_lid(d, port) : 0;
   a->sm_lid = 1;
   a->max_vl_num = 4;
@@ -811,7 +830,10 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
   if (!c) return NULL;
   c->cap = (unsigned)cqe;
   c->ring = calloc(c->cap, sizeof(*c->ring));
-  if (!c->ring) {
+  c->refs = calloc(c->cap, sizeof(*c->refs));
+  if (!c->ring || !c->refs) {
+    free(c->ring);
+    free(c->refs);
     free(c);
     errno = ENOMEM;
     return NULL;
@@ -835,7 +857,9 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *cq) {
     }
   c->dead = 1;
   free(c->ring);
+  free(c->refs);
   c->ring = NULL;
+  c->refs = NULL;
   unlock();
   return 0; /* the struct is kept: the NIC thread may still hold a pointer */
 }
@@ -846,6 +870,8 @@ static int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
   int got = 0;
   while (got < n && c->count > 0) {
     wc[got++] = c->ring[c->head];
+    struct sv_cqref *ref = &c->refs[c->head];
+    if (ref->qp && (int)(ref->upto - ref->qp->sq_free) > 0) ref->qp->sq_free = ref->upto; /* credit back */
     c->head = (c->head + 1) % c->cap;
     c->count--;
   }
@@ -1064,7 +1090,11 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
          (int)getpid(), q->sctx->dev->ibdev.name, q->port, q->qp.qp_num, q->n_write, q->n_write_imm, q->n_read,
          q->n_send, q->n_recv, q->n_signaled);
   for (unsigned i = q->sq_done; i != q->sq_tail; i++) free(q->sq[i % q->sq_cap].inl);
-  q->sq_done = q->sq_sent = q->sq_tail = 0;
+  q->sq_free = q->sq_done = q->sq_sent = q->sq_tail = 0;
+  /* its completions still queued free nothing any more: the QP is about to be freed */
+  struct sv_cq *scq = (struct sv_cq *)q->qp.send_cq;
+  for (unsigned i = 0; scq && scq->refs && i < scq->count; i++)
+    if (scq->refs[(scq->head + i) % scq->cap].qp == q) scq->refs[(scq->head + i) % scq->cap].qp = NULL;
   q->dead = 1; /* the NIC thread closes its sockets and drops it */
   unlock();
   wake_nic();
@@ -1189,8 +1219,8 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
       rc = EINVAL;
       break;
     }
-    if (q->sq_tail - q->sq_done >= q->sq_cap) {
-      rc = ENOMEM;
+    if (q->sq_tail - q->sq_free >= q->sq_cap) {
+      rc = ENOMEM; /* full until a completion of this QP is polled */
       break;
     }
     struct sv_swr w;
@@ -1229,12 +1259,13 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
       }
     }
     fault_count(q, &w);
+    if (w.len > SV_MAX_MSG && !w.fault_status) w.fault_status = IBV_WC_LOC_LEN_ERR; /* past max_msg_sz */
     if (q->qp.state == IBV_QPS_ERR) {
       /* Posting to a QP in error is allowed; the request completes flushed. */
       q->sq[q->sq_tail % q->sq_cap] = w;
       q->sq_tail++;
       q->sq_done = q->sq_sent = q->sq_tail;
-      complete_swr(q, &w, IBV_WC_WR_FLUSH_ERR, 0);
+      complete_swr(q, &w, q->sq_tail - 1, IBV_WC_WR_FLUSH_ERR, 0);
     } else {
       q->sq[q->sq_tail % q->sq_cap] = w;
       q->sq_tail++;
@@ -1474,7 +1505,7 @@ static void qp_input(struct sv_qp *q) {
       qp_fail(q, status);
       return;
     }
-    complete_swr(q, w, IBV_WC_SUCCESS, (uint32_t)(w->op == SV_OP_READ ? w->len : w->len));
+    complete_swr(q, w, q->sq_done, IBV_WC_SUCCESS, (uint32_t)w->len);
     q->sq_done++;
   }
 }
@@ -1591,7 +1622,7 @@ static int in_finish(struct sv_in *in) {
       wc.imm_data = r->imm;
     }
     q->n_recv++;
-    cq_push((struct sv_cq *)q->qp.recv_cq, &wc);
+    cq_push((struct sv_cq *)q->qp.recv_cq, &wc, NULL, 0);
   }
   in_respond(in, r->seq, in->status, NULL, 0);
   in->in_payload = 0;
@@ -1612,6 +1643,20 @@ static int send_target(struct sv_in *in) {
     if (cap < in->req.len) in->status = IBV_WC_REM_INV_REQ_ERR;
   }
   return 1;
+}
+
+/* Land a small write the way PCIe may: in whole 64-byte lines (aligned in the target's address space),
+ * the last line first, each made visible before the one below it, so a reader that polls the start of
+ * a write may find its end there already and its start not yet. */
+static void place_descending(char *dst, const char *src, size_t n) {
+  size_t end = n;
+  while (end > 0) {
+    uintptr_t a = (uintptr_t)(dst + end - 1) & ~(uintptr_t)63;
+    size_t start = a > (uintptr_t)dst ? (size_t)(a - (uintptr_t)dst) : 0;
+    memcpy(dst + start, src + start, end - start);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    end = start;
+  }
 }
 
 static void in_input(struct sv_in *in) {
@@ -1689,13 +1734,8 @@ static void in_input(struct sv_in *in) {
       if (r < 0) return;
       in->poff += (uint64_t)r;
       if (in->poff < rq->len) continue;
-      if (in->status == IBV_WC_SUCCESS && rq->op != SV_OP_SEND && rq->len && rq->len <= SV_SMALL) {
-        /* place in ascending order: the last 8 bytes become visible after the rest */
-        size_t n = (size_t)rq->len, head = n > 8 ? n - 8 : 0;
-        memcpy(in->target, in->small, head);
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-        for (size_t i = head; i < n; i++) __atomic_store_n(in->target + i, in->small[i], __ATOMIC_RELEASE);
-      }
+      if (in->status == IBV_WC_SUCCESS && rq->op != SV_OP_SEND && rq->len && rq->len <= SV_SMALL)
+        place_descending(in->target, in->small, (size_t)rq->len);
     }
     if (!in_finish(in)) return;
   }
@@ -1755,6 +1795,20 @@ static void reap(void) {
   }
 }
 
+/* A CQ that overran is fatal to the QPs on it, as on hardware: each goes to ERR with an async
+ * IBV_EVENT_QP_FATAL (after the IBV_EVENT_CQ_ERR cq_push posted). Done here, at a point where no
+ * QP is in the middle of an update, rather than inside cq_push. */
+static void fail_overrun_qps(void) {
+  for (struct sv_qp *q = G.qps; q; q = q->next) {
+    if (q->dead || q->qp.state == IBV_QPS_ERR || q->qp.state == IBV_QPS_RESET) continue;
+    struct sv_cq *s = (struct sv_cq *)q->qp.send_cq, *r = (struct sv_cq *)q->qp.recv_cq;
+    if (!s->overrun && !r->overrun) continue;
+    record("event=cq_overrun pid=%d qpn=%u", (int)getpid(), q->qp.qp_num);
+    qp_fail(q, IBV_WC_WR_FLUSH_ERR);
+    post_event(q->sctx, IBV_EVENT_QP_FATAL, &q->qp, 0);
+  }
+}
+
 static void *nic_thread(void *arg) {
   (void)arg;
   size_t cap = 64;
@@ -1763,6 +1817,7 @@ static void *nic_thread(void *arg) {
   for (;;) {
     lock();
     reap();
+    fail_overrun_qps();
     for (struct sv_qp *q = G.qps; q; q = q->next) {
       qp_output(q);
       for (struct sv_in *in = q->ins; in; in = in->next) {
