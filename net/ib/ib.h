@@ -132,6 +132,9 @@ int mpib_hca_match(const char *spec, const char *name, int port);
 /* How good an interface is for the side channel when nothing names one: 0 IPoIB (ib*), 1 another,
  * -1 never (docker*, loopback), as NCCL's default. */
 int mpib_oob_rank(const char *ifname, int loopback);
+/* maxComms of a port: every connection is nqps QPs on each side, plus the receiver's flush QP, and
+ * its own CQ; the HCA's max_qp and max_cq are shared by its nports ports (NCCL reports max_qp). */
+int mpib_max_comms(int max_qp, int max_cq, int nports, int nqps);
 /* ptrSupport from what the node has: the NVIDIA driver, nvidia-peermem, an HCA that takes dma-bufs. */
 int mpib_ptr_support(int nvidia, int peermem, int dmabuf);
 /* Pick the RoCE GID: RoCE v2 IPv4-mapped first, then RoCE v2, then any; -1 if none. types[i]: 1 = v2. */

@@ -402,6 +402,14 @@ static void assign_planes(void) {
   }
 }
 
+int mpib_max_comms(int max_qp, int max_cq, int nports, int nqps) {
+  if (nports < 1) nports = 1;
+  if (nqps < 1) nqps = 1;
+  int by_qp = max_qp / nports / (nqps + 1), by_cq = max_cq / nports;
+  int n = by_qp < by_cq ? by_qp : by_cq;
+  return n > 0 ? n : 1;
+}
+
 static void fill_props(struct mpib_dev *d, const struct ibv_port_attr *pa, int ptr) {
   struct mplane_dev_props *p = &d->props;
   memset(p, 0, sizeof(*p));
@@ -417,7 +425,8 @@ static void fill_props(struct mpib_dev *d, const struct ibv_port_attr *pa, int p
   p->speed_mbps = speed_mbps(pa);
   p->port = d->port;
   p->latency_us = 0;
-  p->max_comms = 65536;
+  p->max_comms = mpib_max_comms(d->hca->attr.max_qp, d->hca->attr.max_cq, d->hca->attr.phys_port_cnt,
+                                 mpib_config()->ib_qps);
   p->max_recvs = MPIB_MAX_RECVS;
   p->max_p2p_bytes = MPIB_MAX_MSG;
   p->max_coll_bytes = MPIB_MAX_MSG;

@@ -742,6 +742,19 @@ static int sc_max_msg(void) {
   return 0;
 }
 
+/* maxComms counts the QPs a connection takes: MPLANE_IB_QPS=4 is 5 QPs (with the flush QP) of the
+ * double's 65536 (it said 65536 whatever the count). */
+static int sc_max_comms(void) {
+  env_base("mlx5_0:ib");
+  setenv("MPLANE_IB_QPS", "4", 1);
+  up();
+  const struct mplane_dev_props *props = NULL;
+  if (mplane_net_get_properties(0, &props) != ncclSuccess) fail("getProperties");
+  if (props->max_comms != 65536 / 5) fail("maxComms %d with 4 QPs per connection, expected %d", props->max_comms, 65536 / 5);
+  note("maxComms %d (65536 QPs / 5 per connection)", props->max_comms);
+  return 0;
+}
+
 static int sc_qp_attrs(void) {
   env_base("mlx5_0:ib");
   setenv("MPLANE_IB_TIMEOUT", "17", 1);
@@ -771,7 +784,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
-             {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
+             {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {

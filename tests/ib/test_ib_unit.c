@@ -164,6 +164,17 @@ static void test_fifo_take(void **state) {
   assert_int_equal(mpib_fifo_take(&w, 4, &out), -1);
 }
 
+/* maxComms counts QPs per connection (it was 65536 whatever a connection used) and the CQ per comm. */
+static void test_max_comms(void **state) {
+  (void)state;
+  assert_int_equal(mpib_max_comms(65536, 65536, 1, 2), 21845); /* 2 QPs + the flush QP */
+  assert_int_equal(mpib_max_comms(65536, 65536, 1, 4), 13107);
+  assert_int_equal(mpib_max_comms(65536, 65536, 2, 2), 10922);  /* two ports share the HCA's QPs */
+  assert_int_equal(mpib_max_comms(262144, 16384, 1, 2), 16384); /* a CQ per comm: max_cq bounds it */
+  assert_int_equal(mpib_max_comms(2, 1, 1, 16), 1);              /* never 0 */
+  assert_int_equal(mpib_max_comms(65536, 65536, 0, 0), 32768);   /* nonsense counts taken as 1 */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hca_grammar),
@@ -171,6 +182,7 @@ int main(void) {
       cmocka_unit_test(test_imm_layout),
       cmocka_unit_test(test_recv_entry_chunks),
       cmocka_unit_test(test_ptr_support),
+      cmocka_unit_test(test_max_comms),
       cmocka_unit_test(test_fifo_take),
       cmocka_unit_test(test_oob_rank),
   };
