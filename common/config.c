@@ -128,6 +128,8 @@ static const struct row rows[] = {
      "RoCE GRH traffic class of every connection (default: the DSCP of its class's SL, << 2)"},
     {"MPLANE_IB_PKEY", K_INT, OFF(ib_pkey), 0, "0", 0, 65535, NULL, "an integer from 0 to 65535",
      "partition key index of every QP"},
+    {"MPLANE_IB_ECE", K_BOOL, OFF(ib_ece), 0, "1", 0, 1, NULL, "0 or 1",
+     "negotiate ECE (enhanced connection establishment) where the HCA has it"},
     {"MPLANE_IB_QPS", K_INT, OFF(ib_qps), 0, "2", 1, 16, NULL, "an integer from 1 to 16",
      "queue pairs per connection; large messages are striped across them"},
     {"MPLANE_IBVERBS_LIB", K_STR, STR(ibverbs_lib), "libibverbs.so.1", 0, 0, NULL, "a library name or path",
@@ -146,7 +148,7 @@ static const struct {
     {"MPLANE_IB_HCA", "NCCL_IB_HCA"},         {"MPLANE_IB_GID_INDEX", "NCCL_IB_GID_INDEX"},
     {"MPLANE_IB_SL", "NCCL_IB_SL"},           {"MPLANE_IB_TIMEOUT", "NCCL_IB_TIMEOUT"},
     {"MPLANE_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"}, {"MPLANE_IB_TC", "NCCL_IB_TC"},
-    {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},
+    {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},       {"MPLANE_IB_ECE", "NCCL_IB_ECE_ENABLE"},
 };
 
 static const char *nccl_alias(const char *name) {

@@ -42,6 +42,7 @@ struct mplane_config {
   int ib_retry_cnt;
   int ib_tc;                                 /* RoCE GRH traffic class of every QP; -1: from the class */
   int ib_pkey;                               /* partition key index of every QP */
+  int ib_ece;                                /* negotiate ECE on IB connections where supported */
   int ib_qps;                                /* QPs per connection */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */

@@ -78,6 +78,8 @@ struct mpib_verbs {
   struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
   int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
   int (*destroy_qp)(struct ibv_qp *);
+  int (*query_ece)(struct ibv_qp *, struct ibv_ece *); /* optional (rdma-core >= 31) */
+  int (*set_ece)(struct ibv_qp *, struct ibv_ece *);   /* optional */
   int (*fork_init)(void); /* optional */
   int (*get_async_event)(struct ibv_context *, struct ibv_async_event *);
   void (*ack_async_event)(struct ibv_async_event *);
@@ -207,7 +209,10 @@ struct mpib_conn_info {
   int32_t tclass;
   int32_t ar;
   int32_t tc_class;
-  uint32_t reserved[7];
+  /* ECE (enhanced connection establishment): the sender's offer, the receiver's answer; ece_valid 0
+   * means none (no ibv_query_ece, a provider without it, MPLANE_IB_ECE=0, or an older peer) */
+  uint32_t ece_vendor_id, ece_options, ece_comp_mask, ece_valid;
+  uint32_t reserved[3];
 };
 
 struct mpib_comm_base {
@@ -222,6 +227,8 @@ struct mpib_comm_base {
   struct mpib_error err;
   int sl, tclass, ar, tc_class;
   int gid_index;          /* this connection's GID, read from the port's table when it was made */
+  int ece;                /* 1: the QPs run with the ECE both sides agreed on */
+  uint32_t ece_options;
   union ibv_gid gid;
   unsigned live_polls;
   struct mpib_comm_base *next_live; /* registry for the async thread */

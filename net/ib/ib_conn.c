@@ -197,6 +197,58 @@ static void info_fill(struct mpib_conn_info *ci, struct mpib_comm_base *b) {
   for (int i = 0; i < b->nqps; i++) ci->qpn[i] = b->qps[i]->qp_num;
 }
 
+/* ---- ECE (enhanced connection establishment), as NCCL's NCCL_IB_ECE_ENABLE: the sender offers what
+ * its QPs support, the receiver sets the offer on its QPs before RTR and answers with what they then
+ * run, the sender sets that answer on its own. Off where libibverbs has no ibv_query_ece, the
+ * provider says EOPNOTSUPP (rxe, older firmware), MPLANE_IB_ECE=0, or the peer offers nothing. */
+static int ece_on(void) { return mpib_v.query_ece && mpib_v.set_ece && mpib_config()->ib_ece; }
+
+/* For the connection's INFO line. */
+static const char *ece_str(const struct mpib_comm_base *b) {
+  static __thread char s[32];
+  if (!b->ece) return "no ECE";
+  snprintf(s, sizeof(s), "ECE 0x%08x", b->ece_options);
+  return s;
+}
+
+/* What b's QPs run with now, into ci (ece_valid stays 0 when there is nothing to say). */
+static void ece_offer(struct mpib_comm_base *b, struct mpib_conn_info *ci) {
+  if (!ece_on()) return;
+  struct ibv_ece ece;
+  memset(&ece, 0, sizeof(ece));
+  int rc = mpib_v.query_ece(b->qps[0], &ece);
+  if (rc != 0) {
+    if (rc != EOPNOTSUPP && rc != ENOSYS)
+      MP_INFO(NCCL_NET, "NET/IB: %s: ibv_query_ece failed (%s); connecting without ECE", b->dev->props.name,
+              strerror(rc));
+    return;
+  }
+  ci->ece_vendor_id = ece.vendor_id;
+  ci->ece_options = ece.options;
+  ci->ece_comp_mask = ece.comp_mask;
+  ci->ece_valid = 1;
+}
+
+/* The peer's ECE on every QP of b (in INIT, before RTR). A provider that refuses it is not an error:
+ * the connection runs without, as NCCL's. */
+static ncclResult_t ece_apply(struct mpib_comm_base *b, const struct mpib_conn_info *peer) {
+  if (!ece_on() || peer->ece_valid != 1) return ncclSuccess;
+  struct ibv_ece ece = {.vendor_id = peer->ece_vendor_id, .options = peer->ece_options,
+                        .comp_mask = peer->ece_comp_mask};
+  for (int i = 0; i < b->nqps; i++) {
+    int rc = mpib_v.set_ece(b->qps[i], &ece);
+    if (rc == EOPNOTSUPP || rc == ENOSYS) return ncclSuccess;
+    if (rc != 0) {
+      MP_WARN("NET/IB: %s: ibv_set_ece(vendor 0x%x, options 0x%x) on QP %u for peer %s failed: %s",
+              b->dev->props.name, ece.vendor_id, ece.options, b->qps[i]->qp_num, b->peer, strerror(rc));
+      return ncclSystemError;
+    }
+  }
+  b->ece = 1;
+  b->ece_options = ece.options;
+  return ncclSuccess;
+}
+
 static ncclResult_t info_check(const struct mpib_conn_info *ci, struct mpib_comm_base *b) {
   if (ci->magic != MPIB_MAGIC || ci->version != MPLANE_PROTOCOL_VERSION) {
     MP_WARN("NET/IB: peer %s speaks mplane IB protocol %u (magic 0x%08x), this library speaks %u: use the same "
@@ -313,6 +365,7 @@ static ncclResult_t accept_build(struct mpib_listen_comm *lc, struct mpib_pendin
   c->remote_fifo = p->in.fifo_addr;
   c->remote_fifo_rkey = p->in.fifo_rkey;
   MP_CHECK(mpib_recv_comm_setup(c));
+  MP_CHECK(ece_apply(&c->b, &p->in));
   for (int i = 0; i < c->b.nqps; i++)
     MP_CHECK(mpib_qp_connect(&c->b, c->b.qps[i], p->in.qpn[i], p->in.lid, p->in.gid, (int)p->in.mtu));
   /* receives for the writes with immediate, before the sender can send */
@@ -330,6 +383,7 @@ static ncclResult_t accept_build(struct mpib_listen_comm *lc, struct mpib_pendin
     }
   }
   info_fill(&p->out, &c->b);
+  if (c->b.ece) ece_offer(&c->b, &p->out); /* the answer: what the QPs run after the offer was set */
   return ncclSuccess;
 }
 
@@ -409,8 +463,9 @@ ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
         c->b.fd = p->fd;
         mpib_comm_register(&c->b);
         lc->pending[i] = lc->pending[--lc->npending];
-        MP_INFO(NCCL_NET, "NET/IB: %s accepted peer %s: %d QPs, SL %d, traffic class %d, adaptive routing %s",
-                c->b.dev->props.name, c->b.peer, c->b.nqps, c->b.sl, c->b.tclass, c->b.ar ? "on" : "off");
+        MP_INFO(NCCL_NET, "NET/IB: %s accepted peer %s: %d QPs, SL %d, traffic class %d, adaptive routing %s, %s",
+                c->b.dev->props.name, c->b.peer, c->b.nqps, c->b.sl, c->b.tclass, c->b.ar ? "on" : "off",
+                ece_str(&c->b));
         *recv_comm = c;
         return ncclSuccess;
       }
@@ -520,6 +575,7 @@ static ncclResult_t stage_progress(struct mpib_connect_stage *st, int *done) {
     MP_CHECK(base_open(&c->b, c->b.devindex, mpib_config()->ib_qps));
     MP_CHECK(mpib_send_comm_setup(c));
     info_fill(&st->out, &c->b);
+    ece_offer(&c->b, &st->out);
     st->out.fifo_addr = (uint64_t)(uintptr_t)c->fifo;
     st->out.fifo_rkey = c->fifo_mr->rkey;
     st->out.sl = c->b.sl;
@@ -540,6 +596,7 @@ static ncclResult_t stage_progress(struct mpib_connect_stage *st, int *done) {
       MP_WARN("NET/IB: peer %s answered with %u QPs, we have %d", c->b.peer, st->in.nqps, c->b.nqps);
       return ncclInvalidUsage;
     }
+    MP_CHECK(ece_apply(&c->b, &st->in));
     for (int i = 0; i < c->b.nqps; i++)
       MP_CHECK(mpib_qp_connect(&c->b, c->b.qps[i], st->in.qpn[i], st->in.lid, st->in.gid, (int)st->in.mtu));
     st->stage = 3;
@@ -602,8 +659,8 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
   stage_free(st);
   memset((char *)handle + MPIB_STAGE_OFFSET, 0, sizeof(st));
   mpib_comm_register(&c->b);
-  MP_INFO(NCCL_NET, "NET/IB: %s connected to peer %s: %d QPs, SL %d, traffic class %d, adaptive routing %s",
-          c->b.dev->props.name, c->b.peer, c->b.nqps, c->b.sl, c->b.tclass, c->b.ar ? "on" : "off");
+  MP_INFO(NCCL_NET, "NET/IB: %s connected to peer %s: %d QPs, SL %d, traffic class %d, adaptive routing %s, %s",
+          c->b.dev->props.name, c->b.peer, c->b.nqps, c->b.sl, c->b.tclass, c->b.ar ? "on" : "off", ece_str(&c->b));
   *send_comm = c;
   return ncclSuccess;
 }

@@ -45,6 +45,8 @@ int mpib_verbs_load(const char *libname, char *why, size_t whylen) {
   LOAD(create_qp, "ibv_create_qp", 1);
   LOAD(modify_qp, "ibv_modify_qp", 1);
   LOAD(destroy_qp, "ibv_destroy_qp", 1);
+  LOAD(query_ece, "ibv_query_ece", 0);
+  LOAD(set_ece, "ibv_set_ece", 0);
   LOAD(get_async_event, "ibv_get_async_event", 1);
   LOAD(ack_async_event, "ibv_ack_async_event", 1);
   mpib_v.lib = lib;

@@ -755,6 +755,54 @@ static int sc_max_comms(void) {
   return 0;
 }
 
+/* ECE (NCCL_IB_ECE_ENABLE): the receiver sets the sender's offer on its QPs before RTR, the sender the
+ * receiver's answer on its own; the data path works with it; MPLANE_IB_ECE=0 (or NCCL_IB_ECE_ENABLE=0)
+ * and a device without ECE (rxe: EOPNOTSUPP) connect without it. */
+static int ece_run(const char *devspec, int *set_ok, int *rtr_with) {
+  env_base(devspec);
+  up();
+  unlink(record_path);
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  transfer(&p, 1 << 20, 10, 1);
+  transfer(&p, 8, 10, 1);
+  pair_close(&p);
+  struct rec r[32];
+  int n = rec_find(r, 32, "event=set_ece", "rc=0", NULL);
+  *set_ok = n;
+  n = rec_find(r, 32, "event=modify", "state=RTR", NULL);
+  *rtr_with = 0;
+  for (int i = 0; i < n; i++)
+    if (rec_val(&r[i], "ece") == 0x5) (*rtr_with)++;
+  return 0;
+}
+
+static int sc_ece(void) {
+  int set, rtr;
+  ece_run("mlx5_0:ib:ece=5", &set, &rtr);
+  /* 2 receiver QPs take the offer, 2 sender QPs the answer; all 4 reach RTR with it (not the flush QP) */
+  if (set != 4 || rtr != 4) fail("ECE: %d QPs set, %d reached RTR with options 0x5; expected 4 and 4", set, rtr);
+  note("ECE 0x5 set on 4 QPs before RTR");
+  return 0;
+}
+
+static int sc_ece_off(void) {
+  int set, rtr;
+  setenv("NCCL_IB_ECE_ENABLE", "0", 1); /* MPLANE_IB_ECE's NCCL twin */
+  ece_run("mlx5_0:ib:ece=5", &set, &rtr);
+  if (set != 0) fail("NCCL_IB_ECE_ENABLE=0 but %d QPs were set", set);
+  note("NCCL_IB_ECE_ENABLE=0: no QP set, data moves");
+  return 0;
+}
+
+static int sc_ece_none(void) {
+  int set, rtr;
+  ece_run("mlx5_0:ib", &set, &rtr);
+  if (set != 0 || rtr != 0) fail("a device without ECE: %d QPs set", set);
+  note("a device without ECE (EOPNOTSUPP, as rxe): none set, data moves");
+  return 0;
+}
+
 static int sc_qp_attrs(void) {
   env_base("mlx5_0:ib");
   setenv("MPLANE_IB_TIMEOUT", "17", 1);
@@ -784,7 +832,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
-             {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
+             {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"ece", sc_ece}, {"ece-off", sc_ece_off}, {"ece-none", sc_ece_none}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {

@@ -83,6 +83,7 @@ struct sv_dev {
   int index, nports, link_layer, fabric;
   int grh_required; /* IB ports that take only global addresses (SR-IOV VFs in cloud VMs) */
   int gid_shift;    /* RoCE: entries an added IPv6 address put before the IPv4 ones (gid_move_after) */
+  uint32_t ece;     /* ECE options its QPs support; 0: no ECE (ibv_query_ece/ibv_set_ece say EOPNOTSUPP) */
   uint32_t ip; /* network order, RoCE */
   uint64_t guid;
   int port_state[SV_MAX_PORTS + 1];
@@ -181,6 +182,7 @@ struct sv_qp {
   unsigned rq_cap, rq_head, rq_tail;
   struct sv_in *ins;
   unsigned long n_write, n_write_imm, n_read, n_send, n_recv, n_signaled;
+  uint32_t ece;           /* the ECE options it runs with (its device's, narrowed by ibv_set_ece) */
   struct sv_qp *next;
 };
 
@@ -278,6 +280,7 @@ static void parse_devices(void) {
       else if (!strncmp(f, "ip=", 3)) inet_pton(AF_INET, f + 3, &d->ip);
       else if (!strncmp(f, "subnet=", 7)) d->fabric = atoi(f + 7);
       else if (!strcmp(f, "grh")) d->grh_required = 1;
+      else if (!strncmp(f, "ece=", 4)) d->ece = (uint32_t)strtoul(f + 4, NULL, 16);
     }
     if (d->nports < 1) d->nports = 1;
     if (d->nports > SV_MAX_PORTS) d->nports = SV_MAX_PORTS;
@@ -904,6 +907,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
     return NULL;
   }
   q->cap = ia->cap; /* inline data as asked: a post with more fails, as it may on hardware */
+  q->ece = ((struct sv_ctx *)pd->context)->dev->ece;
   q->sq_sig_all = ia->sq_sig_all;
   q->sctx = (struct sv_ctx *)pd->context;
   q->qp.context = pd->context;
@@ -955,11 +959,11 @@ static void record_qp(struct sv_qp *q, const char *state) {
   inet_ntop(AF_INET6, a->ah_attr.grh.dgid.raw, dgid, sizeof(dgid));
   record("event=modify pid=%d dev=%s port=%d qpn=%u state=%s dest_qpn=%u sl=%u traffic_class=%u is_global=%u "
          "sgid_index=%u dgid=%s dlid=%u hop_limit=%u path_mtu=%d timeout=%u retry_cnt=%u rnr_retry=%u "
-         "min_rnr_timer=%u max_rd_atomic=%u max_dest_rd_atomic=%u pkey_index=%u",
+         "min_rnr_timer=%u max_rd_atomic=%u max_dest_rd_atomic=%u pkey_index=%u ece=%u",
          (int)getpid(), q->sctx->dev->ibdev.name, q->port, q->qp.qp_num, state, a->dest_qp_num, a->ah_attr.sl,
          a->ah_attr.grh.traffic_class, a->ah_attr.is_global, a->ah_attr.grh.sgid_index, dgid, a->ah_attr.dlid,
          a->ah_attr.grh.hop_limit, (int)a->path_mtu, a->timeout, a->retry_cnt, a->rnr_retry, a->min_rnr_timer,
-         a->max_rd_atomic, a->max_dest_rd_atomic, a->pkey_index);
+         a->max_rd_atomic, a->max_dest_rd_atomic, a->pkey_index, q->ece);
 }
 
 SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask) {
@@ -1080,6 +1084,31 @@ SV_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask
   unlock();
   (void)mask;
   return 0;
+}
+
+/* ECE as ConnectX firmware does it: a QP offers its device's options; setting a peer's offer (before
+ * RTR only) leaves what both support, which a later query reports. */
+#define SV_ECE_VENDOR 0x15b3
+SV_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece) {
+  struct sv_qp *q = (struct sv_qp *)qp;
+  if (!q->sctx->dev->ece) return EOPNOTSUPP;
+  lock();
+  *ece = (struct ibv_ece){.vendor_id = SV_ECE_VENDOR, .options = q->ece, .comp_mask = 0};
+  unlock();
+  return 0;
+}
+
+SV_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece) {
+  struct sv_qp *q = (struct sv_qp *)qp;
+  if (!q->sctx->dev->ece) return EOPNOTSUPP;
+  lock();
+  int rc = 0;
+  if (q->qp.state != IBV_QPS_RESET && q->qp.state != IBV_QPS_INIT) rc = EINVAL; /* only before RTR */
+  else if (ece->vendor_id != SV_ECE_VENDOR || ece->comp_mask) rc = EINVAL;
+  else q->ece &= ece->options;
+  unlock();
+  record("event=set_ece pid=%d qpn=%u options=%u rc=%d", (int)getpid(), q->qp.qp_num, ece->options, rc);
+  return rc;
 }
 
 SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {

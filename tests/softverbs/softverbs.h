@@ -2,7 +2,10 @@
  *
  * Environment:
  *   SOFTVERBS_DEVICES  devices, comma separated: NAME[:ib|:roce][:ports=N][:down=P][:ip=A.B.C.D][:subnet=N][:grh]
- *                      (grh: the ports require a GRH, as IB SR-IOV VFs do: RTR without one is EINVAL)
+ *                      [:ece=HEX]
+ *                      (grh: the ports require a GRH, as IB SR-IOV VFs do: RTR without one is EINVAL;
+ *                      ece: ibv_query_ece/ibv_set_ece work, the QPs support these ECE options; without
+ *                      it they answer EOPNOTSUPP, as rxe does)
  *                      default "mlx5_0:ib,mlx5_1:ib". subnet is the fabric (plane): QPs of different
  *                      subnets cannot reach each other, as on a multi-plane cluster.
  *   SOFTVERBS_RECORD   a file; every QP's attributes are appended at RTR and RTS (one line each,
