@@ -384,7 +384,9 @@ ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes
       t->nics[n].rail = 0;
     }
   } else if (ncompute > 0) {
-    /* The fabric decides when it tells every compute NIC's subnet and they are not all one. */
+    /* The fabric decides when it tells every compute NIC's subnet: one subnet is one plane (its NICs
+     * are rails of it: they reach each other, so no connection between them is relayed), several
+     * are planes ranked by subnet. */
     int all_known = 1, distinct = 0;
     for (int i = 0; i < ncompute; i++) all_known &= t->nics[compute[i]].has_subnet;
     if (all_known) {
@@ -394,7 +396,7 @@ ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes
         distinct += !seen;
       }
     }
-    if (all_known && distinct >= 2) {
+    if (all_known && distinct >= 1) {
       src = MPLANE_TOPO_PLANE_FABRIC;
       for (int i = 0; i < ncompute; i++) {
         struct mplane_topo_nic *a = &t->nics[compute[i]];

@@ -452,12 +452,15 @@ static void test_planes_from_ip_subnets(void **state) {
   assert_int_equal(t->nics[m].plane, 0);
   assert_int_equal(t->nics[e].plane, 1);
   assert_int_equal(t->plane_source, MPLANE_TOPO_PLANE_FABRIC);
-  /* one subnet for both: the fabric cannot tell planes apart, PCI order decides */
+  /* one subnet for both: one plane, the NICs its rails 0 and 1 (it was a plane each by PCI order, so
+   * every connection between them was relayed) */
   mplane_topo_set_subnet(t, m, 2, ((uint64_t)0xc6120100 << 8) | 24, "198.18.1.0/24");
   assert_int_equal(mplane_topo_assign_planes(t, NULL, err, sizeof(err)), ncclSuccess);
   assert_int_equal(t->nics[e].plane, 0);
-  assert_int_equal(t->nics[m].plane, 1);
-  assert_int_equal(t->plane_source, MPLANE_TOPO_PLANE_PCI);
+  assert_int_equal(t->nics[m].plane, 0);
+  assert_int_equal(t->nics[e].rail + t->nics[m].rail, 1);
+  assert_int_equal(t->nplanes, 1);
+  assert_int_equal(t->plane_source, MPLANE_TOPO_PLANE_FABRIC);
   /* two NICs on one subnet and a third on another: rails 0 and 1 of one plane */
   int v = mplane_topo_add_virtual_nic(t, "veth9");
   assert_true(v >= 0);
