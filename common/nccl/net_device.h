@@ -1,4 +1,5 @@
-/* mplane: NCCL plugin ABI, device-offload handle (we offer none: HOST type). */
+/* mplane: NCCL plugin ABI, device-offload handle. The net tables offer none (HOST type); the RMA
+ * table reports GIN_PROXY, which tells NCCL 2.30 to drive it from its own GIN proxy thread. */
 #ifndef MPLANE_NCCL_NET_DEVICE_H
 #define MPLANE_NCCL_NET_DEVICE_H
 
@@ -7,6 +8,9 @@
 typedef enum {
   NCCL_NET_DEVICE_HOST = 0,
   NCCL_NET_DEVICE_UNPACK = 1,
+  NCCL_NET_DEVICE_GIN_PROXY = 2, /* NCCL 2.30 */
+  NCCL_NET_DEVICE_GIN_GDAKI = 3,
+  NCCL_NET_DEVICE_GIN_GPI = 4,
 } ncclNetDeviceType;
 
 typedef struct {
