@@ -169,6 +169,8 @@ static struct {
   CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
   CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+  CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+  CUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
   CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
   CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
   CUresult (*cuDeviceGetPCIBusId)(char *, int, CUdevice);
@@ -220,6 +222,8 @@ static void cu_load_once(void) {
   CU_LOAD(cuMemcpyPeerAsync, "cuMemcpyPeerAsync");
   CU_LOAD(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
   CU_LOAD(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+  CU_LOAD(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+  CU_LOAD(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
   CU_LOAD(cuMemsetD8, "cuMemsetD8_v2");
   CU_LOAD(cuPointerGetAttribute, "cuPointerGetAttribute");
   CU_LOAD(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId");
@@ -290,6 +294,31 @@ int mplane_cuda_memcpy_htod(int gpu, void *dst, const void *src, size_t bytes) {
 
 int mplane_cuda_memcpy_dtoh(int gpu, void *dst, const void *src, size_t bytes) {
   return cu_use(gpu) == 0 && cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes) == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* A non-blocking stream per thread and GPU: a copy on it never waits for a kernel on the legacy
+ * stream's implicit barrier, so a kernel spinning on a signal cannot hold up the copy that sets it. */
+static CUstream cu_thread_stream(int gpu) {
+  static __thread CUstream streams[64];
+  if (gpu < 0 || gpu >= 64) return NULL;
+  if (!streams[gpu] && cu.cuStreamCreate(&streams[gpu], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) streams[gpu] = NULL;
+  return streams[gpu];
+}
+
+int mplane_cuda_memcpy_htod_nb(int gpu, void *dst, const void *src, size_t bytes) {
+  if (cu_use(gpu) != 0) return -1;
+  CUstream s = cu_thread_stream(gpu);
+  if (!s) return -1;
+  if (cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, s) != CUDA_SUCCESS) return -1;
+  return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
+}
+
+int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes) {
+  if (cu_use(gpu) != 0) return -1;
+  CUstream s = cu_thread_stream(gpu);
+  if (!s) return -1;
+  if (cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, s) != CUDA_SUCCESS) return -1;
+  return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
 }
 
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes) {

@@ -94,6 +94,10 @@ void *mplane_cuda_alloc(int gpu, size_t bytes);
 void mplane_cuda_free(int gpu, void *ptr);
 int mplane_cuda_memcpy_htod(int gpu, void *dst, const void *src, size_t bytes);
 int mplane_cuda_memcpy_dtoh(int gpu, void *dst, const void *src, size_t bytes);
+/* The same on this thread's non-blocking stream, synchronised before returning (the data is in
+ * place when it returns 0): for copies made while a kernel may be running. */
+int mplane_cuda_memcpy_htod_nb(int gpu, void *dst, const void *src, size_t bytes);
+int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes);
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
 /* The PCI bus id of a GPU ("0000:19:00.0"), for choosing the GPU beside a NIC. 0 on success. */
 int mplane_cuda_pci_bus_id(int gpu, char *buf, int len);

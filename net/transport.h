@@ -45,6 +45,48 @@ struct mplane_comm_opts {
   int adaptive_routing; /* the class's adaptive-routing flag (MPLANE_TC_MAP ":ar") */
 };
 
+/* One-sided (RMA) ops, what NCCL 2.30's GIN proxy drives through ncclRmaPlugin_v14 (plugin/rma_v14.c).
+ * A group is nranks processes that connected together; a context set is create_context's
+ * connections; windows are registered symmetrically (every rank, same order) and named by the
+ * caller's own handle. listen/connect/create_context are collective and may block, each bounded by
+ * MPLANE_CONNECT_TIMEOUT; the ops never block; test only polls. An op the target refuses (a range
+ * outside its window, an unknown signal op) or a dead peer ends in an error from test and
+ * query_last_error naming the peer and the window, and nothing is written out of bounds. */
+struct mplane_rma_ctx_opts {
+  int ncontexts;
+  int rank_stride;   /* connect ranks rank +- k*stride only; nranks % stride == 0 */
+  int service_level; /* from the class (net/tc.h), like two-sided comms */
+  int tc_class;
+};
+
+struct mplane_rma_signal {
+  uint64_t off;      /* byte offset of a 64-bit word in the signal window */
+  void *mhandle;     /* the signal window (the caller's handle) */
+  uint64_t value;    /* added for NCCL_NET_SIGNAL_OP_ADD */
+  uint32_t op;       /* NCCL_NET_SIGNAL_OP_INC / _ADD; anything else is refused */
+};
+
+struct mplane_rma_ops {
+  ncclResult_t (*listen)(int dev, void *handle, void **listen_comm);
+  ncclResult_t (*close_listen)(void *listen_comm);
+  ncclResult_t (*connect)(void *handles[], int nranks, int rank, void *listen_comm, void **group);
+  ncclResult_t (*close_group)(void *group);
+  ncclResult_t (*create_context)(void *group, const struct mplane_rma_ctx_opts *opts, void **ctx);
+  ncclResult_t (*destroy_context)(void *ctx);
+  ncclResult_t (*reg_mr_sym)(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle);
+  ncclResult_t (*dereg_mr_sym)(void *group, void *mhandle);
+  /* sig NULL: a plain put; size 0 with sig: the signal alone (src/dst handles may be NULL). */
+  ncclResult_t (*iput)(void *ctx, int context, uint64_t src_off, void *src_mh, size_t size, uint64_t dst_off,
+                       void *dst_mh, uint32_t rank, const struct mplane_rma_signal *sig, void **request);
+  ncclResult_t (*iget)(void *ctx, int context, uint64_t remote_off, void *remote_mh, size_t size,
+                       uint64_t local_off, void *local_mh, uint32_t rank, void **request);
+  /* *request NULL: nothing to flush (completed gets are already visible). */
+  ncclResult_t (*iflush)(void *ctx, int context, void *mhandle, uint32_t rank, void **request);
+  ncclResult_t (*test)(void *group, void *request, int *done);
+  ncclResult_t (*progress)(void *ctx); /* may be NULL: the transport's threads move the data */
+  ncclResult_t (*query_last_error)(void *ctx, int *has_error);
+};
+
 struct mplane_transport_ops {
   const char *name;
   /* Discover devices. Returns an error if the transport cannot run here (NCCL then falls back). */
@@ -76,6 +118,9 @@ struct mplane_transport_ops {
    * lookup, a lock or an allocation. Either may be NULL in the table: then nothing is counted. */
   struct mplane_stats_comm *(*comm_stats)(void *comm, int is_send);
   struct mplane_stats_req *(*req_stats)(void *request);
+  /* One-sided ops; NULL: this transport serves none (ncclRmaPlugin_v14's init then fails and NCCL
+   * uses its own RMA backend). */
+  const struct mplane_rma_ops *rma;
 };
 
 extern const struct mplane_transport_ops mplane_socket_ops;

@@ -270,4 +270,7 @@ ncclResult_t mps_test(void *request, int *done, int *sizes);
 ncclResult_t mps_close_send(void *send_comm);
 ncclResult_t mps_close_recv(void *recv_comm);
 
+/* ---- one-sided ops (socket_rma.c) ---- */
+extern const struct mplane_rma_ops mps_rma_ops;
+
 #endif

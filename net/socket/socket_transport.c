@@ -104,4 +104,5 @@ const struct mplane_transport_ops mplane_socket_ops = {
     .nccl_env_defaults = socket_nccl_env,
     .comm_stats = socket_comm_stats,
     .req_stats = socket_req_stats,
+    .rma = &mps_rma_ops,
 };

@@ -1,0 +1,1073 @@
+/* mplane: one-sided ops (net/transport.h's mplane_rma_ops) over TCP, for NCCL 2.30's GIN proxy.
+ *
+ * The target writes its own memory: a put travels as a header and its bytes on the connection of
+ * its (context, peer), and the target's reader thread checks the header against the window it
+ * names, lands the bytes (host memory directly, GPU memory through the CUDA driver on a
+ * non-blocking stream, synchronised), then applies the signal, then acknowledges. One reader per
+ * connection, in order, so a signal is applied only after its data and after every earlier put
+ * of that context to that rank is in place. A get is a request the target answers with the bytes.
+ *
+ * Connections: connect() builds a control mesh (lower rank dials, higher rank accepts) used only
+ * by the collective calls; create_context() exchanges a fresh listener's address over it and
+ * builds one full-duplex connection per context and connected pair (ranks rank +- k*stride). Each
+ * connection has a writer thread (requests and responses, in queue order) and a reader thread;
+ * NCCL's proxy thread only queues and polls. The reader never writes (it queues responses), so two
+ * peers writing large puts at each other cannot both stall.
+ *
+ * Responses arrive in the order their requests were written (one reader serves them in order at
+ * the target), so each response matches the oldest pending request; anything else fails the
+ * connection. A closed or reset connection (a dead peer) fails every request queued or pending on
+ * it and marks the context, which query_last_error reports. */
+#include <errno.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../../common/log.h"
+#include "../../common/nccl/rma_v14.h"
+#include "../relay.h"
+#include "../tc.h"
+#include "socket.h"
+
+#define MPR_MAGIC 0x4d505241u /* "MPRA" */
+#define MPR_VERSION 1
+#define MPR_NO_WIN 0xffffffffu
+#define MPR_STAGE (4u << 20) /* GPU windows move through host staging in steps of this size */
+#define MPR_REQ_MAGIC 0x52514d41u
+
+/* ---- wire (little endian hosts) ---- */
+struct mpr_handle {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addrlen;
+  uint64_t node_id;
+  union {
+    struct sockaddr sa;
+    struct sockaddr_in sin;
+    struct sockaddr_in6 sin6;
+  } addr;
+};
+_Static_assert(sizeof(struct mpr_handle) <= NCCL_NET_HANDLE_MAXSIZE, "RMA handle fits NCCL's handle");
+
+struct mpr_hello {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t kind; /* 0 control, 1 data */
+  int32_t rank, nranks, context, reserved;
+};
+
+enum mpr_type { MPR_PUT = 1, MPR_GET = 2, MPR_ACK = 3, MPR_GET_RESP = 4, MPR_BYE = 5 };
+enum mpr_status { MPR_OK = 0, MPR_BAD_WIN, MPR_BAD_RANGE, MPR_BAD_SIG_WIN, MPR_BAD_SIG_RANGE, MPR_BAD_SIG_OP,
+                  MPR_GPU_COPY };
+
+struct mpr_msg {
+  uint32_t magic;
+  uint16_t type;
+  uint16_t status;  /* responses: enum mpr_status */
+  uint32_t win;     /* put: destination; get: source (target's window) */
+  uint32_t sig_win; /* MPR_NO_WIN: no signal */
+  uint64_t off, size;
+  uint64_t sig_off, sig_val;
+  uint64_t id;
+  uint32_t sig_op, reserved;
+  uint64_t limit;   /* a refusal: the size of the window it names */
+};
+
+/* ---- local state ---- */
+struct mpr_win {
+  uint32_t id;
+  int live;
+  char *base;
+  size_t size;
+  int gpu; /* -1 host memory, else the CUDA device that owns it */
+};
+
+struct mpr_listen {
+  int fd;
+  int dev;
+};
+
+struct mpr_group {
+  int rank, nranks, dev;
+  int *ctrl; /* control socket per peer, -1 for self */
+  pthread_mutex_t win_lock;
+  struct mpr_win *wins;
+  uint32_t nwins, cap;
+  pthread_mutex_t sig_lock; /* signals on GPU memory are read-modify-write: one at a time per process */
+};
+
+struct mpr_req;
+
+struct mpr_conn {
+  struct mpr_ctxset *set;
+  int peer, context, fd;
+  char peer_str[96];
+  pthread_t rd, wr;
+  int threads;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct mpr_req *q_head, *q_tail;     /* to write */
+  struct mpr_req *p_head, *p_tail;     /* written, awaiting a response */
+  uint64_t next_id;
+  int failed, stop;
+  int peer_closed; /* the peer destroyed its context in order (a BYE): not an error by itself */
+  char *stage;                         /* the reader's GPU staging; the writer has its own */
+  char *wstage;
+};
+
+struct mpr_ctxset {
+  struct mpr_group *g;
+  int ncontexts;
+  struct mpr_conn **conns; /* [context * nranks + peer], NULL: not connected */
+  int has_error;           /* atomic: a connection failed or an op was refused */
+};
+
+enum mpr_req_kind { MPR_K_PUT = 1, MPR_K_GET, MPR_K_ACK, MPR_K_GET_RESP, MPR_K_BYE };
+
+struct mpr_req {
+  uint32_t magic;
+  int kind;
+  struct mpr_req *next;
+  struct mpr_conn *conn;
+  struct mpr_msg m;
+  struct mpr_win src;  /* put: where the bytes come from (local window, at m.off's counterpart) */
+  uint64_t src_off;
+  struct mpr_win dst;  /* get: where the answer lands */
+  uint64_t dst_off;
+  int done;            /* atomic */
+  ncclResult_t result;
+  char why[320];
+};
+
+static int timeout_ms(void) {
+  const struct mplane_config *cfg = mps_config();
+  int s = cfg && cfg->connect_timeout_s > 0 ? cfg->connect_timeout_s : 60;
+  return s * 1000;
+}
+
+/* ---- blocking socket helpers (helper threads and collective calls only) ---- */
+static int write_all(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* 0 when n bytes were read; 1 on an orderly close before the first byte; -1 otherwise. */
+static int read_all(int fd, void *buf, size_t n) {
+  char *p = buf;
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = recv(fd, p + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return got == 0 ? 1 : -1;
+    if (r < 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+static void set_timeouts(int fd, int ms) {
+  struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+static ncclResult_t open_listener(int dev, struct mpr_handle *h, int *out_fd) {
+  const struct mps_dev *d = mps_dev_get(dev);
+  if (!d) {
+    MP_WARN("RMA listen: device %d does not exist (%d devices)", dev, mps_dev_count());
+    return ncclInvalidArgument;
+  }
+  char where[96];
+  mps_addr_str(&d->addr.sa, where, sizeof(where));
+  int fd = socket(d->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct mps_dev b = *d;
+  if (b.addr.sa.sa_family == AF_INET) b.addr.sin.sin_port = 0;
+  else b.addr.sin6.sin6_port = 0;
+  socklen_t len = b.addrlen;
+  if (fd < 0 || bind(fd, &b.addr.sa, b.addrlen) != 0 || listen(fd, 1024) != 0 ||
+      getsockname(fd, &b.addr.sa, &len) != 0) {
+    MP_WARN("RMA listen on %s (%s): %s", d->ifname, where, strerror(errno));
+    if (fd >= 0) close(fd);
+    return ncclSystemError;
+  }
+  memset(h, 0, sizeof(*h));
+  h->magic = MPR_MAGIC;
+  h->version = MPR_VERSION;
+  h->addrlen = (uint16_t)len;
+  memcpy(&h->addr, &b.addr, len);
+  *out_fd = fd;
+  return ncclSuccess;
+}
+
+static int dial(const struct mpr_handle *h, const struct mpr_hello *hello, int sl, char *why, size_t whylen) {
+  int fd = socket(h->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    snprintf(why, whylen, "socket: %s", strerror(errno));
+    return -1;
+  }
+  set_timeouts(fd, timeout_ms());
+  if (sl >= 0) mplane_tc_mark_socket_or_log(fd, sl, "rma");
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (connect(fd, &h->addr.sa, h->addrlen) != 0 || write_all(fd, hello, sizeof(*hello)) != 0) {
+    snprintf(why, whylen, "connect: %s", strerror(errno));
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Accept one connection and read its hello, within the connect timeout. */
+static int take(int lfd, struct mpr_hello *hello, char *why, size_t whylen) {
+  struct pollfd p = {.fd = lfd, .events = POLLIN};
+  int r;
+  do r = poll(&p, 1, timeout_ms()); while (r < 0 && errno == EINTR);
+  if (r <= 0) {
+    snprintf(why, whylen, "no peer connected within MPLANE_CONNECT_TIMEOUT (%d s)", timeout_ms() / 1000);
+    return -1;
+  }
+  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd < 0) {
+    snprintf(why, whylen, "accept: %s", strerror(errno));
+    return -1;
+  }
+  set_timeouts(fd, timeout_ms());
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (read_all(fd, hello, sizeof(*hello)) != 0 || hello->magic != MPR_MAGIC || hello->version != MPR_VERSION) {
+    snprintf(why, whylen, "a connection that is not an mplane RMA peer of version %d", MPR_VERSION);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static void peer_name(int fd, int rank, char *buf, size_t len) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof(ss);
+  char a[80] = "?";
+  if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) mps_addr_str((struct sockaddr *)&ss, a, sizeof(a));
+  snprintf(buf, len, "rank %d (%s)", rank, a);
+}
+
+/* ---- listen / connect (the control mesh) ---- */
+static ncclResult_t rma_listen(int dev, void *handle, void **listen_comm) {
+  struct mpr_listen *l = calloc(1, sizeof(*l));
+  if (!l) return ncclSystemError;
+  struct mpr_handle h;
+  ncclResult_t res = open_listener(dev, &h, &l->fd);
+  if (res != ncclSuccess) {
+    free(l);
+    return res;
+  }
+  l->dev = dev;
+  memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+  memcpy(handle, &h, sizeof(h));
+  *listen_comm = l;
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_close_listen(void *listen_comm) {
+  struct mpr_listen *l = listen_comm;
+  if (!l) return ncclSuccess;
+  close(l->fd);
+  free(l);
+  return ncclSuccess;
+}
+
+static void group_free(struct mpr_group *g) {
+  if (!g) return;
+  for (int i = 0; g->ctrl && i < g->nranks; i++)
+    if (g->ctrl[i] >= 0) close(g->ctrl[i]);
+  free(g->ctrl);
+  free(g->wins);
+  pthread_mutex_destroy(&g->win_lock);
+  pthread_mutex_destroy(&g->sig_lock);
+  free(g);
+}
+
+static ncclResult_t rma_connect(void *handles[], int nranks, int rank, void *listen_comm, void **out) {
+  struct mpr_listen *l = listen_comm;
+  *out = NULL;
+  if (!l || nranks < 1 || rank < 0 || rank >= nranks) {
+    MP_WARN("RMA connect: rank %d of %d is not a valid position in the group", rank, nranks);
+    return ncclInvalidArgument;
+  }
+  struct mpr_group *g = calloc(1, sizeof(*g));
+  if (!g || !(g->ctrl = malloc(sizeof(int) * (size_t)nranks))) {
+    free(g);
+    return ncclSystemError;
+  }
+  g->rank = rank;
+  g->nranks = nranks;
+  g->dev = l->dev;
+  pthread_mutex_init(&g->win_lock, NULL);
+  pthread_mutex_init(&g->sig_lock, NULL);
+  for (int i = 0; i < nranks; i++) g->ctrl[i] = -1;
+  char why[256];
+  struct mpr_hello hello = {.magic = MPR_MAGIC, .version = MPR_VERSION, .kind = 0, .rank = rank,
+                            .nranks = nranks, .context = -1};
+  for (int j = 0; j < rank; j++) { /* lower ranks accept: their listeners exist before handles travel */
+    const struct mpr_handle *h = handles[j];
+    if (h->magic != MPR_MAGIC || h->version != MPR_VERSION) {
+      MP_WARN("RMA connect: the handle of rank %d is not an mplane RMA handle of version %d", j, MPR_VERSION);
+      group_free(g);
+      return ncclInvalidArgument;
+    }
+    if ((g->ctrl[j] = dial(h, &hello, -1, why, sizeof(why))) < 0) {
+      MP_WARN("RMA connect: rank %d to rank %d: %s", rank, j, why);
+      group_free(g);
+      return ncclRemoteError;
+    }
+  }
+  for (int n = rank + 1; n < nranks; n++) {
+    struct mpr_hello ph;
+    int fd = take(l->fd, &ph, why, sizeof(why));
+    if (fd < 0 || ph.kind != 0 || ph.nranks != nranks || ph.rank <= rank || ph.rank >= nranks ||
+        g->ctrl[ph.rank] >= 0) {
+      if (fd >= 0) snprintf(why, sizeof(why), "a peer says it is rank %d of %d (kind %d)", ph.rank, ph.nranks, ph.kind);
+      MP_WARN("RMA connect: rank %d of %d waiting for rank %d and up: %s", rank, nranks, rank + 1, why);
+      if (fd >= 0) close(fd);
+      group_free(g);
+      return ncclRemoteError;
+    }
+    g->ctrl[ph.rank] = fd;
+  }
+  MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d of %d connected its group on %s", rank, nranks,
+          mps_dev_get(l->dev)->ifname);
+  *out = g;
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_close_group(void *group) {
+  group_free(group);
+  return ncclSuccess;
+}
+
+/* Every rank sends its record to every peer, then reads theirs (records are small: the kernel's
+ * socket buffers hold them, so the order cannot deadlock). */
+static ncclResult_t ctrl_allgather(struct mpr_group *g, const void *mine, void *all, size_t len) {
+  memcpy((char *)all + (size_t)g->rank * len, mine, len);
+  for (int j = 0; j < g->nranks; j++)
+    if (j != g->rank && write_all(g->ctrl[j], mine, len) != 0) {
+      MP_WARN("RMA: rank %d could not reach rank %d on the group's control socket: %s", g->rank, j, strerror(errno));
+      return ncclRemoteError;
+    }
+  for (int j = 0; j < g->nranks; j++)
+    if (j != g->rank && read_all(g->ctrl[j], (char *)all + (size_t)j * len, len) != 0) {
+      MP_WARN("RMA: rank %d heard nothing from rank %d on the group's control socket within %d s", g->rank, j,
+              timeout_ms() / 1000);
+      return ncclRemoteError;
+    }
+  return ncclSuccess;
+}
+
+/* ---- windows ---- */
+static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle) {
+  struct mpr_group *g = group;
+  (void)flags; /* FORCE_SO: every signal is applied after its data anyway */
+  int gpu = -1;
+  if (type == NCCL_PTR_CUDA) {
+    char why[256] = "";
+    if (mplane_cuda_load(why, sizeof(why)) <= 0 || (gpu = mplane_cuda_pointer_device(data)) < 0) {
+      MP_WARN("RMA regMrSym: %p (%zu bytes) is said to be GPU memory, but %s", data, size,
+              why[0] ? why : "the CUDA driver does not know it");
+      return ncclInvalidUsage;
+    }
+  } else if (type != NCCL_PTR_HOST) {
+    MP_WARN("RMA regMrSym: memory type %d; expected NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type);
+    return ncclInvalidArgument;
+  }
+  uint32_t *id = malloc(sizeof(*id));
+  if (!id) return ncclSystemError;
+  pthread_mutex_lock(&g->win_lock);
+  if (g->nwins == g->cap) {
+    uint32_t cap = g->cap ? g->cap * 2 : 16;
+    struct mpr_win *w = realloc(g->wins, sizeof(*w) * cap);
+    if (!w) {
+      pthread_mutex_unlock(&g->win_lock);
+      free(id);
+      return ncclSystemError;
+    }
+    g->wins = w;
+    g->cap = cap;
+  }
+  /* Symmetric registration: the n-th window of every rank is the same window, so its index is its
+   * name on the wire. */
+  *id = g->nwins;
+  g->wins[g->nwins++] = (struct mpr_win){.id = *id, .live = 1, .base = data, .size = size, .gpu = gpu};
+  pthread_mutex_unlock(&g->win_lock);
+  MP_TRACE(NCCL_NET, "RMA: window %u = %p, %zu bytes, %s", *id, data, size, gpu < 0 ? "host" : "GPU");
+  *mhandle = id;
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_dereg_mr_sym(void *group, void *mhandle) {
+  struct mpr_group *g = group;
+  uint32_t *id = mhandle;
+  if (!id) return ncclSuccess;
+  pthread_mutex_lock(&g->win_lock);
+  if (*id < g->nwins) g->wins[*id].live = 0;
+  pthread_mutex_unlock(&g->win_lock);
+  free(id);
+  return ncclSuccess;
+}
+
+static int win_get(struct mpr_group *g, uint32_t id, struct mpr_win *out) {
+  int ok = 0;
+  pthread_mutex_lock(&g->win_lock);
+  if (id < g->nwins && g->wins[id].live) {
+    *out = g->wins[id];
+    ok = 1;
+  }
+  pthread_mutex_unlock(&g->win_lock);
+  return ok;
+}
+
+static int range_ok(const struct mpr_win *w, uint64_t off, uint64_t size) {
+  return off <= w->size && size <= w->size - off;
+}
+
+/* Copy between a window and host memory; GPU windows through the CUDA driver. */
+static int win_write(const struct mpr_win *w, uint64_t off, const void *src, size_t n) {
+  if (n == 0) return 0;
+  if (w->gpu < 0) {
+    memcpy(w->base + off, src, n);
+    return 0;
+  }
+  return mplane_cuda_memcpy_htod_nb(w->gpu, w->base + off, src, n);
+}
+
+static int win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) {
+  if (n == 0) return 0;
+  if (w->gpu < 0) {
+    memcpy(dst, w->base + off, n);
+    return 0;
+  }
+  return mplane_cuda_memcpy_dtoh_nb(w->gpu, dst, w->base + off, n);
+}
+
+/* Receive n bytes from fd into a window (or drop them when w is NULL). 0 ok, -1 socket, -2 CUDA. */
+static int recv_into(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char **stage) {
+  if (w && w->gpu < 0) return read_all(fd, w->base + off, n) == 0 || n == 0 ? 0 : -1;
+  if (!*stage && !(*stage = malloc(MPR_STAGE))) return -1;
+  int cuda_bad = 0;
+  while (n) {
+    size_t step = n < MPR_STAGE ? n : MPR_STAGE;
+    if (read_all(fd, *stage, step) != 0) return -1;
+    if (w && !cuda_bad && win_write(w, off, *stage, step) != 0) cuda_bad = 1; /* keep the stream framed */
+    off += step;
+    n -= step;
+  }
+  return cuda_bad ? -2 : 0;
+}
+
+static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char **stage) {
+  if (w->gpu < 0) return n == 0 ? 0 : write_all(fd, w->base + off, n);
+  if (!*stage && !(*stage = malloc(MPR_STAGE))) return -1;
+  while (n) {
+    size_t step = n < MPR_STAGE ? n : MPR_STAGE;
+    if (win_read(w, off, *stage, step) != 0) return -2;
+    if (write_all(fd, *stage, step) != 0) return -1;
+    off += step;
+    n -= step;
+  }
+  return 0;
+}
+
+/* ---- requests and connection failure ---- */
+static void req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) {
+  r->result = res;
+  if (fmt) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->why, sizeof(r->why), fmt, ap);
+    va_end(ap);
+  }
+  if (res != ncclSuccess) __atomic_store_n(&r->conn->set->has_error, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+}
+
+static const char *kind_name(int kind) { return kind == MPR_K_GET ? "get" : "put"; }
+
+/* Fail everything queued or pending on c, once; responses owned by the queue are dropped. */
+static void conn_fail(struct mpr_conn *c, const char *why) {
+  pthread_mutex_lock(&c->lock);
+  int first = !c->failed && !c->stop && !c->peer_closed;
+  c->failed = 1;
+  struct mpr_req *lists[2] = {c->p_head, c->q_head};
+  c->p_head = c->p_tail = c->q_head = c->q_tail = NULL;
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+  if (first) {
+    MP_WARN("RMA: context %d, connection to %s failed: %s", c->context, c->peer_str, why);
+    __atomic_store_n(&c->set->has_error, 1, __ATOMIC_RELEASE);
+  }
+  for (int i = 0; i < 2; i++)
+    for (struct mpr_req *r = lists[i], *n; r; r = n) {
+      n = r->next;
+      if (r->kind == MPR_K_ACK || r->kind == MPR_K_GET_RESP || r->kind == MPR_K_BYE) free(r);
+      else req_finish(r, ncclRemoteError, "RMA %s to %s (context %d, window %u): the connection failed: %s",
+                      kind_name(r->kind), c->peer_str, c->context, r->m.win, why);
+    }
+}
+
+static ncclResult_t conn_queue(struct mpr_conn *c, struct mpr_req *r) {
+  pthread_mutex_lock(&c->lock);
+  if (c->failed || (c->peer_closed && r->kind != MPR_K_BYE)) {
+    pthread_mutex_unlock(&c->lock);
+    return ncclRemoteError;
+  }
+  r->next = NULL;
+  if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) r->m.id = ++c->next_id;
+  if (c->q_tail) c->q_tail->next = r;
+  else c->q_head = r;
+  c->q_tail = r;
+  pthread_cond_signal(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+  return ncclSuccess;
+}
+
+/* ---- the writer: requests and responses, in order ---- */
+static void *writer_main(void *arg) {
+  struct mpr_conn *c = arg;
+  for (;;) {
+    pthread_mutex_lock(&c->lock);
+    while (!c->q_head && !c->stop && !c->failed) pthread_cond_wait(&c->cond, &c->lock);
+    if (c->failed || !c->q_head) {
+      pthread_mutex_unlock(&c->lock);
+      return NULL;
+    }
+    struct mpr_req *r = c->q_head;
+    c->q_head = r->next;
+    if (!c->q_head) c->q_tail = NULL;
+    int is_req = r->kind == MPR_K_PUT || r->kind == MPR_K_GET;
+    if (is_req) { /* pending before a byte moves: the response may come back at once */
+      r->next = NULL;
+      if (c->p_tail) c->p_tail->next = r;
+      else c->p_head = r;
+      c->p_tail = r;
+    }
+    pthread_mutex_unlock(&c->lock);
+    /* Once its last byte is out, a request's response may come back and test() free it: take what
+     * the write needs now and never look at r again after it. */
+    const int kind = r->kind;
+    const struct mpr_msg m = r->m;
+    const struct mpr_win src = r->src;
+    const uint64_t src_off = r->src_off;
+    if (!is_req) free(r);
+    r = NULL;
+    int rc = write_all(c->fd, &m, sizeof(m));
+    if (rc == 0 && (kind == MPR_K_PUT || (kind == MPR_K_GET_RESP && m.status == MPR_OK)))
+      rc = send_from(c->fd, &src, src_off, m.size, &c->wstage);
+    if (rc == 0 && kind == MPR_K_BYE) return NULL; /* the last word on this connection */
+    if (rc != 0) {
+      char why[160];
+      snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
+      conn_fail(c, why);
+      return NULL;
+    }
+  }
+}
+
+/* ---- the reader: the target side of puts and gets, and the responses to ours ---- */
+static uint16_t check_put(struct mpr_group *g, const struct mpr_msg *m, struct mpr_win *dst, struct mpr_win *sig,
+                          uint64_t *limit) {
+  if (m->size > 0) {
+    if (!win_get(g, m->win, dst)) return MPR_BAD_WIN;
+    if (!range_ok(dst, m->off, m->size)) {
+      *limit = dst->size;
+      return MPR_BAD_RANGE;
+    }
+  }
+  if (m->sig_win != MPR_NO_WIN) {
+    if (m->sig_op != NCCL_NET_SIGNAL_OP_INC && m->sig_op != NCCL_NET_SIGNAL_OP_ADD) return MPR_BAD_SIG_OP;
+    if (!win_get(g, m->sig_win, sig)) return MPR_BAD_SIG_WIN;
+    if (m->sig_off % 8 || !range_ok(sig, m->sig_off, 8)) {
+      *limit = sig->size;
+      return MPR_BAD_SIG_RANGE;
+    }
+  }
+  return MPR_OK;
+}
+
+/* Add to a 64-bit signal word. Host memory: one atomic add (release: the data is before it). GPU
+ * memory: read, add, write, under the process's signal lock (NCCL's GPU only reads signals while
+ * ops are in flight). */
+static int signal_apply(struct mpr_group *g, const struct mpr_win *w, uint64_t off, uint64_t add) {
+  if (w->gpu < 0) {
+    __atomic_fetch_add((uint64_t *)(void *)(w->base + off), add, __ATOMIC_SEQ_CST);
+    return 0;
+  }
+  pthread_mutex_lock(&g->sig_lock);
+  uint64_t v = 0;
+  int rc = win_read(w, off, &v, 8);
+  if (rc == 0) {
+    v += add;
+    rc = win_write(w, off, &v, 8);
+  }
+  pthread_mutex_unlock(&g->sig_lock);
+  return rc;
+}
+
+static int respond(struct mpr_conn *c, int kind, const struct mpr_msg *m, uint16_t status, uint64_t limit,
+                   const struct mpr_win *src) {
+  struct mpr_req *r = calloc(1, sizeof(*r));
+  if (!r) return -1;
+  r->magic = MPR_REQ_MAGIC;
+  r->kind = kind;
+  r->conn = c;
+  r->m = (struct mpr_msg){.magic = MPR_MAGIC, .type = kind == MPR_K_ACK ? MPR_ACK : MPR_GET_RESP,
+                          .status = status, .win = m->win, .sig_win = m->sig_win, .off = m->off,
+                          .size = status == MPR_OK && kind == MPR_K_GET_RESP ? m->size : 0, .id = m->id,
+                          .limit = limit};
+  if (src) {
+    r->src = *src;
+    r->src_off = m->off;
+  }
+  if (conn_queue(c, r) != ncclSuccess) {
+    free(r);
+    return -1;
+  }
+  return 0;
+}
+
+static int serve_put(struct mpr_conn *c, const struct mpr_msg *m) {
+  struct mpr_win dst, sig;
+  uint64_t limit = 0;
+  uint16_t st = check_put(c->set->g, m, &dst, &sig, &limit);
+  int rc = recv_into(c->fd, st == MPR_OK && m->size ? &dst : NULL, m->off, m->size, &c->stage);
+  if (rc == -1) return -1;
+  if (rc == -2) st = MPR_GPU_COPY;
+  if (st == MPR_OK && m->sig_win != MPR_NO_WIN &&
+      signal_apply(c->set->g, &sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val) != 0)
+    st = MPR_GPU_COPY;
+  return respond(c, MPR_K_ACK, m, st, limit, NULL);
+}
+
+static int serve_get(struct mpr_conn *c, const struct mpr_msg *m) {
+  struct mpr_win src;
+  uint64_t limit = 0;
+  uint16_t st = MPR_OK;
+  if (!win_get(c->set->g, m->win, &src)) st = MPR_BAD_WIN;
+  else if (!range_ok(&src, m->off, m->size)) {
+    st = MPR_BAD_RANGE;
+    limit = src.size;
+  }
+  return respond(c, MPR_K_GET_RESP, m, st, limit, st == MPR_OK ? &src : NULL);
+}
+
+static const char *status_str(uint16_t st) {
+  switch (st) {
+  case MPR_BAD_WIN: return "it has no such window";
+  case MPR_BAD_RANGE: return "the range lies outside its window";
+  case MPR_BAD_SIG_WIN: return "it has no such signal window";
+  case MPR_BAD_SIG_RANGE: return "the signal word lies outside its signal window (or is not 8-byte aligned)";
+  case MPR_BAD_SIG_OP: return "the signal op is not one NCCL defines (INC 1, ADD 2)";
+  case MPR_GPU_COPY: return "its copy into or out of GPU memory failed";
+  default: return "an unknown refusal";
+  }
+}
+
+static struct mpr_req *pending_pop(struct mpr_conn *c) {
+  pthread_mutex_lock(&c->lock);
+  struct mpr_req *r = c->p_head;
+  if (r) {
+    c->p_head = r->next;
+    if (!c->p_head) c->p_tail = NULL;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return r;
+}
+
+static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why, size_t whylen) {
+  struct mpr_req *r = pending_pop(c);
+  int want = m->type == MPR_ACK ? MPR_K_PUT : MPR_K_GET;
+  if (!r || r->kind != want || r->m.id != m->id) {
+    snprintf(why, whylen, "a response (type %u, id %llu) that matches no request in flight", m->type,
+             (unsigned long long)m->id);
+    if (r) req_finish(r, ncclRemoteError, "RMA %s to %s: the peer answered out of order", kind_name(r->kind),
+                      c->peer_str);
+    return -1;
+  }
+  if (m->status != MPR_OK) {
+    req_finish(r, ncclInvalidUsage,
+               "RMA %s to %s refused by the target (context %d, window %u, offset %llu, size %llu%s): %s%s",
+               kind_name(r->kind), c->peer_str, c->context, r->m.win, (unsigned long long)r->m.off,
+               (unsigned long long)r->m.size, r->m.sig_win != MPR_NO_WIN ? ", with a signal" : "",
+               status_str(m->status), m->limit ? " of that size" : "");
+    if (m->limit) {
+      size_t l = strlen(r->why);
+      snprintf(r->why + l, sizeof(r->why) - l, " (%llu bytes)", (unsigned long long)m->limit);
+    }
+    return 0;
+  }
+  if (m->type == MPR_GET_RESP) {
+    if (m->size != r->m.size) {
+      snprintf(why, whylen, "a get response of %llu bytes for a get of %llu", (unsigned long long)m->size,
+               (unsigned long long)r->m.size);
+      req_finish(r, ncclRemoteError, "RMA get from %s: %s", c->peer_str, why);
+      return -1;
+    }
+    int rc = recv_into(c->fd, &r->dst, r->dst_off, m->size, &c->stage);
+    if (rc == -1) {
+      snprintf(why, whylen, "the connection broke inside a get's data");
+      req_finish(r, ncclRemoteError, "RMA get from %s: %s", c->peer_str, why);
+      return -1;
+    }
+    if (rc == -2) {
+      req_finish(r, ncclSystemError, "RMA get from %s: the copy into GPU memory (window %u) failed", c->peer_str,
+                 r->m.win);
+      return 0;
+    }
+  }
+  req_finish(r, ncclSuccess, NULL);
+  return 0;
+}
+
+static void *reader_main(void *arg) {
+  struct mpr_conn *c = arg;
+  char why[200];
+  for (;;) {
+    struct mpr_msg m;
+    int rc = read_all(c->fd, &m, sizeof(m));
+    if (rc != 0) {
+      if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
+        conn_fail(c, rc == 1 ? "the peer closed it (is the process gone?)" : "recv failed or the peer reset it");
+      return NULL;
+    }
+    if (m.magic != MPR_MAGIC) {
+      conn_fail(c, "a record without the RMA magic");
+      return NULL;
+    }
+    switch (m.type) {
+    case MPR_PUT: rc = serve_put(c, &m); snprintf(why, sizeof(why), "the connection broke inside a put"); break;
+    case MPR_GET: rc = serve_get(c, &m); snprintf(why, sizeof(why), "could not queue a get's answer"); break;
+    case MPR_ACK:
+    case MPR_GET_RESP: rc = take_response(c, &m, why, sizeof(why)); break;
+    case MPR_BYE:
+      /* The peer destroyed its context: later ops to it fail, and so does anything still waiting. */
+      pthread_mutex_lock(&c->lock);
+      c->peer_closed = 1;
+      int busy = c->p_head || c->q_head;
+      pthread_mutex_unlock(&c->lock);
+      if (busy) conn_fail(c, "the peer destroyed its context with ops of ours in flight");
+      return NULL;
+    default: rc = -1; snprintf(why, sizeof(why), "a record of unknown type %u", m.type); break;
+    }
+    if (rc != 0) {
+      if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) conn_fail(c, why);
+      return NULL;
+    }
+  }
+}
+
+/* ---- contexts ---- */
+static void conn_destroy(struct mpr_conn *c) {
+  if (!c) return;
+  struct mpr_req *bye = calloc(1, sizeof(*bye));
+  if (bye) {
+    bye->magic = MPR_REQ_MAGIC;
+    bye->kind = MPR_K_BYE;
+    bye->conn = c;
+    bye->m = (struct mpr_msg){.magic = MPR_MAGIC, .type = MPR_BYE, .win = MPR_NO_WIN, .sig_win = MPR_NO_WIN};
+    if (conn_queue(c, bye) != ncclSuccess) free(bye);
+  }
+  pthread_mutex_lock(&c->lock);
+  __atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+  /* The writer sends what is queued, the BYE last, and exits; then the reader is cut off. */
+  if (c->threads) pthread_join(c->wr, NULL);
+  if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+  if (c->threads) pthread_join(c->rd, NULL);
+  conn_fail(c, "the context was destroyed");
+  if (c->fd >= 0) close(c->fd);
+  free(c->stage);
+  free(c->wstage);
+  pthread_mutex_destroy(&c->lock);
+  pthread_cond_destroy(&c->cond);
+  free(c);
+}
+
+static ncclResult_t rma_destroy_context(void *ctx) {
+  struct mpr_ctxset *s = ctx;
+  if (!s) return ncclSuccess;
+  for (int i = 0; i < s->ncontexts * s->g->nranks; i++) conn_destroy(s->conns[i]);
+  free(s->conns);
+  free(s);
+  return ncclSuccess;
+}
+
+static int is_connected_peer(const struct mpr_group *g, int stride, int p) {
+  int d = (p - g->rank + g->nranks) % g->nranks;
+  return p != g->rank && d % stride == 0;
+}
+
+static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, int fd) {
+  struct mpr_conn *c = calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  c->set = s;
+  c->context = context;
+  c->peer = peer;
+  c->fd = fd;
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_cond_init(&c->cond, NULL);
+  peer_name(fd, peer, c->peer_str, sizeof(c->peer_str));
+  set_timeouts(fd, 0); /* the data path waits as long as the peer lives; a dead peer closes the socket */
+  return c;
+}
+
+static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_opts *o, void **out) {
+  struct mpr_group *g = group;
+  *out = NULL;
+  if (o->ncontexts < 1 || o->rank_stride < 1 || g->nranks % o->rank_stride != 0) {
+    MP_WARN("RMA createContext: %d contexts with rank stride %d in a group of %d ranks; expected at least one "
+            "context and a stride that divides the group", o->ncontexts, o->rank_stride, g->nranks);
+    return ncclInvalidArgument;
+  }
+  struct mpr_ctxset *s = calloc(1, sizeof(*s));
+  size_t nconn = (size_t)o->ncontexts * (size_t)g->nranks;
+  if (!s || !(s->conns = calloc(nconn, sizeof(*s->conns)))) {
+    free(s);
+    return ncclSystemError;
+  }
+  s->g = g;
+  s->ncontexts = o->ncontexts;
+  ncclResult_t res = ncclSuccess;
+  struct mpr_handle mine, *all = calloc((size_t)g->nranks, sizeof(*all));
+  int lfd = -1;
+  char why[256];
+  if (!all) res = ncclSystemError;
+  if (res == ncclSuccess) res = open_listener(g->dev, &mine, &lfd);
+  if (res == ncclSuccess) res = ctrl_allgather(g, &mine, all, sizeof(mine));
+  for (int c = 0; res == ncclSuccess && c < o->ncontexts; c++) /* dial the lower ranks ... */
+    for (int p = 0; res == ncclSuccess && p < g->rank; p++) {
+      if (!is_connected_peer(g, o->rank_stride, p)) continue;
+      struct mpr_hello h = {.magic = MPR_MAGIC, .version = MPR_VERSION, .kind = 1, .rank = g->rank,
+                            .nranks = g->nranks, .context = c};
+      int fd = dial(&all[p], &h, o->service_level, why, sizeof(why));
+      if (fd < 0 || !(s->conns[c * g->nranks + p] = conn_new(s, c, p, fd))) {
+        MP_WARN("RMA createContext: rank %d, context %d, to rank %d: %s", g->rank, c, p, fd < 0 ? why : "no memory");
+        if (fd >= 0) close(fd);
+        res = ncclRemoteError;
+      }
+    }
+  for (int c = 0; res == ncclSuccess && c < o->ncontexts; c++) /* ... and take the higher ones */
+    for (int p = g->rank + 1; res == ncclSuccess && p < g->nranks; p++) {
+      if (!is_connected_peer(g, o->rank_stride, p)) continue;
+      struct mpr_hello h;
+      int fd = take(lfd, &h, why, sizeof(why));
+      int ok = fd >= 0 && h.kind == 1 && h.nranks == g->nranks && h.rank > g->rank && h.rank < g->nranks &&
+               h.context >= 0 && h.context < o->ncontexts && is_connected_peer(g, o->rank_stride, h.rank) &&
+               !s->conns[h.context * g->nranks + h.rank];
+      if (fd >= 0 && !ok) snprintf(why, sizeof(why), "a peer says it is rank %d, context %d", h.rank, h.context);
+      if (ok) {
+        mplane_tc_mark_socket_or_log(fd, o->service_level, "rma");
+        ok = (s->conns[h.context * g->nranks + h.rank] = conn_new(s, h.context, h.rank, fd)) != NULL;
+      }
+      if (!ok) {
+        MP_WARN("RMA createContext: rank %d waiting for its peers' connections: %s", g->rank, why);
+        if (fd >= 0) close(fd);
+        res = ncclRemoteError;
+      }
+    }
+  for (size_t i = 0; res == ncclSuccess && i < nconn; i++) {
+    struct mpr_conn *c = s->conns[i];
+    if (!c) continue;
+    if (pthread_create(&c->rd, NULL, reader_main, c) != 0) res = ncclSystemError;
+    else if (pthread_create(&c->wr, NULL, writer_main, c) != 0) {
+      conn_fail(c, "no writer thread");
+      shutdown(c->fd, SHUT_RDWR);
+      pthread_join(c->rd, NULL);
+      res = ncclSystemError;
+    } else c->threads = 1;
+  }
+  if (lfd >= 0) close(lfd);
+  free(all);
+  if (res != ncclSuccess) {
+    rma_destroy_context(s);
+    return res;
+  }
+  MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d: %d context(s), rank stride %d, class %s (SL %d), over TCP",
+          g->rank, o->ncontexts, o->rank_stride, mplane_tc_class_name(o->tc_class), o->service_level);
+  *out = s;
+  return ncclSuccess;
+}
+
+/* ---- the ops NCCL's proxy calls: queue and return ---- */
+static ncclResult_t op_conn(struct mpr_ctxset *s, int context, uint32_t rank, const char *what,
+                            struct mpr_conn **out) {
+  struct mpr_group *g = s->g;
+  if (context < 0 || context >= s->ncontexts || rank >= (uint32_t)g->nranks || (int)rank == g->rank ||
+      !s->conns[context * g->nranks + (int)rank]) {
+    MP_WARN("RMA %s: rank %d has no connection to rank %u in context %d (%d contexts, %d ranks%s)", what, g->rank,
+            rank, context, s->ncontexts, g->nranks, (int)rank == g->rank ? "; a rank does not reach itself" : "");
+    return ncclInvalidUsage;
+  }
+  *out = s->conns[context * g->nranks + (int)rank];
+  return ncclSuccess;
+}
+
+static ncclResult_t local_win(struct mpr_group *g, void *mh, uint64_t off, uint64_t size, const char *what,
+                              uint32_t rank, struct mpr_win *w) {
+  if (!mh || !win_get(g, *(uint32_t *)mh, w)) {
+    MP_WARN("RMA %s to rank %u: the local window handle %p is not registered on this group", what, rank, mh);
+    return ncclInvalidUsage;
+  }
+  if (!range_ok(w, off, size)) {
+    MP_WARN("RMA %s to rank %u: offset %llu + size %llu lies outside local window %u (%zu bytes)", what, rank,
+            (unsigned long long)off, (unsigned long long)size, w->id, w->size);
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
+}
+
+static struct mpr_req *req_new(struct mpr_conn *c, int kind) {
+  struct mpr_req *r = calloc(1, sizeof(*r));
+  if (!r) return NULL;
+  r->magic = MPR_REQ_MAGIC;
+  r->kind = kind;
+  r->conn = c;
+  r->m.magic = MPR_MAGIC;
+  r->m.sig_win = MPR_NO_WIN;
+  return r;
+}
+
+static ncclResult_t queue_or_fail(struct mpr_conn *c, struct mpr_req *r, void **request) {
+  if (conn_queue(c, r) != ncclSuccess) {
+    MP_WARN("RMA %s to %s (context %d): the connection has failed", kind_name(r->kind), c->peer_str, c->context);
+    free(r);
+    return ncclRemoteError;
+  }
+  *request = r;
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src_mh, size_t size, uint64_t dst_off,
+                             void *dst_mh, uint32_t rank, const struct mplane_rma_signal *sig, void **request) {
+  struct mpr_ctxset *s = ctx;
+  struct mpr_conn *c;
+  const char *what = sig ? "putSignal" : "put";
+  *request = NULL;
+  MP_CHECK(op_conn(s, context, rank, what, &c));
+  if (sig && sig->op != NCCL_NET_SIGNAL_OP_INC && sig->op != NCCL_NET_SIGNAL_OP_ADD) {
+    MP_WARN("RMA putSignal to %s (context %d, signal offset %llu): signal op %u is not one NCCL defines (INC 1, "
+            "ADD 2)", c->peer_str, context, (unsigned long long)sig->off, sig->op);
+    return ncclInvalidArgument;
+  }
+  struct mpr_win src = {0};
+  if (size > 0) {
+    MP_CHECK(local_win(s->g, src_mh, src_off, size, what, rank, &src));
+    if (!dst_mh) {
+      MP_WARN("RMA %s of %zu bytes to %s: no destination window", what, size, c->peer_str);
+      return ncclInvalidArgument;
+    }
+  }
+  if (sig && !sig->mhandle) {
+    MP_WARN("RMA putSignal to %s: no signal window", c->peer_str);
+    return ncclInvalidArgument;
+  }
+  struct mpr_req *r = req_new(c, MPR_K_PUT);
+  if (!r) return ncclSystemError;
+  r->src = src;
+  r->src_off = src_off;
+  r->m.type = MPR_PUT;
+  r->m.win = size > 0 ? *(uint32_t *)dst_mh : MPR_NO_WIN;
+  r->m.off = dst_off;
+  r->m.size = size;
+  if (sig) {
+    r->m.sig_win = *(uint32_t *)sig->mhandle;
+    r->m.sig_off = sig->off;
+    r->m.sig_val = sig->value;
+    r->m.sig_op = sig->op;
+  }
+  return queue_or_fail(c, r, request);
+}
+
+static ncclResult_t rma_iget(void *ctx, int context, uint64_t remote_off, void *remote_mh, size_t size,
+                             uint64_t local_off, void *local_mh, uint32_t rank, void **request) {
+  struct mpr_ctxset *s = ctx;
+  struct mpr_conn *c;
+  *request = NULL;
+  MP_CHECK(op_conn(s, context, rank, "get", &c));
+  struct mpr_win dst = {0};
+  MP_CHECK(local_win(s->g, local_mh, local_off, size, "get", rank, &dst));
+  if (!remote_mh) {
+    MP_WARN("RMA get from %s: no remote window", c->peer_str);
+    return ncclInvalidArgument;
+  }
+  struct mpr_req *r = req_new(c, MPR_K_GET);
+  if (!r) return ncclSystemError;
+  r->dst = dst;
+  r->dst_off = local_off;
+  r->m.type = MPR_GET;
+  r->m.win = *(uint32_t *)remote_mh;
+  r->m.off = remote_off;
+  r->m.size = size;
+  return queue_or_fail(c, r, request);
+}
+
+/* A get is done only once its bytes are in place (GPU copies synchronised), so there is nothing
+ * left to flush: NCCL's proxy takes the NULL request as a finished flush. */
+static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t rank, void **request) {
+  struct mpr_ctxset *s = ctx;
+  struct mpr_conn *c;
+  (void)mhandle;
+  *request = NULL;
+  return op_conn(s, context, rank, "flush", &c);
+}
+
+static ncclResult_t rma_test(void *group, void *request, int *done) {
+  (void)group;
+  struct mpr_req *r = request;
+  *done = 0;
+  if (!r || r->magic != MPR_REQ_MAGIC) {
+    MP_WARN("RMA test: %p is not a request of this plugin", request);
+    return ncclInvalidArgument;
+  }
+  if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return ncclSuccess;
+  ncclResult_t res = r->result;
+  if (res != ncclSuccess) MP_WARN("%s", r->why);
+  r->magic = 0;
+  free(r);
+  *done = 1;
+  return res;
+}
+
+static ncclResult_t rma_query_last_error(void *ctx, int *has_error) {
+  struct mpr_ctxset *s = ctx;
+  *has_error = s ? __atomic_load_n(&s->has_error, __ATOMIC_ACQUIRE) : 0;
+  return ncclSuccess;
+}
+
+const struct mplane_rma_ops mps_rma_ops = {
+    .listen = rma_listen,
+    .close_listen = rma_close_listen,
+    .connect = rma_connect,
+    .close_group = rma_close_group,
+    .create_context = rma_create_context,
+    .destroy_context = rma_destroy_context,
+    .reg_mr_sym = rma_reg_mr_sym,
+    .dereg_mr_sym = rma_dereg_mr_sym,
+    .iput = rma_iput,
+    .iget = rma_iget,
+    .iflush = rma_iflush,
+    .test = rma_test,
+    .progress = NULL,
+    .query_last_error = rma_query_last_error,
+};

@@ -1,0 +1,182 @@
+/* mplane: ncclRmaPlugin_v14, the RMA backend NCCL 2.30's GIN proxy looks for in the net plugin's
+ * library. A thin adapter: the active transport's one-sided ops (net/transport.h's mplane_rma_ops)
+ * do the work; a transport without them makes init fail, and NCCL goes on to its own backend.
+ *
+ * The order NCCL's GIN proxy calls it in: init, devices, getProperties (netDeviceType GIN_PROXY),
+ * per connection listen / connect (collective) / closeListen, then per device communicator
+ * createContext (collective) and regMrSym for its signals, inline buffers and every window, then
+ * from its progress thread iput / iputSignal / iget / iflush, test until done, queryLastError;
+ * at the end destroyContext, deregMrSym, closeColl, finalize. */
+#include <stdlib.h>
+
+#include "../common/log.h"
+#include "net_core.h"
+#include "../common/nccl/rma_v14.h"
+#include "../net/tc.h"
+#include "../net/transport.h"
+
+struct rma_plugin_ctx {
+  uint64_t comm_id;
+};
+
+static const struct mplane_rma_ops *rma_ops(void) {
+  const struct mplane_transport_ops *t = mplane_net_transport();
+  return t ? t->rma : NULL;
+}
+
+static ncclResult_t v14_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger) {
+  *ctx = NULL;
+  ncclResult_t res = mplane_net_global_init(logger);
+  if (res != ncclSuccess) return res; /* the WARN said why */
+  if (!rma_ops()) {
+    MP_INFO(NCCL_INIT | NCCL_NET, "RMA: the %s transport serves no one-sided ops; NCCL uses its own RMA backend",
+            mplane_net_transport()->name);
+    return ncclInvalidUsage;
+  }
+  struct rma_plugin_ctx *c = calloc(1, sizeof(*c));
+  if (!c) return ncclSystemError;
+  c->comm_id = comm_id;
+  *ctx = c;
+  MP_INFO(NCCL_INIT | NCCL_NET, "RMA: ncclRmaPlugin_v14 served by the %s transport", mplane_net_transport()->name);
+  return ncclSuccess;
+}
+
+static ncclResult_t v14_finalize(void *ctx) {
+  free(ctx);
+  return ncclSuccess;
+}
+
+/* The net device's properties, as a GIN proxy device: host and GPU windows (the transport moves
+ * GPU bytes itself, so no dma-buf is asked for). */
+static ncclResult_t v14_get_properties(int dev, ncclNetProperties_v12_t *out) {
+  const struct mplane_dev_props *p;
+  ncclResult_t res = mplane_net_get_properties(dev, &p);
+  if (res != ncclSuccess) return res;
+  MPLANE_FILL_PROPS_COMMON(out, p);
+  MPLANE_FILL_PROPS_V9(out, p, dev);
+  out->ptrSupport = NCCL_PTR_HOST | NCCL_PTR_CUDA;
+  out->netDeviceType = NCCL_NET_DEVICE_GIN_PROXY;
+  out->netDeviceVersion = 0;
+  out->maxMultiRequestSize = 1;
+  out->railId = (int16_t)(p->rail >= 0 ? p->rail : NCCL_NET_ID_UNDEF);
+  out->planeId = (int16_t)(p->plane >= 0 ? p->plane : NCCL_NET_ID_UNDEF);
+  return ncclSuccess;
+}
+
+static ncclResult_t v14_listen(void *ctx, int dev, void *handle, void **listen_comm) {
+  (void)ctx;
+  int ndev = 0;
+  mplane_net_devices(&ndev);
+  if (dev < 0 || dev >= ndev) {
+    MP_WARN("RMA listen: device %d does not exist (%d devices)", dev, ndev);
+    return ncclInvalidArgument;
+  }
+  return rma_ops()->listen(dev, handle, listen_comm);
+}
+
+/* NCCL passes its net context or its RMA context here depending on the caller: neither is used. */
+static ncclResult_t v14_connect(void *ctx, void *handles[], int nranks, int rank, void *listen_comm,
+                                void **coll_comm) {
+  (void)ctx;
+  return rma_ops()->connect(handles, nranks, rank, listen_comm, coll_comm);
+}
+
+static ncclResult_t v14_create_context(void *coll_comm, ncclRmaConfig_v14_t *config, void **rma_ctx) {
+  if (!config) return ncclInvalidArgument;
+  int invalid = 0;
+  if (config->trafficClass != NCCL_NET_TRAFFIC_CLASS_UNDEF) mplane_tc_class_from_nccl(config->trafficClass, &invalid);
+  if (invalid)
+    MP_WARN("RMA createContext: trafficClass %d is not a class index (0 default .. 4 storage); using default",
+            config->trafficClass);
+  struct mplane_rma_ctx_opts o = {.ncontexts = config->nContexts, .rank_stride = config->rankStride};
+  o.tc_class = mplane_tc_resolve(config->trafficClass, NULL); /* net/tc.c, as two-sided comms */
+  o.service_level = mplane_tc_sl(o.tc_class);
+  return rma_ops()->create_context(coll_comm, &o, rma_ctx);
+}
+
+static ncclResult_t v14_reg_mr_sym(void *coll_comm, void *data, size_t size, int type, uint64_t flags,
+                                   void **mhandle) {
+  return rma_ops()->reg_mr_sym(coll_comm, data, size, type, flags, mhandle);
+}
+
+/* The transport reaches the bytes by address, so the dma-buf descriptor adds nothing. */
+static ncclResult_t v14_reg_mr_sym_dmabuf(void *coll_comm, void *data, size_t size, int type, uint64_t offset,
+                                          int fd, uint64_t flags, void **mhandle) {
+  (void)offset;
+  (void)fd;
+  return rma_ops()->reg_mr_sym(coll_comm, data, size, type, flags, mhandle);
+}
+
+static ncclResult_t v14_dereg_mr_sym(void *coll_comm, void *mhandle) {
+  return rma_ops()->dereg_mr_sym(coll_comm, mhandle);
+}
+
+static ncclResult_t v14_destroy_context(void *rma_ctx) { return rma_ops()->destroy_context(rma_ctx); }
+static ncclResult_t v14_close_coll(void *coll_comm) { return rma_ops()->close_group(coll_comm); }
+static ncclResult_t v14_close_listen(void *listen_comm) { return rma_ops()->close_listen(listen_comm); }
+
+static ncclResult_t v14_iput(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
+                             uint64_t dst_off, void *dst_mh, uint32_t rank, void **request) {
+  return rma_ops()->iput(rma_ctx, context, src_off, src_mh, size, dst_off, dst_mh, rank, NULL, request);
+}
+
+/* isStrongSignal: every signal is strong here (applied after its data and the earlier ops of its
+ * context to that rank), which also serves a weak one. */
+static ncclResult_t v14_iput_signal(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
+                                    uint64_t dst_off, void *dst_mh, uint32_t rank, uint64_t signal_off,
+                                    void *signal_mh, uint64_t signal_value, uint32_t signal_op, bool strong,
+                                    void **request) {
+  (void)strong;
+  struct mplane_rma_signal sig = {.off = signal_off, .mhandle = signal_mh, .value = signal_value, .op = signal_op};
+  if (!dst_mh) size = 0; /* NCCL's VA signal: no data, the signal alone */
+  return rma_ops()->iput(rma_ctx, context, src_off, src_mh, size, dst_off, dst_mh, rank, &sig, request);
+}
+
+static ncclResult_t v14_iget(void *rma_ctx, int context, uint64_t remote_off, void *remote_mh, size_t size,
+                             uint64_t local_off, void *local_mh, uint32_t rank, void **request) {
+  return rma_ops()->iget(rma_ctx, context, remote_off, remote_mh, size, local_off, local_mh, rank, request);
+}
+
+static ncclResult_t v14_iflush(void *rma_ctx, int context, void *mhandle, uint32_t rank, void **request) {
+  return rma_ops()->iflush(rma_ctx, context, mhandle, rank, request);
+}
+
+static ncclResult_t v14_test(void *coll_comm, void *request, int *done) {
+  return rma_ops()->test(coll_comm, request, done);
+}
+
+static ncclResult_t v14_progress(void *rma_ctx) {
+  const struct mplane_rma_ops *o = rma_ops();
+  return o->progress ? o->progress(rma_ctx) : ncclSuccess;
+}
+
+static ncclResult_t v14_query_last_error(void *rma_ctx, bool *has_error) {
+  int e = 0;
+  ncclResult_t res = rma_ops()->query_last_error(rma_ctx, &e);
+  *has_error = e != 0;
+  return res;
+}
+
+__attribute__((visibility("default"))) const ncclRma_v14_t ncclRmaPlugin_v14 = {
+    .name = "mplane",
+    .init = v14_init,
+    .devices = mplane_net_devices,
+    .getProperties = v14_get_properties,
+    .listen = v14_listen,
+    .connect = v14_connect,
+    .createContext = v14_create_context,
+    .regMrSym = v14_reg_mr_sym,
+    .regMrSymDmaBuf = v14_reg_mr_sym_dmabuf,
+    .deregMrSym = v14_dereg_mr_sym,
+    .destroyContext = v14_destroy_context,
+    .closeColl = v14_close_coll,
+    .closeListen = v14_close_listen,
+    .iput = v14_iput,
+    .iputSignal = v14_iput_signal,
+    .iget = v14_iget,
+    .iflush = v14_iflush,
+    .test = v14_test,
+    .rmaProgress = v14_progress,
+    .queryLastError = v14_query_last_error,
+    .finalize = v14_finalize,
+};
