@@ -1,0 +1,562 @@
+/* mplane RMA harness: dlopens the plugin and drives ncclRmaPlugin_v14 the way NCCL 2.30's GIN proxy
+ * does (init, devices, getProperties, listen, connect as a group, closeListen, createContext,
+ * symmetric regMrSym, then iput / iputSignal / iget / iflush polled with test, queryLastError, and
+ * the teardown), between N processes over loopback. Every byte is checked.
+ *
+ *   rma-harness --plugin PATH [--ranks N] [--big] SCENARIO
+ *
+ * Scenarios:
+ *   data     puts with signals at random offsets and sizes on several contexts, into disjoint
+ *            regions of each peer's window; the target checks each region, the gaps between them
+ *            (still zero) and a guard past the window; then gets of random ranges of each peer's
+ *            pattern window; with --big a 64 MiB put and a 64 MiB get per peer; size-0 ops
+ *   order    on one context, put j writes region j and adds 1 to a signal: whenever the target
+ *            reads signal value v, regions 0..v-1 must be whole (a signal never before its data)
+ *   oob      ranges outside a window (put, get, signal), an unknown signal op, a local range past
+ *            the source window, a rank that is not connected: each refused with an error, nothing
+ *            written, queryLastError says so, and the connection still carries a valid put after
+ *   stride   rankStride 2 (N = 4): ranks at an even distance are reached, odd ones refused
+ *   kill     the last rank exits without closing anything; the others' puts and gets to it end in
+ *            an error from test and queryLastError within the deadline, never a hang */
+#include <dlfcn.h>
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/nccl/rma_v14.h"
+
+#define MAX_RANKS 8
+#define NCTX 3
+#define SUB (256u << 10)     /* region of one random put */
+#define K 12                 /* random puts per (source, target) */
+#define BIG (64u << 20)
+#define GUARD 4096
+#define ORDER_N 64           /* puts in the ordering scenario */
+#define ORDER_SUB (32u << 10)
+#define DEADLINE_S 60
+
+struct shared {
+  char handles[MAX_RANKS][NCCL_NET_HANDLE_MAXSIZE];
+  volatile int arrived[64];
+};
+
+static struct shared *shm;
+static int g_rank, g_n, g_big;
+static uint64_t g_src_size; /* the pattern window: BIG with --big, else 4 MiB */
+static const ncclRma_v14_t *rma;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "rank %d: FAIL: ", g_rank);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  _exit(1);
+}
+
+#define CHECK(call)                                                           \
+  do {                                                                        \
+    ncclResult_t r_ = (call);                                                 \
+    if (r_ != ncclSuccess) die("%s returned %d (line %d)", #call, r_, __LINE__); \
+  } while (0)
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Barrier number `id` (each used once) across `count` ranks, bounded. */
+static void barrier_of(int id, int count) {
+  __atomic_fetch_add(&shm->arrived[id], 1, __ATOMIC_SEQ_CST);
+  double t0 = now_s();
+  while (__atomic_load_n(&shm->arrived[id], __ATOMIC_SEQ_CST) < count) {
+    if (now_s() - t0 > DEADLINE_S) die("barrier %d: only %d of %d ranks arrived", id, shm->arrived[id], g_n);
+    sched_yield();
+  }
+}
+
+static void barrier(int id) { barrier_of(id, g_n); }
+
+static uint8_t pat(int rank, uint64_t off) { return (uint8_t)(rank * 131 + off * 7 + (off >> 12) + 1); }
+
+static uint64_t rng_state;
+static uint64_t rnd(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+static void seed(int src, int dst, int salt) { rng_state = 0x9e3779b97f4a7c15ull ^ ((uint64_t)src << 40) ^ ((uint64_t)dst << 20) ^ (uint64_t)salt; rnd(); }
+
+/* Sizes: 0, 1, the whole region, and random ones in between. */
+static uint64_t pick_size(int i, uint64_t max) {
+  if (i == 0) return 0;
+  if (i == 1) return 1;
+  if (i == 2) return max;
+  return rnd() % (max + 1);
+}
+
+/* The random put i from src to dst: its size, source offset, and offset in dst's window. */
+static void put_plan(int src, int dst, int i, uint64_t *size, uint64_t *soff, uint64_t *doff) {
+  seed(src, dst, i);
+  *size = pick_size(i, SUB);
+  *soff = rnd() % (g_src_size - *size + 1);
+  *doff = ((uint64_t)src * K + (uint64_t)i) * SUB + rnd() % (SUB - *size + 1);
+}
+
+/* Poll requests until all are done; a failure is fatal unless want_err, where it counts. */
+static int wait_reqs(void *cc, void **reqs, int n, int want_err) {
+  int errors = 0;
+  double t0 = now_s();
+  for (int left = n; left > 0;) {
+    for (int i = 0; i < n; i++) {
+      if (!reqs[i]) continue;
+      int done = 0;
+      ncclResult_t r = rma->test(cc, reqs[i], &done);
+      if (r != ncclSuccess) {
+        if (!want_err) die("test returned %d", r);
+        errors++;
+        reqs[i] = NULL;
+        left--;
+        continue;
+      }
+      if (done) {
+        reqs[i] = NULL;
+        left--;
+      }
+    }
+    if (now_s() - t0 > DEADLINE_S) die("%d requests not done after %d s", left, DEADLINE_S);
+  }
+  return errors;
+}
+
+struct env {
+  void *ctx, *cc, *rc;
+  char *recv, *src, *getw, *big;
+  uint64_t *sig;
+  void *mh_recv, *mh_src, *mh_getw, *mh_big, *mh_sig;
+  size_t recv_size, getw_size;
+};
+
+static int connected(int p, int stride) { return p != g_rank && ((p - g_rank + g_n) % g_n) % stride == 0; }
+
+static void setup(struct env *e, int stride) {
+  CHECK(rma->init(&e->ctx, 0x5eed, NULL));
+  int ndev = 0;
+  CHECK(rma->devices(&ndev));
+  if (ndev < 1) die("devices() reported %d devices", ndev);
+  ncclNetProperties_v12_t props;
+  CHECK(rma->getProperties(0, &props));
+  if (props.netDeviceType != NCCL_NET_DEVICE_GIN_PROXY) die("netDeviceType %d, not GIN_PROXY", props.netDeviceType);
+  if (!(props.ptrSupport & NCCL_PTR_HOST) || !(props.ptrSupport & NCCL_PTR_CUDA))
+    die("ptrSupport 0x%x lacks HOST or CUDA", props.ptrSupport);
+  void *lc;
+  CHECK(rma->listen(e->ctx, 0, shm->handles[g_rank], &lc));
+  barrier(0);
+  void *h[MAX_RANKS];
+  for (int i = 0; i < g_n; i++) h[i] = shm->handles[i];
+  CHECK(rma->connect(e->ctx, h, g_n, g_rank, lc, &e->cc));
+  CHECK(rma->closeListen(lc));
+  ncclRmaConfig_v14_t cfg = {.nContexts = NCTX, .trafficClass = 2 /* alltoall */, .rankStride = stride};
+  CHECK(rma->createContext(e->cc, &cfg, &e->rc));
+  /* Windows, in the same order on every rank (symmetric registration). */
+  e->recv_size = (size_t)g_n * K * SUB;
+  e->getw_size = (size_t)K * SUB;
+  e->recv = calloc(1, e->recv_size + GUARD);
+  e->src = malloc(g_src_size);
+  e->getw = calloc(1, e->getw_size);
+  e->sig = calloc(64, sizeof(uint64_t));
+  if (!e->recv || !e->src || !e->getw || !e->sig) die("out of memory");
+  memset(e->recv + e->recv_size, 0xA5, GUARD);
+  for (uint64_t o = 0; o < g_src_size; o++) e->src[o] = (char)pat(g_rank, o);
+  CHECK(rma->regMrSym(e->cc, e->recv, e->recv_size, NCCL_PTR_HOST, 0, &e->mh_recv));
+  CHECK(rma->regMrSym(e->cc, e->src, g_src_size, NCCL_PTR_HOST, 0, &e->mh_src));
+  CHECK(rma->regMrSym(e->cc, e->getw, e->getw_size, NCCL_PTR_HOST, 0, &e->mh_getw));
+  CHECK(rma->regMrSym(e->cc, e->sig, 32 * sizeof(uint64_t), NCCL_PTR_HOST,
+                      NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &e->mh_sig));
+  if (g_big) {
+    if (!(e->big = calloc(1, BIG))) die("out of memory");
+    CHECK(rma->regMrSym(e->cc, e->big, BIG, NCCL_PTR_HOST, 0, &e->mh_big));
+  }
+  barrier(1);
+}
+
+static void teardown(struct env *e) {
+  bool err = true;
+  CHECK(rma->queryLastError(e->rc, &err));
+  if (err) die("queryLastError reports an error after a clean run");
+  if (e->mh_big) CHECK(rma->deregMrSym(e->cc, e->mh_big));
+  CHECK(rma->deregMrSym(e->cc, e->mh_sig));
+  CHECK(rma->deregMrSym(e->cc, e->mh_getw));
+  CHECK(rma->deregMrSym(e->cc, e->mh_src));
+  CHECK(rma->deregMrSym(e->cc, e->mh_recv));
+  CHECK(rma->destroyContext(e->rc));
+  CHECK(rma->closeColl(e->cc));
+  CHECK(rma->finalize(e->ctx));
+}
+
+static uint64_t sig_read(struct env *e, int word) { return __atomic_load_n(&e->sig[word], __ATOMIC_ACQUIRE); }
+
+static void wait_signal(struct env *e, int word, uint64_t want) {
+  double t0 = now_s();
+  while (sig_read(e, word) < want) {
+    if (now_s() - t0 > DEADLINE_S) die("signal %d is %llu after %d s, expected %llu", word,
+                                       (unsigned long long)sig_read(e, word), DEADLINE_S, (unsigned long long)want);
+    sched_yield();
+  }
+  if (sig_read(e, word) != want) die("signal %d is %llu, expected exactly %llu", word,
+                                     (unsigned long long)sig_read(e, word), (unsigned long long)want);
+}
+
+static void check_bytes(const char *buf, uint64_t n, int owner, uint64_t src_off, const char *what) {
+  for (uint64_t o = 0; o < n; o++)
+    if ((uint8_t)buf[o] != pat(owner, src_off + o))
+      die("%s: byte %llu of %llu is 0x%02x, expected 0x%02x (from rank %d)", what, (unsigned long long)o,
+          (unsigned long long)n, (uint8_t)buf[o], pat(owner, src_off + o), owner);
+}
+
+static void check_zero(const char *buf, uint64_t from, uint64_t to, const char *what) {
+  for (uint64_t o = from; o < to; o++)
+    if (buf[o]) die("%s: byte %llu was written (0x%02x) though no put covers it", what, (unsigned long long)o,
+                    (uint8_t)buf[o]);
+}
+
+static void check_guard(struct env *e) {
+  for (int i = 0; i < GUARD; i++)
+    if ((uint8_t)e->recv[e->recv_size + i] != 0xA5) die("the guard past the window was written at +%d", i);
+}
+
+/* ---- data ---- */
+static void scenario_data(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  void *reqs[MAX_RANKS * K];
+  int n = 0;
+  for (int i = 0; i < K; i++)
+    for (int p = 0; p < g_n; p++) {
+      if (p == g_rank) continue;
+      uint64_t size, soff, doff;
+      put_plan(g_rank, p, i, &size, &soff, &doff);
+      CHECK(rma->iputSignal(e.rc, i % NCTX, soff, e.mh_src, size, doff, e.mh_recv, (uint32_t)p,
+                            (uint64_t)g_rank * 8, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, &reqs[n]));
+      n++;
+    }
+  if (rma->rmaProgress) CHECK(rma->rmaProgress(e.rc));
+  wait_reqs(e.cc, reqs, n, 0);
+  /* The target side: each peer's K puts have landed once its signal says K. */
+  for (int p = 0; p < g_n; p++) {
+    if (p == g_rank) continue;
+    wait_signal(&e, p, K);
+    uint64_t cursor = (uint64_t)p * K * SUB;
+    for (int i = 0; i < K; i++) {
+      uint64_t size, soff, doff;
+      put_plan(p, g_rank, i, &size, &soff, &doff);
+      check_zero(e.recv, cursor, doff, "gap before a put");
+      check_bytes(e.recv + doff, size, p, soff, "random put");
+      cursor = ((uint64_t)p * K + i + 1) * SUB;
+      check_zero(e.recv, doff + size, cursor, "gap after a put");
+    }
+  }
+  check_zero(e.recv, (uint64_t)g_rank * K * SUB, (uint64_t)(g_rank + 1) * K * SUB, "own region");
+  check_guard(&e);
+  barrier(2);
+  /* Gets of random ranges of each peer's pattern window, on every context. */
+  for (int p = 0; p < g_n; p++) {
+    if (p == g_rank) continue;
+    uint64_t size[K], soff[K];
+    n = 0;
+    for (int i = 0; i < K; i++) {
+      seed(p, g_rank, 1000 + i);
+      size[i] = pick_size(i, SUB);
+      soff[i] = rnd() % (g_src_size - size[i] + 1);
+      CHECK(rma->iget(e.rc, i % NCTX, soff[i], e.mh_src, size[i], (uint64_t)i * SUB, e.mh_getw, (uint32_t)p,
+                      &reqs[n++]));
+    }
+    wait_reqs(e.cc, reqs, n, 0);
+    void *flush = NULL;
+    CHECK(rma->iflush(e.rc, 0, e.mh_sig, (uint32_t)p, &flush));
+    if (flush) wait_reqs(e.cc, &flush, 1, 0);
+    for (int i = 0; i < K; i++) check_bytes(e.getw + (uint64_t)i * SUB, size[i], p, soff[i], "get");
+  }
+  barrier(3);
+  /* Plain puts of 0 bytes and a VA-style signal alone (no data, NULL handles) complete too. */
+  for (int p = 0; p < g_n; p++) {
+    if (p == g_rank) continue;
+    void *r2[2];
+    CHECK(rma->iput(e.rc, 1, 0, e.mh_src, 0, 0, e.mh_recv, (uint32_t)p, &r2[0]));
+    CHECK(rma->iputSignal(e.rc, 2, 0, NULL, 0, 0, NULL, (uint32_t)p, (uint64_t)(16 + g_rank) * 8, e.mh_sig, 0,
+                          NCCL_NET_SIGNAL_OP_INC, false, &r2[1]));
+    wait_reqs(e.cc, r2, 2, 0);
+  }
+  for (int p = 0; p < g_n; p++)
+    if (p != g_rank) wait_signal(&e, 16 + p, 1);
+  barrier(4);
+  if (g_big) {
+    for (int p = 0; p < g_n; p++) {
+      if (p == g_rank) continue;
+      void *r1;
+      double t0 = now_s();
+      CHECK(rma->iputSignal(e.rc, 0, 0, e.mh_src, BIG, 0, e.mh_big, (uint32_t)p, 24 * 8, e.mh_sig, 1,
+                            NCCL_NET_SIGNAL_OP_ADD, true, &r1));
+      wait_reqs(e.cc, &r1, 1, 0);
+      if (g_rank == 0) printf("64 MiB put to rank %d: %.1f ms\n", p, (now_s() - t0) * 1e3);
+    }
+    wait_signal(&e, 24, (uint64_t)(g_n - 1));
+    /* g_n - 1 puts of the same size into the same window: every one carried its own source's pattern,
+     * so with more than two ranks only "one of them, whole" can be checked. */
+    if (g_n == 2) check_bytes(e.big, BIG, 1 - g_rank, 0, "64 MiB put");
+    barrier(5);
+    int p = (g_rank + 1) % g_n;
+    void *r1;
+    CHECK(rma->iget(e.rc, 1, 0, e.mh_src, BIG, 0, e.mh_big, (uint32_t)p, &r1));
+    wait_reqs(e.cc, &r1, 1, 0);
+    check_bytes(e.big, BIG, p, 0, "64 MiB get");
+  }
+  barrier(6);
+  teardown(&e);
+}
+
+/* ---- order ---- */
+static void scenario_order(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  /* Rank 0 is the target; every other rank streams ORDER_N puts at it on context 0, each followed by
+   * its signal, into its own part of the window. */
+  if (g_rank != 0) {
+    void *reqs[ORDER_N];
+    for (int j = 0; j < ORDER_N; j++) {
+      uint64_t doff = ((uint64_t)g_rank * ORDER_N + (uint64_t)j) * ORDER_SUB;
+      CHECK(rma->iputSignal(e.rc, 0, (uint64_t)j * 4096, e.mh_src, ORDER_SUB, doff, e.mh_recv, 0,
+                            (uint64_t)g_rank * 8, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, &reqs[j]));
+    }
+    wait_reqs(e.cc, reqs, ORDER_N, 0);
+  } else {
+    uint64_t seen[MAX_RANKS] = {0};
+    int observations = 0;
+    double t0 = now_s();
+    for (int left = g_n - 1; left > 0;) {
+      for (int p = 1; p < g_n; p++) {
+        uint64_t v = sig_read(&e, p);
+        if (v == seen[p]) continue;
+        if (v > ORDER_N) die("signal of rank %d is %llu, past %d puts", p, (unsigned long long)v, ORDER_N);
+        /* Seen v: puts 0..v-1 of rank p must be whole now (the signal came after their data). */
+        for (uint64_t j = seen[p]; j < v; j++) {
+          uint64_t doff = ((uint64_t)p * ORDER_N + j) * ORDER_SUB;
+          if (doff + ORDER_SUB > e.recv_size) die("order layout does not fit");
+          check_bytes(e.recv + doff, ORDER_SUB, p, j * 4096, "data behind an observed signal");
+        }
+        observations++;
+        seen[p] = v;
+        if (v == ORDER_N) left--;
+      }
+      if (now_s() - t0 > DEADLINE_S) die("signals stopped short of %d puts", ORDER_N);
+    }
+    printf("order: %d signal changes observed, data always in place before its signal\n", observations);
+  }
+  barrier(2);
+  teardown(&e);
+}
+
+/* ---- oob ---- */
+static void expect_refused(void *cc, void *req, const char *what) {
+  if (!req) die("%s: no request", what);
+  if (wait_reqs(cc, &req, 1, 1) != 1) die("%s: completed without an error", what);
+}
+
+static void scenario_oob(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  int p = (g_rank + 1) % g_n;
+  void *r = NULL;
+  /* Ranges the target must refuse: they pass no local check (the target's window is what counts). */
+  CHECK(rma->iput(e.rc, 0, 0, e.mh_src, 100, e.recv_size - 10, e.mh_recv, (uint32_t)p, &r));
+  expect_refused(e.cc, r, "put past the end of the window");
+  CHECK(rma->iput(e.rc, 1, 0, e.mh_src, 16, UINT64_MAX - 8, e.mh_recv, (uint32_t)p, &r));
+  expect_refused(e.cc, r, "put at an offset that wraps");
+  CHECK(rma->iget(e.rc, 2, g_src_size - 8, e.mh_src, 64, 0, e.mh_getw, (uint32_t)p, &r));
+  expect_refused(e.cc, r, "get past the end of the peer's window");
+  CHECK(rma->iputSignal(e.rc, 0, 0, e.mh_src, 64, 0, e.mh_recv, (uint32_t)p, 32 * 8, e.mh_sig, 1,
+                        NCCL_NET_SIGNAL_OP_ADD, true, &r));
+  expect_refused(e.cc, r, "signal past the end of the signal window");
+  CHECK(rma->iputSignal(e.rc, 0, 0, e.mh_src, 64, 0, e.mh_recv, (uint32_t)p, 3, e.mh_sig, 1,
+                        NCCL_NET_SIGNAL_OP_ADD, true, &r));
+  expect_refused(e.cc, r, "signal word not 8-byte aligned");
+  /* Refused at once, before anything moves. */
+  r = NULL;
+  if (rma->iputSignal(e.rc, 0, 0, e.mh_src, 64, 0, e.mh_recv, (uint32_t)p, 0, e.mh_sig, 1, 7, true, &r) ==
+      ncclSuccess)
+    die("signal op 7 was accepted");
+  if (rma->iput(e.rc, 0, g_src_size - 4, e.mh_src, 8, 0, e.mh_recv, (uint32_t)p, &r) == ncclSuccess)
+    die("a source range past the local window was accepted");
+  if (rma->iput(e.rc, 0, 0, e.mh_src, 8, 0, e.mh_recv, (uint32_t)g_rank, &r) == ncclSuccess)
+    die("a put to the rank itself was accepted");
+  if (rma->iput(e.rc, 0, 0, e.mh_src, 8, 0, e.mh_recv, (uint32_t)g_n, &r) == ncclSuccess)
+    die("a put to rank %d of a group of %d was accepted", g_n, g_n);
+  if (rma->iput(e.rc, NCTX, 0, e.mh_src, 8, 0, e.mh_recv, (uint32_t)p, &r) == ncclSuccess)
+    die("a put on context %d of %d was accepted", NCTX, NCTX);
+  bool err = false;
+  CHECK(rma->queryLastError(e.rc, &err));
+  if (!err) die("queryLastError reports no error after refused ops");
+  barrier(2);
+  /* Nothing was written by any refused op; the signal words are untouched. */
+  check_zero(e.recv, 0, e.recv_size, "window after refused puts");
+  check_guard(&e);
+  for (int w = 0; w < 32; w++)
+    if (e.sig[w]) die("signal word %d is %llu after refused signals", w, (unsigned long long)e.sig[w]);
+  check_zero(e.getw, 0, 64, "get window after a refused get");
+  barrier(3);
+  /* The connections still work. */
+  CHECK(rma->iputSignal(e.rc, 0, 0, e.mh_src, 4096, 0, e.mh_recv, (uint32_t)p, 8, e.mh_sig, 1,
+                        NCCL_NET_SIGNAL_OP_INC, true, &r));
+  wait_reqs(e.cc, &r, 1, 0);
+  wait_signal(&e, 1, 1);
+  check_bytes(e.recv, 4096, (g_rank - 1 + g_n) % g_n, 0, "put after refusals");
+  barrier(4);
+  /* teardown() insists on no error: this scenario ends by hand. */
+  CHECK(rma->destroyContext(e.rc));
+  CHECK(rma->closeColl(e.cc));
+  CHECK(rma->finalize(e.ctx));
+}
+
+/* ---- stride ---- */
+static void scenario_stride(void) {
+  if (g_n % 2) die("stride needs an even number of ranks");
+  struct env e = {0};
+  setup(&e, 2);
+  for (int p = 0; p < g_n; p++) {
+    if (p == g_rank) continue;
+    void *r = NULL;
+    ncclResult_t res = rma->iput(e.rc, 0, 0, e.mh_src, 512, (uint64_t)g_rank * 512, e.mh_recv, (uint32_t)p, &r);
+    if (connected(p, 2)) {
+      if (res != ncclSuccess) die("put to rank %d (even distance) failed: %d", p, res);
+      wait_reqs(e.cc, &r, 1, 0);
+    } else if (res == ncclSuccess) {
+      die("put to rank %d (odd distance, not connected with stride 2) was accepted", p);
+    }
+  }
+  barrier(2);
+  for (int p = 0; p < g_n; p++) {
+    if (p == g_rank) continue;
+    if (connected(p, 2)) check_bytes(e.recv + (uint64_t)p * 512, 512, p, 0, "stride put");
+    else check_zero(e.recv, (uint64_t)p * 512, (uint64_t)p * 512 + 512, "stride: unconnected rank's part");
+  }
+  barrier(3);
+  teardown(&e);
+}
+
+/* ---- kill ---- */
+static void scenario_kill(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  int victim = g_n - 1;
+  barrier(2);
+  if (g_rank == victim) _exit(0); /* no close, no finalize: the process is simply gone */
+  double t0 = now_s();
+  /* A large put in flight, then more ops, until one fails. */
+  void *r = NULL;
+  int failed = 0;
+  for (int i = 0; !failed && now_s() - t0 < DEADLINE_S; i++) {
+    ncclResult_t res = (i % 2 == 0)
+                           ? rma->iput(e.rc, i % NCTX, 0, e.mh_src, (size_t)K * SUB, 0, e.mh_recv, (uint32_t)victim, &r)
+                           : rma->iget(e.rc, i % NCTX, 0, e.mh_src, 4096, 0, e.mh_getw, (uint32_t)victim, &r);
+    if (res != ncclSuccess) {
+      failed = 1;
+      break;
+    }
+    int done = 0;
+    while (!done) {
+      res = rma->test(e.cc, r, &done);
+      if (res != ncclSuccess) {
+        failed = 1;
+        break;
+      }
+      if (now_s() - t0 > DEADLINE_S) die("a request to the dead rank %d hangs", victim);
+    }
+    usleep(1000);
+  }
+  if (!failed) die("no op to the dead rank %d failed within %d s", victim, DEADLINE_S);
+  bool err = false;
+  CHECK(rma->queryLastError(e.rc, &err));
+  if (!err) die("queryLastError reports nothing after rank %d died", victim);
+  if (rma->iput(e.rc, 0, 0, e.mh_src, 8, 0, e.mh_recv, (uint32_t)victim, &r) == ncclSuccess) {
+    int done = 0;
+    if (rma->test(e.cc, r, &done) == ncclSuccess && done) die("a put to the dead rank completed");
+  }
+  printf("rank %d: ops to the dead rank %d failed after %.2f s\n", g_rank, victim, now_s() - t0);
+  /* The survivors still reach each other (their barriers leave the dead rank out). */
+  if (g_n > 2) {
+    barrier_of(3, g_n - 1);
+    int p = g_rank == 0 ? 1 : 0;
+    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, 1024, 0, e.mh_recv, (uint32_t)p, &r));
+    wait_reqs(e.cc, &r, 1, 0);
+    barrier_of(4, g_n - 1);
+  }
+  CHECK(rma->destroyContext(e.rc));
+  CHECK(rma->closeColl(e.cc));
+  CHECK(rma->finalize(e.ctx));
+}
+
+int main(int argc, char **argv) {
+  const char *plugin = NULL, *scenario = NULL;
+  g_n = 2;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--plugin") && i + 1 < argc) plugin = argv[++i];
+    else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) g_n = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--big")) g_big = 1;
+    else scenario = argv[i];
+  }
+  if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] data|order|oob|stride|kill\n",
+            MAX_RANKS);
+    return 2;
+  }
+  void (*fn)(void) = !strcmp(scenario, "data") ? scenario_data : !strcmp(scenario, "order") ? scenario_order
+                     : !strcmp(scenario, "oob") ? scenario_oob : !strcmp(scenario, "stride") ? scenario_stride
+                     : !strcmp(scenario, "kill") ? scenario_kill : NULL;
+  g_src_size = g_big ? BIG : (4u << 20);
+  if (!fn) {
+    fprintf(stderr, "unknown scenario '%s'\n", scenario);
+    return 2;
+  }
+  shm = mmap(NULL, sizeof(*shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shm == MAP_FAILED) return 1;
+  memset(shm, 0, sizeof(*shm));
+  pid_t pids[MAX_RANKS];
+  for (int r = 0; r < g_n; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      g_rank = r;
+      alarm(2 * DEADLINE_S); /* the last word against a hang */
+      void *lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
+      if (!lib) die("dlopen %s: %s", plugin, dlerror());
+      rma = dlsym(lib, "ncclRmaPlugin_v14");
+      if (!rma) die("%s exports no ncclRmaPlugin_v14", plugin);
+      fn();
+      fflush(stdout);
+      _exit(0);
+    }
+  }
+  int fail = 0;
+  for (int r = 0; r < g_n; r++) {
+    int st = 0;
+    waitpid(pids[r], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      fprintf(stderr, "rank %d ended with %s %d\n", r, WIFSIGNALED(st) ? "signal" : "status",
+              WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+      fail = 1;
+    }
+  }
+  printf("%s with %d ranks: %s\n", scenario, g_n, fail ? "FAIL" : "OK");
+  return fail;
+}
