@@ -125,6 +125,7 @@ struct mpr_ctxset {
   struct mpr_group *g;
   int ncontexts;
   struct mpr_conn **conns; /* [context * nranks + peer], NULL: not connected */
+  struct mpr_conn **mirrors; /* [context]: the target side of this rank's ops to itself */
   int has_error;           /* atomic: a connection failed or an op was refused */
 };
 
@@ -807,15 +808,18 @@ static void conn_destroy(struct mpr_conn *c) {
 static ncclResult_t rma_destroy_context(void *ctx) {
   struct mpr_ctxset *s = ctx;
   if (!s) return ncclSuccess;
-  for (int i = 0; i < s->ncontexts * s->g->nranks; i++) conn_destroy(s->conns[i]);
+  for (int i = 0; s->conns && i < s->ncontexts * s->g->nranks; i++) conn_destroy(s->conns[i]);
+  for (int i = 0; s->mirrors && i < s->ncontexts; i++) conn_destroy(s->mirrors[i]);
   free(s->conns);
+  free(s->mirrors);
   free(s);
   return ncclSuccess;
 }
 
+/* The rank itself is a peer too: NCCL's kernels put to every rank of the team, their own included. */
 static int is_connected_peer(const struct mpr_group *g, int stride, int p) {
   int d = (p - g->rank + g->nranks) % g->nranks;
-  return p != g->rank && d % stride == 0;
+  return d % stride == 0;
 }
 
 static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, int fd) {
@@ -827,7 +831,8 @@ static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, in
   c->fd = fd;
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cond, NULL);
-  peer_name(fd, peer, c->peer_str, sizeof(c->peer_str));
+  if (peer == s->g->rank) snprintf(c->peer_str, sizeof(c->peer_str), "rank %d (itself)", peer);
+  else peer_name(fd, peer, c->peer_str, sizeof(c->peer_str));
   set_timeouts(fd, 0); /* the data path waits as long as the peer lives; a dead peer closes the socket */
   return c;
 }
@@ -842,7 +847,9 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   }
   struct mpr_ctxset *s = calloc(1, sizeof(*s));
   size_t nconn = (size_t)o->ncontexts * (size_t)g->nranks;
-  if (!s || !(s->conns = calloc(nconn, sizeof(*s->conns)))) {
+  if (!s || !(s->conns = calloc(nconn, sizeof(*s->conns))) ||
+      !(s->mirrors = calloc((size_t)o->ncontexts, sizeof(*s->mirrors)))) {
+    if (s) free(s->conns);
     free(s);
     return ncclSystemError;
   }
@@ -855,6 +862,21 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   if (!all) res = ncclSystemError;
   if (res == ncclSuccess) res = open_listener(g->dev, &mine, &lfd);
   if (res == ncclSuccess) res = ctrl_allgather(g, &mine, all, sizeof(mine));
+  for (int c = 0; res == ncclSuccess && c < o->ncontexts; c++) { /* to itself: a socket pair, both ends served */
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      MP_WARN("RMA createContext: rank %d, context %d: socketpair: %s", g->rank, c, strerror(errno));
+      res = ncclSystemError;
+      break;
+    }
+    s->conns[c * g->nranks + g->rank] = conn_new(s, c, g->rank, sv[0]);
+    s->mirrors[c] = conn_new(s, c, g->rank, sv[1]);
+    if (!s->conns[c * g->nranks + g->rank] || !s->mirrors[c]) {
+      if (!s->conns[c * g->nranks + g->rank]) close(sv[0]);
+      if (!s->mirrors[c]) close(sv[1]);
+      res = ncclSystemError;
+    }
+  }
   for (int c = 0; res == ncclSuccess && c < o->ncontexts; c++) /* dial the lower ranks ... */
     for (int p = 0; res == ncclSuccess && p < g->rank; p++) {
       if (!is_connected_peer(g, o->rank_stride, p)) continue;
@@ -886,8 +908,8 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
         res = ncclRemoteError;
       }
     }
-  for (size_t i = 0; res == ncclSuccess && i < nconn; i++) {
-    struct mpr_conn *c = s->conns[i];
+  for (size_t i = 0; res == ncclSuccess && i < nconn + (size_t)o->ncontexts; i++) {
+    struct mpr_conn *c = i < nconn ? s->conns[i] : s->mirrors[i - nconn];
     if (!c) continue;
     if (pthread_create(&c->rd, NULL, reader_main, c) != 0) res = ncclSystemError;
     else if (pthread_create(&c->wr, NULL, writer_main, c) != 0) {
@@ -913,10 +935,10 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
 static ncclResult_t op_conn(struct mpr_ctxset *s, int context, uint32_t rank, const char *what,
                             struct mpr_conn **out) {
   struct mpr_group *g = s->g;
-  if (context < 0 || context >= s->ncontexts || rank >= (uint32_t)g->nranks || (int)rank == g->rank ||
+  if (context < 0 || context >= s->ncontexts || rank >= (uint32_t)g->nranks ||
       !s->conns[context * g->nranks + (int)rank]) {
-    MP_WARN("RMA %s: rank %d has no connection to rank %u in context %d (%d contexts, %d ranks%s)", what, g->rank,
-            rank, context, s->ncontexts, g->nranks, (int)rank == g->rank ? "; a rank does not reach itself" : "");
+    MP_WARN("RMA %s: rank %d has no connection to rank %u in context %d (%d contexts, %d ranks)", what, g->rank,
+            rank, context, s->ncontexts, g->nranks);
     return ncclInvalidUsage;
   }
   *out = s->conns[context * g->nranks + (int)rank];

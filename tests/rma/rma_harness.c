@@ -7,7 +7,7 @@
  *
  * Scenarios:
  *   data     puts with signals at random offsets and sizes on several contexts, into disjoint
- *            regions of each peer's window; the target checks each region, the gaps between them
+ *            regions of each rank's window (its own included); the target checks each region, the gaps between them
  *            (still zero) and a guard past the window; then gets of random ranges of each peer's
  *            pattern window; with --big a 64 MiB put and a 64 MiB get per peer; size-0 ops
  *   order    on one context, put j writes region j and adds 1 to a signal: whenever the target
@@ -245,7 +245,6 @@ static void scenario_data(void) {
   int n = 0;
   for (int i = 0; i < K; i++)
     for (int p = 0; p < g_n; p++) {
-      if (p == g_rank) continue;
       uint64_t size, soff, doff;
       put_plan(g_rank, p, i, &size, &soff, &doff);
       CHECK(rma->iputSignal(e.rc, i % NCTX, soff, e.mh_src, size, doff, e.mh_recv, (uint32_t)p,
@@ -254,9 +253,9 @@ static void scenario_data(void) {
     }
   if (rma->rmaProgress) CHECK(rma->rmaProgress(e.rc));
   wait_reqs(e.cc, reqs, n, 0);
-  /* The target side: each peer's K puts have landed once its signal says K. */
+  /* The target side: each rank's K puts (this rank's own included: NCCL's kernels put to every rank
+   * of the team) have landed once its signal says K. */
   for (int p = 0; p < g_n; p++) {
-    if (p == g_rank) continue;
     wait_signal(&e, p, K);
     uint64_t cursor = (uint64_t)p * K * SUB;
     for (int i = 0; i < K; i++) {
@@ -268,12 +267,10 @@ static void scenario_data(void) {
       check_zero(e.recv, doff + size, cursor, "gap after a put");
     }
   }
-  check_zero(e.recv, (uint64_t)g_rank * K * SUB, (uint64_t)(g_rank + 1) * K * SUB, "own region");
   check_guard(&e);
   barrier(2);
   /* Gets of random ranges of each peer's pattern window, on every context. */
   for (int p = 0; p < g_n; p++) {
-    if (p == g_rank) continue;
     uint64_t size[K], soff[K];
     n = 0;
     for (int i = 0; i < K; i++) {
@@ -292,15 +289,13 @@ static void scenario_data(void) {
   barrier(3);
   /* Plain puts of 0 bytes and a VA-style signal alone (no data, NULL handles) complete too. */
   for (int p = 0; p < g_n; p++) {
-    if (p == g_rank) continue;
     void *r2[2];
     CHECK(rma->iput(e.rc, 1, 0, e.mh_src, 0, 0, e.mh_recv, (uint32_t)p, &r2[0]));
     CHECK(rma->iputSignal(e.rc, 2, 0, NULL, 0, 0, NULL, (uint32_t)p, (uint64_t)(16 + g_rank) * 8, e.mh_sig, 0,
                           NCCL_NET_SIGNAL_OP_INC, false, &r2[1]));
     wait_reqs(e.cc, r2, 2, 0);
   }
-  for (int p = 0; p < g_n; p++)
-    if (p != g_rank) wait_signal(&e, 16 + p, 1);
+  for (int p = 0; p < g_n; p++) wait_signal(&e, 16 + p, 1);
   barrier(4);
   if (g_big) {
     for (int p = 0; p < g_n; p++) {
@@ -399,8 +394,6 @@ static void scenario_oob(void) {
     die("signal op 7 was accepted");
   if (rma->iput(e.rc, 0, g_src_size - 4, e.mh_src, 8, 0, e.mh_recv, (uint32_t)p, &r) == ncclSuccess)
     die("a source range past the local window was accepted");
-  if (rma->iput(e.rc, 0, 0, e.mh_src, 8, 0, e.mh_recv, (uint32_t)g_rank, &r) == ncclSuccess)
-    die("a put to the rank itself was accepted");
   if (rma->iput(e.rc, 0, 0, e.mh_src, 8, 0, e.mh_recv, (uint32_t)g_n, &r) == ncclSuccess)
     die("a put to rank %d of a group of %d was accepted", g_n, g_n);
   if (rma->iput(e.rc, NCTX, 0, e.mh_src, 8, 0, e.mh_recv, (uint32_t)p, &r) == ncclSuccess)
