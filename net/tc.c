@@ -36,7 +36,9 @@ const struct mplane_tc_map *mplane_tc_map_get(void) {
 
 int mplane_tc_class_from_nccl(int traffic_class, int *invalid) {
   if (invalid) *invalid = 0;
-  if (traffic_class == NCCL_NET_TRAFFIC_CLASS_UNDEF) return -1;
+  /* NCCL 2.30 leaves ncclConfig_t's unset fields at NCCL_CONFIG_UNDEF_INT (INT_MIN) and passes that
+   * on as the class: no class, like NCCL_NET_TRAFFIC_CLASS_UNDEF. */
+  if (traffic_class == NCCL_NET_TRAFFIC_CLASS_UNDEF || traffic_class == MPLANE_NCCL_CONFIG_UNDEF_INT) return -1;
   if (traffic_class >= 0 && traffic_class < MPLANE_TC_NCLASSES) return traffic_class;
   if (invalid) *invalid = 1;
   return -1;

@@ -26,7 +26,8 @@
 const struct mplane_tc_map *mplane_tc_map_get(void);
 
 /* ncclConfig_t.trafficClass -> class. Values 0..4 are class indices (0 default, 1 collective,
- * 2 alltoall, 3 lowlat, 4 storage); NCCL_NET_TRAFFIC_CLASS_UNDEF (-1) means "no class" and gives -1;
+ * 2 alltoall, 3 lowlat, 4 storage); NCCL_NET_TRAFFIC_CLASS_UNDEF (-1) and NCCL_CONFIG_UNDEF_INT
+ * (INT_MIN, what NCCL 2.30 passes when the user set none) mean "no class" and give -1;
  * any other value gives -1 and sets *invalid (callers WARN once). */
 int mplane_tc_class_from_nccl(int traffic_class, int *invalid);
 
@@ -64,5 +65,6 @@ enum {
 };
 enum { MPLANE_NCCL_PROTO_LL = 0, MPLANE_NCCL_PROTO_LL128 = 1, MPLANE_NCCL_PROTO_SIMPLE = 2 };
 #define MPLANE_NCCL_ATTR_UNDEF 0xffffffffu
+#define MPLANE_NCCL_CONFIG_UNDEF_INT (-2147483647 - 1) /* NCCL_CONFIG_UNDEF_INT: an unset ncclConfig_t field */
 
 #endif

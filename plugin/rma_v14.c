@@ -83,13 +83,9 @@ static ncclResult_t v14_connect(void *ctx, void *handles[], int nranks, int rank
 
 static ncclResult_t v14_create_context(void *coll_comm, ncclRmaConfig_v14_t *config, void **rma_ctx) {
   if (!config) return ncclInvalidArgument;
-  int invalid = 0;
-  if (config->trafficClass != NCCL_NET_TRAFFIC_CLASS_UNDEF) mplane_tc_class_from_nccl(config->trafficClass, &invalid);
-  if (invalid)
-    MP_WARN("RMA createContext: trafficClass %d is not a class index (0 default .. 4 storage); using default",
-            config->trafficClass);
   struct mplane_rma_ctx_opts o = {.ncontexts = config->nContexts, .rank_stride = config->rankStride};
-  o.tc_class = mplane_tc_resolve(config->trafficClass, NULL); /* net/tc.c, as two-sided comms */
+  /* net/tc.c, as two-sided comms (an invalid class is WARNed there, once, and becomes default) */
+  o.tc_class = mplane_tc_resolve(config->trafficClass, NULL);
   o.service_level = mplane_tc_sl(o.tc_class);
   return rma_ops()->create_context(coll_comm, &o, rma_ctx);
 }

@@ -86,6 +86,12 @@ static void test_tc_classes(void **state) {
   int invalid = 0;
   assert_int_equal(mplane_tc_class_from_nccl(NCCL_NET_TRAFFIC_CLASS_UNDEF, &invalid), -1);
   assert_int_equal(invalid, 0);
+  /* NCCL 2.30 passes NCCL_CONFIG_UNDEF_INT for a communicator whose trafficClass the user left unset
+   * (seen on NCCL 2.30.7: it drew a WARN on every run) */
+  invalid = 1;
+  assert_int_equal(mplane_tc_class_from_nccl(MPLANE_NCCL_CONFIG_UNDEF_INT, &invalid), -1);
+  assert_int_equal(invalid, 0);
+  assert_int_equal(mplane_tc_resolve(MPLANE_NCCL_CONFIG_UNDEF_INT, NULL), MPLANE_TC_DEFAULT);
   for (int c = 0; c < MPLANE_TC_NCLASSES; c++) assert_int_equal(mplane_tc_class_from_nccl(c, &invalid), c);
   assert_int_equal(mplane_tc_class_from_nccl(5, &invalid), -1);
   assert_int_equal(invalid, 1);
