@@ -15,6 +15,8 @@
  *   oob      ranges outside a window (put, get, signal), an unknown signal op, a local range past
  *            the source window, a rank that is not connected: each refused with an error, nothing
  *            written, queryLastError says so, and the connection still carries a valid put after
+ *   alltoall what nccl-tests' GIN all-to-all kernel does: rounds of puts to every rank (itself
+ *            included), 0 B .. 256 KiB, each adding 1 to the same signal word of its target
  *   stride   rankStride 2 (N = 4): ranks at an even distance are reached, odd ones refused
  *   kill     the last rank exits without closing anything; the others' puts and gets to it end in
  *            an error from test and queryLastError within the deadline, never a hang */
@@ -46,6 +48,7 @@
 struct shared {
   char handles[MAX_RANKS][NCCL_NET_HANDLE_MAXSIZE];
   volatile int arrived[64];
+  volatile long rounds; /* the reusable barrier of barrier_round */
 };
 
 static struct shared *shm;
@@ -87,6 +90,16 @@ static void barrier_of(int id, int count) {
 }
 
 static void barrier(int id) { barrier_of(id, g_n); }
+
+/* The k-th crossing (k = 0, 1, ...) of a barrier used many times. */
+static void barrier_round(long k) {
+  __atomic_fetch_add(&shm->rounds, 1, __ATOMIC_SEQ_CST);
+  double t0 = now_s();
+  while (__atomic_load_n(&shm->rounds, __ATOMIC_SEQ_CST) < (k + 1) * g_n) {
+    if (now_s() - t0 > DEADLINE_S) die("round %ld: not every rank arrived", k);
+    sched_yield();
+  }
+}
 
 static uint8_t pat(int rank, uint64_t off) { return (uint8_t)(rank * 131 + off * 7 + (off >> 12) + 1); }
 
@@ -363,6 +376,37 @@ static void scenario_order(void) {
   teardown(&e);
 }
 
+/* ---- alltoall: what nccl-tests' GIN all-to-all kernel (-D 3) asks of the proxy ---- */
+static void scenario_alltoall(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  /* Every iteration each rank puts its block for r to every rank r (itself included), each put adding 1
+   * to the same signal word of the target; then it waits for the word to grow by n: the signal words of
+   * all ranks see adds from n connections (n-1 sockets and the rank's own pair) racing. */
+  uint64_t base = 0;
+  int iters = 0;
+  for (uint64_t size = 0; size <= SUB; size = size ? size * 8 : 8)
+    for (int it = 0; it < 20; it++, iters++) {
+      void *reqs[MAX_RANKS];
+      for (int r = 0; r < g_n; r++)
+        CHECK(rma->iputSignal(e.rc, 0, (uint64_t)r * SUB, e.mh_src, size, (uint64_t)g_rank * SUB, e.mh_recv,
+                              (uint32_t)r, 0, e.mh_sig, 0, NCCL_NET_SIGNAL_OP_INC, true, &reqs[r]));
+      wait_reqs(e.cc, reqs, g_n, 0);
+      base += (uint64_t)g_n;
+      wait_signal(&e, 0, base);
+      for (int r = 0; r < g_n; r++) check_bytes(e.recv + (uint64_t)r * SUB, size, r, (uint64_t)g_rank * SUB, "alltoall block");
+      void *flush = NULL;
+      for (int r = 0; r < g_n; r++) {
+        CHECK(rma->iflush(e.rc, 0, e.mh_sig, (uint32_t)r, &flush));
+        if (flush) wait_reqs(e.cc, &flush, 1, 0);
+      }
+      /* The next round's puts may overwrite blocks only after every rank checked this round's. */
+      barrier_round(iters);
+    }
+  barrier(2);
+  teardown(&e);
+}
+
 /* ---- oob ---- */
 static void expect_refused(void *cc, void *req, const char *what) {
   if (!req) die("%s: no request", what);
@@ -510,13 +554,14 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] data|order|oob|stride|kill\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] data|order|alltoall|oob|stride|kill\n",
             MAX_RANKS);
     return 2;
   }
   void (*fn)(void) = !strcmp(scenario, "data") ? scenario_data : !strcmp(scenario, "order") ? scenario_order
                      : !strcmp(scenario, "oob") ? scenario_oob : !strcmp(scenario, "stride") ? scenario_stride
-                     : !strcmp(scenario, "kill") ? scenario_kill : NULL;
+                     : !strcmp(scenario, "kill") ? scenario_kill
+                     : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);
   if (!fn) {
     fprintf(stderr, "unknown scenario '%s'\n", scenario);
