@@ -3,7 +3,9 @@
  * symmetric regMrSym, then iput / iputSignal / iget / iflush polled with test, queryLastError, and
  * the teardown), between N processes over loopback. Every byte is checked.
  *
- *   rma-harness --plugin PATH [--ranks N] [--big] SCENARIO
+ *   rma-harness --plugin PATH [--ranks N] [--big] [--gpu] SCENARIO
+ *
+ * --gpu puts the windows and signals of alltoall and order in GPU memory (exit 77 without a GPU).
  *
  * Scenarios:
  *   data     puts with signals at random offsets and sizes on several contexts, into disjoint
@@ -52,7 +54,7 @@ struct shared {
 };
 
 static struct shared *shm;
-static int g_rank, g_n, g_big;
+static int g_rank, g_n, g_big, g_gpu;
 static uint64_t g_src_size; /* the pattern window: BIG with --big, else 4 MiB */
 static const ncclRma_v14_t *rma;
 
@@ -154,10 +156,62 @@ static int wait_reqs(void *cc, void **reqs, int n, int want_err) {
   return errors;
 }
 
+/* --gpu: the receive, source and signal windows live in GPU memory (the CUDA driver, dlopened in each
+ * rank after the fork), registered as NCCL_PTR_CUDA, as NCCL's GIN proxy registers its windows and
+ * signals; the checks copy what they read back first. */
+typedef unsigned long long cu_ptr;
+static struct {
+  int (*init)(unsigned);
+  int (*device_get)(int *, int);
+  int (*ctx_retain)(void **, int);
+  int (*ctx_set)(void *);
+  int (*mem_alloc)(cu_ptr *, size_t);
+  int (*htod)(cu_ptr, const void *, size_t);
+  int (*dtoh)(void *, cu_ptr, size_t);
+} cu;
+
+/* 0: the GPU is ready; 77: there is none (the test is skipped, with the reason). */
+static int gpu_open(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    printf("rank %d: no CUDA driver (%s): skipped\n", g_rank, dlerror());
+    return 77;
+  }
+  *(void **)&cu.init = dlsym(lib, "cuInit");
+  *(void **)&cu.device_get = dlsym(lib, "cuDeviceGet");
+  *(void **)&cu.ctx_retain = dlsym(lib, "cuDevicePrimaryCtxRetain");
+  *(void **)&cu.ctx_set = dlsym(lib, "cuCtxSetCurrent");
+  *(void **)&cu.mem_alloc = dlsym(lib, "cuMemAlloc_v2");
+  *(void **)&cu.htod = dlsym(lib, "cuMemcpyHtoD_v2");
+  *(void **)&cu.dtoh = dlsym(lib, "cuMemcpyDtoH_v2");
+  if (!cu.init || !cu.device_get || !cu.ctx_retain || !cu.ctx_set || !cu.mem_alloc || !cu.htod || !cu.dtoh)
+    die("libcuda.so.1 lacks a driver call this test uses");
+  int dev = 0;
+  void *ctx = NULL;
+  if (cu.init(0) != 0 || cu.device_get(&dev, 0) != 0) {
+    printf("rank %d: no usable GPU (cuInit/cuDeviceGet failed): skipped\n", g_rank);
+    return 77;
+  }
+  if (cu.ctx_retain(&ctx, dev) != 0 || cu.ctx_set(ctx) != 0) die("no context on GPU 0");
+  return 0;
+}
+
+static void *gpu_alloc_copy(const void *host, size_t n) {
+  cu_ptr p = 0;
+  if (cu.mem_alloc(&p, n) != 0 || cu.htod(p, host, n) != 0) die("cuMemAlloc/HtoD of %zu bytes failed", n);
+  return (void *)(uintptr_t)p;
+}
+
+static void gpu_fetch(void *host, const void *dev, size_t n) {
+  if (cu.dtoh(host, (cu_ptr)(uintptr_t)dev, n) != 0) die("cuMemcpyDtoH of %zu bytes failed", n);
+}
+
 struct env {
   void *ctx, *cc, *rc;
   char *recv, *src, *getw, *big;
   uint64_t *sig;
+  char *d_recv, *d_src;  /* --gpu: the GPU windows (recv, src, sig mirror them on the host) */
+  uint64_t *d_sig;
   void *mh_recv, *mh_src, *mh_getw, *mh_big, *mh_sig;
   size_t recv_size, getw_size;
 };
@@ -193,10 +247,16 @@ static void setup(struct env *e, int stride) {
   if (!e->recv || !e->src || !e->getw || !e->sig) die("out of memory");
   memset(e->recv + e->recv_size, 0xA5, GUARD);
   for (uint64_t o = 0; o < g_src_size; o++) e->src[o] = (char)pat(g_rank, o);
-  CHECK(rma->regMrSym(e->cc, e->recv, e->recv_size, NCCL_PTR_HOST, 0, &e->mh_recv));
-  CHECK(rma->regMrSym(e->cc, e->src, g_src_size, NCCL_PTR_HOST, 0, &e->mh_src));
+  int type = g_gpu ? NCCL_PTR_CUDA : NCCL_PTR_HOST;
+  if (g_gpu) {
+    e->d_recv = gpu_alloc_copy(e->recv, e->recv_size + GUARD);
+    e->d_src = gpu_alloc_copy(e->src, g_src_size);
+    e->d_sig = gpu_alloc_copy(e->sig, 64 * sizeof(uint64_t));
+  }
+  CHECK(rma->regMrSym(e->cc, g_gpu ? e->d_recv : e->recv, e->recv_size, type, 0, &e->mh_recv));
+  CHECK(rma->regMrSym(e->cc, g_gpu ? e->d_src : e->src, g_src_size, type, 0, &e->mh_src));
   CHECK(rma->regMrSym(e->cc, e->getw, e->getw_size, NCCL_PTR_HOST, 0, &e->mh_getw));
-  CHECK(rma->regMrSym(e->cc, e->sig, 32 * sizeof(uint64_t), NCCL_PTR_HOST,
+  CHECK(rma->regMrSym(e->cc, g_gpu ? (void *)e->d_sig : (void *)e->sig, 32 * sizeof(uint64_t), type,
                       NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &e->mh_sig));
   if (g_big) {
     if (!(e->big = calloc(1, BIG))) die("out of memory");
@@ -219,7 +279,16 @@ static void teardown(struct env *e) {
   CHECK(rma->finalize(e->ctx));
 }
 
-static uint64_t sig_read(struct env *e, int word) { return __atomic_load_n(&e->sig[word], __ATOMIC_ACQUIRE); }
+static uint64_t sig_read(struct env *e, int word) {
+  if (e->d_sig) gpu_fetch(&e->sig[word], &e->d_sig[word], sizeof(uint64_t));
+  return __atomic_load_n(&e->sig[word], __ATOMIC_ACQUIRE);
+}
+
+/* The host copy of the receive window's [off, off + n), fresh from the GPU under --gpu. */
+static const char *recv_at(struct env *e, uint64_t off, uint64_t n) {
+  if (e->d_recv && n) gpu_fetch(e->recv + off, e->d_recv + off, n);
+  return e->recv + off;
+}
 
 static void wait_signal(struct env *e, int word, uint64_t want) {
   double t0 = now_s();
@@ -362,7 +431,7 @@ static void scenario_order(void) {
         for (uint64_t j = seen[p]; j < v; j++) {
           uint64_t doff = ((uint64_t)p * ORDER_N + j) * ORDER_SUB;
           if (doff + ORDER_SUB > e.recv_size) die("order layout does not fit");
-          check_bytes(e.recv + doff, ORDER_SUB, p, j * 4096, "data behind an observed signal");
+          check_bytes(recv_at(&e, doff, ORDER_SUB), ORDER_SUB, p, j * 4096, "data behind an observed signal");
         }
         observations++;
         seen[p] = v;
@@ -394,7 +463,8 @@ static void scenario_alltoall(void) {
       wait_reqs(e.cc, reqs, g_n, 0);
       base += (uint64_t)g_n;
       wait_signal(&e, 0, base);
-      for (int r = 0; r < g_n; r++) check_bytes(e.recv + (uint64_t)r * SUB, size, r, (uint64_t)g_rank * SUB, "alltoall block");
+      for (int r = 0; r < g_n; r++)
+        check_bytes(recv_at(&e, (uint64_t)r * SUB, size), size, r, (uint64_t)g_rank * SUB, "alltoall block");
       void *flush = NULL;
       for (int r = 0; r < g_n; r++) {
         CHECK(rma->iflush(e.rc, 0, e.mh_sig, (uint32_t)r, &flush));
@@ -551,10 +621,11 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--plugin") && i + 1 < argc) plugin = argv[++i];
     else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) g_n = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--big")) g_big = 1;
+    else if (!strcmp(argv[i], "--gpu")) g_gpu = 1;
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] data|order|alltoall|oob|stride|kill\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill\n",
             MAX_RANKS);
     return 2;
   }
@@ -563,6 +634,10 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "kill") ? scenario_kill
                      : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);
+  if (g_gpu && fn != scenario_alltoall && fn != scenario_order) {
+    fprintf(stderr, "--gpu runs the alltoall and order scenarios\n");
+    return 2;
+  }
   if (!fn) {
     fprintf(stderr, "unknown scenario '%s'\n", scenario);
     return 2;
@@ -580,21 +655,37 @@ int main(int argc, char **argv) {
       if (!lib) die("dlopen %s: %s", plugin, dlerror());
       rma = dlsym(lib, "ncclRmaPlugin_v14");
       if (!rma) die("%s exports no ncclRmaPlugin_v14", plugin);
+      if (g_gpu) {
+        int rc = gpu_open();
+        if (rc) {
+          fflush(stdout);
+          _exit(rc);
+        }
+      }
       fn();
       fflush(stdout);
       _exit(0);
     }
   }
-  int fail = 0;
+  int fail = 0, skipped = 0;
   for (int r = 0; r < g_n; r++) {
     int st = 0;
     waitpid(pids[r], &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+      skipped++;
+      continue;
+    }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
       fprintf(stderr, "rank %d ended with %s %d\n", r, WIFSIGNALED(st) ? "signal" : "status",
               WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
       fail = 1;
     }
   }
-  printf("%s with %d ranks: %s\n", scenario, g_n, fail ? "FAIL" : "OK");
+  if (skipped == g_n) {
+    printf("%s with %d ranks on GPU windows: skipped (no GPU)\n", scenario, g_n);
+    return 77;
+  }
+  if (skipped) fail = 1; /* some ranks found a GPU and others none: not a clean skip */
+  printf("%s with %d ranks%s: %s\n", scenario, g_n, g_gpu ? " on GPU windows" : "", fail ? "FAIL" : "OK");
   return fail;
 }
