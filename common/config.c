@@ -85,6 +85,10 @@ static const struct row rows[] = {
      "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1M",
      "messages up to this big are written and read by NCCL's proxy thread on the control socket, "
      "without the helper threads (lower latency); bigger ones ride the data streams"},
+    {"MPLANE_SOCKET_EAGER_BYTES", K_SIZE, OFF(socket_eager_bytes), 0, "64K", 0, 1L << 20, NULL,
+     "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1M",
+     "inline messages up to this big may be sent before the receiver posts its receive; it holds at "
+     "most 8 of them per connection"},
     {"MPLANE_SOCKET_INLINE_BUSY", K_INT, OFF(socket_inline_busy), 0, "2", 0, 1024, NULL,
      "an integer from 0 to 1024; 0: no limit",
      "messages above 16K ride the control socket only while fewer sends than this are in flight in the "

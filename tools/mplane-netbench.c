@@ -427,17 +427,19 @@ static void pp_raw_xfer(int fd, char *buf, size_t n, int sending) {
   }
 }
 
-static void pp_raw_round(int fd, char *sbuf, char *rbuf, size_t size, long seq, int initiator) {
+/* One round on raw sockets: sfd carries this side's message, rfd the peer's (the same socket, or
+ * one per direction as a net plugin's send and receive comms are). */
+static void pp_raw_round(int sfd, int rfd, char *sbuf, char *rbuf, size_t size, long seq, int initiator) {
   if (!initiator) {
-    pp_raw_xfer(fd, rbuf, size, 0);
+    pp_raw_xfer(rfd, rbuf, size, 0);
     pp_check_stamp(rbuf, size, seq);
     pp_stamp(sbuf, size, seq + 1);
-    pp_raw_xfer(fd, sbuf, size, 1);
+    pp_raw_xfer(sfd, sbuf, size, 1);
     return;
   }
   pp_stamp(sbuf, size, seq);
-  pp_raw_xfer(fd, sbuf, size, 1);
-  pp_raw_xfer(fd, rbuf, size, 0);
+  pp_raw_xfer(sfd, sbuf, size, 1);
+  pp_raw_xfer(rfd, rbuf, size, 0);
   pp_check_stamp(rbuf, size, seq + 1);
 }
 
@@ -492,16 +494,22 @@ static int pingpong_main(const struct opts *o) {
     NCHECK(p.net->regMr(p.recv_comm, p.rbuf[b], cap, NCCL_PTR_HOST, &p.rmh[b]));
   }
 
-  int rfd;
-  if (rank == 0) {
-    rfd = accept(lfd, NULL, NULL);
-  } else {
-    rfd = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(rfd, (struct sockaddr *)&a, alen)) die("raw TCP connect failed");
+  /* raw[0]: one socket both ways; raw[1], raw[2]: one socket per direction (rank 0 sends on [1]),
+   * which is what a plugin's separate send and receive comms are: each message's ACK then travels
+   * alone instead of riding the reply */
+  int raw[3];
+  for (int k = 0; k < 3; k++) {
+    if (rank == 0) {
+      raw[k] = accept(lfd, NULL, NULL);
+    } else {
+      raw[k] = socket(AF_INET, SOCK_STREAM, 0);
+      if (raw[k] < 0 || connect(raw[k], (struct sockaddr *)&a, alen)) die("raw TCP connect failed");
+    }
+    int one = 1;
+    setsockopt(raw[k], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
   close(lfd);
-  int one = 1;
-  setsockopt(rfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int rfd = raw[0], s2 = raw[rank == 0 ? 1 : 2], r2 = raw[rank == 0 ? 2 : 1];
   char *rsbuf = malloc(cap), *rrbuf = malloc(cap);
   if (!rsbuf || !rrbuf || rfd < 0) die("raw TCP setup failed");
   for (int k = 0; k < PP_POSTED; k++) pp_post_recv(&p, k);
@@ -509,20 +517,24 @@ static int pingpong_main(const struct opts *o) {
   if (rank == 0) {
     printf("ping-pong round trip, us (plugin %s on dev 0, %d receives posted ahead; raw TCP over 127.0.0.1; "
            "%d interleaved batches per size)\n", p.net->name, PP_POSTED, PP_BATCHES);
-    printf("%10s %8s %12s %10s %12s %10s %8s\n", "bytes", "iters", "plugin med", "p99", "raw med", "p99", "ratio");
+    printf("(raw: one socket both ways; raw2: one socket per direction, as the plugin's send and receive comms)\n");
+    printf("%10s %8s %12s %10s %12s %10s %8s %12s %8s\n", "bytes", "iters", "plugin med", "p99", "raw med", "p99",
+           "ratio", "raw2 med", "ratio2");
   }
   long seq = 0;
   for (size_t size = o->min_size; size <= o->max_size; size = size * 4 > o->max_size && size < o->max_size ? o->max_size : size * 4) {
     long iters = pp_iters(o, size), per = (iters + PP_BATCHES - 1) / PP_BATCHES;
     iters = per * PP_BATCHES;
     double *tp = malloc(sizeof(double) * (size_t)iters), *tr = malloc(sizeof(double) * (size_t)iters);
-    long np = 0, nr = 0;
+    double *t2 = malloc(sizeof(double) * (size_t)iters);
+    long np = 0, nr = 0, n2 = 0;
     pp_fill(p.sbuf, size);
     pp_fill(rsbuf, size);
     long warm = per < 50 ? per : 50;
     for (long i = 0; i < warm; i++, seq += 2) {
       pp_plugin_round(&p, size, seq, rank == 0);
-      pp_raw_round(rfd, rsbuf, rrbuf, size, seq, rank == 0);
+      pp_raw_round(rfd, rfd, rsbuf, rrbuf, size, seq, rank == 0);
+      pp_raw_round(s2, r2, rsbuf, rrbuf, size, seq, rank == 0);
     }
     for (int b = 0; b < PP_BATCHES; b++) {
       for (long i = 0; i < per; i++, seq += 2) {
@@ -533,18 +545,27 @@ static int pingpong_main(const struct opts *o) {
       pp_check_body(p.rbuf[(p.next - 1) % PP_POSTED], size);
       for (long i = 0; i < per; i++, seq += 2) {
         double t0 = now_s();
-        pp_raw_round(rfd, rsbuf, rrbuf, size, seq, rank == 0);
+        pp_raw_round(rfd, rfd, rsbuf, rrbuf, size, seq, rank == 0);
         tr[nr++] = (now_s() - t0) * 1e6;
+      }
+      pp_check_body(rrbuf, size);
+      for (long i = 0; i < per; i++, seq += 2) {
+        double t0 = now_s();
+        pp_raw_round(s2, r2, rsbuf, rrbuf, size, seq, rank == 0);
+        t2[n2++] = (now_s() - t0) * 1e6;
       }
       pp_check_body(rrbuf, size);
     }
     if (rank == 0) {
       double pm = pct(tp, np, 0.5), p99 = pct(tp, np, 0.99), rm = pct(tr, nr, 0.5), r99 = pct(tr, nr, 0.99);
-      printf("%10zu %8ld %12.1f %10.1f %12.1f %10.1f %7.2fx\n", size, iters, pm, p99, rm, r99, pm / rm);
+      double m2 = pct(t2, n2, 0.5);
+      printf("%10zu %8ld %12.1f %10.1f %12.1f %10.1f %7.2fx %12.1f %7.2fx\n", size, iters, pm, p99, rm, r99, pm / rm,
+             m2, pm / m2);
       fflush(stdout);
     }
     free(tp);
     free(tr);
+    free(t2);
     if (size == o->max_size) break;
   }
   /* receives are still posted on each side: closing a comm with some pending is allowed */
@@ -555,7 +576,7 @@ static int pingpong_main(const struct opts *o) {
   NCHECK(p.net->closeSend(p.send_comm));
   NCHECK(p.net->closeRecv(p.recv_comm));
   NCHECK(p.net->closeListen(listen_comm));
-  close(rfd);
+  for (int k = 0; k < 3; k++) close(raw[k]);
   if (rank == 1) _exit(0);
   int st;
   waitpid(pid, &st, 0);

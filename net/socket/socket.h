@@ -15,7 +15,26 @@
  * isend/test calls, and other messages take the data streams meanwhile), and
  * the receiver's test() reads the control socket and lands the chunk in its slot, with the same
  * checks as a data stream's. The control socket thus carries CTS records one way and chunks the
- * other, each direction written and read by one proxy thread only. */
+ * other, each direction written and read by one proxy thread only.
+ *
+ * Eager messages (up to the size the receiver's ACK names, MPLANE_SOCKET_EAGER_BYTES) do not wait
+ * for a CTS: when every receive group the sender has read is already taken, it writes the message
+ * on the control socket with its tag instead of a slot, and the number of groups it had read
+ * (`base`). At most MPS_EAGER_MAX such messages are unmatched at a time: the sender counts the
+ * ones whose group it has not read yet, and beyond that waits for a CTS as before. Both ends match
+ * an eager message the same way, so the sender's later sends know which buffers are taken: to the
+ * first entry of its tag, in groups numbered `base` or later, that no earlier eager message took;
+ * the sender does this when it reads each CTS, the receiver when the message arrives (or, if that
+ * group is not posted yet, holds the message, at most MPS_EAGER_MAX of them, and matches it when
+ * irecv posts one). A message that does not fit its buffer lands nowhere and fails both sides with
+ * ncclInvalidUsage, as a too-big CTS-driven send does.
+ *
+ * While messages arrive eagerly their CTS records are mostly not needed, so the receiver holds them
+ * back and writes them in batches (after MPS_EAGER_MAX / 2 eager messages, which keeps the sender's
+ * count of unmatched ones below the bound). A sender that cannot go on without a CTS (a message
+ * too big to go eagerly, the bound reached, a tag no group it has read offers) says so once with a
+ * WANT_CTS chunk; the receiver's next look at the control socket then writes what it holds, and
+ * writes each CTS at once until messages arrive eagerly again. */
 #ifndef MPLANE_NET_SOCKET_H
 #define MPLANE_NET_SOCKET_H
 
@@ -39,6 +58,7 @@
 #define MPS_INLINE_ALWAYS 16384 /* inline up to this size even while other sends are in flight */
 #define MPS_CTRL_POLL_NS 1000 /* test() reads the control socket at most this often */
 #define MPS_CTRL_GRACE_NS 1000000000ull /* streams all closed, control open: a receive waits this long */
+#define MPS_EAGER_MAX 8 /* eager messages a receiver holds unmatched per comm (NCCL's steps per channel) */
 
 /* ---- wire formats (little endian; both ends are x86-64/arm64 little endian hosts) ---- */
 enum mps_msg_type { MPS_HELLO = 1, MPS_ACK = 2, MPS_NACK = 3, MPS_CTS = 4 };
@@ -62,8 +82,8 @@ struct mps_ctrl {
   uint32_t magic;
   uint16_t version;
   uint16_t type;         /* MPS_ACK, MPS_NACK, MPS_CTS */
-  uint32_t n;            /* CTS: entries used */
-  uint32_t reserved;
+  uint32_t n;            /* CTS: entries used; ACK: eager messages the receiver holds (0: none) */
+  uint32_t eager_bytes;  /* ACK: the largest eager message */
   uint64_t seq;          /* CTS: receive sequence number */
   struct {
     uint32_t slot;
@@ -73,12 +93,20 @@ struct mps_ctrl {
 };
 
 #define MPS_CHUNK_TRUNCATED 0x1 /* sender's message does not fit: no payload follows */
+#define MPS_CHUNK_EAGER 0x2     /* a whole message sent before its CTS (control socket only) */
+#define MPS_CHUNK_WANT_CTS 0x4  /* no payload: the sender waits for a CTS the receiver holds back */
 
 /* Header of every data chunk; payload of `len` bytes follows. */
 struct mps_chunk {
-  uint32_t slot;
+  union {
+    uint32_t slot;
+    int32_t tag;   /* MPS_CHUNK_EAGER: the message's tag */
+  };
   uint32_t flags;
-  uint64_t offset;
+  union {
+    uint64_t offset;
+    uint64_t base; /* MPS_CHUNK_EAGER: CTS groups the sender had read (the message goes to a later one) */
+  };
   uint64_t len;
   uint64_t total;
 };
@@ -173,7 +201,7 @@ struct mps_send_comm {
   uint64_t spin_ns;                /* helper threads poll this long before sleeping */
   unsigned rr;                     /* stream of the next unsplit message */
   struct mps_cts_group cts[MPS_MAX_GROUPS];
-  unsigned cts_head, cts_tail;     /* ring of offered receive groups */
+  uint64_t cts_head, cts_tail;     /* ring of offered receive groups; cts_tail: groups read so far */
   char ctrl_buf[4 * sizeof(struct mps_ctrl)]; /* control records read, not yet whole */
   size_t ctrl_have;
   struct mps_send_req reqs[MPS_MAX_SLOTS];
@@ -187,6 +215,15 @@ struct mps_send_comm {
   struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
   size_t inline_bytes;             /* messages up to this size go on the control socket */
   int inline_busy;                 /* ... above MPS_INLINE_ALWAYS only with fewer sends in flight (0: always) */
+  uint32_t eager_max;              /* from the receiver's ACK: eager messages it holds (0: no eager) */
+  uint64_t eager_bytes;            /* ... and their largest size */
+  struct {                         /* eager messages sent whose group this side has not read yet */
+    int32_t tag;
+    uint64_t size;
+  } eager[MPS_EAGER_MAX];
+  unsigned neager;
+  int nudge_due, nudged;           /* a WANT_CTS chunk is to be written / was written since the last CTS */
+  struct mps_send_req nudge_req;   /* owner of WANT_CTS chunks: never handed to NCCL */
   struct {                         /* the inline chunk being written on the control socket */
     struct mps_send_req *req;      /* NULL: the control socket is idle */
     struct mps_chunk hdr;
@@ -217,6 +254,8 @@ struct mps_recv_req {
   struct mps_recv_comm *comm;
   int used;
   int n;
+  uint64_t seq;     /* the group's number in the CTS records */
+  unsigned eager;   /* bit i: entry i was taken by an eager message */
   uint32_t slots[MPS_MAX_RECVS];
   int tags[MPS_MAX_RECVS];
   struct mplane_stats_req stats;
@@ -238,12 +277,26 @@ struct mps_recv_comm {
   int stop; /* atomic */
   int streams_closed; /* atomic: data streams the peer closed in order (FIN at a chunk boundary) */
   uint64_t streams_closed_ns; /* when test() first saw them all closed with a receive waiting */
+  uint64_t eager_bytes;          /* what our ACK offered: the largest eager message */
+  struct mps_eager_held {        /* eager messages read before their group was posted, in arrival order */
+    int32_t tag;
+    uint64_t base, size;
+    char *data;
+    int whole;                   /* its payload has all arrived */
+  } held[MPS_EAGER_MAX];
+  int nheld;
+  int cts_defer;                 /* messages come eagerly: CTS records wait for a batch (or WANT_CTS) */
+  unsigned eager_since_flush;    /* eager messages since CTS records were last written */
+  int cts_wanted;                /* a WANT_CTS came: the next CTS record goes at once */
   struct mps_ctrl_rx { /* the control socket's incoming chunks (inline messages); proxy thread only */
     size_t have, pos;            /* stage[pos..have) read but not consumed */
     struct mps_chunk h;
     size_t hhave;                /* header bytes collected */
-    struct mps_slot *slot;       /* non-NULL: inside h's payload */
-    uint64_t off, rem;           /* where the payload's next byte goes, bytes left */
+    int in_payload;              /* inside h's payload */
+    struct mps_slot *slot;       /* ... which lands in this slot (chunk_end when whole), */
+    struct mps_eager_held *held; /* ... or is held, or with neither is dropped (a message too big) */
+    char *dst;                   /* where the payload's next byte goes (NULL: dropped) */
+    uint64_t rem;                /* payload bytes left */
     int closed;                  /* the peer closed it at a chunk boundary */
     uint64_t empty_ns;           /* when test() last read it */
     char stage[MPS_CTRL_STAGE];

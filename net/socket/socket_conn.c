@@ -290,8 +290,15 @@ static void pending_drop(struct mps_listen_comm *lc, int i) {
   lc->pending[i] = lc->pending[--lc->npending];
 }
 
+/* An ACK offers eager messages (socket.h): how many this side holds and how big, from
+ * MPLANE_SOCKET_EAGER_BYTES (mps_recv_comm_start reads the same value). */
 static void send_ctrl_now(int fd, uint16_t type) {
   struct mps_ctrl m = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = type};
+  long eager = mps_config()->socket_eager_bytes;
+  if (type == MPS_ACK && eager > 0) {
+    m.n = MPS_EAGER_MAX;
+    m.eager_bytes = (uint32_t)eager;
+  }
   /* Tiny and first on a fresh socket: fits in the send buffer, so this never blocks. */
   if (send(fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(m))
     MP_TRACE(NCCL_NET, "socket: could not send control record %u", type);

@@ -199,6 +199,43 @@ ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_co
   return ncclSuccess;
 }
 
+/* Skip the offered groups whose every entry is taken: the oldest open group is the one sends fill. */
+static void cts_advance(struct mps_send_comm *c) {
+  while (c->cts_head != c->cts_tail) {
+    struct mps_cts_group *g = &c->cts[c->cts_head % MPS_MAX_GROUPS];
+    if (g->used < g->n) return;
+    c->cts_head++;
+  }
+}
+
+/* A CTS group has arrived: the eager messages sent before we read it take their entries in it, by
+ * the rule the receiver follows too (socket.h): oldest message first, the first untaken entry of
+ * its tag. A message bigger than its entry landed nowhere (the receiver saw the same); our next
+ * call reports it. */
+static ncclResult_t eager_assign(struct mps_send_comm *c, struct mps_cts_group *g) {
+  unsigned keep = 0;
+  for (unsigned j = 0; j < c->neager; j++) {
+    int k = -1;
+    for (int i = 0; i < g->n && k < 0; i++)
+      if (!g->e[i].taken && g->e[i].tag == c->eager[j].tag) k = i;
+    if (k < 0) {
+      c->eager[keep++] = c->eager[j];
+      continue;
+    }
+    g->e[k].taken = 1;
+    g->used++;
+    if (c->eager[j].size > g->e[k].size) {
+      mps_error_set(&c->err, ncclInvalidUsage, "send of %llu bytes (tag %d) to peer %s, but its receive buffer "
+                    "holds %llu bytes (sent before the receive was posted; nothing was written)",
+                    (unsigned long long)c->eager[j].size, c->eager[j].tag, c->peer,
+                    (unsigned long long)g->e[k].size);
+      return mps_error_check(&c->err);
+    }
+  }
+  c->neager = keep;
+  return ncclSuccess;
+}
+
 /* One control record from the receiver (ACK, NACK, CTS). */
 static ncclResult_t send_ctrl_record(struct mps_send_comm *c, const struct mps_ctrl *m) {
   if (m->magic != MPLANE_HANDLE_MAGIC) {
@@ -218,14 +255,21 @@ static ncclResult_t send_ctrl_record(struct mps_send_comm *c, const struct mps_c
   }
   if (m->type == MPS_ACK) {
     c->acked = 1;
+    /* The receiver says how many eager messages it holds; we also keep them within our inline limit
+     * (they ride the control socket). */
+    c->eager_max = m->n < MPS_EAGER_MAX ? m->n : MPS_EAGER_MAX;
+    c->eager_bytes = m->eager_bytes < c->inline_bytes ? m->eager_bytes : c->inline_bytes;
     return ncclSuccess;
   }
-  if (m->type != MPS_CTS || m->n < 1 || m->n > MPS_MAX_RECVS || c->cts_tail - c->cts_head >= MPS_MAX_GROUPS) {
-    mps_error_set(&c->err, ncclInternalError, "bad control record from peer %s (type %u, n %u)", c->peer,
-                  m->type, m->n);
+  if (m->type != MPS_CTS || m->n < 1 || m->n > MPS_MAX_RECVS || c->cts_tail - c->cts_head >= MPS_MAX_GROUPS ||
+      m->seq != c->cts_tail) {
+    mps_error_set(&c->err, ncclInternalError, "bad control record from peer %s (type %u, n %u, group %llu, "
+                  "expected group %llu)", c->peer, m->type, m->n, (unsigned long long)m->seq,
+                  (unsigned long long)c->cts_tail);
     return mps_error_check(&c->err);
   }
   c->acked = 1; /* the acceptor sends its ACK first; a CTS proves the handshake as well */
+  c->nudged = 0;
   struct mps_cts_group *g = &c->cts[c->cts_tail % MPS_MAX_GROUPS];
   memset(g, 0, sizeof(*g));
   g->seq = m->seq;
@@ -236,6 +280,8 @@ static ncclResult_t send_ctrl_record(struct mps_send_comm *c, const struct mps_c
     g->e[i].size = m->e[i].size;
   }
   c->cts_tail++;
+  MP_CHECK(eager_assign(c, g));
+  cts_advance(c);
   return ncclSuccess;
 }
 
@@ -300,7 +346,16 @@ static int g_sends_inflight; /* atomic */
 /* Write what the control socket takes of the inline chunk in progress; never blocks. The request
  * completes once its last byte is in the kernel, as a helper thread's would. */
 static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
-  while (c->inl.req) {
+  for (;;) {
+    if (!c->inl.req && c->nudge_due) {
+      /* the control socket is idle: the WANT_CTS chunk goes now (header only) */
+      c->nudge_due = 0;
+      c->inl.req = &c->nudge_req;
+      c->inl.hdr = (struct mps_chunk){.flags = MPS_CHUNK_WANT_CTS};
+      c->inl.data = NULL;
+      c->inl.done = 0;
+    }
+    if (!c->inl.req) return ncclSuccess;
     size_t hlen = sizeof(c->inl.hdr), total = hlen + c->inl.hdr.len, done = c->inl.done;
     struct iovec iov[2];
     int n = 0;
@@ -321,7 +376,52 @@ static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
       c->inl.req = NULL;
     }
   }
-  return ncclSuccess;
+}
+
+/* Whether a message of `size` may go now, before its CTS (socket.h): the receiver holds eager
+ * messages and has room for one more, it is small enough, the control socket is idle, and every
+ * group we have read is taken (an open one would be the message's, and it may be waiting for
+ * another tag's send: a shared comm's order, kept as it was). */
+static int eager_ok(const struct mps_send_comm *c, size_t size) {
+  return c->neager < c->eager_max && size <= c->eager_bytes && !c->inl.req && c->cts_head == c->cts_tail &&
+         (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy);
+}
+
+/* Start writing an inline chunk on the control socket: the proxy thread writes it now, no thread
+ * hand-off. */
+static ncclResult_t send_inline(struct mps_send_comm *c, struct mps_send_req *req, const struct mps_chunk *hdr,
+                                const void *data, void **request) {
+  req->nchunks = 1;
+  req->counted = 1;
+  ADD(&g_sends_inflight, 1);
+  c->inl.req = req;
+  c->inl.hdr = *hdr;
+  c->inl.data = data;
+  c->inl.done = 0;
+  *request = req;
+  return send_flush_inline(c);
+}
+
+static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size, int tag, void **request) {
+  struct mps_send_req *req = send_req_alloc(c);
+  if (!req) return ncclSuccess; /* every request in flight: NCCL calls again */
+  mplane_tag_wait_matched(&c->tag_wait, tag);
+  req->size = size;
+  __atomic_store_n(&req->chunks_done, 0, __ATOMIC_RELAXED);
+  c->eager[c->neager].tag = tag;
+  c->eager[c->neager].size = size;
+  c->neager++;
+  struct mps_chunk h = {.tag = tag, .flags = MPS_CHUNK_EAGER, .base = c->cts_tail, .len = size, .total = size};
+  return send_inline(c, req, &h, data, request);
+}
+
+/* The untaken entry of `tag` in the oldest open group we have read, or -1. */
+static int head_entry(const struct mps_send_comm *c, int tag) {
+  if (c->cts_head == c->cts_tail) return -1;
+  const struct mps_cts_group *g = &c->cts[c->cts_head % MPS_MAX_GROUPS];
+  for (int i = 0; i < g->n; i++)
+    if (!g->e[i].taken && g->e[i].tag == tag) return i;
+  return -1;
 }
 
 ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
@@ -329,33 +429,45 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   (void)mhandle;
   *request = NULL;
   MP_CHECK(mps_error_check(&c->err));
-  MP_CHECK(send_poll_ctrl(c));
-  MP_CHECK(send_flush_inline(c));
-  if (!c->acked && now_ns() > c->ack_deadline_ns) {
-    mps_error_set(&c->err, ncclRemoteError, "peer %s accepted TCP but sent no mplane handshake within %d s "
-                  "(MPLANE_CONNECT_TIMEOUT): not an mplane rank, or one that never calls accept", c->peer,
-                  mps_config()->connect_timeout_s);
-    return mps_error_check(&c->err);
-  }
-  if (c->cts_head == c->cts_tail) return ncclSuccess; /* receiver has not posted yet: NCCL retries */
-  struct mps_cts_group *g = &c->cts[c->cts_head % MPS_MAX_GROUPS];
-  int k = -1;
-  for (int i = 0; i < g->n; i++)
-    if (!g->e[i].taken && g->e[i].tag == tag) {
-      k = i;
-      break;
-    }
+  if (c->inl.req) MP_CHECK(send_flush_inline(c));
+  /* A send that an offer we hold already matches, or that may go eagerly, needs nothing new from
+   * the receiver: no look at the control socket (a system call per message saved). The CTS
+   * records are read when what we hold runs out. */
+  int k = head_entry(c, tag);
+  if (k < 0 && eager_ok(c, size)) return send_eager(c, data, size, tag, request);
   if (k < 0) {
+    MP_CHECK(send_poll_ctrl(c));
+    MP_CHECK(send_flush_inline(c));
+    if (!c->acked && now_ns() > c->ack_deadline_ns) {
+      mps_error_set(&c->err, ncclRemoteError, "peer %s accepted TCP but sent no mplane handshake within %d s "
+                    "(MPLANE_CONNECT_TIMEOUT): not an mplane rank, or one that never calls accept", c->peer,
+                    mps_config()->connect_timeout_s);
+      return mps_error_check(&c->err);
+    }
+    k = head_entry(c, tag);
+  }
+  if (k < 0) {
+    /* Nothing offered yet: a small message goes eagerly, anything else waits (NCCL retries). */
+    if (eager_ok(c, size)) return send_eager(c, data, size, tag, request);
     /* A later group's send (shared comms, net/tag_wait.h): NULL, NCCL calls again. */
-    if (mplane_tag_wait_unmatched(&c->tag_wait, tag)) send_warn_wait(c, g, tag);
+    if (c->cts_head != c->cts_tail && mplane_tag_wait_unmatched(&c->tag_wait, tag))
+      send_warn_wait(c, &c->cts[c->cts_head % MPS_MAX_GROUPS], tag);
+    if (c->acked && c->eager_max && !c->nudged) {
+      /* the receiver may be holding the CTS back (socket.h): ask for it, once until one comes */
+      c->nudged = 1;
+      c->nudge_due = 1;
+      return send_flush_inline(c);
+    }
     return ncclSuccess;
   }
+  struct mps_cts_group *g = &c->cts[c->cts_head % MPS_MAX_GROUPS];
   struct mps_send_req *req = send_req_alloc(c);
   if (!req) return ncclSuccess; /* cannot happen while offers <= slots; be polite anyway */
   mplane_tag_wait_matched(&c->tag_wait, tag);
   g->e[k].taken = 1;
   req->counted = 0;
-  if (++g->used == g->n) c->cts_head++;
+  g->used++;
+  cts_advance(c);
 
   struct mps_task t = {.req = req};
   t.hdr.slot = g->e[k].slot;
@@ -376,17 +488,8 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   }
   if (size <= c->inline_bytes && !c->inl.req &&
       (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy)) {
-    /* Small, and the control socket is idle: the proxy thread writes it now, no thread hand-off. */
-    req->nchunks = 1;
-    req->counted = 1;
-    ADD(&g_sends_inflight, 1);
-    c->inl.req = req;
-    c->inl.hdr = t.hdr;
-    c->inl.hdr.len = size;
-    c->inl.data = data;
-    c->inl.done = 0;
-    *request = req;
-    return send_flush_inline(c);
+    t.hdr.len = size;
+    return send_inline(c, req, &t.hdr, data, request);
   }
   req->counted = 1;
   ADD(&g_sends_inflight, 1);
@@ -633,6 +736,7 @@ ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c) {
   const struct mplane_config *cfg = mps_config();
   c->nthreads = cfg->socket_threads < c->nstreams ? cfg->socket_threads : c->nstreams;
   c->spin_ns = mps_spin_ns(cfg);
+  c->eager_bytes = (uint64_t)cfg->socket_eager_bytes; /* what accept's ACK offered */
   for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
   c->nfree = 0;
   for (int i = MPS_MAX_SLOTS - 1; i >= 0; i--) c->free_slots[c->nfree++] = (uint32_t)i;
@@ -655,6 +759,16 @@ ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c) {
   return ncclSuccess;
 }
 
+/* Write queued CTS records, unless messages come eagerly and the batch is not full (socket.h). */
+static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c);
+static ncclResult_t recv_cts_maybe(struct mps_recv_comm *c) {
+  if (c->out_len == 0 || (c->cts_defer && !c->cts_wanted && c->eager_since_flush < MPS_EAGER_MAX / 2))
+    return ncclSuccess;
+  c->eager_since_flush = 0;
+  c->cts_wanted = 0;
+  return recv_flush_ctrl(c);
+}
+
 /* Write queued CTS records; never blocks (the rest waits for the next call). */
 static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c) {
   while (c->out_len > 0) {
@@ -671,6 +785,8 @@ static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c) {
   return ncclSuccess;
 }
 
+static ncclResult_t eager_match_held(struct mps_recv_comm *c);
+
 ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
                        void **request) {
   struct mps_recv_comm *c = recv_comm;
@@ -681,13 +797,15 @@ ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *
     return ncclInvalidArgument;
   }
   MP_CHECK(mps_error_check(&c->err));
-  MP_CHECK(recv_flush_ctrl(c));
+  MP_CHECK(recv_cts_maybe(c));
   struct mps_recv_req *req = NULL;
   for (int i = 0; i < MPS_MAX_GROUPS && !req; i++)
     if (!c->reqs[i].used) req = &c->reqs[i];
   if (!req || c->nfree < n || c->out_len + sizeof(struct mps_ctrl) > sizeof(c->out_buf)) return ncclSuccess;
   req->used = 1;
   req->n = n;
+  req->seq = c->seq;
+  req->eager = 0;
   struct mps_ctrl m = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = MPS_CTS,
                        .n = (uint32_t)n, .seq = c->seq++};
   for (int i = 0; i < n; i++) {
@@ -707,9 +825,164 @@ ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *
   }
   memcpy(c->out_buf + c->out_len, &m, sizeof(m));
   c->out_len += sizeof(m);
-  MP_CHECK(recv_flush_ctrl(c));
+  MP_CHECK(recv_cts_maybe(c));
   *request = req;
+  if (c->nheld) MP_CHECK(eager_match_held(c)); /* messages that came before this receive */
   return ncclSuccess;
+}
+
+/* ---- eager messages at the receiver (socket.h) ---- */
+
+/* The entry an eager message of `tag` goes to: the first entry of that tag, in the posted groups
+ * numbered `base` or later (oldest first), that no earlier eager message took. -1: none is posted. */
+static int eager_find(struct mps_recv_comm *c, int32_t tag, uint64_t base, struct mps_recv_req **rp) {
+  struct mps_recv_req *best = NULL;
+  int bi = -1;
+  for (int g = 0; g < MPS_MAX_GROUPS; g++) {
+    struct mps_recv_req *r = &c->reqs[g];
+    if (!r->used || r->seq < base || (best && r->seq > best->seq)) continue;
+    for (int i = 0; i < r->n; i++)
+      if (r->tags[i] == tag && !(r->eager & (1u << i))) {
+        best = r;
+        bi = i;
+        break;
+      }
+  }
+  *rp = best;
+  return bi;
+}
+
+/* An eager message of `size` bytes takes entry i of group r. As chunk_begin: 0, its payload lands
+ * in *sp (h is the chunk to end it with); 1, it does not fit: the slot says so, no byte is written;
+ * -1, the peer's error. */
+static int eager_claim(struct mps_recv_comm *c, struct mps_recv_req *r, int i, uint64_t size, struct mps_chunk *h,
+                       struct mps_slot **sp) {
+  r->eager |= 1u << i;
+  *h = (struct mps_chunk){.slot = r->slots[i], .len = size, .total = size};
+  if (size > c->slots[h->slot].cap) h->flags = MPS_CHUNK_TRUNCATED;
+  return chunk_begin(c, h, sp);
+}
+
+/* Give the held eager messages, oldest first, to the groups posted since they came: after irecv
+ * posted one, and when a held message's payload is whole. A message whose group is not posted yet
+ * stays; the one still arriving (always the newest) waits until it is whole. */
+static ncclResult_t eager_match_held(struct mps_recv_comm *c) {
+  int keep = 0, moved = -1;
+  for (int k = 0; k < c->nheld; k++) {
+    struct mps_eager_held e = c->held[k];
+    struct mps_recv_req *r = NULL;
+    int i = e.whole ? eager_find(c, e.tag, e.base, &r) : -1;
+    if (i < 0) {
+      if (c->rx.held == &c->held[k]) moved = keep;
+      c->held[keep++] = e;
+      continue;
+    }
+    struct mps_chunk h;
+    struct mps_slot *s = NULL;
+    int b = eager_claim(c, r, i, e.size, &h, &s);
+    if (b == 0) {
+      memcpy(s->buf, e.data, e.size);
+      chunk_end(s, &h);
+    }
+    free(e.data);
+    c->held[k].data = NULL;
+    if (b < 0) return mps_error_check(&c->err);
+  }
+  c->nheld = keep;
+  if (c->rx.held) c->rx.held = moved >= 0 ? &c->held[moved] : NULL;
+  return ncclSuccess;
+}
+
+/* An eager chunk header has arrived: check it, then find its entry, or hold it if that group is
+ * not posted yet. Sets where its payload goes. 0 ok, -1 the peer's error. */
+static int eager_begin(struct mps_recv_comm *c) {
+  struct mps_ctrl_rx *x = &c->rx;
+  const struct mps_chunk h = x->h;
+  const char *bad = NULL;
+  if (!c->eager_bytes) bad = "we offered none";
+  else if (h.len != h.total || h.len > c->eager_bytes) bad = "it is bigger than we offered, or not whole";
+  else if (h.base > c->seq) bad = "it names receive groups we never posted";
+  struct mps_recv_req *r = NULL;
+  int i = bad ? -1 : eager_find(c, h.tag, h.base, &r);
+  if (!bad && i < 0 && c->nheld == MPS_EAGER_MAX) bad = "more unmatched eager messages than we hold";
+  if (bad) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad eager message (%llu bytes, tag %d, after group "
+                  "%llu; we offer up to %d of at most %llu bytes): %s", c->peer, (unsigned long long)h.len, h.tag,
+                  (unsigned long long)h.base, MPS_EAGER_MAX, (unsigned long long)c->eager_bytes, bad);
+    return -1;
+  }
+  x->slot = NULL;
+  x->held = NULL;
+  x->dst = NULL;
+  x->rem = h.len;
+  c->cts_defer = 1; /* the sender is ahead of our CTS records: they may wait for a batch */
+  c->eager_since_flush++;
+  if (i >= 0) {
+    struct mps_slot *s = NULL;
+    int b = eager_claim(c, r, i, h.len, &x->h, &s);
+    if (b < 0) return -1;
+    if (b == 0) {
+      x->slot = s;
+      x->dst = s->buf;
+    } /* else too big: the payload is read and dropped */
+  } else {
+    struct mps_eager_held *e = &c->held[c->nheld];
+    *e = (struct mps_eager_held){.tag = h.tag, .base = h.base, .size = h.len, .data = malloc(h.len + 1)};
+    if (!e->data) {
+      mps_error_set(&c->err, ncclSystemError, "out of memory holding an eager message of %llu bytes from peer %s",
+                    (unsigned long long)h.len, c->peer);
+      return -1;
+    }
+    c->nheld++;
+    x->held = e;
+    x->dst = e->data;
+  }
+  return 0;
+}
+
+/* The payload of the chunk being read on the control socket is whole. */
+static ncclResult_t rx_payload_end(struct mps_recv_comm *c) {
+  struct mps_ctrl_rx *x = &c->rx;
+  x->in_payload = 0;
+  if (x->slot) chunk_end(x->slot, &x->h);
+  x->slot = NULL;
+  if (x->held) {
+    x->held->whole = 1;
+    x->held = NULL;
+    return eager_match_held(c);
+  }
+  return ncclSuccess;
+}
+
+/* A chunk header from the control socket is whole: where does its payload go? */
+static ncclResult_t rx_header(struct mps_recv_comm *c) {
+  struct mps_ctrl_rx *x = &c->rx;
+  if (x->h.flags & MPS_CHUNK_WANT_CTS) {
+    if (x->h.len != 0) {
+      mps_error_set(&c->err, ncclRemoteError, "peer %s sent a WANT_CTS record with %llu bytes of payload", c->peer,
+                    (unsigned long long)x->h.len);
+      return mps_error_check(&c->err);
+    }
+    /* The sender waits: the next CTS goes at once, whatever comes meanwhile (an eager message of
+     * another tag must not hold it back again), and so does every one until messages come eagerly. */
+    c->cts_defer = 0;
+    c->cts_wanted = 1;
+    return recv_cts_maybe(c);
+  }
+  if (x->h.flags & MPS_CHUNK_EAGER) {
+    if (eager_begin(c) < 0) return mps_error_check(&c->err);
+  } else {
+    struct mps_slot *s = NULL;
+    int b = chunk_begin(c, &x->h, &s);
+    if (b < 0) return mps_error_check(&c->err);
+    if (b > 0) return ncclSuccess; /* a "does not fit" notice: no payload */
+    x->slot = s;
+    x->held = NULL;
+    x->dst = s->buf + x->h.offset;
+    x->rem = x->h.len;
+  }
+  x->in_payload = 1;
+  return x->rem == 0 ? rx_payload_end(c) : ncclSuccess;
 }
 
 /* Land what has arrived of the inline chunks on the control socket; never blocks. Small reads go
@@ -722,9 +995,9 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
       x->pos = x->have = 0;
       char *dst = x->stage;
       size_t want = sizeof(x->stage);
-      int direct = x->slot && x->rem >= sizeof(x->stage);
+      int direct = x->in_payload && x->dst && x->rem >= sizeof(x->stage);
       if (direct) {
-        dst = x->slot->buf + x->off;
+        dst = x->dst;
         want = x->rem;
       }
       ssize_t r = recv(c->ctrl_fd, dst, want, MSG_DONTWAIT);
@@ -732,7 +1005,7 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
       if (r <= 0) {
         /* At a chunk boundary this is the sender's close (a reset too: it may close with our CTS
          * records unread); recv_test fails a receive still waiting once everything has closed. */
-        if (x->slot || x->hhave) {
+        if (x->in_payload || x->hhave) {
           mps_error_set(&c->err, ncclRemoteError, "peer %s closed the control connection mid-message%s%s (process "
                         "exited or killed?)", c->peer, r < 0 ? ": " : "", r < 0 ? strerror(errno) : "");
           return mps_error_check(&c->err);
@@ -741,12 +1014,9 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
         return ncclSuccess;
       }
       if (direct) {
-        x->off += (uint64_t)r;
+        x->dst += r;
         x->rem -= (uint64_t)r;
-        if (x->rem == 0) {
-          chunk_end(x->slot, &x->h);
-          x->slot = NULL;
-        }
+        if (x->rem == 0) MP_CHECK(rx_payload_end(c));
         if ((size_t)r < want) return ncclSuccess; /* the socket is empty now */
         continue;
       }
@@ -754,16 +1024,15 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
     }
     while (x->pos < x->have) {
       size_t avail = x->have - x->pos;
-      if (x->slot) {
+      if (x->in_payload) {
         size_t n = avail < x->rem ? avail : (size_t)x->rem;
-        memcpy(x->slot->buf + x->off, x->stage + x->pos, n);
-        x->pos += n;
-        x->off += n;
-        x->rem -= n;
-        if (x->rem == 0) {
-          chunk_end(x->slot, &x->h);
-          x->slot = NULL;
+        if (x->dst) {
+          memcpy(x->dst, x->stage + x->pos, n);
+          x->dst += n;
         }
+        x->pos += n;
+        x->rem -= n;
+        if (x->rem == 0) MP_CHECK(rx_payload_end(c));
         continue;
       }
       size_t n = sizeof(x->h) - x->hhave;
@@ -773,17 +1042,7 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
       x->hhave += n;
       if (x->hhave < sizeof(x->h)) break;
       x->hhave = 0;
-      struct mps_slot *s = NULL;
-      int b = chunk_begin(c, &x->h, &s);
-      if (b < 0) return mps_error_check(&c->err);
-      if (b > 0) continue;
-      if (x->h.len == 0) {
-        chunk_end(s, &x->h);
-        continue;
-      }
-      x->slot = s;
-      x->off = x->h.offset;
-      x->rem = x->h.len;
+      MP_CHECK(rx_header(c));
     }
     if (x->have < sizeof(x->stage)) return ncclSuccess; /* a short read emptied the socket */
   }
@@ -793,11 +1052,11 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
 static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
   struct mps_recv_comm *c = req->comm;
   *done = 0;
-  MP_CHECK(recv_flush_ctrl(c));
+  MP_CHECK(recv_cts_maybe(c));
   /* An inline message lands only when the proxy thread reads it; a slot whose message already
    * arrives on a data stream needs no system call here (unless the control socket is inside a
    * chunk, which only more reads finish). */
-  int unclaimed = c->rx.slot != NULL || c->rx.hhave > 0;
+  int unclaimed = c->rx.in_payload || c->rx.hhave > 0;
   for (int i = 0; i < req->n && !unclaimed; i++) {
     struct mps_slot *s = &c->slots[req->slots[i]];
     unclaimed = LOAD(&s->state) == MPS_SLOT_POSTED && __atomic_load_n(&s->nranges, __ATOMIC_RELAXED) == 0;
@@ -864,6 +1123,7 @@ ncclResult_t mps_close_recv(void *recv_comm) {
     close(c->fds[i]);
   }
   close(c->ctrl_fd);
+  for (int k = 0; k < c->nheld; k++) free(c->held[k].data);
   free(c);
   return ncclSuccess;
 }

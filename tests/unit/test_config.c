@@ -205,7 +205,7 @@ static const struct enum_row enum_rows[] = {
     {"MPLANE_RELAY", F(relay), {"auto", "nvlink", "pcie", "host", "off"}},
 };
 
-static const char *size_rows[] = {"MPLANE_SOCKET_SPLIT_BYTES", "MPLANE_SOCKET_INLINE_BYTES"};
+static const char *size_rows[] = {"MPLANE_SOCKET_SPLIT_BYTES", "MPLANE_SOCKET_INLINE_BYTES", "MPLANE_SOCKET_EAGER_BYTES"};
 
 static int known_row(const char *name) {
   for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++)
@@ -251,6 +251,7 @@ static void test_defaults(void **state) {
   assert_int_equal(cfg.relay, MPLANE_RELAY_AUTO);
   assert_int_equal(cfg.socket_split_bytes, 256 * 1024);
   assert_int_equal(cfg.socket_inline_bytes, 128 * 1024);
+  assert_int_equal(cfg.socket_eager_bytes, 64 * 1024);
   for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++) {
     int got = *(int *)((char *)&cfg + int_rows[i].off);
     if (got != int_rows[i].dflt) fail_msg("%s default is %d, expected %ld", int_rows[i].name, got, int_rows[i].dflt);
@@ -509,6 +510,11 @@ static void test_numbers_exact_form(void **state) {
   expect_long("MPLANE_SOCKET_INLINE_BYTES", "1M", F(socket_inline_bytes), 1L << 20);
   expect_refused("MPLANE_SOCKET_INLINE_BYTES", "1025K");
   expect_refused("MPLANE_SOCKET_INLINE_BYTES", "00");
+  /* the eager limit: 0 (never eager) .. 1M, 64K by default */
+  expect_long("MPLANE_SOCKET_EAGER_BYTES", "0", F(socket_eager_bytes), 0);
+  expect_long("MPLANE_SOCKET_EAGER_BYTES", "1M", F(socket_eager_bytes), 1L << 20);
+  expect_refused("MPLANE_SOCKET_EAGER_BYTES", "1025K");
+  expect_refused("MPLANE_SOCKET_EAGER_BYTES", "-1");
 
   const char *sl_bad[] = {"-0", "+15", "015", " 15", "15\n", "+0", "00"};
   for (size_t i = 0; i < sizeof(sl_bad) / sizeof(sl_bad[0]); i++) expect_refused("MPLANE_IB_SL", sl_bad[i]);
