@@ -691,6 +691,11 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
                     c->peer, r < 0 ? " mid-message" : "");
     return -1;
   }
+  if (h.flags & (MPS_CHUNK_EAGER | MPS_CHUNK_WANT_CTS)) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a control-socket record (flags 0x%x) on a data stream",
+                  c->peer, h.flags);
+    return -1;
+  }
   struct mps_slot *s = NULL;
   int b = chunk_begin(c, &h, &s);
   if (b != 0) return b > 0 ? 0 : -1;
@@ -957,6 +962,12 @@ static ncclResult_t rx_payload_end(struct mps_recv_comm *c) {
 /* A chunk header from the control socket is whole: where does its payload go? */
 static ncclResult_t rx_header(struct mps_recv_comm *c) {
   struct mps_ctrl_rx *x = &c->rx;
+  uint32_t own = x->h.flags & (MPS_CHUNK_EAGER | MPS_CHUNK_WANT_CTS);
+  if (own && x->h.flags != own) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a chunk with flags 0x%x (eager and WANT_CTS records "
+                  "carry no other flag)", c->peer, x->h.flags);
+    return mps_error_check(&c->err);
+  }
   if (x->h.flags & MPS_CHUNK_WANT_CTS) {
     if (x->h.len != 0) {
       mps_error_set(&c->err, ncclRemoteError, "peer %s sent a WANT_CTS record with %llu bytes of payload", c->peer,

@@ -31,7 +31,7 @@
  *   MPLANE_ABI_SHARED_STEPS  steps of the shared-comms scenario (default 1000)
  *
  * Scenarios (--list prints them with one line each): props, sizes, inflight, inflight-max, multirecv,
- * shared-order, shared-wait, shared-comms (abi_shared.c), reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, ctrl-full, ctrl-big, close-early,
+ * shared-order, shared-wait, shared-comms (abi_shared.c), eager-early, eager-bound, eager-short (abi_eager.c), reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, ctrl-full, ctrl-big, close-early,
  * stalled-close, abort, threads, dead-listener, v12, v10, v9, v8 drive any transport;
  * fake-peer, fake-version, connect-timeout, silent-listener and half-open speak TCP to the listen
  * address themselves and skip (77) on other transports.
@@ -1146,7 +1146,7 @@ static int sc_bad_handle(void) {
 static int handle_sockaddr(const unsigned char *handle, struct sockaddr_storage *ss, socklen_t *len);
 
 /* 1 if the handle is a socket transport one (a receiver thread gates its data) */
-static int handle_is_socket(const unsigned char *handle) {
+int handle_is_socket(const unsigned char *handle) {
   struct sockaddr_storage ss;
   socklen_t len;
   return handle_sockaddr(handle, &ss, &len);
@@ -1375,6 +1375,9 @@ static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_st
   }
   struct mps_ctrl m;
   fake_read_ctrl(fds[0], &m, MPS_ACK);
+  if (m.n != MPS_EAGER_MAX || m.eager_bytes != 64 * 1024)
+    abi_fail("%s: the ACK offers %u eager messages of %u bytes, expected %d of 65536 (the default)", what, m.n,
+             m.eager_bytes, MPS_EAGER_MAX);
   void *buf = alloc_buf(cap, 64), *mh, *req = NULL;
   reg(nd, rc, buf, cap, &mh);
   int tag = 1;
@@ -1386,6 +1389,7 @@ static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_st
   for (int i = 0; i < nch; i++) {
     struct mps_chunk h = {.slot = m.e[0].slot, .flags = ch[i].flags, .offset = ch[i].offset, .len = ch[i].len,
                           .total = ch[i].total};
+    if (h.flags & MPS_CHUNK_EAGER) h.tag = 2; /* the posted receive offers tag 1 only; offset is the base */
     if (send(fds[ctrl ? 0 : 1], &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) abi_fail("fake sender: send");
     size_t n = ch[i].len < sizeof(payload) ? ch[i].len : sizeof(payload);
     if (send(fds[ctrl ? 0 : 1], payload, n, MSG_NOSIGNAL) != (ssize_t)n) abi_fail("fake sender: send");
@@ -1442,6 +1446,16 @@ static int sc_fake_chunks(void) {
     const struct fake_chunk cut[1] = {{0, 600, 600}};
     if (ctrl) fake_chunks_case(&nd, lc, &ss, sl, 1000, cut, 1, ctrl, "a control socket closed inside a chunk", "mid-message");
   }
+  /* eager messages (control socket only) that break what the receiver offered: one more unmatched
+   * than it holds, one bigger than it takes, one after groups it never posted */
+  struct fake_chunk held[MPS_EAGER_MAX + 1];
+  for (int i = 0; i <= MPS_EAGER_MAX; i++) held[i] = (struct fake_chunk){0, 10, 10, MPS_CHUNK_EAGER};
+  fake_chunks_case(&nd, lc, &ss, sl, 100, held, MPS_EAGER_MAX + 1, 1, "9 eager messages of a tag no receive offers",
+                   "more unmatched eager messages than we hold");
+  const struct fake_chunk eager_big[1] = {{0, 65537, 65537, MPS_CHUNK_EAGER}};
+  fake_chunks_case(&nd, lc, &ss, sl, 100, eager_big, 1, 1, "an eager message of 64 KiB + 1", "bigger than we offered");
+  const struct fake_chunk eager_base[1] = {{5, 10, 10, MPS_CHUNK_EAGER}};
+  fake_chunks_case(&nd, lc, &ss, sl, 100, eager_base, 1, 1, "an eager message after group 5 of 1", "never posted");
   abi_close_listen(&nd.net, lc);
   node_down(&nd);
   return 0;
@@ -2465,6 +2479,9 @@ static const struct {
     {"multirecv", sc_multirecv, "tagged multi-recv, distinct tags, sends in shuffled tag order"},
     {"shared-order", sc_shared_order, "shared comm: groups {1,2},{1,2}, tag 1 sent twice before tag 2: a wait, never an error"},
     {"shared-wait", sc_shared_wait, "shared comm: a tag no posted group offers waits (NULL, never an error), one WARN names it"},
+    {"eager-early", sc_eager_early, "small sends of two tags complete before any receive is posted; late groups hold them in turn (socket only)"},
+    {"eager-bound", sc_eager_bound, "8 small sends complete with nothing posted, the 9th and a bigger one wait for their receives (socket only)"},
+    {"eager-short", sc_eager_short, "a small send completed before a shorter receive: ncclInvalidUsage, nothing written, the sender fails soon (socket only)"},
     {"shared-comms", sc_shared_comms, "shared comm as NCCL drives it: k=2,4,8 tags, each its own sender and pace, 1000 steps"},
     {"reload", sc_reload, "3 x (dlopen, init, data both ways, finalize, dlclose), as NCCL 2.28 reloads its net plugin"},
     {"reconnect", sc_reconnect, "50 x (init, connect/accept both ways, data, close, finalize); no fd/thread leak"},
@@ -2473,7 +2490,7 @@ static const struct {
     {"short-recv", sc_short_recv, "message bigger than the receive buffer: ncclInvalidUsage, guard untouched"},
     {"bad-handle", sc_bad_handle, "non-mplane / other-version / garbage handles: connect fails, no hang"},
     {"fake-peer", sc_fake_peer, "plain TCP clients sending garbage to the listen address (socket only)"},
-    {"fake-chunks", sc_fake_chunks, "a fake sender's overlapping, overlong and inconsistent chunks fail the receive (socket only)"},
+    {"fake-chunks", sc_fake_chunks, "a fake sender's overlapping, overlong and inconsistent chunks, and eager messages past what the receiver offered, fail the receive (socket only)"},
     {"fake-version", sc_fake_version, "a peer of another protocol version: WARN and NACK (socket only)"},
     {"bad-config", sc_bad_config, "invalid MPLANE_* values make init fail with a WARN naming them"},
     {"ctrl-full", sc_ctrl_full, "small messages the receiver reads late: partial control-socket writes, all intact"},

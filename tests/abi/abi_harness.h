@@ -70,6 +70,10 @@ void reg(struct node *nd, void *comm, void *data, size_t size, void **mh);
 void dereg(struct node *nd, void *comm, void *mh);
 
 /* ---- scenarios that live in their own files ---- */
+int handle_is_socket(const unsigned char *handle); /* our listen handle names a TCP address */
+int sc_eager_early(void); /* abi_eager.c */
+int sc_eager_bound(void);
+int sc_eager_short(void);
 int sc_shared_order(void); /* abi_shared.c */
 int sc_shared_wait(void);
 int sc_shared_comms(void);

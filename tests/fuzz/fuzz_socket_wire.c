@@ -169,9 +169,10 @@ static uint8_t payload_byte(const struct chunk *c, uint64_t k) {
 }
 
 /* A completed buffer: size within the buffer, every byte below it put there by a whole chunk of
- * that slot naming that total, nothing written at or past it. */
-static void check_completed(uint32_t slot, const uint8_t *buf, size_t cap, int size, const struct chunk *ch, int nch,
-                            const struct sock *socks) {
+ * that slot naming that total (or a whole eager message of the buffer's tag on the control socket,
+ * which names no slot), nothing written at or past it. */
+static void check_completed(uint32_t slot, int tag, const uint8_t *buf, size_t cap, int size, const struct chunk *ch,
+                            int nch, const struct sock *socks, int ctrl_sock) {
   FUZZ_REQUIRE(size >= 0 && (size_t)size <= cap, "slot %u completed with %d bytes into a %zu-byte buffer", slot, size,
                cap);
   uint64_t sz = (uint64_t)size;
@@ -180,12 +181,15 @@ static void check_completed(uint32_t slot, const uint8_t *buf, size_t cap, int s
   int named = 0;
   for (int i = 0; i < nch; i++) {
     const struct chunk *c = &ch[i];
-    if (c->h.slot != slot || (c->h.flags & MPS_CHUNK_TRUNCATED) || c->h.total != sz || c->h.offset > sz ||
-        c->h.len > sz - c->h.offset || socks[c->sock].done < c->end)
+    int eager = c->h.flags == MPS_CHUNK_EAGER && c->sock == ctrl_sock;
+    uint64_t off = eager ? 0 : c->h.offset;
+    if ((eager ? c->h.tag != tag || c->h.len != c->h.total : c->h.slot != slot) ||
+        (c->h.flags & MPS_CHUNK_TRUNCATED) || c->h.total != sz || off > sz || c->h.len > sz - off ||
+        socks[c->sock].done < c->end)
       continue;
     named = 1;
     for (uint64_t k = 0; k < c->h.len; k++)
-      if (buf[c->h.offset + k] == payload_byte(c, k)) ok[c->h.offset + k] = 1;
+      if (buf[off + k] == payload_byte(c, k)) ok[off + k] = 1;
   }
   FUZZ_REQUIRE(named, "slot %u completed with %d bytes, but no whole chunk sent to it names that total", slot, size);
   for (uint64_t p = 0; p < sz; p++)
@@ -565,7 +569,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int e = 0;
     for (int r = 0; r < nreq; r++)
       for (int i = 0; i < nbuf[r]; i++, e++) {
-        if (completed[r]) check_completed(ent_slot[e], bufs[r][i], caps[r][i], sizes[r][i], ch, nch, socks);
+        if (completed[r])
+          check_completed(ent_slot[e], 100 * r + i, bufs[r][i], caps[r][i], sizes[r][i], ch, nch, socks, ctrl_sock);
         for (size_t p = caps[r][i]; p < caps[r][i] + GUARD; p++)
           FUZZ_REQUIRE(bufs[r][i][p] == FILL, "byte %zu past a %zu-byte receive buffer was written", p - caps[r][i],
                        caps[r][i]);

@@ -1,0 +1,339 @@
+/* mplane ABI harness: small messages sent before their receive is posted (the socket transport's
+ * eager sends, net/socket/socket.h). Socket only: elsewhere a send waits for its receive.
+ *
+ *   eager-early  6 small sends of two tags (0 B .. the eager limit) all complete before the
+ *                receiver posts anything; then groups {A,B} x 3 each hold the sends of their turn,
+ *                and ordinary traffic (1 B .. 1 MiB, receives posted first) still lands intact
+ *   eager-bound  8 small sends complete with nothing posted, the 9th waits (NULL) until the
+ *                receiver posts, and a message above the eager limit waits as well; all land in order
+ *   eager-short  a small send completes, then its receive is posted with a shorter buffer: the
+ *                receive fails with ncclInvalidUsage and nothing written past the buffer, and the
+ *                sender's comm fails within a bounded number of later calls
+ *
+ * Rank 0 sends, rank 1 receives. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "abi_harness.h"
+
+#define EG_LIMIT (64 << 10) /* MPLANE_SOCKET_EAGER_BYTES set below */
+#define EG_HELD 8           /* eager messages a receiver holds unmatched (MPS_EAGER_MAX) */
+#define EG_GUARD 4096
+#define EG_WAIT_S 5.0
+
+struct eg_msg {
+  int tag;
+  size_t size;
+};
+
+static void eg_env(void) {
+  setenv("MPLANE_SOCKET_EAGER_BYTES", "64K", 1);
+  setenv("MPLANE_SOCKET_INLINE_BYTES", "128K", 1);
+}
+
+/* Up and linked, or 0 (both ranks, after a note) when the transport is not the socket one. */
+static int eg_up(struct pair *pp, int *rank, struct node *nd, struct link *l) {
+  *rank = pair_fork(pp);
+  node_up(nd, g_opts.version);
+  link_up(nd, pp->fd, l);
+  if (handle_is_socket(l->handle)) return 1;
+  abi_note("SKIP: eager sends are the socket transport's (the listen handle is not a TCP address)");
+  barrier(pp->fd);
+  link_down(nd, l);
+  node_down(nd);
+  return 0;
+}
+
+/* isend until a request comes; fails after EG_WAIT_S with `why`. */
+static void *eg_send(struct node *nd, void *sc, void *buf, size_t size, int tag, void *mh, const char *why) {
+  void *req = NULL;
+  for (double t0 = abi_now(); !req;) {
+    ncclResult_t res = abi_isend(&nd->net, sc, buf, size, tag, mh, &req);
+    if (res != ncclSuccess) abi_fail("isend of %zu bytes (tag %d) failed (%d)", size, tag, res);
+    if (!req && abi_now() - t0 > EG_WAIT_S) abi_fail("isend of %zu bytes (tag %d) gave no request in %.0f s: %s", size, tag, EG_WAIT_S, why);
+  }
+  return req;
+}
+
+static void eg_wait(struct node *nd, void *req, int *sizes, const char *what) {
+  int done = 0;
+  for (double t0 = abi_now(); !done;) {
+    ncclResult_t res = abi_test(&nd->net, req, &done, sizes);
+    if (res != ncclSuccess) abi_fail("test of %s failed (%d)", what, res);
+    if (!done && abi_now() - t0 > EG_WAIT_S) abi_fail("%s not done in %.0f s", what, EG_WAIT_S);
+  }
+}
+
+static void *eg_recv(struct node *nd, void *rc, int n, void **bufs, size_t *caps, int *tags, void **mhs) {
+  void *req = NULL;
+  for (double t0 = abi_now(); !req;) {
+    if (abi_irecv(&nd->net, rc, n, bufs, caps, tags, mhs, &req) != ncclSuccess) abi_fail("irecv failed");
+    if (!req && abi_now() - t0 > EG_WAIT_S) abi_fail("irecv gave no request in %.0f s", EG_WAIT_S);
+  }
+  return req;
+}
+
+/* Message i holds msg_id(0, i) over `size` bytes; check it and the guard behind it. */
+static void eg_check(const void *buf, int got, size_t size, size_t cap, uint32_t i, const char *what) {
+  if (got != (int)size) abi_fail("%s: test() reported %d bytes, %zu were sent", what, got, size);
+  long bad = check(buf, size, msg_id(0, i));
+  if (bad >= 0) abi_fail("%s: wrong byte at offset %ld of %zu (landed in the wrong buffer?)", what, bad, size);
+  bad = check_guard(buf, size, cap + EG_GUARD);
+  if (bad >= 0) abi_fail("%s: byte %ld past the %zu-byte message was written", what, bad, size);
+}
+
+/* Ordinary traffic after the eager phase: receives posted first, 1 B .. 1 MiB, in order. */
+static void eg_after(struct node *nd, struct link *l, struct pair *pp, int rank) {
+  static const size_t sizes[] = {1, 70000, 1 << 20, 0, 4096, 200000, 65536, 3};
+  enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+  void *buf[N], *mh[N], *req[N];
+  size_t cap = 1 << 20;
+  void *comm = rank == 0 ? l->sc : l->rc;
+  for (int i = 0; i < N; i++) {
+    buf[i] = alloc_buf(cap, EG_GUARD);
+    reg(nd, comm, buf[i], cap, &mh[i]);
+  }
+  char c = 'p';
+  if (rank == 1) {
+    int tag = 5;
+    for (int i = 0; i < N; i++) req[i] = eg_recv(nd, l->rc, 1, &buf[i], &cap, &tag, &mh[i]);
+    chan_send(pp->fd, &c, 1);
+    for (int i = 0; i < N; i++) {
+      int got = -1;
+      eg_wait(nd, req[i], &got, "a receive after the eager phase");
+      eg_check(buf[i], got, sizes[i], cap, 100 + (uint32_t)i, "after the eager phase");
+    }
+  } else {
+    chan_recv(pp->fd, &c, 1);
+    for (int i = 0; i < N; i++) {
+      fill(buf[i], sizes[i], msg_id(0, 100 + (uint32_t)i));
+      req[i] = eg_send(nd, l->sc, buf[i], sizes[i], 5, mh[i], "its receive is posted");
+    }
+    for (int i = 0; i < N; i++) eg_wait(nd, req[i], NULL, "a send after the eager phase");
+  }
+  for (int i = 0; i < N; i++) {
+    dereg(nd, comm, mh[i]);
+    free(buf[i]);
+  }
+  abi_note("then %d messages of 0 B .. 1 MiB with receives posted first: all intact", N);
+}
+
+int sc_eager_early(void) {
+  eg_env();
+  struct pair pp;
+  struct node nd;
+  struct link l;
+  int rank;
+  if (!eg_up(&pp, &rank, &nd, &l)) return pair_finish(&pp, rank), 77;
+  enum { A = 3, B = 8, N = 6, G = 3 };
+  /* send order; message m is the (m's turn)-th of its tag */
+  static const struct eg_msg msgs[N] = {{A, 1}, {A, 0}, {B, 4096}, {A, 100}, {B, EG_LIMIT}, {B, 7}};
+  static const int turn[N] = {0, 1, 0, 2, 1, 2};
+  const size_t cap = EG_LIMIT + 1000;
+  void *buf[N], *mh[N];
+  void *comm = rank == 0 ? l.sc : l.rc;
+  for (int i = 0; i < N; i++) {
+    buf[i] = alloc_buf(cap, EG_GUARD);
+    reg(&nd, comm, buf[i], cap, &mh[i]);
+  }
+  char c = 'd';
+  if (rank == 0) {
+    void *req[N];
+    double t0 = abi_now();
+    for (int i = 0; i < N; i++) {
+      fill(buf[i], msgs[i].size, msg_id(0, (uint32_t)i));
+      req[i] = eg_send(&nd, l.sc, buf[i], msgs[i].size, msgs[i].tag, mh[i],
+                       "a small send must not wait for its receive (eager)");
+      eg_wait(&nd, req[i], NULL, "a small send with no receive posted (eager)");
+    }
+    abi_note("%d sends of 0 B .. %d KiB, tags %d and %d, done in %.3f s with no receive posted", N, EG_LIMIT >> 10, A, B,
+             abi_now() - t0);
+    chan_send(pp.fd, &c, 1);
+  } else {
+    chan_recv(pp.fd, &c, 1); /* every send is done: nothing was posted */
+    usleep(20000);
+    /* group g, buffer 0 (tag A) and 1 (tag B): buffer index of message m is 2*turn + (tag == B) */
+    void *gbuf[G][2], *gmh[G][2], *req[G];
+    int tags[2] = {A, B};
+    size_t caps[2] = {cap, cap};
+    for (int g = 0; g < G; g++) {
+      for (int t = 0; t < 2; t++) {
+        int m = -1;
+        for (int i = 0; i < N; i++)
+          if (turn[i] == g && msgs[i].tag == tags[t]) m = i;
+        gbuf[g][t] = buf[m];
+        gmh[g][t] = mh[m];
+      }
+      req[g] = eg_recv(&nd, l.rc, 2, gbuf[g], caps, tags, gmh[g]);
+    }
+    for (int g = 0; g < G; g++) {
+      int got[2] = {-1, -1};
+      eg_wait(&nd, req[g], got, "a receive group posted after its sends");
+      for (int t = 0; t < 2; t++) {
+        int m = -1;
+        for (int i = 0; i < N; i++)
+          if (turn[i] == g && msgs[i].tag == tags[t]) m = i;
+        char what[96];
+        snprintf(what, sizeof(what), "group %d, tag %d (send %d of that tag)", g, tags[t], g);
+        eg_check(gbuf[g][t], got[t], msgs[m].size, cap, (uint32_t)m, what);
+      }
+    }
+    abi_note("groups {%d,%d} x %d posted after their sends: each holds the sends of its turn", A, B, G);
+  }
+  for (int i = 0; i < N; i++) {
+    dereg(&nd, comm, mh[i]);
+    free(buf[i]);
+  }
+  eg_after(&nd, &l, &pp, rank);
+  barrier(pp.fd);
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+int sc_eager_bound(void) {
+  eg_env();
+  struct pair pp;
+  struct node nd;
+  struct link l;
+  int rank;
+  if (!eg_up(&pp, &rank, &nd, &l)) return pair_finish(&pp, rank), 77;
+  enum { N = EG_HELD + 1, TAG = 6 };
+  const size_t big = EG_LIMIT + 1, cap = EG_LIMIT + 1;
+  void *buf[N + 1], *mh[N + 1];
+  void *comm = rank == 0 ? l.sc : l.rc;
+  for (int i = 0; i <= N; i++) {
+    buf[i] = alloc_buf(cap, EG_GUARD);
+    reg(&nd, comm, buf[i], cap, &mh[i]);
+  }
+  size_t size[N + 1];
+  for (int i = 0; i < N; i++) size[i] = (size_t)(i * 997) % 5000;
+  size[N] = big;
+  char c = 'b';
+  if (rank == 0) {
+    void *req[N + 1] = {0};
+    for (int i = 0; i < EG_HELD; i++) {
+      fill(buf[i], size[i], msg_id(0, (uint32_t)i));
+      req[i] = eg_send(&nd, l.sc, buf[i], size[i], TAG, mh[i], "a small send must not wait for its receive (eager)");
+      eg_wait(&nd, req[i], NULL, "a small send with no receive posted (eager)");
+    }
+    /* the bound: the receiver holds EG_HELD unmatched messages, the next one waits for a receive */
+    fill(buf[EG_HELD], size[EG_HELD], msg_id(0, EG_HELD));
+    long nulls = 0;
+    for (double until = abi_now() + 0.3; abi_now() < until; nulls++) {
+      if (abi_isend(&nd.net, l.sc, buf[EG_HELD], size[EG_HELD], TAG, mh[EG_HELD], &req[EG_HELD]) != ncclSuccess)
+        abi_fail("isend past the eager bound failed: it must wait (NULL), not fail");
+      if (req[EG_HELD]) abi_fail("send %d went with %d unmatched eager messages held (the bound is %d)", EG_HELD + 1, EG_HELD, EG_HELD);
+    }
+    abi_note("%d sends done with nothing posted; send %d waited (NULL) %ld times in 0.3 s", EG_HELD, EG_HELD + 1, nulls);
+    chan_send(pp.fd, &c, 1);
+    req[EG_HELD] = eg_send(&nd, l.sc, buf[EG_HELD], size[EG_HELD], TAG, mh[EG_HELD], "its receive is posted now");
+    fill(buf[N], big, msg_id(0, N));
+    req[N] = eg_send(&nd, l.sc, buf[N], big, TAG, mh[N], "its receive is posted now");
+    for (int i = 0; i <= N; i++) eg_wait(&nd, req[i], NULL, "a send");
+  } else {
+    chan_recv(pp.fd, &c, 1);
+    void *req[N + 1];
+    int tag = TAG;
+    size_t caps = cap;
+    for (int i = 0; i <= N; i++) req[i] = eg_recv(&nd, l.rc, 1, &buf[i], &caps, &tag, &mh[i]);
+    for (int i = 0; i <= N; i++) {
+      int got = -1;
+      eg_wait(&nd, req[i], &got, "a receive");
+      char what[64];
+      snprintf(what, sizeof(what), "receive %d of tag %d", i, TAG);
+      eg_check(buf[i], got, size[i], cap, (uint32_t)i, what);
+    }
+    abi_note("%d receives posted late (%d held, 1 past the bound, 1 above the eager limit): all in order", N + 1, EG_HELD);
+  }
+  /* a message above the eager limit waits for its receive as before */
+  if (rank == 0) {
+    void *req = NULL;
+    fill(buf[0], big, msg_id(0, 50));
+    for (double until = abi_now() + 0.3; abi_now() < until;) {
+      if (abi_isend(&nd.net, l.sc, buf[0], big, TAG, mh[0], &req) != ncclSuccess) abi_fail("isend of %zu bytes failed", big);
+      if (req) abi_fail("a %zu-byte send (above the %d-byte eager limit) went before its receive was posted", big, EG_LIMIT);
+    }
+    chan_send(pp.fd, &c, 1);
+    req = eg_send(&nd, l.sc, buf[0], big, TAG, mh[0], "its receive is posted now");
+    eg_wait(&nd, req, NULL, "a send above the eager limit");
+    abi_note("a %zu-byte send waited for its receive", big);
+  } else {
+    chan_recv(pp.fd, &c, 1);
+    int tag = TAG, got = -1;
+    size_t caps = cap;
+    void *req = eg_recv(&nd, l.rc, 1, &buf[0], &caps, &tag, &mh[0]);
+    eg_wait(&nd, req, &got, "the receive of a message above the eager limit");
+    eg_check(buf[0], got, big, cap, 50, "a message above the eager limit");
+  }
+  for (int i = 0; i <= N; i++) {
+    dereg(&nd, comm, mh[i]);
+    free(buf[i]);
+  }
+  barrier(pp.fd);
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+int sc_eager_short(void) {
+  eg_env();
+  struct pair pp;
+  struct node nd;
+  struct link l;
+  int rank;
+  if (!eg_up(&pp, &rank, &nd, &l)) return pair_finish(&pp, rank), 77;
+  const size_t send = 5000, cap = 4096, guard = 1 << 16;
+  char c = 's';
+  if (rank == 0) {
+    void *buf = alloc_buf(send, 0), *mh, *req;
+    fill(buf, send, 7);
+    reg(&nd, l.sc, buf, send, &mh);
+    req = eg_send(&nd, l.sc, buf, send, 5, mh, "a small send must not wait for its receive (eager)");
+    eg_wait(&nd, req, NULL, "a small send with no receive posted (eager)");
+    chan_send(pp.fd, &c, 1);
+    chan_recv(pp.fd, &c, 1); /* the receiver has failed */
+    /* the receiver's offer says its buffer was too short: a later call on the comm fails */
+    ncclResult_t err = ncclSuccess;
+    int calls = 0;
+    double t0 = abi_now();
+    for (; err == ncclSuccess && calls < 4 * EG_HELD && abi_now() - t0 < 10; calls++) {
+      void *r2 = NULL;
+      int d2 = 0;
+      while (!r2 && err == ncclSuccess && abi_now() - t0 < 10) err = abi_isend(&nd.net, l.sc, buf, 1, 5, mh, &r2);
+      while (r2 && err == ncclSuccess && !d2 && abi_now() - t0 < 10) err = abi_test(&nd.net, r2, &d2, NULL);
+    }
+    if (err != ncclInvalidUsage)
+      abi_fail("the sender's comm gave %d after %d more sends, expected ncclInvalidUsage: its eager message did not "
+               "fit the receive buffer", err, calls);
+    abi_note("the sender's comm failed (ncclInvalidUsage) %d sends later", calls);
+    dereg(&nd, l.sc, mh);
+    free(buf);
+  } else {
+    chan_recv(pp.fd, &c, 1);
+    usleep(20000);
+    void *buf = alloc_buf(cap, guard), *mh, *req = NULL;
+    reg(&nd, l.rc, buf, cap + guard, &mh);
+    size_t mark = abi_log_mark();
+    int tag = 5, done = 0;
+    size_t sz = cap;
+    req = eg_recv(&nd, l.rc, 1, &buf, &sz, &tag, &mh);
+    ncclResult_t err = ncclSuccess;
+    for (double t0 = abi_now(); err == ncclSuccess && !done && abi_now() - t0 < 10;) err = abi_test(&nd.net, req, &done, NULL);
+    if (done) abi_fail("a %zu-byte message into a %zu-byte buffer completed", send, cap);
+    if (err != ncclInvalidUsage) abi_fail("the receive gave %d, expected ncclInvalidUsage", err);
+    long bad = check_guard(buf, 0, cap + guard);
+    if (bad >= 0) abi_fail("byte %ld of the buffer or past it was written", bad);
+    if (!abi_log_warn_has(mark, "nothing was written", NULL)) abi_fail("no WARN about the short receive");
+    abi_note("%zu bytes sent before a %zu-byte receive: ncclInvalidUsage, nothing written", send, cap);
+    chan_send(pp.fd, &c, 1);
+    dereg(&nd, l.rc, mh);
+    free(buf);
+  }
+  barrier(pp.fd);
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
