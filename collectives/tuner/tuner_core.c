@@ -105,6 +105,12 @@ enum mplane_tuner_outcome mplane_tuner_ctx_apply(struct mplane_tuner_ctx *ctx, i
     if ((uint64_t)nbytes < r->min_bytes || (uint64_t)nbytes > r->max_bytes) continue;
     /* First match decides. NCCL's table is contiguous float[num_algo][num_proto]. */
     if (row_out) *row_out = r;
+    if (r->algo == MPLANE_TUNER_NCCL_CHOICE) { /* channels only: NCCL's algorithm and protocol stand */
+      if (nchannels) *nchannels = r->channels;
+      __atomic_fetch_add(&ctx->applied, 1, __ATOMIC_RELAXED);
+      note_once(r, NOTED_APPLIED, coll, nbytes, ctx);
+      return MPLANE_TUNER_APPLIED;
+    }
     float *entry = NULL;
     if (r->algo < num_algo && r->proto < num_proto) entry = (float *)cost_table + (size_t)r->algo * num_proto + r->proto;
     if (!entry || *entry < 0.0f) { /* NCCL_ALGO_PROTO_IGNORE (or anything negative NCCL would skip) */

@@ -36,9 +36,11 @@ const char *mplane_tuner_coll_name(int coll) {
   if (coll == MPLANE_TUNER_ANY) return "any";
   return coll >= 0 && coll < MPLANE_NCCL_NUM_COLL_FUNCS ? coll_display[coll] : "?";
 }
-const char *mplane_tuner_algo_name(int algo) { return algo >= 0 && algo < NUM_ALGOS ? algo_display[algo] : "?"; }
+const char *mplane_tuner_algo_name(int algo) {
+  return algo == MPLANE_TUNER_NCCL_CHOICE ? "NCCL's" : algo >= 0 && algo < NUM_ALGOS ? algo_display[algo] : "?";
+}
 const char *mplane_tuner_proto_name(int proto) {
-  return proto >= 0 && proto < NUM_PROTOS ? proto_names[proto] : "?";
+  return proto == MPLANE_TUNER_NCCL_CHOICE ? "NCCL's" : proto >= 0 && proto < NUM_PROTOS ? proto_names[proto] : "?";
 }
 
 enum column { COL_COLL, COL_MIN, COL_MAX, COL_ALGO, COL_PROTO, COL_CHANNELS, COL_NODES, COL_RANKS, NUM_COLS };
@@ -91,6 +93,13 @@ static int lookup(const struct field *f, const char *const *names, int n) {
   for (int i = 0; i < n; i++)
     if (strcmp(buf, names[i]) == 0) return i;
   return -1;
+}
+
+/* 1 if the field is `word` (case and '_' / '-' / ' ' ignored, as lookup does; "-1" exactly). */
+static int field_is(const struct field *f, const char *word) {
+  if (word[0] == '-') return f->len == strlen(word) && memcmp(f->start, word, f->len) == 0;
+  char buf[32];
+  return normalize(f->start, f->len, buf, sizeof(buf)) == 0 && strcmp(buf, word) == 0;
 }
 
 /* Show a field in a message, shortened if long. */
@@ -226,18 +235,29 @@ static ncclResult_t parse_row(struct parser *p, const char *line, size_t len, co
     return fail(p, f[colmap[COL_MIN]].col, "min_bytes %llu is greater than max_bytes %llu",
                 (unsigned long long)row->min_bytes, (unsigned long long)row->max_bytes);
 
+  /* algorithm and protocol -1 (or any): NCCL's choice stands, the row sets only the channel count */
   const struct field *fa = &f[colmap[COL_ALGO]];
-  if ((row->algo = lookup(fa, algo_names, NUM_ALGOS)) < 0)
-    return fail(p, fa->col,
-                "unknown algorithm '%s': expected tree, ring, collnet_direct, collnet_chain, nvls, nvls_tree or pat",
-                shown(fa, shownbuf, sizeof(shownbuf)));
   const struct field *fp = &f[colmap[COL_PROTO]];
-  if ((row->proto = lookup(fp, proto_names, NUM_PROTOS)) < 0)
-    return fail(p, fp->col, "unknown protocol '%s': expected ll, ll128 or simple", shown(fp, shownbuf, sizeof(shownbuf)));
+  int algo_any = field_is(fa, "-1") || field_is(fa, "any"), proto_any = field_is(fp, "-1") || field_is(fp, "any");
+  if (algo_any != proto_any)
+    return fail(p, (algo_any ? fp : fa)->col, "algorithm and protocol are both given or both -1 (NCCL's choice, "
+                "the row then sets channels only)");
+  if (algo_any) {
+    row->algo = row->proto = MPLANE_TUNER_NCCL_CHOICE;
+  } else if ((row->algo = lookup(fa, algo_names, NUM_ALGOS)) < 0) {
+    return fail(p, fa->col,
+                "unknown algorithm '%s': expected tree, ring, collnet_direct, collnet_chain, nvls, nvls_tree, pat "
+                "or -1 (NCCL's choice)", shown(fa, shownbuf, sizeof(shownbuf)));
+  } else if ((row->proto = lookup(fp, proto_names, NUM_PROTOS)) < 0) {
+    return fail(p, fp->col, "unknown protocol '%s': expected ll, ll128, simple or -1 (NCCL's choice)",
+                shown(fp, shownbuf, sizeof(shownbuf)));
+  }
 
   const struct field *fch = &f[colmap[COL_CHANNELS]];
   TRY(parse_number(p, fch, COL_CHANNELS, MPLANE_TUNER_MAX_CHANNELS, &v));
   if (v == 0) return fail(p, fch->col, "channels 0: expected 1 to %d, or -1 to let NCCL decide", MPLANE_TUNER_MAX_CHANNELS);
+  if (v < 0 && algo_any)
+    return fail(p, fch->col, "channels -1 with algorithm and protocol -1: the row would change nothing");
   row->channels = (int)v;
   const struct field *fn = &f[colmap[COL_NODES]];
   TRY(parse_number(p, fn, COL_NODES, 1 << 20, &v));

@@ -16,6 +16,7 @@
 #include "common/nccl/tuner.h"
 
 #define MPLANE_TUNER_ANY (-1)
+#define MPLANE_TUNER_NCCL_CHOICE (-1) /* algorithm/protocol: left to NCCL */
 #define MPLANE_TUNER_NO_LIMIT UINT64_MAX
 #define MPLANE_TUNER_MAX_ROWS 4096
 #define MPLANE_TUNER_MAX_FILE_BYTES (4L << 20)
@@ -25,8 +26,8 @@ struct mplane_tuner_row {
   int coll;           /* ncclFunc_t (broadcast..allreduce) or MPLANE_TUNER_ANY */
   uint64_t min_bytes; /* inclusive */
   uint64_t max_bytes; /* inclusive; MPLANE_TUNER_NO_LIMIT for -1 */
-  int algo;           /* NCCL_ALGO_* */
-  int proto;          /* NCCL_PROTO_* */
+  int algo;           /* NCCL_ALGO_*, or MPLANE_TUNER_NCCL_CHOICE (the row sets channels only) */
+  int proto;          /* NCCL_PROTO_*, or MPLANE_TUNER_NCCL_CHOICE */
   int channels;       /* 1..MPLANE_TUNER_MAX_CHANNELS, or MPLANE_TUNER_ANY */
   int nodes;          /* exact node count, or MPLANE_TUNER_ANY */
   int ranks;          /* exact rank count, or MPLANE_TUNER_ANY */

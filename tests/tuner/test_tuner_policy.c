@@ -118,6 +118,26 @@ static void test_row_makes_its_choice_cheapest(void **state) {
   drop(&f);
 }
 
+/* algorithm and protocol -1: the row sets the channel count and leaves NCCL's costs (so its choice)
+ * as they were. */
+static void test_channels_only_row(void **state) {
+  (void)state;
+  struct fixture f = make(HEADER "allreduce,32K,1M,-1,-1,2,2,2\n", 1, 2, 2);
+  int nch = 0;
+  float t[NA][NP];
+  memcpy(t, allreduce_costs, sizeof(t));
+  const struct mplane_tuner_row *row = NULL;
+  assert_int_equal(mplane_tuner_ctx_apply(f.ctx, ncclFuncAllReduce, 65536, (float **)t, NA, NP, &nch, &row),
+                   MPLANE_TUNER_APPLIED);
+  assert_non_null(row);
+  assert_int_equal(nch, 2);
+  assert_memory_equal(t, allreduce_costs, sizeof(t));
+  nch = 0;
+  run(f.ctx, ncclFuncAllReduce, 2 << 20, allreduce_costs, -1, -1, &nch); /* outside the range: nothing */
+  assert_int_equal(nch, 0);
+  drop(&f);
+}
+
 static void test_byte_range_is_inclusive(void **state) {
   (void)state;
   struct fixture f = make(HEADER "allreduce,1024,2048,ring,simple,4,-1,-1\n", 1, 8, 1);
@@ -298,6 +318,7 @@ static void test_large_table(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_row_makes_its_choice_cheapest),
+      cmocka_unit_test(test_channels_only_row),
       cmocka_unit_test(test_byte_range_is_inclusive),
       cmocka_unit_test(test_ignored_entry_is_never_chosen),
       cmocka_unit_test(test_first_row_wins),

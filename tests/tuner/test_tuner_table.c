@@ -41,6 +41,24 @@ static void parse_bad(const char *text, const char *where, const char *what) {
   if (!strstr(err, what)) fail_msg("error '%s' does not mention '%s'", err, what);
 }
 
+/* -1 (or any) for both algorithm and protocol: a row that sets only channels. */
+static void test_parse_channels_only(void **state) {
+  (void)state;
+  struct mplane_tuner_table *t = parse_ok(HEADER "allreduce,32K,1M,-1,-1,2,-1,-1\nany,0,10,Any,ANY,4,-1,-1\n");
+  assert_int_equal(t->nrows, 2);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(t->rows[i].algo, MPLANE_TUNER_NCCL_CHOICE);
+    assert_int_equal(t->rows[i].proto, MPLANE_TUNER_NCCL_CHOICE);
+  }
+  assert_int_equal(t->rows[0].channels, 2);
+  assert_int_equal(t->rows[1].channels, 4);
+  mplane_tuner_table_free(t);
+  parse_bad(HEADER "allreduce,0,1M,-1,ll,2,-1,-1\n", "2:19", "both given or both -1");
+  parse_bad(HEADER "allreduce,0,1M,ring,-1,2,-1,-1\n", "2:16", "both given or both -1");
+  parse_bad(HEADER "allreduce,0,1M,-1,-1,-1,-1,-1\n", "2:22", "would change nothing");
+  parse_bad(HEADER "allreduce,0,1M,-2,ll,2,-1,-1\n", "2:16", "unknown algorithm");
+}
+
 static void test_parse_full_table(void **state) {
   (void)state;
   struct mplane_tuner_table *t = parse_ok(
@@ -313,7 +331,9 @@ static void test_names(void **state) {
   assert_string_equal(mplane_tuner_algo_name(NCCL_ALGO_NVLS_TREE), "nvls_tree");
   assert_string_equal(mplane_tuner_algo_name(7), "?");
   assert_string_equal(mplane_tuner_proto_name(NCCL_PROTO_LL128), "ll128");
-  assert_string_equal(mplane_tuner_proto_name(-1), "?");
+  assert_string_equal(mplane_tuner_proto_name(-2), "?");
+  assert_string_equal(mplane_tuner_proto_name(MPLANE_TUNER_NCCL_CHOICE), "NCCL's");
+  assert_string_equal(mplane_tuner_algo_name(MPLANE_TUNER_NCCL_CHOICE), "NCCL's");
 }
 
 static void test_row_limit(void **state) {
@@ -335,6 +355,7 @@ static void test_row_limit(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parse_channels_only),
       cmocka_unit_test(test_parse_full_table),
       cmocka_unit_test(test_header_any_order_and_empty_table),
       cmocka_unit_test(test_unknown_names),
