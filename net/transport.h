@@ -121,6 +121,10 @@ struct mplane_transport_ops {
   /* One-sided ops; NULL: this transport serves none (ncclRmaPlugin_v14's init then fails and NCCL
    * uses its own RMA backend). */
   const struct mplane_rma_ops *rma;
+  /* Tuner rows (the MPLANE_TUNER_CONFIG format, docs/tuner.md) this transport runs best with on
+   * the devices init found, for communicators of several nodes; used where the user gives no table
+   * (MPLANE_NCCL_DEFAULTS=0 turns this off). NULL or a NULL function: none. */
+  const char *(*tuner_defaults)(void);
 };
 
 extern const struct mplane_transport_ops mplane_socket_ops;

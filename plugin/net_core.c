@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../collectives/tuner/tuner.h"
 #include "../common/config.h"
 #include "../common/log.h"
 #include "../net/handle.h"
@@ -103,6 +104,14 @@ static void global_init_once(void) {
     return;
   }
   if (cfg->nccl_defaults) apply_nccl_env_defaults(g.ops);
+  /* The transport's tuner rows for these devices (the tuner in this library uses them where the
+   * user gives no MPLANE_TUNER_CONFIG). */
+  const char *rows = cfg->nccl_defaults && g.ops->tuner_defaults ? g.ops->tuner_defaults() : NULL;
+  if (rows) {
+    char name[64];
+    snprintf(name, sizeof(name), "built-in rows of the %s transport", g.ops->name);
+    mplane_tuner_set_builtin(name, rows);
+  }
   for (int d = 0; d < g.ndev; d++) {
     const struct mplane_dev_props *p = &g.props[d];
     MP_INFO(NCCL_INIT | NCCL_NET, "dev %d: %s transport %s plane %d speed %d Mbps pci %s", d, p->name,

@@ -44,4 +44,10 @@ ncclResult_t mplane_tuner_get_coll_info(void *ctx, ncclFunc_t coll, size_t nbyte
                                         int *nchannels);
 ncclResult_t mplane_tuner_finalize(void *ctx);
 
+/* Rows for where MPLANE_TUNER_CONFIG names no table: the active transport's defaults for its
+ * devices (plugin/net_core.c), applied to communicators of 2 nodes or more. `name` says where they
+ * come from in logs. Parsed here; a table that does not parse is an internal error (WARN), and no
+ * rows apply. Set before the first tuner init; a second call is ignored. */
+ncclResult_t mplane_tuner_set_builtin(const char *name, const char *csv);
+
 #endif

@@ -131,6 +131,24 @@ enum mplane_tuner_outcome mplane_tuner_ctx_apply(struct mplane_tuner_ctx *ctx, i
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static struct mplane_tuner_table *global_table;
+static struct mplane_tuner_table *builtin_table; /* atomic: set once, by the net side's init */
+
+ncclResult_t mplane_tuner_set_builtin(const char *name, const char *csv) {
+  struct mplane_tuner_table *t = NULL;
+  char err[512];
+  if (mplane_tuner_table_parse(name, csv, strlen(csv), &t, err, sizeof(err)) != ncclSuccess) {
+    MP_WARN("tuner: built-in rows do not parse: %s", err);
+    return ncclInternalError;
+  }
+  struct mplane_tuner_table *none = NULL;
+  if (!__atomic_compare_exchange_n(&builtin_table, &none, t, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    mplane_tuner_table_free(t);
+    return ncclSuccess;
+  }
+  MP_INFO(NCCL_INIT | NCCL_TUNING, "tuner: %d built-in row%s (%s) for communicators of 2 nodes or more, where "
+          "MPLANE_TUNER_CONFIG names no table", t->nrows, t->nrows == 1 ? "" : "s", name);
+  return ncclSuccess;
+}
 static ncclResult_t global_load_res = ncclSuccess;
 static char global_load_err[768];
 static int said_forced;
@@ -185,17 +203,20 @@ ncclResult_t mplane_tuner_init(void **ctx, uint64_t comm_id, size_t nranks, size
     MP_WARN("tuner: %s", global_load_err);
     return global_load_res;
   }
-  int active = global_table != NULL;
+  /* The user's table, else the transport's built-in rows (several nodes only: they tune the network) */
+  struct mplane_tuner_table *table = global_table;
+  if (!table && nnodes >= 2) table = __atomic_load_n(&builtin_table, __ATOMIC_ACQUIRE);
+  int active = table != NULL;
   const char *value = NULL, *var = active ? user_forced(&value) : NULL;
   if (var) {
     active = 0;
     if (!__atomic_exchange_n(&said_forced, 1, __ATOMIC_RELAXED))
       MP_INFO(NCCL_INIT | NCCL_TUNING | NCCL_ENV,
               "tuner: %s=%s is set by the user: the tuner steps aside and NCCL's choice stands (%s not applied)", var,
-              value, global_table->name);
+              value, table->name);
   }
   struct mplane_tuner_ctx *c;
-  ncclResult_t res = mplane_tuner_ctx_create(global_table, active, comm_id, nranks, nnodes, &c);
+  ncclResult_t res = mplane_tuner_ctx_create(table, active, comm_id, nranks, nnodes, &c);
   if (res != ncclSuccess) {
     MP_WARN("tuner: out of memory creating the context of comm 0x%" PRIx64, comm_id);
     return res;
@@ -206,7 +227,7 @@ ncclResult_t mplane_tuner_init(void **ctx, uint64_t comm_id, size_t nranks, size
     MP_INFO(NCCL_INIT | NCCL_TUNING,
             "tuner: comm 0x%" PRIx64 " (%zu ranks, %zu node%s): %d row%s of %s apply (allreduce %d, allgather %d, "
             "reducescatter %d, broadcast %d, reduce %d)",
-            comm_id, nranks, nnodes, nnodes == 1 ? "" : "s", kept, kept == 1 ? "" : "s", global_table->name, c->count[ncclFuncAllReduce],
+            comm_id, nranks, nnodes, nnodes == 1 ? "" : "s", kept, kept == 1 ? "" : "s", table->name, c->count[ncclFuncAllReduce],
             c->count[ncclFuncAllGather], c->count[ncclFuncReduceScatter], c->count[ncclFuncBroadcast],
             c->count[ncclFuncReduce]);
   }

@@ -124,6 +124,8 @@ struct mps_dev {
 };
 
 int mps_dev_count(void);
+/* 1 if a device found is loopback reported at the automatic speed (no MPLANE_SOCKET_SPEED). */
+int mps_loopback_auto_speed(void);
 const struct mps_dev *mps_dev_get(int dev);
 ncclResult_t mps_iface_discover(const struct mplane_config *cfg);
 const struct mplane_config *mps_config(void);

@@ -88,10 +88,15 @@ static int read_sysfs_int(const char *ifname, const char *leaf, int dflt) {
 /* Speed for an interface whose driver reports none (MPLANE_SOCKET_SPEED, -1 = automatic). Loopback
  * has no link: it moves bytes at memory speed (about 200-300 Gb/s of TCP on an H200 host), and telling
  * NCCL 10 Gb/s makes it build too few channels to keep the host busy. */
+static int loopback_auto; /* a device is loopback at the automatic speed */
+
 static int unknown_speed(const struct mplane_config *cfg, int is_loopback) {
   if (cfg->socket_speed_mbps > 0) return cfg->socket_speed_mbps;
+  if (is_loopback) loopback_auto = 1;
   return is_loopback ? 400000 : 10000;
 }
+
+int mps_loopback_auto_speed(void) { return loopback_auto; }
 
 static void fill_props(struct mps_dev *d, int index, int speed_if_unknown) {
   struct mplane_dev_props *p = &d->props;
@@ -134,6 +139,7 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
     return ncclSystemError;
   }
   ndevs = 0;
+  loopback_auto = 0;
   struct sockaddr_storage masks[MPS_MAX_DEVS]; /* for planes from subnets (net/relay.c) */
   /* IPv4 first, then IPv6, one device per interface: the order is stable across ranks. */
   for (int pass = 0; pass < 2; pass++) {

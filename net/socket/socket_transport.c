@@ -82,6 +82,18 @@ static struct mplane_stats_req *socket_req_stats(void *request) {
  * aws-ofi-nccl use for software-driven transports. */
 static const char *const socket_nccl_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "NCCL_BUFFSIZE=8388608", NULL};
 
+/* Loopback at the automatic 400 Gb/s (socket_iface.c) makes NCCL run all_reduce from 32 KiB to
+ * 1 MiB as LL on 4 channels: over TCP, LL's many half-full steps cost 1.2-1.7x NCCL Socket's time,
+ * which at 10 Gb/s gets Simple on 2 channels from 64 KiB (nvidia-h200, two emulated nodes, nccl-tests
+ * 2.19.6 all_reduce, docs/benchmarks.md). These rows give those sizes what the slower speed would,
+ * and leave bigger ones the 4 channels that double all_reduce's bandwidth. */
+static const char socket_loopback_tuner[] =
+    "collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks\n"
+    "allreduce,32K,65535,-1,-1,2,-1,-1\n"
+    "allreduce,64K,2M,ring,simple,2,-1,-1\n";
+
+static const char *socket_tuner_defaults(void) { return mps_loopback_auto_speed() ? socket_loopback_tuner : NULL; }
+
 const struct mplane_transport_ops mplane_socket_ops = {
     .name = "socket",
     .init = socket_init,
@@ -105,4 +117,5 @@ const struct mplane_transport_ops mplane_socket_ops = {
     .comm_stats = socket_comm_stats,
     .req_stats = socket_req_stats,
     .rma = &mps_rma_ops,
+    .tuner_defaults = socket_tuner_defaults,
 };
