@@ -109,7 +109,7 @@ static void global_init_once(void) {
   const char *rows = cfg->nccl_defaults && g.ops->tuner_defaults ? g.ops->tuner_defaults() : NULL;
   if (rows) {
     char name[64];
-    snprintf(name, sizeof(name), "built-in rows of the %s transport", g.ops->name);
+    snprintf(name, sizeof(name), "the %s transport's built-in rows", g.ops->name);
     mplane_tuner_set_builtin(name, rows);
   }
   for (int d = 0; d < g.ndev; d++) {

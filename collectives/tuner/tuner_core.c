@@ -145,7 +145,7 @@ ncclResult_t mplane_tuner_set_builtin(const char *name, const char *csv) {
     mplane_tuner_table_free(t);
     return ncclSuccess;
   }
-  MP_INFO(NCCL_INIT | NCCL_TUNING, "tuner: %d built-in row%s (%s) for communicators of 2 nodes or more, where "
+  MP_INFO(NCCL_INIT | NCCL_TUNING, "tuner: %d row%s: %s, for communicators of 2 nodes or more where "
           "MPLANE_TUNER_CONFIG names no table", t->nrows, t->nrows == 1 ? "" : "s", name);
   return ncclSuccess;
 }
@@ -165,8 +165,12 @@ static void load_table(void) {
     return;
   }
   if (!cfg->tuner_config[0]) {
-    MP_INFO(NCCL_INIT | NCCL_TUNING,
-            "tuner: MPLANE_TUNER_CONFIG is not set: the tuner changes nothing, NCCL chooses algorithms and protocols");
+    if (__atomic_load_n(&builtin_table, __ATOMIC_ACQUIRE))
+      MP_INFO(NCCL_INIT | NCCL_TUNING, "tuner: MPLANE_TUNER_CONFIG is not set: only %s apply",
+              __atomic_load_n(&builtin_table, __ATOMIC_ACQUIRE)->name);
+    else
+      MP_INFO(NCCL_INIT | NCCL_TUNING,
+              "tuner: MPLANE_TUNER_CONFIG is not set: the tuner changes nothing, NCCL chooses algorithms and protocols");
     return;
   }
   char err[sizeof(global_load_err)];
