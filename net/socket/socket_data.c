@@ -873,10 +873,12 @@ static int eager_claim(struct mps_recv_comm *c, struct mps_recv_req *r, int i, u
  * stays; the one still arriving (always the newest) waits until it is whole. */
 static ncclResult_t eager_match_held(struct mps_recv_comm *c) {
   int keep = 0, moved = -1;
+  ncclResult_t res = ncclSuccess;
   for (int k = 0; k < c->nheld; k++) {
     struct mps_eager_held e = c->held[k];
     struct mps_recv_req *r = NULL;
-    int i = e.whole ? eager_find(c, e.tag, e.base, &r) : -1;
+    /* after an error the rest stay held (and are freed with the comm): each buffer has one owner */
+    int i = e.whole && res == ncclSuccess ? eager_find(c, e.tag, e.base, &r) : -1;
     if (i < 0) {
       if (c->rx.held == &c->held[k]) moved = keep;
       c->held[keep++] = e;
@@ -891,11 +893,11 @@ static ncclResult_t eager_match_held(struct mps_recv_comm *c) {
     }
     free(e.data);
     c->held[k].data = NULL;
-    if (b < 0) return mps_error_check(&c->err);
+    if (b < 0) res = mps_error_check(&c->err);
   }
   c->nheld = keep;
   if (c->rx.held) c->rx.held = moved >= 0 ? &c->held[moved] : NULL;
-  return ncclSuccess;
+  return res;
 }
 
 /* An eager chunk header has arrived: check it, then find its entry, or hold it if that group is
