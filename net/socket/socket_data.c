@@ -838,6 +838,14 @@ ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *
 
 /* ---- eager messages at the receiver (socket.h) ---- */
 
+/* The control stream broke (a record we refused): its error, never success. A helper thread may be
+ * writing another error at this moment (mps_error_check then reports nothing yet); the bytes after
+ * a refused header are not records, so the caller must stop reading either way. */
+static ncclResult_t rx_failed(struct mps_recv_comm *c) {
+  ncclResult_t res = mps_error_check(&c->err);
+  return res != ncclSuccess ? res : ncclRemoteError;
+}
+
 /* The entry an eager message of `tag` goes to: the first entry of that tag, in the posted groups
  * numbered `base` or later (oldest first), that no earlier eager message took. -1: none is posted. */
 static int eager_find(struct mps_recv_comm *c, int32_t tag, uint64_t base, struct mps_recv_req **rp) {
@@ -893,7 +901,7 @@ static ncclResult_t eager_match_held(struct mps_recv_comm *c) {
     }
     free(e.data);
     c->held[k].data = NULL;
-    if (b < 0) res = mps_error_check(&c->err);
+    if (b < 0) res = rx_failed(c);
   }
   c->nheld = keep;
   if (c->rx.held) c->rx.held = moved >= 0 ? &c->held[moved] : NULL;
@@ -968,13 +976,13 @@ static ncclResult_t rx_header(struct mps_recv_comm *c) {
   if (own && x->h.flags != own) {
     mps_error_set(&c->err, ncclRemoteError, "peer %s sent a chunk with flags 0x%x (eager and WANT_CTS records "
                   "carry no other flag)", c->peer, x->h.flags);
-    return mps_error_check(&c->err);
+    return rx_failed(c);
   }
   if (x->h.flags & MPS_CHUNK_WANT_CTS) {
     if (x->h.len != 0) {
       mps_error_set(&c->err, ncclRemoteError, "peer %s sent a WANT_CTS record with %llu bytes of payload", c->peer,
                     (unsigned long long)x->h.len);
-      return mps_error_check(&c->err);
+      return rx_failed(c);
     }
     /* The sender waits: the next CTS goes at once, whatever comes meanwhile (an eager message of
      * another tag must not hold it back again), and so does every one until messages come eagerly. */
@@ -983,11 +991,11 @@ static ncclResult_t rx_header(struct mps_recv_comm *c) {
     return recv_cts_maybe(c);
   }
   if (x->h.flags & MPS_CHUNK_EAGER) {
-    if (eager_begin(c) < 0) return mps_error_check(&c->err);
+    if (eager_begin(c) < 0) return rx_failed(c);
   } else {
     struct mps_slot *s = NULL;
     int b = chunk_begin(c, &x->h, &s);
-    if (b < 0) return mps_error_check(&c->err);
+    if (b < 0) return rx_failed(c);
     if (b > 0) return ncclSuccess; /* a "does not fit" notice: no payload */
     x->slot = s;
     x->held = NULL;
@@ -1021,7 +1029,7 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
         if (x->in_payload || x->hhave) {
           mps_error_set(&c->err, ncclRemoteError, "peer %s closed the control connection mid-message%s%s (process "
                         "exited or killed?)", c->peer, r < 0 ? ": " : "", r < 0 ? strerror(errno) : "");
-          return mps_error_check(&c->err);
+          return rx_failed(c);
         }
         x->closed = 1;
         return ncclSuccess;
@@ -1048,6 +1056,8 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
         if (x->rem == 0) MP_CHECK(rx_payload_end(c));
         continue;
       }
+      /* once the comm failed (a helper thread's chunk too), nothing more is parsed */
+      if (LOAD(&c->err.state) != 0) return rx_failed(c);
       size_t n = sizeof(x->h) - x->hhave;
       if (n > avail) n = avail;
       memcpy((char *)&x->h + x->hhave, x->stage + x->pos, n);
