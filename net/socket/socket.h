@@ -33,8 +33,9 @@
  * back and writes them in batches (after MPS_EAGER_MAX / 2 eager messages, which keeps the sender's
  * count of unmatched ones below the bound). A sender that cannot go on without a CTS (a message
  * too big to go eagerly, the bound reached, a tag no group it has read offers) says so once with a
- * WANT_CTS chunk; the receiver's next look at the control socket then writes what it holds, and
- * writes each CTS at once until messages arrive eagerly again. */
+ * WANT_CTS chunk on a data stream, where the receiver's helper threads read it even while its proxy
+ * thread calls nothing; that thread then writes what the receiver holds (cts_lock), and each CTS
+ * goes at once until messages arrive eagerly again. */
 #ifndef MPLANE_NET_SOCKET_H
 #define MPLANE_NET_SOCKET_H
 
@@ -224,7 +225,8 @@ struct mps_send_comm {
     uint64_t size;
   } eager[MPS_EAGER_MAX];
   unsigned neager;
-  int nudge_due, nudged;           /* a WANT_CTS chunk is to be written / was written since the last CTS */
+  int nudged;                      /* a WANT_CTS chunk went since the last CTS */
+  int nudges;                      /* WANT_CTS chunks pushed (one in a queue at a time) */
   struct mps_send_req nudge_req;   /* owner of WANT_CTS chunks: never handed to NCCL */
   struct {                         /* the inline chunk being written on the control socket */
     struct mps_send_req *req;      /* NULL: the control socket is idle */
@@ -290,6 +292,7 @@ struct mps_recv_comm {
   int cts_defer;                 /* messages come eagerly: CTS records wait for a batch (or WANT_CTS) */
   unsigned eager_since_flush;    /* eager messages since CTS records were last written */
   int cts_wanted;                /* a WANT_CTS came: the next CTS record goes at once */
+  pthread_mutex_t cts_lock;      /* out_buf, out_len and the three above: proxy and helper threads */
   struct mps_ctrl_rx { /* the control socket's incoming chunks (inline messages); proxy thread only */
     size_t have, pos;            /* stage[pos..have) read but not consumed */
     struct mps_chunk h;

@@ -347,14 +347,6 @@ static int g_sends_inflight; /* atomic */
  * completes once its last byte is in the kernel, as a helper thread's would. */
 static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
   for (;;) {
-    if (!c->inl.req && c->nudge_due) {
-      /* the control socket is idle: the WANT_CTS chunk goes now (header only) */
-      c->nudge_due = 0;
-      c->inl.req = &c->nudge_req;
-      c->inl.hdr = (struct mps_chunk){.flags = MPS_CHUNK_WANT_CTS};
-      c->inl.data = NULL;
-      c->inl.done = 0;
-    }
     if (!c->inl.req) return ncclSuccess;
     size_t hlen = sizeof(c->inl.hdr), total = hlen + c->inl.hdr.len, done = c->inl.done;
     struct iovec iov[2];
@@ -452,11 +444,14 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
     /* A later group's send (shared comms, net/tag_wait.h): NULL, NCCL calls again. */
     if (c->cts_head != c->cts_tail && mplane_tag_wait_unmatched(&c->tag_wait, tag))
       send_warn_wait(c, &c->cts[c->cts_head % MPS_MAX_GROUPS], tag);
-    if (c->acked && c->eager_max && !c->nudged) {
-      /* the receiver may be holding the CTS back (socket.h): ask for it, once until one comes */
+    if (c->acked && c->eager_max && !c->nudged && LOAD(&c->nudge_req.chunks_done) == c->nudges) {
+      /* The receiver may be holding the CTS back (socket.h): ask for it, once until one comes, on a
+       * data stream, where its helper threads read it even while its proxy thread calls nothing. */
       c->nudged = 1;
-      c->nudge_due = 1;
-      return send_flush_inline(c);
+      c->nudges++;
+      int s = (int)(c->rr++ % (unsigned)c->nstreams);
+      struct mps_task t = {.req = &c->nudge_req, .fd = c->fds[s], .hdr = {.flags = MPS_CHUNK_WANT_CTS}};
+      push_task(c, s, &t);
     }
     return ncclSuccess;
   }
@@ -675,6 +670,8 @@ static void chunk_end(struct mps_slot *s, const struct mps_chunk *h) {
 
 /* Receive one chunk from fd into its slot. 0 ok, -1 the stream is finished (error set if it was
  * not an orderly close at a record boundary during shutdown). */
+static void recv_want_cts(struct mps_recv_comm *c);
+
 static int recv_chunk(struct mps_recv_comm *c, int fd) {
   struct mps_chunk h;
   int r = read_full_spin(fd, &h, sizeof(h), c->spin_ns);
@@ -691,9 +688,13 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
                     c->peer, r < 0 ? " mid-message" : "");
     return -1;
   }
+  if (h.flags == MPS_CHUNK_WANT_CTS && h.len == 0) {
+    recv_want_cts(c);
+    return 0;
+  }
   if (h.flags & (MPS_CHUNK_EAGER | MPS_CHUNK_WANT_CTS)) {
-    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a control-socket record (flags 0x%x) on a data stream",
-                  c->peer, h.flags);
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad record on a data stream (flags 0x%x: an eager "
+                  "message, or a WANT_CTS with a payload)", c->peer, h.flags);
     return -1;
   }
   struct mps_slot *s = NULL;
@@ -742,6 +743,7 @@ ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c) {
   c->nthreads = cfg->socket_threads < c->nstreams ? cfg->socket_threads : c->nstreams;
   c->spin_ns = mps_spin_ns(cfg);
   c->eager_bytes = (uint64_t)cfg->socket_eager_bytes; /* what accept's ACK offered */
+  pthread_mutex_init(&c->cts_lock, NULL); /* before the helper threads, which take it */
   for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
   c->nfree = 0;
   for (int i = MPS_MAX_SLOTS - 1; i >= 0; i--) c->free_slots[c->nfree++] = (uint32_t)i;
@@ -764,14 +766,33 @@ ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c) {
   return ncclSuccess;
 }
 
-/* Write queued CTS records, unless messages come eagerly and the batch is not full (socket.h). */
+/* Write queued CTS records, unless messages come eagerly and the batch is not full (socket.h).
+ * cts_lock held: a helper thread that read a WANT_CTS writes them too. */
 static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c);
-static ncclResult_t recv_cts_maybe(struct mps_recv_comm *c) {
+static ncclResult_t recv_cts_maybe_locked(struct mps_recv_comm *c) {
   if (c->out_len == 0 || (c->cts_defer && !c->cts_wanted && c->eager_since_flush < MPS_EAGER_MAX / 2))
     return ncclSuccess;
   c->eager_since_flush = 0;
   c->cts_wanted = 0;
   return recv_flush_ctrl(c);
+}
+
+static ncclResult_t recv_cts_maybe(struct mps_recv_comm *c) {
+  if (LOAD(&c->out_len) == 0) return ncclSuccess; /* nothing queued; only this thread adds records */
+  pthread_mutex_lock(&c->cts_lock);
+  ncclResult_t res = recv_cts_maybe_locked(c);
+  pthread_mutex_unlock(&c->cts_lock);
+  return res;
+}
+
+/* A helper thread read the sender's WANT_CTS: what we hold goes now, and every CTS at once until
+ * messages come eagerly again. A failed write sets the comm's error; the proxy thread reports it. */
+static void recv_want_cts(struct mps_recv_comm *c) {
+  pthread_mutex_lock(&c->cts_lock);
+  c->cts_defer = 0;
+  c->cts_wanted = 1;
+  (void)recv_cts_maybe_locked(c);
+  pthread_mutex_unlock(&c->cts_lock);
 }
 
 /* Write queued CTS records; never blocks (the rest waits for the next call). */
@@ -785,7 +806,7 @@ static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c) {
       return mps_error_check(&c->err);
     }
     memmove(c->out_buf, c->out_buf + w, c->out_len - (size_t)w);
-    c->out_len -= (size_t)w;
+    STORE(&c->out_len, c->out_len - (size_t)w);
   }
   return ncclSuccess;
 }
@@ -806,7 +827,7 @@ ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *
   struct mps_recv_req *req = NULL;
   for (int i = 0; i < MPS_MAX_GROUPS && !req; i++)
     if (!c->reqs[i].used) req = &c->reqs[i];
-  if (!req || c->nfree < n || c->out_len + sizeof(struct mps_ctrl) > sizeof(c->out_buf)) return ncclSuccess;
+  if (!req || c->nfree < n || LOAD(&c->out_len) + sizeof(struct mps_ctrl) > sizeof(c->out_buf)) return ncclSuccess;
   req->used = 1;
   req->n = n;
   req->seq = c->seq;
@@ -828,9 +849,12 @@ ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *
     m.e[i].tag = tags[i];
     m.e[i].size = sizes[i];
   }
+  pthread_mutex_lock(&c->cts_lock);
   memcpy(c->out_buf + c->out_len, &m, sizeof(m));
-  c->out_len += sizeof(m);
-  MP_CHECK(recv_cts_maybe(c));
+  STORE(&c->out_len, c->out_len + sizeof(m));
+  ncclResult_t res = recv_cts_maybe_locked(c);
+  pthread_mutex_unlock(&c->cts_lock);
+  MP_CHECK(res);
   *request = req;
   if (c->nheld) MP_CHECK(eager_match_held(c)); /* messages that came before this receive */
   return ncclSuccess;
@@ -930,8 +954,10 @@ static int eager_begin(struct mps_recv_comm *c) {
   x->held = NULL;
   x->dst = NULL;
   x->rem = h.len;
+  pthread_mutex_lock(&c->cts_lock);
   c->cts_defer = 1; /* the sender is ahead of our CTS records: they may wait for a batch */
   c->eager_since_flush++;
+  pthread_mutex_unlock(&c->cts_lock);
   if (i >= 0) {
     struct mps_slot *s = NULL;
     int b = eager_claim(c, r, i, h.len, &x->h, &s);
@@ -978,17 +1004,9 @@ static ncclResult_t rx_header(struct mps_recv_comm *c) {
                   "carry no other flag)", c->peer, x->h.flags);
     return rx_failed(c);
   }
-  if (x->h.flags & MPS_CHUNK_WANT_CTS) {
-    if (x->h.len != 0) {
-      mps_error_set(&c->err, ncclRemoteError, "peer %s sent a WANT_CTS record with %llu bytes of payload", c->peer,
-                    (unsigned long long)x->h.len);
-      return rx_failed(c);
-    }
-    /* The sender waits: the next CTS goes at once, whatever comes meanwhile (an eager message of
-     * another tag must not hold it back again), and so does every one until messages come eagerly. */
-    c->cts_defer = 0;
-    c->cts_wanted = 1;
-    return recv_cts_maybe(c);
+  if (x->h.flags & MPS_CHUNK_WANT_CTS) { /* they ride the data streams (recv_chunk) */
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a WANT_CTS record on the control socket", c->peer);
+    return rx_failed(c);
   }
   if (x->h.flags & MPS_CHUNK_EAGER) {
     if (eager_begin(c) < 0) return rx_failed(c);
@@ -1146,6 +1164,7 @@ ncclResult_t mps_close_recv(void *recv_comm) {
     close(c->fds[i]);
   }
   close(c->ctrl_fd);
+  pthread_mutex_destroy(&c->cts_lock); /* zeroed (never started) is a valid unlocked mutex too */
   for (int k = 0; k < c->nheld; k++) free(c->held[k].data);
   free(c);
   return ncclSuccess;

@@ -9,6 +9,7 @@
  *   eager-short  a small send completes, then its receive is posted with a shorter buffer: the
  *                receive fails with ncclInvalidUsage and nothing written past the buffer, and the
  *                sender's comm fails within a bounded number of later calls
+ *   eager-then-big  after an eager message, a 1 MiB send gets its CTS while the receiver calls nothing
  *
  * Rank 0 sends, rank 1 receives. */
 #include <stdio.h>
@@ -331,6 +332,63 @@ int sc_eager_short(void) {
     chan_send(pp.fd, &c, 1);
     dereg(&nd, l.rc, mh);
     free(buf);
+  }
+  barrier(pp.fd);
+  link_down(&nd, &l);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+/* After a message that came eagerly the receiver holds its next CTS back (a batch); a message too
+ * big to go eagerly must still get it while the receiver's proxy calls nothing at all (NCCL's
+ * proxy may be busy posting elsewhere; the inflight scenario posts everything before any test):
+ * the sender's WANT_CTS rides a data stream, which the receiver's helper threads read. */
+int sc_eager_then_big(void) {
+  eg_env();
+  struct pair pp;
+  struct node nd;
+  struct link l;
+  int rank;
+  if (!eg_up(&pp, &rank, &nd, &l)) return pair_finish(&pp, rank), 77;
+  const size_t small = 100, big = 1 << 20;
+  void *comm = rank == 0 ? l.sc : l.rc;
+  void *buf[2], *mh[2];
+  for (int i = 0; i < 2; i++) {
+    buf[i] = alloc_buf(big, EG_GUARD);
+    reg(&nd, comm, buf[i], big, &mh[i]);
+  }
+  char c = 'p';
+  int tag = 5;
+  size_t cap = big;
+  if (rank == 1) {
+    void *req = eg_recv(&nd, l.rc, 1, &buf[0], &cap, &tag, &mh[0]);
+    int got = -1;
+    eg_wait(&nd, req, &got, "the small receive");
+    eg_check(buf[0], got, small, big, 0, "the small message");
+    req = eg_recv(&nd, l.rc, 1, &buf[1], &cap, &tag, &mh[1]); /* its CTS may wait for a batch */
+    chan_send(pp.fd, &c, 1);
+    chan_recv(pp.fd, &c, 1); /* no plugin call until the sender has its request (or gave up) */
+    if (c != 'g') abi_fail("the 1 MiB send got no request while this side's proxy called nothing");
+    eg_wait(&nd, req, &got, "the 1 MiB receive");
+    eg_check(buf[1], got, big, big, 1, "the 1 MiB message");
+    abi_note("a 1 MiB send after an eager one got its CTS while the receiver called nothing");
+  } else {
+    fill(buf[0], small, msg_id(0, 0));
+    void *req = eg_send(&nd, l.sc, buf[0], small, tag, mh[0], "the small send");
+    eg_wait(&nd, req, NULL, "the small send");
+    chan_recv(pp.fd, &c, 1);
+    fill(buf[1], big, msg_id(0, 1));
+    req = NULL;
+    for (double t0 = abi_now(); !req && abi_now() - t0 < EG_WAIT_S;)
+      if (abi_isend(&nd.net, l.sc, buf[1], big, tag, mh[1], &req) != ncclSuccess) abi_fail("isend of 1 MiB failed");
+    c = req ? 'g' : 'f';
+    chan_send(pp.fd, &c, 1);
+    if (!req) abi_fail("a 1 MiB send got no request in %.0f s while the receiver's proxy called nothing", EG_WAIT_S);
+    eg_wait(&nd, req, NULL, "the 1 MiB send");
+  }
+  for (int i = 0; i < 2; i++) {
+    dereg(&nd, comm, mh[i]);
+    free(buf[i]);
   }
   barrier(pp.fd);
   link_down(&nd, &l);
