@@ -361,6 +361,7 @@ int sc_eager_then_big(void) {
   int tag = 5;
   size_t cap = big;
   if (rank == 1) {
+    chan_recv(pp.fd, &c, 1); /* the small send is done: it went eagerly */
     void *req = eg_recv(&nd, l.rc, 1, &buf[0], &cap, &tag, &mh[0]);
     int got = -1;
     eg_wait(&nd, req, &got, "the small receive");
@@ -374,8 +375,9 @@ int sc_eager_then_big(void) {
     abi_note("a 1 MiB send after an eager one got its CTS while the receiver called nothing");
   } else {
     fill(buf[0], small, msg_id(0, 0));
-    void *req = eg_send(&nd, l.sc, buf[0], small, tag, mh[0], "the small send");
+    void *req = eg_send(&nd, l.sc, buf[0], small, tag, mh[0], "a small send must not wait for its receive (eager)");
     eg_wait(&nd, req, NULL, "the small send");
+    chan_send(pp.fd, &c, 1);
     chan_recv(pp.fd, &c, 1);
     fill(buf[1], big, msg_id(0, 1));
     req = NULL;
