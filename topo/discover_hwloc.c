@@ -48,7 +48,8 @@ static int parse_groups64(const char *s, uint64_t *out) {
 }
 
 static uint64_t parse_mac(const char *s) {
-  /* The last six bytes of the address (IPoIB addresses are 20 bytes; Ethernet 6). */
+  /* At most the last eight bytes: an IPoIB address (20 bytes) ends in the port GUID, an Ethernet
+   * MAC (6) is taken whole; any other length from a file is taken the same way. */
   unsigned b[20];
   int n = 0;
   const char *p = s;
@@ -60,7 +61,7 @@ static uint64_t parse_mac(const char *s) {
     if (p) p++;
   }
   uint64_t m = 0;
-  for (int i = n > 6 ? n - 8 : 0; i < n; i++) m = (m << 8) | b[i];
+  for (int i = n > 8 ? n - 8 : 0; i < n; i++) m = (m << 8) | b[i];
   return m;
 }
 
