@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/sockios.h>
+#include <sched.h>
 
 #include "../../common/log.h"
 #include "socket.h"
@@ -36,7 +37,13 @@ void mps_error_set(struct mps_error *e, ncclResult_t res, const char *fmt, ...) 
 
 ncclResult_t mps_error_check(struct mps_error *e) {
   int st = LOAD(&e->state);
-  if (st <= 0) return ncclSuccess; /* -1: being written; report on the next poll */
+  /* -1: another thread claimed the slot and is formatting its message; it stores the result right
+   * after (one vsnprintf, no lock, no I/O), so wait for it rather than call a failing comm healthy. */
+  while (st == -1) {
+    sched_yield();
+    st = LOAD(&e->state);
+  }
+  if (st == 0) return ncclSuccess;
   if (!e->warned) {
     e->warned = 1;
     MP_WARN("socket: %s", e->msg);
@@ -862,9 +869,9 @@ ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *
 
 /* ---- eager messages at the receiver (socket.h) ---- */
 
-/* The control stream broke (a record we refused): its error, never success. A helper thread may be
- * writing another error at this moment (mps_error_check then reports nothing yet); the bytes after
- * a refused header are not records, so the caller must stop reading either way. */
+/* The control stream broke (a record we refused): its error, never success (when the error slot is
+ * still empty, a remote error); the bytes after a refused header are not records, so the caller must
+ * stop reading either way. */
 static ncclResult_t rx_failed(struct mps_recv_comm *c) {
   ncclResult_t res = mps_error_check(&c->err);
   return res != ncclSuccess ? res : ncclRemoteError;
