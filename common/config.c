@@ -106,7 +106,7 @@ static const struct row rows[] = {
     {"MPLANE_CONNECT_TIMEOUT", K_INT, OFF(connect_timeout_s), 0, "120", 1, 3600, NULL,
      "seconds, an integer from 1 to 3600", "deadline for a connection handshake before it fails"},
     {"MPLANE_PLANES", K_STR, STR(planes), "", 0, 0, NULL, "NIC=plane pairs, e.g. mlx5_0=0,mlx5_1=1",
-     "plane of each NIC (default: from the fabric, then PCI order)", planes_validate},
+     "plane of each NIC; NICs on one plane are its rails (default: from the fabric, then PCI order)", planes_validate},
     {"MPLANE_TOPO_FILE", K_STR, STR(topo_file), "", 0, 0, NULL, "a path to an hwloc XML file",
      "discover the node from this hwloc XML instead of the live machine"},
     {"MPLANE_NCCL_TOPO", K_BOOL, OFF(nccl_topo), 0, "1", 0, 1, NULL, "0 or 1",
@@ -414,11 +414,6 @@ int mplane_planes_parse(const char *value, struct mplane_planes_spec *out, char 
     for (int i = 0; i < out->n; i++) {
       if (strcmp(out->entry[i].nic, name) == 0) {
         snprintf(why, whylen, "NIC '%s' is given twice", name);
-        return -1;
-      }
-      if (out->entry[i].plane == (int)plane) {
-        snprintf(why, whylen, "NICs '%s' and '%s' are both given plane %ld; a node has one NIC per plane",
-                 out->entry[i].nic, name, plane);
         return -1;
       }
     }

@@ -75,7 +75,7 @@ int mplane_parse_long(const char *s, long lo, long hi, long *out);
  * Blanks (space, tab) around a name, '=' or plane are allowed; NIC is a verbs device (optionally
  * with ":port"), an interface name or a plugin device name, made of letters, digits and _ - . :
  * and shorter than 64 characters; plane is an integer from 0 to MPLANE_PLANES_MAX_PLANE written as
- * mplane_parse_long reads it. No NIC may appear twice and no two NICs may share a plane. Whether
+ * mplane_parse_long reads it. No NIC may appear twice; NICs given one plane are its rails. Whether
  * the NICs exist is checked against a node elsewhere. */
 #define MPLANE_PLANES_MAX 64
 #define MPLANE_PLANES_MAX_PLANE 63

@@ -378,10 +378,13 @@ ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes
   enum mplane_topo_plane_source src = MPLANE_TOPO_PLANE_NONE;
   if (spec.n > 0) {
     src = MPLANE_TOPO_PLANE_CONFIG;
+    /* NICs given one plane are its rails, numbered in the node's NIC order (PCI, then name) */
     for (int n = 0; n < t->nnics; n++) {
       if (named[n] < 0) continue;
-      t->nics[n].plane = spec.entry[named[n]].plane;
-      t->nics[n].rail = 0;
+      int plane = spec.entry[named[n]].plane, rail = 0;
+      for (int m = 0; m < n; m++) rail += named[m] >= 0 && spec.entry[named[m]].plane == plane;
+      t->nics[n].plane = plane;
+      t->nics[n].rail = rail;
     }
   } else if (ncompute > 0) {
     /* The fabric decides when it tells every compute NIC's subnet: one subnet is one plane (its NICs

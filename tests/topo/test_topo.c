@@ -338,7 +338,7 @@ static void test_planes_grammar(void **state) {
   expect_parse_error("mlx5_0=-1", "is not an integer");
   expect_parse_error("mlx5_0=64", "is not an integer from 0 to 63");
   expect_parse_error("mlx5_0=0,mlx5_0=1", "'mlx5_0' is given twice");
-  expect_parse_error("mlx5_0=0,mlx5_1=0", "are both given plane 0");
+  assert_int_equal(mplane_planes_parse("mlx5_0=0,mlx5_1=0", &spec, why, sizeof(why)), 0); /* two rails of plane 0 */
   expect_parse_error("mlx5_0=0,", "empty entry");
   expect_parse_error("ml x5=0", "character (' ')");
   assert_int_equal(mplane_planes_parse("mlx5_0=0,mlx5_1=1", &spec, why, sizeof(why)), 0);
@@ -348,10 +348,10 @@ static void test_planes_in_config(void **state) {
   (void)state;
   struct mplane_config cfg;
   char err[512];
-  setenv("MPLANE_PLANES", "mlx5_0=0,mlx5_1=0", 1);
+  setenv("MPLANE_PLANES", "mlx5_0=0,mlx5_0=1", 1);
   assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclInvalidArgument);
-  assert_non_null(strstr(err, "MPLANE_PLANES='mlx5_0=0,mlx5_1=0' is not valid"));
-  assert_non_null(strstr(err, "both given plane 0"));
+  assert_non_null(strstr(err, "MPLANE_PLANES='mlx5_0=0,mlx5_0=1' is not valid"));
+  assert_non_null(strstr(err, "given twice"));
   setenv("MPLANE_PLANES", "mlx5_0=0,mlx5_1=1", 1);
   assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
   assert_string_equal(cfg.planes, "mlx5_0=0,mlx5_1=1");
@@ -398,10 +398,23 @@ static void test_planes_config_errors(void **state) {
   o.planes = "mlx5_0=0,ibp27s0=1";
   assert_int_equal(mplane_topo_load(&o, &t, err, sizeof(err)), ncclInvalidArgument);
   assert_non_null(strstr(err, "names NIC mlx5_0 twice ('mlx5_0' and 'ibp27s0')"));
-  o.planes = "mlx5_0=0,mlx5_1=0";
-  assert_int_equal(mplane_topo_load(&o, &t, err, sizeof(err)), ncclInvalidArgument);
-  assert_non_null(strstr(err, "MPLANE_PLANES='mlx5_0=0,mlx5_1=0' is not valid"));
-  assert_non_null(strstr(err, "both given plane 0"));
+}
+
+/* One fabric the subnets cannot tell (default IB prefixes everywhere): MPLANE_PLANES gives every NIC
+ * plane 0, and they become its rails in NIC order. */
+static void test_planes_config_one_plane(void **state) {
+  (void)state;
+  struct mplane_topo *t = load_opts(fixture(FIX_A), "mlx5_3=0,mlx5_2=0,mlx5_0=0", NULL);
+  int n0 = nic(t, "mlx5_0"), n2 = nic(t, "mlx5_2"), n3 = nic(t, "mlx5_3");
+  assert_int_equal(t->nics[n0].plane, 0);
+  assert_int_equal(t->nics[n2].plane, 0);
+  assert_int_equal(t->nics[n3].plane, 0);
+  assert_true(n0 < n2 && n2 < n3);
+  assert_int_equal(t->nics[n0].rail, 0);
+  assert_int_equal(t->nics[n2].rail, 1);
+  assert_int_equal(t->nics[n3].rail, 2);
+  assert_int_equal(t->nplanes, 1);
+  mplane_topo_free(t);
 }
 
 /* ------------------------------------------------------------------ planes from the fabric */
@@ -1045,6 +1058,7 @@ int main(void) {
       cmocka_unit_test(test_planes_in_config),
       cmocka_unit_test(test_planes_from_config),
       cmocka_unit_test(test_planes_config_errors),
+      cmocka_unit_test(test_planes_config_one_plane),
       cmocka_unit_test(test_planes_from_ib_subnets),
       cmocka_unit_test(test_planes_from_ip_subnets),
       cmocka_unit_test(test_gpu_node_virtual_nics_only),

@@ -235,7 +235,7 @@ static void test_planes_one_grammar(void **state) {
       {"veth0=0000000000000000", 0, 0},
       {"veth0=64", 0, 0},
       {"veth0=100", 0, 0},
-      {"veth0=0,veth1=0", 0, 0},
+      {"veth0=0,veth1=0", 1, 0}, /* two rails of plane 0 */
       {"veth0=0,veth0=1", 0, 0},
       {"veth0=0,", 0, 0},
       {",veth0=0", 0, 0},
