@@ -59,7 +59,9 @@
 #define SV_MAX_MSG (1u << 30) /* max_msg_sz of every port, as ConnectX reports */
 
 /* ------------------------------------------------------------------ wire */
-enum sv_op { SV_OP_WRITE = 1, SV_OP_WRITE_IMM, SV_OP_READ, SV_OP_SEND };
+enum sv_op { SV_OP_WRITE = 1, SV_OP_WRITE_IMM, SV_OP_READ, SV_OP_SEND, SV_OP_FETCH_ADD };
+/* Ops whose response carries data into the requester's SGEs (a read's bytes, an atomic's old value). */
+#define SV_OP_READS(op) ((op) == SV_OP_READ || (op) == SV_OP_FETCH_ADD)
 
 struct sv_hello {
   uint32_t magic, src_qpn, dst_qpn, is_global;
@@ -71,6 +73,7 @@ struct sv_req {
   uint32_t op, seq;
   uint64_t len, raddr;
   uint32_t rkey, imm;
+  uint64_t add; /* FETCH_ADD: the value added */
 };
 struct sv_resp {
   uint32_t seq, status;
@@ -130,7 +133,7 @@ struct sv_swr {
   uint64_t wr_id;
   int op, signaled;
   uint32_t seq, imm, rkey;
-  uint64_t raddr, len;
+  uint64_t raddr, len, add;
   int nsge;
   struct ibv_sge sge[SV_MAX_SGE];
   char *inl;
@@ -181,7 +184,7 @@ struct sv_qp {
   struct sv_rwr *rq;
   unsigned rq_cap, rq_head, rq_tail;
   struct sv_in *ins;
-  unsigned long n_write, n_write_imm, n_read, n_send, n_recv, n_signaled;
+  unsigned long n_write, n_write_imm, n_read, n_atomic, n_send, n_recv, n_signaled;
   uint32_t ece;           /* the ECE options it runs with (its device's, narrowed by ibv_set_ece) */
   struct sv_qp *next;
 };
@@ -468,6 +471,7 @@ static enum ibv_wc_opcode swr_wc_opcode(int op) {
     case SV_OP_WRITE:
     case SV_OP_WRITE_IMM: return IBV_WC_RDMA_WRITE;
     case SV_OP_READ: return IBV_WC_RDMA_READ;
+    case SV_OP_FETCH_ADD: return IBV_WC_FETCH_ADD;
     default: return IBV_WC_SEND;
   }
 }
@@ -661,6 +665,7 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
   a->max_pd = 1 << 16;
   a->max_qp_rd_atom = 16;
   a->max_qp_init_rd_atom = 16;
+  a->atomic_cap = IBV_ATOMIC_HCA;
   a->phys_port_cnt = (uint8_t)d->nports;
   return 0;
 }
@@ -1115,9 +1120,9 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
   struct sv_qp *q = (struct sv_qp *)qp;
   lock();
   record("event=destroy pid=%d dev=%s port=%d qpn=%u writes=%lu write_imms=%lu reads=%lu sends=%lu recvs=%lu "
-         "signaled=%lu",
+         "signaled=%lu atomics=%lu",
          (int)getpid(), q->sctx->dev->ibdev.name, q->port, q->qp.qp_num, q->n_write, q->n_write_imm, q->n_read,
-         q->n_send, q->n_recv, q->n_signaled);
+         q->n_send, q->n_recv, q->n_signaled, q->n_atomic);
   for (unsigned i = q->sq_done; i != q->sq_tail; i++) free(q->sq[i % q->sq_cap].inl);
   q->sq_free = q->sq_done = q->sq_sent = q->sq_tail = 0;
   /* its completions still queued free nothing any more: the QP is about to be freed */
@@ -1260,6 +1265,7 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
       case IBV_WR_RDMA_READ: w.op = SV_OP_READ; break;
       case IBV_WR_SEND: w.op = SV_OP_SEND; break;
       case IBV_WR_SEND_WITH_IMM: w.op = SV_OP_SEND; break;
+      case IBV_WR_ATOMIC_FETCH_AND_ADD: w.op = SV_OP_FETCH_ADD; break;
       default: rc = EINVAL; break;
     }
     if (rc) break;
@@ -1268,10 +1274,19 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
     w.imm = wr->imm_data;
     w.raddr = wr->wr.rdma.remote_addr;
     w.rkey = wr->wr.rdma.rkey;
+    if (w.op == SV_OP_FETCH_ADD) { /* wr.atomic lays its rkey out elsewhere than wr.rdma */
+      w.raddr = wr->wr.atomic.remote_addr;
+      w.rkey = wr->wr.atomic.rkey;
+      w.add = wr->wr.atomic.compare_add;
+    }
     w.nsge = wr->num_sge;
     memcpy(w.sge, wr->sg_list, sizeof(struct ibv_sge) * (size_t)wr->num_sge);
     sge_total(w.sge, w.nsge, &w.len);
-    if ((wr->send_flags & IBV_SEND_INLINE) && w.op != SV_OP_READ) {
+    if (w.op == SV_OP_FETCH_ADD && w.len != 8) { /* an atomic's local buffer is the 8-byte old value */
+      rc = EINVAL;
+      break;
+    }
+    if ((wr->send_flags & IBV_SEND_INLINE) && !SV_OP_READS(w.op)) {
       if (w.len > q->cap.max_inline_data) {
         rc = EINVAL;
         break;
@@ -1374,7 +1389,7 @@ static void req_start(struct sv_qp *q) {
   }
   w->seq = q->next_seq++;
   struct sv_req r = {.op = (uint32_t)w->op, .seq = w->seq, .len = w->len, .raddr = w->raddr, .rkey = w->rkey,
-                     .imm = w->imm};
+                     .imm = w->imm, .add = w->add};
   size_t off = 0;
   int sent_hello = 0;
   if (!q->hello_sent) {
@@ -1391,7 +1406,7 @@ static void req_start(struct sv_qp *q) {
   }
   memcpy(o->hdr + off, &r, sizeof(r));
   o->hlen = off + sizeof(r);
-  if (w->op != SV_OP_READ) {
+  if (!SV_OP_READS(w->op)) {
     if (w->inl) {
       o->seg[o->nseg] = w->inl;
       o->seglen[o->nseg++] = w->len;
@@ -1417,6 +1432,7 @@ static void req_start(struct sv_qp *q) {
     case SV_OP_WRITE: q->n_write++; break;
     case SV_OP_WRITE_IMM: q->n_write_imm++; break;
     case SV_OP_READ: q->n_read++; break;
+    case SV_OP_FETCH_ADD: q->n_atomic++; break;
     default: q->n_send++; break;
   }
   if (w->signaled) q->n_signaled++;
@@ -1515,7 +1531,7 @@ static void qp_input(struct sv_qp *q) {
       qp_fail(q, IBV_WC_GENERAL_ERR);
       return;
     }
-    if (q->rhdr.status == IBV_WC_SUCCESS && w->op == SV_OP_READ && q->rdata_off < q->rhdr.len) {
+    if (q->rhdr.status == IBV_WC_SUCCESS && SV_OP_READS(w->op) && q->rdata_off < q->rhdr.len) {
       int bad = 0;
       ssize_t r = read_into_sges(q->ofd, q, w, q->rdata_off, q->rhdr.len - q->rdata_off, &bad);
       if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -1557,6 +1573,32 @@ static void in_respond(struct sv_in *in, uint32_t seq, uint32_t status, const ch
   if (in->outq_tail) in->outq_tail->next = o;
   else in->outq = o;
   in->outq_tail = o;
+}
+
+/* An atomic runs here, after every earlier request of this stream was placed (the responder serves a
+ * QP in order, as an RC responder does), and atomically against the other QPs' atomics. A word
+ * outside a window that allows remote atomics is an access error, a word not 8-byte aligned an
+ * invalid request, as on real HCAs. The response carries the old value. */
+static void in_fetch_add(struct sv_in *in) {
+  struct sv_qp *q = in->qp;
+  struct sv_req *r = &in->req;
+  struct sv_mr *m = mr_find(r->rkey, 1, q->qp.pd, r->raddr, 8, IBV_ACCESS_REMOTE_ATOMIC);
+  uint32_t status = IBV_WC_SUCCESS;
+  if (r->len != 8 || (r->raddr & 7)) status = IBV_WC_REM_INV_REQ_ERR;
+  else if (!m || !(q->access & IBV_ACCESS_REMOTE_ATOMIC)) status = IBV_WC_REM_ACCESS_ERR;
+  uint64_t old = 0;
+  if (status == IBV_WC_SUCCESS) old = __atomic_fetch_add((uint64_t *)mr_host(m, r->raddr), r->add, __ATOMIC_SEQ_CST);
+  else
+    record("event=atomic_err pid=%d qpn=%u rkey=0x%x addr=0x%llx status=%u", (int)getpid(), q->qp.qp_num, r->rkey,
+           (unsigned long long)r->raddr, status);
+  in_respond(in, r->seq, status, NULL, 0);
+  if (status != IBV_WC_SUCCESS) return;
+  /* the old value rides in the response's own buffer: the word itself may change before it is sent */
+  struct sv_obuf *o = in->outq_tail;
+  struct sv_resp *resp = (struct sv_resp *)o->hdr;
+  resp->len = 8;
+  memcpy(o->hdr + o->hlen, &old, 8);
+  o->hlen += 8;
 }
 
 static int hello_ok(struct sv_in *in) {
@@ -1618,6 +1660,10 @@ static void in_begin(struct sv_in *in) {
     } else {
       in_respond(in, r->seq, IBV_WC_SUCCESS, m ? mr_host(m, r->raddr) : NULL, r->len);
     }
+    in->qhave = 0;
+    return;
+  } else if (r->op == SV_OP_FETCH_ADD) {
+    in_fetch_add(in);
     in->qhave = 0;
     return;
   }
