@@ -353,6 +353,9 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_close_send(void *send_comm);
 ncclResult_t mpib_close_recv(void *recv_comm);
 
+/* one-sided ops (ib_rma.c), net/transport.h's mplane_rma_ops */
+extern const struct mplane_rma_ops mpib_rma_ops;
+
 /* Count one chunk (or the TRUNC notice, imm's layout below) of a receive entry. Every chunk of a
  * message names the same chunk count, each index comes once, and the bytes never pass the buffer;
  * NULL when the chunk fits, else the peer's protocol error in words. Exposed for unit tests. */

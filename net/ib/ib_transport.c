@@ -53,4 +53,5 @@ const struct mplane_transport_ops mplane_ib_ops = {
     .finalize = ib_finalize,
     .comm_stats = ib_comm_stats,
     .req_stats = ib_req_stats,
+    .rma = &mpib_rma_ops,
 };

@@ -5,6 +5,10 @@
  *
  *   rma-harness --plugin PATH [--ranks N] [--big] [--gpu] SCENARIO
  *
+ * MPLANE_RMA_ENV_<r> (space-separated NAME=VALUE pairs) is set in rank r's process before it loads
+ * the plugin: ranks on different devices of one machine (the rxe suite puts even ranks on rxe0 and
+ * odd ones on rxe1).
+ *
  * --gpu puts the windows and signals of alltoall and order in GPU memory (exit 77 without a GPU).
  *
  * Scenarios:
@@ -614,6 +618,23 @@ static void scenario_kill(void) {
   CHECK(rma->finalize(e.ctx));
 }
 
+/* MPLANE_RMA_ENV_<r>: this rank's own variables, before the plugin reads any. */
+static void rank_env(int r) {
+  char name[32];
+  snprintf(name, sizeof(name), "MPLANE_RMA_ENV_%d", r);
+  const char *v = getenv(name);
+  if (!v) return;
+  char *copy = strdup(v), *save = NULL;
+  if (!copy) die("out of memory");
+  for (char *t = strtok_r(copy, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+    char *eq = strchr(t, '=');
+    if (!eq || eq == t) die("%s: '%s' is not NAME=VALUE", name, t);
+    *eq = 0;
+    if (setenv(t, eq + 1, 1) != 0) die("%s: setenv %s failed", name, t);
+  }
+  free(copy);
+}
+
 int main(int argc, char **argv) {
   const char *plugin = NULL, *scenario = NULL;
   g_n = 2;
@@ -651,6 +672,7 @@ int main(int argc, char **argv) {
     if (pids[r] == 0) {
       g_rank = r;
       alarm(2 * DEADLINE_S); /* the last word against a hang */
+      rank_env(r);
       void *lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
       if (!lib) die("dlopen %s: %s", plugin, dlerror());
       rma = dlsym(lib, "ncclRmaPlugin_v14");

@@ -1,0 +1,987 @@
+/* mplane: one-sided ops (net/transport.h's mplane_rma_ops) over InfiniBand / RoCE verbs, for NCCL
+ * 2.30's GIN proxy. The target is passive: its HCA places the bytes.
+ *
+ *   iput        RDMA WRITE into the peer's window
+ *   iputSignal  RDMA WRITE, then an 8-byte ATOMIC FETCH_AND_ADD on the signal word, same RC QP
+ *   iget        RDMA READ from the peer's window
+ *   test        polls the context's CQ; every work request is signaled, a request is done when all
+ *               of its work requests completed
+ *
+ * Why an atomic for the signal, not a write with immediate: an RC responder executes the requests
+ * of one QP in order, and an atomic is a read-modify-write the HCA issues after the earlier write's
+ * data was placed (PCIe reads do not pass posted writes, and the windows are registered without
+ * relaxed ordering, so those writes stay ordered too). The signal therefore never becomes visible
+ * before its data, nor before any earlier put of the same context to the same rank: every signal is
+ * a strong signal, with no target-side thread, receive queue or progress call. A write with
+ * immediate would need the target's CPU to poll a CQ and apply the add.
+ *
+ * Group and windows. connect() builds a TCP control mesh (lower rank dials, higher accepts) over
+ * the device's side-channel address, used by the collective calls and, afterwards, to notice a
+ * dead peer (its socket closes). regMrSym registers the window and allgathers {address, size,
+ * rkey, window index} over that mesh, as NCCL's own IB backend exchanges its rkeys, so a put's
+ * remote range is checked against the target's real window before anything is posted: a bad
+ * range is a request that fails from test, naming the peer and the window, with nothing sent.
+ *
+ * Contexts. create_context makes, per context, one CQ and one RC QP per connected peer (ranks
+ * rank +- k*rankStride); a rank's ops to itself go through a QP connected to a second QP of its
+ * own. A completion error (the QP goes to ERR, later ops of that QP are flushed) or a peer whose
+ * control socket closed ends every request on that QP with ncclRemoteError, and
+ * query_last_error reports it; later ops to that peer in that context fail at once. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../common/log.h"
+#include "../../common/nccl/rma_v14.h"
+#include "../tc.h"
+#include "ib.h"
+
+#define IBR_MAGIC 0x49425241u /* "IBRA" */
+#define IBR_VERSION 1
+#define IBR_REQ_MAGIC 0x49425251u
+#define IBR_SQ 1024            /* work requests in flight per QP */
+#define IBR_CQ_MAX (1 << 16)   /* per context; bounds what may be in flight on one context */
+#define IBR_WR_MAX MPIB_MAX_MSG /* the longest work request (max_msg_sz); longer puts and gets are split */
+#define IBR_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
+#define IBR_PEEK_EVERY_S 0.001 /* how often test looks at a silent peer's control socket */
+
+/* ---- wire ---- */
+struct ibr_handle {
+  uint32_t magic;
+  uint16_t version, addrlen;
+  union {
+    struct sockaddr sa;
+    struct sockaddr_in sin;
+    struct sockaddr_in6 sin6;
+  } addr;
+};
+_Static_assert(sizeof(struct ibr_handle) <= NCCL_NET_HANDLE_MAXSIZE, "RMA handle fits NCCL's handle");
+
+struct ibr_hello {
+  uint32_t magic, version;
+  int32_t rank, nranks;
+};
+
+struct ibr_win_rec { /* one rank's view of a window, allgathered at regMrSym */
+  uint64_t addr, size;
+  uint32_t rkey, id;
+};
+
+struct ibr_addr_rec { /* one rank's QP addresses, allgathered at createContext */
+  uint32_t magic;
+  int32_t link_layer;
+  uint32_t lid, mtu;
+  uint8_t gid[16];
+  /* then uint32_t qpn[ncontexts][nranks]: the QP of (context, peer) that the peer connects to */
+};
+
+/* ---- local state ---- */
+struct ibr_win {
+  uint32_t id;
+  char *base;
+  size_t size;
+  struct ibv_mr *mr;
+  struct ibr_win_rec *peers; /* [nranks] */
+};
+
+struct ibr_listen {
+  int fd, dev;
+};
+
+struct ibr_group {
+  int rank, nranks, dev;
+  struct mpib_dev *d;
+  int *ctrl;        /* control socket per peer, -1 for itself */
+  int *gone;        /* atomic: the peer's control socket closed */
+  double *peeked;   /* when test last looked at a peer's socket */
+  pthread_mutex_t lock;
+  struct ibr_win **wins;
+  uint32_t nwins, cap;
+  uint64_t *scratch; /* the atomics' fetched values land here (never read) */
+  struct ibv_mr *scratch_mr;
+};
+
+struct ibr_ctxset;
+
+struct ibr_cx { /* one context: its CQ, its QPs */
+  struct ibr_ctxset *set;
+  int index;
+  struct mpib_comm_base b; /* dev, CQ, SL and GID for the QP helpers of ib_conn.c */
+  pthread_mutex_t lock;
+  int outstanding, cq_depth;
+};
+
+struct ibr_conn {
+  struct ibr_cx *cx;
+  int peer;
+  struct ibv_qp *qp, *mirror; /* mirror: the other end of a rank's QP to itself */
+  int outstanding;
+  int failed;
+  char why[160];
+};
+
+struct ibr_ctxset {
+  struct ibr_group *g;
+  int ncontexts, stride;
+  struct ibr_cx *cx;        /* [ncontexts] */
+  struct ibr_conn **conns;  /* [context * nranks + peer], NULL: not connected */
+  int has_error;            /* atomic */
+};
+
+struct ibr_req {
+  uint32_t magic;
+  struct ibr_conn *conn;
+  int pending;  /* work requests not yet completed */
+  int failed;
+  ncclResult_t result;
+  char what[16];
+  uint32_t win;
+  uint64_t off, size;
+  char why[384];
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int timeout_ms(void) {
+  const struct mplane_config *cfg = mpib_config();
+  int s = cfg && cfg->connect_timeout_s > 0 ? cfg->connect_timeout_s : 60;
+  return s * 1000;
+}
+
+/* ---- blocking socket helpers (collective calls only) ---- */
+static int write_all(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static int read_all(int fd, void *buf, size_t n) {
+  char *p = buf;
+  while (n) {
+    ssize_t r = recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static void set_timeouts(int fd) {
+  int ms = timeout_ms();
+  struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* ---- listen / connect: the control mesh ---- */
+static ncclResult_t rma_listen(int dev, void *handle, void **listen_comm) {
+  struct mpib_dev *d = mpib_dev_get(dev);
+  if (!d) {
+    MP_WARN("RMA listen: IB device %d does not exist (%d devices)", dev, mpib_dev_count());
+    return ncclInvalidArgument;
+  }
+  struct ibr_handle h = {.magic = IBR_MAGIC, .version = IBR_VERSION};
+  struct sockaddr_storage sa = d->oob;
+  ((struct sockaddr_in *)&sa)->sin_port = 0; /* the port sits at the same place in sockaddr_in6 */
+  socklen_t len = d->ooblen;
+  int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, d->ooblen) != 0 || listen(fd, 1024) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+    MP_WARN("RMA listen on %s's side-channel address: %s (set MPLANE_SOCKET_IFNAME to an interface peers reach)",
+            d->props.name, strerror(errno));
+    if (fd >= 0) close(fd);
+    return ncclSystemError;
+  }
+  struct ibr_listen *l = calloc(1, sizeof(*l));
+  if (!l) {
+    close(fd);
+    return ncclSystemError;
+  }
+  l->fd = fd;
+  l->dev = dev;
+  if (len > sizeof(h.addr)) {
+    MP_WARN("RMA listen on %s: a side-channel address of %u bytes (IPv4 or IPv6 expected)", d->props.name, len);
+    close(fd);
+    free(l);
+    return ncclSystemError;
+  }
+  h.addrlen = (uint16_t)len;
+  memcpy(&h.addr, &sa, len);
+  memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+  memcpy(handle, &h, sizeof(h));
+  *listen_comm = l;
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_close_listen(void *listen_comm) {
+  struct ibr_listen *l = listen_comm;
+  if (!l) return ncclSuccess;
+  close(l->fd);
+  free(l);
+  return ncclSuccess;
+}
+
+static void group_free(struct ibr_group *g) {
+  if (!g) return;
+  for (int i = 0; g->ctrl && i < g->nranks; i++)
+    if (g->ctrl[i] >= 0) close(g->ctrl[i]);
+  for (uint32_t i = 0; i < g->nwins; i++)
+    if (g->wins[i]) {
+      if (g->wins[i]->mr) mpib_v.dereg_mr(g->wins[i]->mr);
+      free(g->wins[i]->peers);
+      free(g->wins[i]);
+    }
+  if (g->scratch_mr) mpib_v.dereg_mr(g->scratch_mr);
+  free(g->scratch);
+  free(g->wins);
+  free(g->ctrl);
+  free(g->gone);
+  free(g->peeked);
+  pthread_mutex_destroy(&g->lock);
+  free(g);
+}
+
+static int dial(const struct ibr_handle *h, const struct ibr_hello *hello) {
+  int fd = socket(h->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  set_timeouts(fd);
+  if (connect(fd, &h->addr.sa, h->addrlen) != 0 || write_all(fd, hello, sizeof(*hello))) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static int take(int lfd, struct ibr_hello *hello) {
+  struct pollfd p = {.fd = lfd, .events = POLLIN};
+  int r;
+  do r = poll(&p, 1, timeout_ms()); while (r < 0 && errno == EINTR);
+  if (r <= 0) return -1;
+  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd < 0) return -1;
+  set_timeouts(fd);
+  if (read_all(fd, hello, sizeof(*hello)) != 0 || hello->magic != IBR_MAGIC || hello->version != IBR_VERSION) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static ncclResult_t group_alloc(struct ibr_group **out, int nranks, int rank, int dev) {
+  struct ibr_group *g = calloc(1, sizeof(*g));
+  if (!g) return ncclSystemError;
+  pthread_mutex_init(&g->lock, NULL);
+  g->rank = rank;
+  g->nranks = nranks;
+  g->dev = dev;
+  g->d = mpib_dev_get(dev);
+  g->ctrl = malloc(sizeof(int) * (size_t)nranks);
+  g->gone = calloc((size_t)nranks, sizeof(int));
+  g->peeked = calloc((size_t)nranks, sizeof(double));
+  g->scratch = aligned_alloc(64, 64);
+  if (!g->ctrl || !g->gone || !g->peeked || !g->scratch) {
+    group_free(g);
+    return ncclSystemError;
+  }
+  for (int i = 0; i < nranks; i++) g->ctrl[i] = -1;
+  g->scratch_mr = mpib_v.reg_mr(g->d->hca->pd, g->scratch, 64, IBV_ACCESS_LOCAL_WRITE);
+  if (!g->scratch_mr) {
+    MP_WARN("RMA connect: %s: registering 64 bytes for the signals' fetched values failed: %s", g->d->props.name,
+            strerror(errno));
+    group_free(g);
+    return ncclSystemError;
+  }
+  *out = g;
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_connect(void *handles[], int nranks, int rank, void *listen_comm, void **out) {
+  struct ibr_listen *l = listen_comm;
+  *out = NULL;
+  if (!l || nranks < 1 || rank < 0 || rank >= nranks) {
+    MP_WARN("RMA connect: rank %d of %d is not a valid position in the group", rank, nranks);
+    return ncclInvalidArgument;
+  }
+  struct ibr_group *g;
+  MP_CHECK(group_alloc(&g, nranks, rank, l->dev));
+  struct ibr_hello hello = {.magic = IBR_MAGIC, .version = IBR_VERSION, .rank = rank, .nranks = nranks};
+  for (int j = 0; j < rank; j++) { /* lower ranks accept: their listeners exist before handles travel */
+    const struct ibr_handle *h = handles[j];
+    if (h->magic != IBR_MAGIC || h->version != IBR_VERSION) {
+      MP_WARN("RMA connect: the handle of rank %d is not an mplane IB RMA handle of version %d", j, IBR_VERSION);
+      group_free(g);
+      return ncclInvalidArgument;
+    }
+    if ((g->ctrl[j] = dial(h, &hello)) < 0) {
+      MP_WARN("RMA connect: rank %d could not reach rank %d's control address: %s", rank, j, strerror(errno));
+      group_free(g);
+      return ncclRemoteError;
+    }
+  }
+  for (int n = rank + 1; n < nranks; n++) {
+    struct ibr_hello ph;
+    int fd = take(l->fd, &ph);
+    if (fd < 0 || ph.nranks != nranks || ph.rank <= rank || ph.rank >= nranks || g->ctrl[ph.rank] >= 0) {
+      MP_WARN("RMA connect: rank %d of %d: no valid peer of rank %d and up connected within MPLANE_CONNECT_TIMEOUT "
+              "(%d s)", rank, nranks, rank + 1, timeout_ms() / 1000);
+      if (fd >= 0) close(fd);
+      group_free(g);
+      return ncclRemoteError;
+    }
+    g->ctrl[ph.rank] = fd;
+  }
+  MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d of %d connected its group on %s", rank, nranks, g->d->props.name);
+  *out = g;
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_close_group(void *group) {
+  group_free(group);
+  return ncclSuccess;
+}
+
+/* Every rank sends its record to every peer, then reads theirs (records are small enough for the
+ * kernel's socket buffers, so the order cannot deadlock). */
+static ncclResult_t ctrl_allgather(struct ibr_group *g, const void *mine, void *all, size_t len, const char *what) {
+  memcpy((char *)all + (size_t)g->rank * len, mine, len);
+  for (int j = 0; j < g->nranks; j++)
+    if (j != g->rank && write_all(g->ctrl[j], mine, len) != 0) {
+      MP_WARN("RMA %s: rank %d could not reach rank %d on the group's control socket: %s", what, g->rank, j,
+              strerror(errno));
+      return ncclRemoteError;
+    }
+  for (int j = 0; j < g->nranks; j++)
+    if (j != g->rank && read_all(g->ctrl[j], (char *)all + (size_t)j * len, len) != 0) {
+      MP_WARN("RMA %s: rank %d heard nothing from rank %d on the group's control socket within %d s", what, g->rank,
+              j, timeout_ms() / 1000);
+      return ncclRemoteError;
+    }
+  return ncclSuccess;
+}
+
+/* ---- windows ---- */
+static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, struct ibr_win *w) {
+  if (type == NCCL_PTR_CUDA && !(g->d->props.ptr_support & NCCL_PTR_CUDA)) {
+    MP_WARN("RMA regMrSym: %p (%zu bytes) is GPU memory, but %s has no nvidia-peermem to register it with",
+            data, size, g->d->props.name);
+    return ncclInvalidUsage;
+  }
+  if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
+    MP_WARN("RMA regMrSym: memory type %d; expected NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type);
+    return ncclInvalidArgument;
+  }
+  /* Whole pages, as the kernel pins them anyway; never relaxed ordering (the signal's guarantee). */
+  uintptr_t start = (uintptr_t)data & ~(uintptr_t)4095;
+  size_t len = (((uintptr_t)data + size + 4095) & ~(uintptr_t)4095) - start;
+  w->mr = mpib_v.reg_mr(g->d->hca->pd, (void *)start, len ? len : 4096, IBR_ACCESS);
+  if (!w->mr) {
+    MP_WARN("RMA regMrSym: %s: registering %zu bytes of %s memory at %p failed: %s", g->d->props.name, size,
+            type == NCCL_PTR_CUDA ? "GPU" : "host", data, strerror(errno));
+    return ncclSystemError;
+  }
+  w->base = data;
+  w->size = size;
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle) {
+  struct ibr_group *g = group;
+  (void)flags; /* FORCE_SO: every signal comes after its data anyway */
+  *mhandle = NULL;
+  struct ibr_win *w = calloc(1, sizeof(*w));
+  if (!w || !(w->peers = calloc((size_t)g->nranks, sizeof(*w->peers)))) {
+    free(w);
+    return ncclSystemError;
+  }
+  ncclResult_t res = win_register(g, data, size, type, w);
+  pthread_mutex_lock(&g->lock);
+  w->id = g->nwins;
+  pthread_mutex_unlock(&g->lock);
+  /* Collective, also when the registration failed here: the peers must not wait for this rank. */
+  struct ibr_win_rec mine = {.addr = (uint64_t)(uintptr_t)data, .size = res == ncclSuccess ? size : 0,
+                             .rkey = w->mr ? w->mr->rkey : 0, .id = res == ncclSuccess ? w->id : UINT32_MAX};
+  ncclResult_t xres = ctrl_allgather(g, &mine, w->peers, sizeof(mine), "regMrSym");
+  if (res == ncclSuccess) res = xres;
+  for (int p = 0; res == ncclSuccess && p < g->nranks; p++)
+    if (w->peers[p].id != w->id) {
+      MP_WARN("RMA regMrSym: rank %d registers its window %u while rank %d registers %s: windows must be registered "
+              "in the same order on every rank", g->rank, w->id, p,
+              w->peers[p].id == UINT32_MAX ? "none (its registration failed)" : "another one");
+      res = ncclInvalidUsage;
+    }
+  pthread_mutex_lock(&g->lock);
+  if (res == ncclSuccess && g->nwins == g->cap) {
+    uint32_t cap = g->cap ? g->cap * 2 : 16;
+    struct ibr_win **nw = realloc(g->wins, sizeof(*nw) * cap);
+    if (nw) {
+      g->wins = nw;
+      g->cap = cap;
+    } else {
+      res = ncclSystemError;
+    }
+  }
+  if (res == ncclSuccess) g->wins[g->nwins++] = w;
+  pthread_mutex_unlock(&g->lock);
+  if (res != ncclSuccess) {
+    if (w->mr) mpib_v.dereg_mr(w->mr);
+    free(w->peers);
+    free(w);
+    return res;
+  }
+  MP_TRACE(NCCL_NET, "RMA: window %u = %p, %zu bytes, rkey 0x%x", w->id, data, size, w->mr->rkey);
+  *mhandle = w;
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_dereg_mr_sym(void *group, void *mhandle) {
+  struct ibr_group *g = group;
+  struct ibr_win *w = mhandle;
+  if (!w) return ncclSuccess;
+  pthread_mutex_lock(&g->lock);
+  int found = w->id < g->nwins && g->wins[w->id] == w;
+  if (found) g->wins[w->id] = NULL; /* its index stays taken: the n-th window is the same everywhere */
+  pthread_mutex_unlock(&g->lock);
+  if (!found) {
+    MP_WARN("RMA deregMrSym: %p is not a window of this group", mhandle);
+    return ncclInvalidArgument;
+  }
+  mpib_v.dereg_mr(w->mr);
+  free(w->peers);
+  free(w);
+  return ncclSuccess;
+}
+
+/* off + size within [0, limit), without overflow. */
+static int range_ok(uint64_t off, uint64_t size, uint64_t limit) { return off <= limit && size <= limit - off; }
+
+/* ---- contexts ---- */
+static void conn_free(struct ibr_conn *c) {
+  if (!c) return;
+  if (c->qp) mpib_v.destroy_qp(c->qp);
+  if (c->mirror) mpib_v.destroy_qp(c->mirror);
+  free(c);
+}
+
+static ncclResult_t rma_destroy_context(void *ctx) {
+  struct ibr_ctxset *s = ctx;
+  if (!s) return ncclSuccess;
+  for (int i = 0; s->conns && i < s->ncontexts * s->g->nranks; i++) conn_free(s->conns[i]);
+  for (int c = 0; s->cx && c < s->ncontexts; c++) {
+    if (s->cx[c].b.cq) mpib_v.destroy_cq(s->cx[c].b.cq);
+    pthread_mutex_destroy(&s->cx[c].lock);
+  }
+  free(s->conns);
+  free(s->cx);
+  free(s);
+  return ncclSuccess;
+}
+
+static int is_connected_peer(const struct ibr_group *g, int stride, int p) {
+  return ((p - g->rank + g->nranks) % g->nranks) % stride == 0;
+}
+
+static ncclResult_t cx_open(struct ibr_ctxset *s, int c, const struct mplane_rma_ctx_opts *o) {
+  struct ibr_group *g = s->g;
+  struct ibr_cx *x = &s->cx[c];
+  x->set = s;
+  x->index = c;
+  pthread_mutex_init(&x->lock, NULL);
+  x->b.dev = g->d;
+  x->b.devindex = g->dev;
+  x->b.fd = -1;
+  x->b.sl = o->service_level;
+  x->b.tc_class = o->tc_class;
+  /* as two-sided comms (ib_conn.c): on RoCE the class's DSCP, or the site's MPLANE_IB_TC */
+  const struct mplane_config *cfg = mpib_config();
+  if (g->d->link_layer != IBV_LINK_LAYER_ETHERNET) x->b.tclass = 0;
+  else x->b.tclass = cfg->ib_tc >= 0 ? cfg->ib_tc : mplane_tc_dscp(o->service_level) << 2;
+  snprintf(x->b.peer, sizeof(x->b.peer), "its RMA group");
+  char why[256];
+  if (mpib_dev_resolve_gid(g->d, &x->b.gid_index, &x->b.gid, why, sizeof(why)) != 0) {
+    MP_WARN("RMA createContext: %s: no GID: %s", g->d->props.name, why);
+    return ncclSystemError;
+  }
+  int nconn = 0;
+  for (int p = 0; p < g->nranks; p++) nconn += is_connected_peer(g, s->stride, p);
+  long depth = (long)nconn * IBR_SQ;
+  x->cq_depth = (int)(depth < IBR_CQ_MAX ? depth : IBR_CQ_MAX);
+  x->b.cq = mpib_v.create_cq(g->d->hca->ctx, x->cq_depth, NULL, NULL, 0);
+  if (!x->b.cq) {
+    MP_WARN("RMA createContext: %s: ibv_create_cq(%d) failed: %s", g->d->props.name, x->cq_depth, strerror(errno));
+    return ncclSystemError;
+  }
+  for (int p = 0; p < g->nranks; p++) {
+    if (!is_connected_peer(g, s->stride, p)) continue;
+    struct ibr_conn *cn = calloc(1, sizeof(*cn));
+    if (!cn) return ncclSystemError;
+    s->conns[c * g->nranks + p] = cn;
+    cn->cx = x;
+    cn->peer = p;
+    MP_CHECK(mpib_create_qp(&x->b, IBR_ACCESS, IBR_SQ, 0, 0, &cn->qp));
+    if (p == g->rank) MP_CHECK(mpib_create_qp(&x->b, IBR_ACCESS, 1, 0, 0, &cn->mirror));
+  }
+  return ncclSuccess;
+}
+
+/* Connect every QP to its peer's QP for this rank, from the allgathered records. */
+static ncclResult_t connect_all(struct ibr_ctxset *s, const char *all, size_t reclen) {
+  struct ibr_group *g = s->g;
+  const struct ibr_addr_rec *me = (const void *)(all + (size_t)g->rank * reclen);
+  for (int c = 0; c < s->ncontexts; c++)
+    for (int p = 0; p < g->nranks; p++) {
+      struct ibr_conn *cn = s->conns[c * g->nranks + p];
+      if (!cn) continue;
+      struct ibr_cx *x = &s->cx[c];
+      const struct ibr_addr_rec *r = (const void *)(all + (size_t)p * reclen);
+      const uint32_t *qpn = (const uint32_t *)(r + 1);
+      if (r->magic != IBR_MAGIC || r->link_layer != g->d->link_layer || r->mtu < IBV_MTU_256 ||
+          r->mtu > IBV_MTU_4096 || qpn[c * g->nranks + g->rank] == 0) {
+        MP_WARN("RMA createContext: rank %d's QP record for rank %d, context %d is not valid (link layer %d, MTU %u): "
+                "is it the same mplane build, on the same fabric?", p, g->rank, c, r->link_layer, r->mtu);
+        return ncclInvalidUsage;
+      }
+      snprintf(x->b.peer, sizeof(x->b.peer), "rank %d", p);
+      if (p == g->rank) { /* to itself: the QP and its mirror, each the other's peer */
+        MP_CHECK(mpib_qp_connect(&x->b, cn->qp, cn->mirror->qp_num, me->lid, me->gid, (int)me->mtu));
+        MP_CHECK(mpib_qp_connect(&x->b, cn->mirror, cn->qp->qp_num, me->lid, me->gid, (int)me->mtu));
+      } else {
+        MP_CHECK(mpib_qp_connect(&x->b, cn->qp, qpn[c * g->nranks + g->rank], r->lid, r->gid, (int)r->mtu));
+      }
+    }
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_opts *o, void **out) {
+  struct ibr_group *g = group;
+  *out = NULL;
+  if (o->ncontexts < 1 || o->rank_stride < 1 || g->nranks % o->rank_stride != 0) {
+    MP_WARN("RMA createContext: %d contexts with rank stride %d in a group of %d ranks; expected at least one "
+            "context and a stride that divides the group", o->ncontexts, o->rank_stride, g->nranks);
+    return ncclInvalidArgument;
+  }
+  struct ibr_ctxset *s = calloc(1, sizeof(*s));
+  size_t nconn = (size_t)o->ncontexts * (size_t)g->nranks;
+  if (!s || !(s->conns = calloc(nconn, sizeof(*s->conns))) || !(s->cx = calloc((size_t)o->ncontexts, sizeof(*s->cx)))) {
+    if (s) free(s->conns);
+    free(s);
+    return ncclSystemError;
+  }
+  s->g = g;
+  s->ncontexts = o->ncontexts;
+  s->stride = o->rank_stride;
+  ncclResult_t res = ncclSuccess;
+  for (int c = 0; res == ncclSuccess && c < o->ncontexts; c++) res = cx_open(s, c, o);
+  /* One record per rank: its address and, per (context, peer), the QP that peer connects to. A
+   * failed rank still sends one (magic 0), so no peer waits for it. */
+  size_t reclen = sizeof(struct ibr_addr_rec) + nconn * sizeof(uint32_t);
+  char *mine = calloc(1, reclen), *all = calloc((size_t)g->nranks, reclen);
+  if (!mine || !all) res = ncclSystemError;
+  if (mine && res == ncclSuccess) {
+    struct ibr_addr_rec *r = (void *)mine;
+    r->magic = IBR_MAGIC;
+    r->link_layer = g->d->link_layer;
+    r->lid = g->d->lid;
+    r->mtu = g->d->mtu;
+    memcpy(r->gid, s->cx[0].b.gid.raw, 16);
+    uint32_t *qpn = (uint32_t *)(r + 1);
+    for (size_t i = 0; i < nconn; i++) qpn[i] = s->conns[i] ? s->conns[i]->qp->qp_num : 0;
+  }
+  if (mine && all) {
+    ncclResult_t x = ctrl_allgather(g, mine, all, reclen, "createContext");
+    if (res == ncclSuccess) res = x;
+  }
+  if (res == ncclSuccess) res = connect_all(s, all, reclen);
+  /* A barrier: no rank posts before every peer's QPs are ready to take its requests. */
+  if (mine && all) {
+    int ok = res == ncclSuccess, oks[1024], *okv = g->nranks <= 1024 ? oks : malloc(sizeof(int) * (size_t)g->nranks);
+    ncclResult_t x = okv ? ctrl_allgather(g, &ok, okv, sizeof(ok), "createContext") : ncclSystemError;
+    for (int p = 0; x == ncclSuccess && p < g->nranks; p++)
+      if (!okv[p] && res == ncclSuccess) {
+        MP_WARN("RMA createContext: rank %d could not connect its QPs", p);
+        res = ncclRemoteError;
+      }
+    if (res == ncclSuccess) res = x;
+    if (okv != oks) free(okv);
+  }
+  free(mine);
+  free(all);
+  if (res != ncclSuccess) {
+    rma_destroy_context(s);
+    return res;
+  }
+  MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d: %d context(s), rank stride %d, class %s (SL %d), over %s (RDMA write, "
+          "atomic signal, RDMA read)", g->rank, o->ncontexts, o->rank_stride, mplane_tc_class_name(o->tc_class),
+          o->service_level, g->d->props.name);
+  *out = s;
+  return ncclSuccess;
+}
+
+/* ---- requests ---- */
+static struct ibr_req *req_new(struct ibr_conn *c, const char *what, uint32_t win, uint64_t off, uint64_t size) {
+  struct ibr_req *r = calloc(1, sizeof(*r));
+  if (!r) return NULL;
+  r->magic = IBR_REQ_MAGIC;
+  r->conn = c;
+  snprintf(r->what, sizeof(r->what), "%s", what);
+  r->win = win;
+  r->off = off;
+  r->size = size;
+  return r;
+}
+
+static void req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) {
+  __atomic_store_n(&r->conn->cx->set->has_error, 1, __ATOMIC_RELEASE);
+  if (r->failed) return;
+  r->failed = 1;
+  r->result = res;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->why, sizeof(r->why), fmt, ap);
+  va_end(ap);
+}
+
+/* A refused op: a request that fails from test, nothing posted. */
+static ncclResult_t refuse(struct ibr_req *r, void **request) {
+  *request = r;
+  return ncclSuccess;
+}
+
+static ncclResult_t op_conn(struct ibr_ctxset *s, int context, uint32_t rank, const char *what,
+                            struct ibr_conn **out) {
+  struct ibr_group *g = s->g;
+  if (context < 0 || context >= s->ncontexts || rank >= (uint32_t)g->nranks ||
+      !s->conns[context * g->nranks + (int)rank]) {
+    MP_WARN("RMA %s: rank %d has no QP to rank %u in context %d (%d contexts, %d ranks, rank stride %d)", what,
+            g->rank, rank, context, s->ncontexts, g->nranks, s->stride);
+    return ncclInvalidUsage;
+  }
+  struct ibr_conn *c = s->conns[context * g->nranks + (int)rank];
+  if (__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE) || __atomic_load_n(&g->gone[rank], __ATOMIC_ACQUIRE)) {
+    MP_WARN("RMA %s to rank %u (context %d): %s", what, rank, context,
+            c->failed ? c->why : "the peer is gone (its control socket closed)");
+    return ncclRemoteError;
+  }
+  *out = c;
+  return ncclSuccess;
+}
+
+static ncclResult_t local_win(struct ibr_ctxset *s, void *mh, uint64_t off, uint64_t size, const char *what,
+                              uint32_t rank, struct ibr_win **out) {
+  struct ibr_win *w = mh;
+  if (!w || w->id >= s->g->nwins || s->g->wins[w->id] != w) {
+    MP_WARN("RMA %s to rank %u: the local window handle %p is not registered on this group", what, rank, mh);
+    return ncclInvalidUsage;
+  }
+  if (!range_ok(off, size, w->size)) {
+    MP_WARN("RMA %s to rank %u: offset %llu + size %llu lies outside local window %u (%zu bytes)", what, rank,
+            (unsigned long long)off, (unsigned long long)size, w->id, w->size);
+    return ncclInvalidUsage;
+  }
+  *out = w;
+  return ncclSuccess;
+}
+
+/* Room for n more work requests on c's QP and its context's CQ (caller holds the context's lock). */
+static int room(struct ibr_conn *c, int n) {
+  return c->outstanding + n <= IBR_SQ && c->cx->outstanding + n <= c->cx->cq_depth;
+}
+
+static int post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr) {
+  struct ibv_send_wr *bad = NULL;
+  int n = 0;
+  for (struct ibv_send_wr *w = wr; w; w = w->next) n++;
+  int rc = ibv_post_send(c->qp, wr, &bad);
+  if (rc != 0) {
+    int posted = 0;
+    for (struct ibv_send_wr *w = wr; w && w != bad; w = w->next) posted++;
+    n = posted;
+    req_fail(r, ncclSystemError, "RMA %s to rank %d (context %d): ibv_post_send failed: %s", r->what, c->peer,
+             c->cx->index, strerror(rc));
+  }
+  r->pending += n;
+  c->outstanding += n;
+  c->cx->outstanding += n;
+  return rc;
+}
+
+/* The data part of a put or get as work requests of at most IBR_WR_MAX bytes each; with a signal,
+ * the atomic last. */
+static ncclResult_t post_op(struct ibr_conn *c, struct ibr_req *r, int opcode, struct ibr_win *lw, uint64_t loff,
+                            const struct ibr_win_rec *rw, uint64_t roff, uint64_t size,
+                            const struct ibr_win_rec *sw, uint64_t soff, uint64_t add) {
+  int nwr = (int)((size + IBR_WR_MAX - 1) / IBR_WR_MAX) + (sw ? 1 : 0);
+  struct ibr_cx *x = c->cx;
+  struct ibr_group *g = x->set->g;
+  pthread_mutex_lock(&x->lock);
+  if (!room(c, nwr)) {
+    pthread_mutex_unlock(&x->lock);
+    MP_WARN("RMA %s to rank %d (context %d): %d work requests in flight on its QP, %d on the context: more than the "
+            "queues hold (%d, %d)", r->what, c->peer, x->index, c->outstanding, x->outstanding, IBR_SQ, x->cq_depth);
+    free(r);
+    return ncclInternalError;
+  }
+  struct ibv_send_wr wrs[8], *wrv = nwr <= 8 ? wrs : calloc((size_t)nwr, sizeof(*wrv));
+  struct ibv_sge sges[8], *sgv = nwr <= 8 ? sges : calloc((size_t)nwr, sizeof(*sgv));
+  if (!wrv || !sgv) {
+    pthread_mutex_unlock(&x->lock);
+    if (wrv != wrs) free(wrv);
+    if (sgv != sges) free(sgv);
+    free(r);
+    return ncclSystemError;
+  }
+  memset(wrv, 0, sizeof(*wrv) * (size_t)nwr);
+  int i = 0;
+  for (uint64_t done = 0; done < size; done += IBR_WR_MAX, i++) {
+    uint64_t len = size - done < IBR_WR_MAX ? size - done : IBR_WR_MAX;
+    sgv[i] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)lw->base + loff + done, .length = (uint32_t)len,
+                              .lkey = lw->mr->lkey};
+    wrv[i].opcode = (enum ibv_wr_opcode)opcode;
+    wrv[i].wr.rdma.remote_addr = rw->addr + roff + done;
+    wrv[i].wr.rdma.rkey = rw->rkey;
+  }
+  if (sw) {
+    sgv[i] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)g->scratch, .length = 8, .lkey = g->scratch_mr->lkey};
+    wrv[i].opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wrv[i].wr.atomic.remote_addr = sw->addr + soff;
+    wrv[i].wr.atomic.rkey = sw->rkey;
+    wrv[i].wr.atomic.compare_add = add;
+  }
+  for (int k = 0; k < nwr; k++) {
+    wrv[k].wr_id = (uint64_t)(uintptr_t)r;
+    wrv[k].sg_list = &sgv[k];
+    wrv[k].num_sge = 1;
+    wrv[k].send_flags = IBV_SEND_SIGNALED;
+    wrv[k].next = k + 1 < nwr ? &wrv[k + 1] : NULL;
+  }
+  post(c, r, wrv);
+  pthread_mutex_unlock(&x->lock);
+  if (wrv != wrs) free(wrv);
+  if (sgv != sges) free(sgv);
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src_mh, size_t size, uint64_t dst_off,
+                             void *dst_mh, uint32_t rank, const struct mplane_rma_signal *sig, void **request) {
+  struct ibr_ctxset *s = ctx;
+  struct ibr_conn *c;
+  const char *what = sig ? "putSignal" : "put";
+  *request = NULL;
+  MP_CHECK(op_conn(s, context, rank, what, &c));
+  if (sig && sig->op != NCCL_NET_SIGNAL_OP_INC && sig->op != NCCL_NET_SIGNAL_OP_ADD) {
+    MP_WARN("RMA putSignal to rank %u (context %d, signal offset %llu): signal op %u is not one NCCL defines (INC 1, "
+            "ADD 2)", rank, context, (unsigned long long)sig->off, sig->op);
+    return ncclInvalidArgument;
+  }
+  struct ibr_win *src = NULL, *dst = dst_mh, *sw = sig ? sig->mhandle : NULL;
+  if (size > 0) {
+    MP_CHECK(local_win(s, src_mh, src_off, size, what, rank, &src));
+    struct ibr_win *unused;
+    if (!dst_mh || local_win(s, dst_mh, 0, 0, what, rank, &unused) != ncclSuccess) {
+      MP_WARN("RMA %s of %zu bytes to rank %u: no registered destination window (%p)", what, size, rank, dst_mh);
+      return ncclInvalidArgument;
+    }
+  }
+  if (sig) {
+    struct ibr_win *unused;
+    if (!sw || local_win(s, sw, 0, 0, what, rank, &unused) != ncclSuccess) {
+      MP_WARN("RMA putSignal to rank %u: no registered signal window (%p)", rank, sig->mhandle);
+      return ncclInvalidArgument;
+    }
+  }
+  struct ibr_req *r = req_new(c, what, size > 0 ? dst->id : (sw ? sw->id : 0), dst_off, size);
+  if (!r) return ncclSystemError;
+  /* The target's windows as it registered them: a range outside is refused before anything moves. */
+  const struct ibr_win_rec *rw = size > 0 ? &dst->peers[rank] : NULL;
+  if (rw && !range_ok(dst_off, size, rw->size)) {
+    req_fail(r, ncclInvalidUsage, "RMA %s to rank %u (context %d): offset %llu + size %zu lies outside its window %u "
+             "(%llu bytes); nothing was written", what, rank, context, (unsigned long long)dst_off, size, dst->id,
+             (unsigned long long)rw->size);
+    return refuse(r, request);
+  }
+  const struct ibr_win_rec *srec = sig ? &sw->peers[rank] : NULL;
+  if (srec && (sig->off % 8 != 0 || !range_ok(sig->off, 8, srec->size))) {
+    req_fail(r, ncclInvalidUsage, "RMA putSignal to rank %u (context %d): signal word at offset %llu %s of its signal "
+             "window %u (%llu bytes); nothing was written", rank, context, (unsigned long long)sig->off,
+             sig->off % 8 ? "is not 8-byte aligned, in" : "lies outside", sw->id, (unsigned long long)srec->size);
+    return refuse(r, request);
+  }
+  *request = r;
+  if (size == 0 && !sig) return ncclSuccess; /* nothing to move: done at the first test */
+  uint64_t add = sig ? (sig->op == NCCL_NET_SIGNAL_OP_INC ? 1 : sig->value) : 0;
+  ncclResult_t res = post_op(c, r, IBV_WR_RDMA_WRITE, src, src_off, rw, dst_off, size, srec, sig ? sig->off : 0, add);
+  if (res != ncclSuccess) *request = NULL;
+  return res;
+}
+
+static ncclResult_t rma_iget(void *ctx, int context, uint64_t remote_off, void *remote_mh, size_t size,
+                             uint64_t local_off, void *local_mh, uint32_t rank, void **request) {
+  struct ibr_ctxset *s = ctx;
+  struct ibr_conn *c;
+  struct ibr_win *dst, *rwin = remote_mh, *unused;
+  *request = NULL;
+  MP_CHECK(op_conn(s, context, rank, "get", &c));
+  MP_CHECK(local_win(s, local_mh, local_off, size, "get", rank, &dst));
+  if (!rwin || local_win(s, rwin, 0, 0, "get", rank, &unused) != ncclSuccess) {
+    MP_WARN("RMA get from rank %u: no registered remote window (%p)", rank, remote_mh);
+    return ncclInvalidArgument;
+  }
+  struct ibr_req *r = req_new(c, "get", rwin->id, remote_off, size);
+  if (!r) return ncclSystemError;
+  const struct ibr_win_rec *rw = &rwin->peers[rank];
+  if (!range_ok(remote_off, size, rw->size)) {
+    req_fail(r, ncclInvalidUsage, "RMA get from rank %u (context %d): offset %llu + size %zu lies outside its window "
+             "%u (%llu bytes); nothing was read", rank, context, (unsigned long long)remote_off, size, rwin->id,
+             (unsigned long long)rw->size);
+    return refuse(r, request);
+  }
+  *request = r;
+  if (size == 0) return ncclSuccess;
+  ncclResult_t res = post_op(c, r, IBV_WR_RDMA_READ, dst, local_off, rw, remote_off, size, NULL, 0, 0);
+  if (res != ncclSuccess) *request = NULL;
+  return res;
+}
+
+/* A get completes only once its READ's bytes are in host memory, so there is nothing to flush. */
+static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t rank, void **request) {
+  struct ibr_ctxset *s = ctx;
+  struct ibr_group *g = s->g;
+  (void)mhandle;
+  *request = NULL;
+  if (context < 0 || context >= s->ncontexts || rank >= (uint32_t)g->nranks ||
+      !s->conns[context * g->nranks + (int)rank]) {
+    MP_WARN("RMA flush: rank %d has no QP to rank %u in context %d", g->rank, rank, context);
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
+}
+
+/* ---- completions ---- */
+static void conn_fail(struct ibr_conn *c, const char *why) {
+  if (__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE)) return;
+  snprintf(c->why, sizeof(c->why), "%s", why);
+  __atomic_store_n(&c->failed, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->cx->set->has_error, 1, __ATOMIC_RELEASE);
+  /* ERR flushes whatever is still posted, so every request on it completes (in error) soon. */
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+  mpib_v.modify_qp(c->qp, &a, IBV_QP_STATE);
+}
+
+static void poll_cx(struct ibr_cx *x) {
+  struct ibv_wc wc[16];
+  for (;;) {
+    int n = ibv_poll_cq(x->b.cq, 16, wc);
+    if (n < 0) {
+      MP_WARN("RMA: ibv_poll_cq failed on context %d", x->index);
+      return;
+    }
+    for (int i = 0; i < n; i++) {
+      struct ibr_req *r = (struct ibr_req *)(uintptr_t)wc[i].wr_id;
+      struct ibr_conn *c = r->conn;
+      r->pending--;
+      c->outstanding--;
+      x->outstanding--;
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        char why[160];
+        snprintf(why, sizeof(why), "a completion in error: %s (status %d)", mpib_wc_status_str(wc[i].status),
+                 wc[i].status);
+        req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
+                 strcmp(r->what, "get") ? "to" : "from", c->peer, x->index, r->win, (unsigned long long)r->off,
+                 (unsigned long long)r->size, c->failed ? c->why : why);
+        conn_fail(c, why);
+      }
+    }
+    if (n < 16) return;
+  }
+}
+
+/* A peer whose control socket reached its end is gone (it never writes there outside the
+ * collective calls, and it closes it only in closeColl, after its own ops are done). */
+static void check_peer(struct ibr_group *g, struct ibr_conn *c) {
+  int p = c->peer;
+  if (p == g->rank || __atomic_load_n(&g->gone[p], __ATOMIC_ACQUIRE)) {
+    if (p != g->rank && !c->failed) conn_fail(c, "the peer is gone (its control socket closed)");
+    return;
+  }
+  double t = now_s();
+  if (t - g->peeked[p] < IBR_PEEK_EVERY_S) return;
+  g->peeked[p] = t;
+  char b;
+  ssize_t r = recv(g->ctrl[p], &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    __atomic_store_n(&g->gone[p], 1, __ATOMIC_RELEASE);
+    conn_fail(c, "the peer is gone (its control socket closed: is the process alive?)");
+  }
+}
+
+static ncclResult_t rma_test(void *group, void *request, int *done) {
+  struct ibr_group *g = group;
+  struct ibr_req *r = request;
+  *done = 0;
+  if (!r || r->magic != IBR_REQ_MAGIC) {
+    MP_WARN("RMA test: %p is not a request of this plugin", request);
+    return ncclInvalidArgument;
+  }
+  struct ibr_cx *x = r->conn->cx;
+  pthread_mutex_lock(&x->lock);
+  if (r->pending) poll_cx(x);
+  if (r->pending && !r->failed) check_peer(g, r->conn);
+  if (r->pending && r->conn->failed && !r->failed)
+    req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
+             strcmp(r->what, "get") ? "to" : "from", r->conn->peer, x->index, r->win, (unsigned long long)r->off,
+             (unsigned long long)r->size, r->conn->why);
+  int pending = r->pending;
+  pthread_mutex_unlock(&x->lock);
+  if (pending) return ncclSuccess; /* a failed request is released once its flushed work requests are back */
+  ncclResult_t res = r->failed ? r->result : ncclSuccess;
+  if (r->failed) MP_WARN("%s", r->why);
+  r->magic = 0;
+  free(r);
+  *done = 1;
+  return res;
+}
+
+static ncclResult_t rma_query_last_error(void *ctx, int *has_error) {
+  struct ibr_ctxset *s = ctx;
+  *has_error = s ? __atomic_load_n(&s->has_error, __ATOMIC_ACQUIRE) : 0;
+  return ncclSuccess;
+}
+
+const struct mplane_rma_ops mpib_rma_ops = {
+    .listen = rma_listen,
+    .close_listen = rma_close_listen,
+    .connect = rma_connect,
+    .close_group = rma_close_group,
+    .create_context = rma_create_context,
+    .destroy_context = rma_destroy_context,
+    .reg_mr_sym = rma_reg_mr_sym,
+    .dereg_mr_sym = rma_dereg_mr_sym,
+    .iput = rma_iput,
+    .iget = rma_iget,
+    .iflush = rma_iflush,
+    .test = rma_test,
+    .progress = NULL,
+    .query_last_error = rma_query_last_error,
+};
