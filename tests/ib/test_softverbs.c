@@ -1,5 +1,5 @@
 /* The software verbs double's own semantics, checked through dlopen as the transport uses it: QP
- * state rules, RDMA write/read/write-with-immediate/send, rkey and bounds checks, flushes, send-queue
+ * state rules, RDMA write/read/write-with-immediate/send/fetch-and-add, rkey and bounds checks, flushes, send-queue
  * credit, CQ overrun, max_msg_sz, write placement. One process, two QPs connected to each other. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -248,6 +248,78 @@ static void test_bad_rkey(void **state) {
   V.destroy_qp(e);
 }
 
+static int post_fetch_add(struct ibv_qp *qp, uint64_t *old, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint64_t add,
+                          uint64_t id) {
+  struct ibv_sge sge = {.addr = (uintptr_t)old, .length = 8, .lkey = lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof(wr));
+  wr.wr_id = id;
+  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.atomic.remote_addr = raddr;
+  wr.wr.atomic.rkey = rkey;
+  wr.wr.atomic.compare_add = add;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+/* FETCH_AND_ADD: the old value comes back, the word grows; it runs after the QP's earlier write was
+ * placed (in order, as an RC responder); a word outside an atomic-enabled window is an access
+ * error, a misaligned one an invalid request. */
+static void test_fetch_add(void **state) {
+  (void)state;
+  load();
+  struct ibv_qp *a = qp_new(), *b = qp_new();
+  int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+  assert_int_equal(to_init(a, acc), 0);
+  assert_int_equal(to_init(b, acc), 0);
+  assert_int_equal(to_rts(a, b->qp_num, V.lid), 0);
+  assert_int_equal(to_rts(b, a->qp_num, V.lid), 0);
+  static uint64_t word[4] __attribute__((aligned(64))), old, plain;
+  static char src[8192], dst[8192];
+  word[1] = 40;
+  memset(src, 0x5c, sizeof(src));
+  struct ibv_mr *wmr = V.reg_mr(V.pd, word, sizeof(word), acc);
+  struct ibv_mr *omr = V.reg_mr(V.pd, &old, 8, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr *smr = V.reg_mr(V.pd, src, sizeof(src), IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr *dmr = V.reg_mr(V.pd, dst, sizeof(dst), acc);
+  struct ibv_mr *pmr = V.reg_mr(V.pd, &plain, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  assert_non_null(wmr);
+  assert_non_null(pmr);
+  assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, src, sizeof(src), smr->lkey, (uintptr_t)dst, dmr->rkey, 1), 0);
+  assert_int_equal(post_fetch_add(a, &old, omr->lkey, (uintptr_t)&word[1], wmr->rkey, 2, 2), 0);
+  struct ibv_wc wc = wait_wc();
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_int_equal(wc.wr_id, 1);
+  wc = wait_wc();
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_int_equal(wc.wr_id, 2);
+  assert_int_equal(wc.opcode, IBV_WC_FETCH_ADD);
+  assert_int_equal(old, 40);
+  assert_int_equal(__atomic_load_n(&word[1], __ATOMIC_ACQUIRE), 42);
+  assert_int_equal((unsigned char)dst[0], 0x5c); /* the write was placed before the atomic ran */
+  assert_int_equal((unsigned char)dst[sizeof(dst) - 1], 0x5c);
+  /* a window without REMOTE_ATOMIC: access error, nothing added */
+  assert_int_equal(post_fetch_add(a, &old, omr->lkey, (uintptr_t)&plain, pmr->rkey, 1, 3), 0);
+  wc = wait_wc();
+  assert_int_equal(wc.status, IBV_WC_REM_ACCESS_ERR);
+  assert_int_equal(plain, 0);
+  struct ibv_qp *c = qp_new(), *e = qp_new();
+  assert_int_equal(to_init(c, acc), 0);
+  assert_int_equal(to_init(e, acc), 0);
+  assert_int_equal(to_rts(c, e->qp_num, V.lid), 0);
+  assert_int_equal(to_rts(e, c->qp_num, V.lid), 0);
+  assert_int_equal(post_fetch_add(c, &old, omr->lkey, (uintptr_t)&word[1] + 4, wmr->rkey, 1, 4), 0);
+  wc = wait_wc();
+  assert_int_equal(wc.status, IBV_WC_REM_INV_REQ_ERR);
+  assert_int_equal(word[1], 42);
+  V.destroy_qp(a);
+  V.destroy_qp(b);
+  V.destroy_qp(c);
+  V.destroy_qp(e);
+}
+
 /* Real RC: a peer QP that goes away leaves the local QP alone until a request of ours goes unanswered.
  * Receives already completed stay completed, posted receives are not flushed, and only the next
  * request fails (transport retries exhausted), flushing the rest. */
@@ -436,6 +508,7 @@ int main(void) {
       cmocka_unit_test(test_state_rules),
       cmocka_unit_test(test_data_and_keys),
       cmocka_unit_test(test_bad_rkey),
+      cmocka_unit_test(test_fetch_add),
       cmocka_unit_test(test_peer_destroyed),
       cmocka_unit_test(test_sq_credit),
       cmocka_unit_test(test_cq_overrun),

@@ -14,6 +14,9 @@
 #   loopback   a few scenarios with both ranks on rxe0 (rxe's own loopback, no wire)
 #   rate       tools/mplane-netbench rxe1 -> rxe0 in ib_write_bw's shape (1 MiB messages, 200 MiB):
 #              the plugin's rate beside the wire's, "rxe plugin rate: X MB/s"
+#   rma        the one-sided ops (tests/rma's harness, ncclRmaPlugin_v14): RDMA writes, atomic signals and
+#              RDMA reads, even ranks on rxe0 and odd ones on rxe1 (so ranks on one device use rxe's
+#              loopback and the others the wire); one harness process per scenario
 # Logs of each step: $MPLANE_RXE_SHARE/<step>.log (the shared directory of rxe-vm.sh). Exit status:
 # 0 when every step passed, 1 otherwise, 2 usage.
 set -uo pipefail
@@ -156,6 +159,33 @@ loopback() {
   MPLANE_ABI_SHARED_STEPS=${MPLANE_ABI_SHARED_STEPS:-300} MPLANE_IB_HCA='=rxe0' MPLANE_SOCKET_IFNAME='=veth0' harness "${list[@]}"
 }
 
+# The RMA harness: "name ranks args..." per scenario; even ranks on rxe0 (veth0), odd ones on rxe1.
+RMA_SCENARIOS=("data-2 2 --big data" "data-4 4 data" "order-2 2 order" "order-4 4 order" "alltoall-2 2 alltoall"
+               "alltoall-4 4 alltoall" "oob 3 oob" "stride 4 stride" "kill-2 2 kill" "kill-4 4 kill")
+rma() {
+  local rh=$BUILD/tests/rma/rma-harness line name n rc=0 t0 r
+  [ -x "$rh" ] || { echo "no $rh (build first)"; return 1; }
+  for r in 0 1 2 3; do
+    if [ $((r % 2)) -eq 0 ]; then export "MPLANE_RMA_ENV_$r=MPLANE_IB_HCA==rxe0 MPLANE_SOCKET_IFNAME==veth0"
+    else export "MPLANE_RMA_ENV_$r=MPLANE_IB_HCA==rxe1 MPLANE_SOCKET_IFNAME==veth1"; fi
+  done
+  for line in "${RMA_SCENARIOS[@]}"; do
+    read -r name n args <<<"$line"
+    t0=$SECONDS
+    # shellcheck disable=SC2086 # args are words
+    # rxe on this emulated CPU drops packets of a long burst (its send_err counter) and an RC
+    # requester recovers by its retransmit timer: at the default exponent (20, 4.3 s) one 64 MiB
+    # put between the two devices outlasts the harness' 60 s deadline; 14 is 67 ms
+    if MPLANE_SOCKET_IFNAME='' MPLANE_IB_TIMEOUT=14 "$rh" --plugin "$PLUGIN" --ranks "$n" $args; then
+      echo "  rma $name: PASS ($((SECONDS - t0))s)"
+    else
+      echo "  rma $name: FAIL ($((SECONDS - t0))s)"
+      rc=1
+    fi
+  done
+  return $rc
+}
+
 # The plugin's rate in the shape of the ib_write_bw step: rxe1 sends 1 MiB messages to rxe0, 8 in
 # flight, 200 MiB in all, every byte checked in the first and last rounds.
 plugin_rate() {
@@ -179,6 +209,7 @@ step perftest perftest
 step wire wire
 step loopback loopback
 step rate plugin_rate
+step rma rma
 echo
 printf '%s\n' "${SUMMARY[@]}"
 echo "rxe: $([ $FAILED -eq 0 ] && echo PASS || echo FAIL) in $((SECONDS - T0))s"
