@@ -2,8 +2,8 @@
  *
  * Model. Each process that loads it has one "NIC" thread. Every RC QP owns an abstract Unix socket
  * named after its QP number; a requester QP connects to its peer's socket and streams requests
- * (RDMA write, write with immediate, read, send) that the responder 's NIC thread executes against
- * its own registered memory, answering each with a response (ACK, NAK with a work-completion status,
+ * (RDMA write, write with immediate, read, send, 8-byte fetch-and-add) that the responder's NIC thread
+ * executes against its own registered memory, answering each with a response (ACK, NAK with a work-completion status,
  * or read data). So registered memory is "shared" between processes the way a NIC shares it: the
  * responder's NIC thread writes into it. The NIC thread only does non-blocking I/O.
  *
