@@ -823,9 +823,9 @@ static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src
   }
   const struct ibr_win_rec *srec = sig ? &sw->peers[rank] : NULL;
   if (srec && (sig->off % 8 != 0 || !range_ok(sig->off, 8, srec->size))) {
-    req_fail(r, ncclInvalidUsage, "RMA putSignal to rank %u (context %d): signal word at offset %llu %s of its signal "
+    req_fail(r, ncclInvalidUsage, "RMA putSignal to rank %u (context %d): signal word at offset %llu %s its signal "
              "window %u (%llu bytes); nothing was written", rank, context, (unsigned long long)sig->off,
-             sig->off % 8 ? "is not 8-byte aligned, in" : "lies outside", sw->id, (unsigned long long)srec->size);
+             sig->off % 8 ? "is not 8-byte aligned in" : "lies outside", sw->id, (unsigned long long)srec->size);
     return refuse(r, request);
   }
   *request = r;
