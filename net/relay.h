@@ -102,4 +102,30 @@ int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
 /* The PCI bus id of a GPU ("0000:19:00.0"), for choosing the GPU beside a NIC. 0 on success. */
 int mplane_cuda_pci_bus_id(int gpu, char *buf, int len);
 
+/* ---------------------------------------------------------------- the copier (relay_copier.c)
+ * What a transport's staging ring calls on a relayed connection: one asynchronous interface over
+ * the CUDA relay copy engine above or, with MPLANE_TEST_RELAY_COPIER=cpu (tests only), a CPU
+ * stand-in that memcpys on a worker thread, so the staging state machines run without a GPU. */
+struct mplane_relay_copier;
+
+/* MPLANE_TEST_RELAY_HOST (tests only): 0 unset; 1 host buffers on a relayed connection are staged as
+ * GPU buffers are; 2 ("all") the same, and every connection counts as relayed. */
+int mplane_relay_test_host(void);
+/* MPLANE_TEST_RELAY_SLOT_BYTES (tests only; 4 KiB..1 GiB, whole pages), else dflt. */
+size_t mplane_relay_test_slot_bytes(size_t dflt);
+/* 1 when MPLANE_TEST_RELAY_FAIL=reg: registering the staging ring is made to fail (tests only). */
+int mplane_relay_test_fail_reg(void);
+
+/* A copier for buffers like src (CUDA: its GPU is the source; staging on staging_gpu, -1 = that GPU). */
+ncclResult_t mplane_relay_copier_create(const void *src, int staging_gpu, struct mplane_relay_copier **out);
+/* Staging memory the copier writes into (GPU memory, or page-aligned host memory for the stand-in). */
+void *mplane_relay_copier_alloc(struct mplane_relay_copier *c, size_t bytes);
+/* Queue a copy; *ticket 0 means no room now (call again later), never an error. */
+ncclResult_t mplane_relay_copier_start(struct mplane_relay_copier *c, void *dst, const void *src, size_t bytes,
+                                       uint64_t *ticket);
+/* *done when that copy has landed; an error when it failed. Never blocks. */
+ncclResult_t mplane_relay_copier_poll(struct mplane_relay_copier *c, uint64_t ticket, int *done);
+/* Waits for a copy under way (bounded: one chunk), then frees staging (from _alloc, may be NULL) and c. */
+void mplane_relay_copier_destroy(struct mplane_relay_copier *c, void *staging);
+
 #endif

@@ -43,6 +43,8 @@ struct mplane_comm_opts {
   int service_level; /* resolved SL / DSCP class index (0..15) */
   int tc_class;      /* resolved mplane class (common/tc_map.h enum mplane_tc_class) */
   int adaptive_routing; /* the class's adaptive-routing flag (MPLANE_TC_MAP ":ar") */
+  int relayed;       /* 1: carried by the relay NIC (net/relay.h); a transport that takes GPU buffers
+                      * stages them through the relay's copier into memory beside that NIC */
 };
 
 /* One-sided (RMA) ops, what NCCL 2.30's GIN proxy drives through ncclRmaPlugin_v14 (plugin/rma_v14.c).

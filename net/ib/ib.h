@@ -252,6 +252,40 @@ struct mpib_send_req {
   int pending;            /* signaled work requests not yet completed */
   int trunc;
   struct mplane_stats_req stats;
+  /* A staged send (relayed connection, ib_stage.c): its bytes go through the staging ring. pending
+   * holds one extra count until its last piece is posted, so it never completes before that. */
+  int staged;
+  const char *src;
+  uint64_t raddr;
+  uint32_t rkey, rec_rkey;
+  uint64_t rec_addr;      /* the receiver's length records (the chunk's length goes there, AR form) */
+  unsigned slot, entry, first;
+  uint64_t seq;
+  int nch;
+  size_t per, started; /* wire chunk size; bytes whose copy into staging has been started */
+};
+
+/* The staging ring of a relayed send comm (ib_stage.c): the relay's copier fills a slot, the slot
+ * goes out as an RDMA write, and its completion frees it, so slot j is copied while slot j - 1 is on
+ * the wire. Slots fill and post in ring order; sends queue in the order they were taken. */
+#define MPIB_STAGE_SLOTS 4
+#define MPIB_STAGE_SLOT_BYTES (4u << 20)
+struct mpib_stage_slot {
+  int state; /* 0 free, 1 copying, 2 on the wire */
+  uint64_t ticket;
+  int ri;           /* the send request */
+  size_t off, len;  /* the piece of its message */
+  int last;         /* last piece of its wire chunk: the chunk's write with immediate follows it */
+};
+struct mpib_stage {
+  struct mplane_relay_copier *copier;
+  char *mem;
+  struct ibv_mr *mr;
+  size_t slot_bytes;
+  struct mpib_stage_slot s[MPIB_STAGE_SLOTS];
+  uint64_t fill, post;           /* next slot to fill, next to post (monotonic; slot j is s[j % N]) */
+  int queue[MPIB_MAX_SENDS];     /* staged sends not yet fully started, oldest first */
+  uint64_t qhead, qtail;
 };
 
 struct mpib_send_comm {
@@ -269,6 +303,8 @@ struct mpib_send_comm {
   struct mpib_send_req reqs[MPIB_MAX_SENDS];
   int outstanding[MPIB_MAX_QPS];
   struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
+  int relayed;                 /* carried by the relay NIC: buffers that need it are staged */
+  struct mpib_stage *stage;    /* made at the first staged send */
 };
 
 struct mpib_recv_entry {
@@ -352,6 +388,17 @@ ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void *
 ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_close_send(void *send_comm);
 ncclResult_t mpib_close_recv(void *recv_comm);
+ncclResult_t mpib_post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr);
+
+/* staging on relayed connections (ib_stage.c) */
+int mpib_stage_wanted(const struct mpib_send_comm *c, const struct mpib_mr *m, size_t size);
+/* Queue send request r (its fields filled) behind the staging ring and move the ring on. */
+ncclResult_t mpib_stage_send(struct mpib_send_comm *c, struct mpib_send_req *r, int ri);
+/* Move the ring on: land copies, post them, start copies into free slots. Errors land in c->b.err. */
+void mpib_stage_progress(struct mpib_send_comm *c);
+/* A staging slot's write completed. */
+void mpib_stage_slot_done(struct mpib_send_comm *c, unsigned slot);
+void mpib_stage_destroy(struct mpib_send_comm *c);
 
 /* one-sided ops (ib_rma.c), net/transport.h's mplane_rma_ops */
 extern const struct mplane_rma_ops mpib_rma_ops;
@@ -381,6 +428,7 @@ static inline uint32_t mpib_imm(unsigned slot, unsigned entry, unsigned nchunks,
 #define MPIB_WR_FIFO 2ull
 #define MPIB_WR_RECV 3ull
 #define MPIB_WR_FLUSH 4ull
+#define MPIB_WR_STAGE 5ull /* a staging slot's write: A = send request, B = slot */
 #define MPIB_WRID(kind, a, b) (((kind) << 56) | ((uint64_t)(a) << 16) | (uint64_t)(b))
 #define MPIB_WRID_KIND(w) ((w) >> 56)
 #define MPIB_WRID_A(w) (((w) >> 16) & 0xffffffffffull)

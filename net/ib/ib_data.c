@@ -167,6 +167,7 @@ static const char *wr_what(uint64_t kind) {
     case MPIB_WR_FIFO: return "FIFO write";
     case MPIB_WR_RECV: return "receive";
     case MPIB_WR_FLUSH: return "flush read";
+    case MPIB_WR_STAGE: return "staging write";
     default: return "work request";
   }
 }
@@ -257,6 +258,9 @@ static void poll_cq(struct mpib_comm_base *b) {
         if (kind == MPIB_WR_DATA && MPIB_WRID_A(wc->wr_id) < MPIB_MAX_SENDS) {
           struct mpib_send_req *r = &c->reqs[MPIB_WRID_A(wc->wr_id)];
           if (--r->pending == 0 && r->trunc) r->used = 0; /* nobody tests a refused send */
+        } else if (kind == MPIB_WR_STAGE && MPIB_WRID_A(wc->wr_id) < MPIB_MAX_SENDS) {
+          c->reqs[MPIB_WRID_A(wc->wr_id)].pending--;
+          mpib_stage_slot_done(c, (unsigned)MPIB_WRID_B(wc->wr_id));
         }
       } else {
         struct mpib_recv_comm *c = (struct mpib_recv_comm *)b;
@@ -310,7 +314,7 @@ static struct mpib_send_req *send_req_alloc(struct mpib_send_comm *c, int *index
   return NULL;
 }
 
-static ncclResult_t post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr) {
+ncclResult_t mpib_post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr) {
   struct ibv_send_wr *bad = NULL;
   int rc = ibv_post_send(b->qps[q], wr, &bad);
   if (rc) {
@@ -397,6 +401,7 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
   r->size = size;
   r->pending = 0;
   r->trunc = 0;
+  r->staged = 0;
   const struct mpib_fifo_entry *en = &c->cur.e[k];
   unsigned slot = (unsigned)(c->seq % MPIB_MAX_REQS);
   unsigned first = c->next_qp % (unsigned)c->b.nqps;
@@ -418,7 +423,7 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
     wr.wr.rdma.rkey = en->rkey;
     r->trunc = 1;
     r->pending = 1;
-    MP_CHECK(post(&c->b, (int)first, &wr));
+    MP_CHECK(mpib_post(&c->b, (int)first, &wr));
     MP_WARN("NET/IB: send of %zu bytes (tag %d) to peer %s, but its receive buffer holds %llu bytes", size, tag,
             c->b.peer, (unsigned long long)en->size);
     return ncclInvalidUsage;
@@ -432,6 +437,28 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
     per = (size + (size_t)nch - 1) / (size_t)nch;
     per = (per + 4095) & ~(size_t)4095;
     nch = (int)((size + per - 1) / per);
+  }
+  if (mpib_stage_wanted(c, m, size)) {
+    /* relayed: the bytes leave from the staging ring beside this NIC (ib_stage.c), same chunks */
+    r->src = data;
+    r->raddr = en->addr;
+    r->rkey = en->rkey;
+    r->rec_addr = c->cur.rec_addr;
+    r->rec_rkey = c->cur.rec_rkey;
+    r->slot = slot;
+    r->entry = (unsigned)k;
+    r->first = first;
+    r->seq = seq;
+    r->nch = nch;
+    r->per = per;
+    c->next_qp = first + (unsigned)nch;
+    ncclResult_t res = mpib_stage_send(c, r, ri);
+    if (res != ncclSuccess) {
+      r->used = 0; /* the connection has failed (c->b.err); later calls report it */
+      return res;
+    }
+    *request = r;
+    return ncclSuccess;
   }
   for (int i = 0; i < nch; i++) {
     int q = (int)((first + (unsigned)i) % (unsigned)nqps);
@@ -451,7 +478,7 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
       wr[0].wr.rdma.remote_addr = en->addr + off;
       wr[0].wr.rdma.rkey = en->rkey;
       r->pending++;
-      MP_CHECK(post(&c->b, q, &wr[0]));
+      MP_CHECK(mpib_post(&c->b, q, &wr[0]));
     } else {
       /* Adaptive routing: the data may arrive out of order, so it goes as a plain write and a
        * separate write with immediate (ordered after it on the QP) carries the chunk's length. */
@@ -479,7 +506,7 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
           c->cur.rec_addr + ((uint64_t)(slot * MPIB_MAX_RECVS + (unsigned)k) * MPIB_MAX_QPS + (unsigned)i) * 8;
       wr[w].wr.rdma.rkey = c->cur.rec_rkey;
       r->pending++;
-      MP_CHECK(post(&c->b, q, &wr[0]));
+      MP_CHECK(mpib_post(&c->b, q, &wr[0]));
     }
   }
   c->next_qp = first + (unsigned)nch;
@@ -499,6 +526,7 @@ static void poll_and_check_peer(struct mpib_comm_base *b) {
 static ncclResult_t send_test(struct mpib_send_req *r, int *done, int *sizes) {
   struct mpib_send_comm *c = r->comm;
   poll_cq(&c->b);
+  mpib_stage_progress(c); /* freed slots take the next copies; landed copies go out */
   if (r->pending != 0) poll_and_check_peer(&c->b);
   if (r->pending == 0) {
     *done = 1;
@@ -578,7 +606,7 @@ ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int 
   wr.wr.rdma.remote_addr = c->remote_fifo + k * sizeof(struct mpib_fifo_wire);
   wr.wr.rdma.rkey = c->remote_fifo_rkey;
   c->seq++;
-  ncclResult_t res = post(&c->b, (int)q, &wr);
+  ncclResult_t res = mpib_post(&c->b, (int)q, &wr);
   if (res != ncclSuccess) {
     r->used = 0;
     return res;
@@ -706,6 +734,7 @@ ncclResult_t mpib_close_send(void *send_comm) {
   if (!c) return ncclSuccess;
   mpib_comm_unregister(&c->b);
   mpib_comm_base_destroy(&c->b);
+  mpib_stage_destroy(c);
   if (c->fifo_mr) mpib_v.dereg_mr(c->fifo_mr);
   free(c->fifo);
   free(c);

@@ -616,6 +616,60 @@ static int sc_cross_plane(void) {
   return 0;
 }
 
+/* Relayed connections stage their buffers (host buffers here, as if they were GPU buffers: the test
+ * switches of net/relay.h, with the CPU stand-in for the copy engine and 64 KiB slots): a
+ * same-plane connection registers no staging ring, a relayed one registers one (4 x 64 KiB) and every
+ * byte arrives, across sizes that fill less than a slot, whole slots, and many slots per chunk. */
+#define STAGE_RING_BYTES (4 * 65536)
+static void stage_env(void) {
+  env_base("mlx5_0:ib:subnet=0,mlx5_1:ib:subnet=1");
+  setenv("MPLANE_TEST_RELAY_HOST", "1", 1);
+  setenv("MPLANE_TEST_RELAY_COPIER", "cpu", 1);
+  setenv("MPLANE_TEST_RELAY_SLOT_BYTES", "65536", 1);
+}
+
+static int staging_rings(void) {
+  char want[64];
+  snprintf(want, sizeof(want), "length=%d", STAGE_RING_BYTES);
+  struct rec r[16];
+  return rec_find(r, 16, "event=reg_mr", want, NULL);
+}
+
+static int sc_cross_plane_staged(void) {
+  stage_env();
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  transfer(&p, 1 << 20, 20, 1);
+  pair_close(&p);
+  if (staging_rings() != 0) fail("a same-plane connection registered a staging ring");
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 1, 0);
+  static const size_t sizes[] = {0, 1, 4095, 65536, 65537, (1 << 20) + 3, (8 << 20) + 5};
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) transfer(&p, sizes[i], 20, 1);
+  pair_close(&p);
+  int n = staging_rings();
+  if (n != 1) fail("%d staging rings registered for one relayed connection, expected 1", n);
+  note("relayed connection: %zu sizes through a 4 x 64 KiB staging ring, every byte checked",
+       sizeof(sizes) / sizeof(sizes[0]));
+  return 0;
+}
+
+/* A copy into staging that fails (MPLANE_TEST_RELAY_FAIL=copy:N) or a staging ring that cannot be
+ * registered (=reg) fails the send with an error NCCL can report, within the transfer's limit. */
+static int sc_cross_plane_stage_fault(void) {
+  stage_env();
+  const char *what = getenv("IB_TEST_RELAY_FAIL") ? getenv("IB_TEST_RELAY_FAIL") : "copy:3";
+  setenv("MPLANE_TEST_RELAY_FAIL", what, 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 1, 0);
+  ncclResult_t res = transfer(&p, (1 << 20) + 3, 20, 0);
+  pair_close(&p);
+  if (res == ncclSuccess) fail("MPLANE_TEST_RELAY_FAIL=%s, but the relayed send succeeded", what);
+  note("MPLANE_TEST_RELAY_FAIL=%s: the relayed send failed with %d", what, (int)res);
+  return 0;
+}
+
 /* The QP attributes of MPLANE_IB_TIMEOUT / MPLANE_IB_RETRY_CNT reach the QPs. */
 /* A port that requires a GRH (IB SR-IOV VFs in cloud VMs): every QP gets a global address, the
  * data moves; a plain IB port in one subnet uses LIDs only. */
@@ -831,7 +885,8 @@ int main(int argc, char **argv) {
     int (*fn)(void);
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
-             {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"qp-attrs", sc_qp_attrs},
+             {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"cross-plane-staged", sc_cross_plane_staged},
+             {"cross-plane-stage-fault", sc_cross_plane_stage_fault}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"ece", sc_ece}, {"ece-off", sc_ece_off}, {"ece-none", sc_ece_none}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
