@@ -12,6 +12,7 @@
 #              scenario of the IB suite's first part (read from tests/ib/meson.build) that this
 #              harness has, plus shared-comms; one harness process per scenario
 #   loopback   a few scenarios with both ranks on rxe0 (rxe's own loopback, no wire)
+#   staged     wire scenarios with every connection relayed and its buffers staged (CPU copier)
 #   rate       tools/mplane-netbench rxe1 -> rxe0 in ib_write_bw's shape (1 MiB messages, 200 MiB):
 #              the plugin's rate beside the wire's, "rxe plugin rate: X MB/s"
 #   rma        the one-sided ops (tests/rma's harness, ncclRmaPlugin_v14): RDMA writes, atomic signals and
@@ -102,7 +103,7 @@ perftest() {
 # abi_harness block), so this suite runs on the wire whatever the IB suite runs on the double.
 ib_scenarios() {
   local list
-  list=$(sed -n "/^if is_variable('abi_harness')/,/^endif/p" "$SRC/tests/ib/meson.build" 2>/dev/null |
+  list=$(sed -n "/^if is_variable('abi_harness')/,/^endif/{p;/^endif/q}" "$SRC/tests/ib/meson.build" 2>/dev/null |
     sed -n '/foreach s : \[/,/\]/p' | grep -o "'[a-z0-9-]*'" | tr -d "'")
   [ -n "$list" ] || { echo "no scenario list in $SRC/tests/ib/meson.build" >&2; return 1; }
   echo "$list"
@@ -186,6 +187,26 @@ rma() {
   return $rc
 }
 
+# Relayed connections through the staging ring on the wire: every connection counts as relayed and
+# host buffers are staged as GPU buffers are (net/relay.h's test switches, the CPU copier, 64 KiB
+# slots). One run with the third copy made to fail must fail: staging is in the path.
+STAGED_SCENARIOS=(sizes inflight multirecv shared-comms kill-receiver)
+staged() {
+  local list rc=0
+  mapfile -t list < <(have_scenarios "${STAGED_SCENARIOS[@]}")
+  echo "scenarios: ${list[*]}"
+  export MPLANE_TEST_RELAY_HOST=all MPLANE_TEST_RELAY_COPIER=cpu MPLANE_TEST_RELAY_SLOT_BYTES=65536
+  MPLANE_ABI_SHARED_STEPS=${MPLANE_ABI_SHARED_STEPS:-300} on_two_devices harness "${list[@]}" || rc=1
+  if MPLANE_TEST_RELAY_FAIL=copy:3 MPLANE_ABI_TIMEOUT=30 on_two_devices "$HARNESS" --plugin "$PLUGIN" sizes >/dev/null 2>&1; then
+    echo "  a failed copy into staging (MPLANE_TEST_RELAY_FAIL=copy:3) did not fail the run: staging is not in the path"
+    rc=1
+  else
+    echo "  a failed copy into staging failed the run, as it must"
+  fi
+  unset MPLANE_TEST_RELAY_HOST MPLANE_TEST_RELAY_COPIER MPLANE_TEST_RELAY_SLOT_BYTES
+  return $rc
+}
+
 # The plugin's rate in the shape of the ib_write_bw step: rxe1 sends 1 MiB messages to rxe0, 8 in
 # flight, 200 MiB in all, every byte checked in the first and last rounds.
 plugin_rate() {
@@ -208,6 +229,7 @@ step devices devices
 step perftest perftest
 step wire wire
 step loopback loopback
+step staged staged
 step rate plugin_rate
 step rma rma
 echo
