@@ -116,8 +116,13 @@ size_t mplane_relay_test_slot_bytes(size_t dflt);
 /* 1 when MPLANE_TEST_RELAY_FAIL=reg: registering the staging ring is made to fail (tests only). */
 int mplane_relay_test_fail_reg(void);
 
-/* A copier for buffers like src (CUDA: its GPU is the source; staging on staging_gpu, -1 = that GPU). */
-ncclResult_t mplane_relay_copier_create(const void *src, int staging_gpu, struct mplane_relay_copier **out);
+/* A copier for buffers like src (CUDA: its GPU is the source). Staging lives on the GPU whose PCI bus
+ * id is staging_busid (the GPU beside the relay NIC); on src's own GPU, with an INFO line, where
+ * that is "" or no visible GPU has it. */
+ncclResult_t mplane_relay_copier_create(const void *src, const char *staging_busid,
+                                        struct mplane_relay_copier **out);
+/* The CUDA ordinal of the GPU with PCI bus id busid (any case, "0000:19:00.0"), -1 none. */
+int mplane_cuda_gpu_of_busid(const char *busid);
 /* Staging memory the copier writes into (GPU memory, or page-aligned host memory for the stand-in). */
 void *mplane_relay_copier_alloc(struct mplane_relay_copier *c, size_t bytes);
 /* Queue a copy; *ticket 0 means no room now (call again later), never an error. */

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../common/log.h"
 
@@ -85,7 +86,18 @@ static void *cpu_worker(void *arg) {
   return NULL;
 }
 
-ncclResult_t mplane_relay_copier_create(const void *src, int staging_gpu, struct mplane_relay_copier **out) {
+int mplane_cuda_gpu_of_busid(const char *busid) {
+  if (!busid || !*busid) return -1;
+  int n = mplane_cuda_load(NULL, 0);
+  for (int g = 0; g < n; g++) {
+    char id[32];
+    if (mplane_cuda_pci_bus_id(g, id, sizeof(id)) == 0 && strcasecmp(id, busid) == 0) return g;
+  }
+  return -1;
+}
+
+ncclResult_t mplane_relay_copier_create(const void *src, const char *staging_busid,
+                                        struct mplane_relay_copier **out) {
   struct mplane_relay_copier *c = calloc(1, sizeof(*c));
   if (!c) return ncclSystemError;
   c->cpu = test_cpu_copier();
@@ -108,7 +120,12 @@ ncclResult_t mplane_relay_copier_create(const void *src, int staging_gpu, struct
     free(c);
     return ncclInvalidUsage;
   }
-  c->gpu = staging_gpu >= 0 ? staging_gpu : src_gpu;
+  c->gpu = mplane_cuda_gpu_of_busid(staging_busid);
+  if (c->gpu < 0) {
+    MP_INFO(NCCL_NET, "relay: no visible GPU at %s beside the relay NIC; staging on the buffer's GPU %d",
+            staging_busid && *staging_busid ? staging_busid : "(unknown)", src_gpu);
+    c->gpu = src_gpu;
+  }
   ncclResult_t res = mplane_relay_engine_create(src_gpu, c->gpu, 0, 0, &c->engine);
   if (res != ncclSuccess) {
     free(c);

@@ -35,6 +35,8 @@ struct mplane_dev_props {
   size_t max_coll_bytes;
   int plane;             /* network plane, -1 unknown */
   int rail;              /* rail id (= local NIC index on its plane), -1 unknown */
+  char near_gpu[16];     /* PCI bus id of a GPU paired with this NIC ("0000:19:00.0"), "" none: where
+                          * a relayed connection carried by this NIC stages GPU buffers */
 };
 
 /* Per-communicator settings (net v10+ init/connect config, v11 setNetAttr). */
@@ -45,6 +47,7 @@ struct mplane_comm_opts {
   int adaptive_routing; /* the class's adaptive-routing flag (MPLANE_TC_MAP ":ar") */
   int relayed;       /* 1: carried by the relay NIC (net/relay.h); a transport that takes GPU buffers
                       * stages them through the relay's copier into memory beside that NIC */
+  char staging_gpu[16]; /* relayed: the relay NIC's near_gpu, the GPU whose memory holds the staging */
 };
 
 /* One-sided (RMA) ops, what NCCL 2.30's GIN proxy drives through ncclRmaPlugin_v14 (plugin/rma_v14.c).

@@ -205,6 +205,7 @@ ncclResult_t mplane_net_connect(struct mplane_net_ctx *ctx, int traffic_class, i
   if (mplane_handle_decode(handle, &h, why, sizeof(why)) == ncclSuccess)
     MP_CHECK(mplane_relay_pick(g.props, g.ndev, dev, h.plane, mplane_config_get()->relay, &via));
   opts.relayed = via.relayed || mplane_relay_test_host() == 2; /* tests: every connection as if relayed */
+  if (opts.relayed) snprintf(opts.staging_gpu, sizeof(opts.staging_gpu), "%s", g.props[via.dev].near_gpu);
   ncclResult_t res = g.ops->connect(via.dev, &opts, handle, send_comm);
   if (res != ncclSuccess || *send_comm == NULL) return res;
   const struct mplane_dev_props *p = &g.props[via.dev];

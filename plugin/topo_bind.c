@@ -66,6 +66,9 @@ ncclResult_t mplane_topo_annotate_props(struct mplane_topo *t, struct mplane_dev
       if (realpath(link, real)) snprintf(p->pci_path, sizeof(p->pci_path), "%s", real);
     }
     if (p->speed_mbps <= 0 && nic->speed_mbps > 0) p->speed_mbps = nic->speed_mbps;
+    p->near_gpu[0] = 0; /* the first GPU paired with this NIC: staging for connections it relays */
+    for (int g = 0; g < t->ngpus && !p->near_gpu[0]; g++)
+      if (t->gpus[g].nic == nic_of[d]) snprintf(p->near_gpu, sizeof(p->near_gpu), "%s", t->gpus[g].busid);
   }
   /* One guid per physical NIC: devices of different NICs must not share one. */
   for (int a = 0; a < n && a < 64; a++) {

@@ -304,6 +304,7 @@ struct mpib_send_comm {
   int outstanding[MPIB_MAX_QPS];
   struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
   int relayed;                 /* carried by the relay NIC: buffers that need it are staged */
+  char staging_gpu[16];        /* PCI bus id of the GPU beside the relay NIC, "" unknown */
   struct mpib_stage *stage;    /* made at the first staged send */
 };
 

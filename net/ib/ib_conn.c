@@ -540,6 +540,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   c->b.tc_class = opts->tc_class;
   c->b.ar = opts->adaptive_routing;
   c->relayed = opts->relayed;
+  snprintf(c->staging_gpu, sizeof(c->staging_gpu), "%s", opts->staging_gpu);
   /* RoCE: the class's DSCP in the IP header's traffic-class byte (DSCP << 2, ECN bits left 0), or
    * the site's one value (MPLANE_IB_TC / NCCL_IB_TC: its lossless queue with PFC) */
   if (d->link_layer != IBV_LINK_LAYER_ETHERNET) c->b.tclass = 0;

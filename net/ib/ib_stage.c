@@ -25,7 +25,7 @@ int mpib_stage_wanted(const struct mpib_send_comm *c, const struct mpib_mr *m, s
 static ncclResult_t stage_create(struct mpib_send_comm *c, const void *src) {
   struct mpib_stage *st = calloc(1, sizeof(*st));
   if (!st) return ncclSystemError;
-  ncclResult_t res = mplane_relay_copier_create(src, -1, &st->copier);
+  ncclResult_t res = mplane_relay_copier_create(src, c->staging_gpu, &st->copier);
   if (res != ncclSuccess) {
     free(st);
     mpib_error_set(&c->b.err, res, "%s: no copier for the staging ring of the relayed connection to peer %s",

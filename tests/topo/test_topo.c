@@ -705,6 +705,10 @@ static void test_annotate_props(void **state) {
     for (int b = 0; b < a; b++) assert_true(p[a].guid != p[b].guid);
   assert_true(p[0].guid == 0xa088c20300d1002aULL);
   assert_string_equal(p[0].pci_path, ""); /* a topology from a file names no path on this machine */
+  /* where a connection relayed by a NIC stages GPU buffers: the GPU paired with it (GPU 0 with
+   * mlx5_0, PIX); a NIC no GPU pairs with names none */
+  assert_string_equal(p[0].near_gpu, "0000:1a:00.0");
+  assert_string_equal(p[4].near_gpu, "");
   int n0 = nic(t, "mlx5_0");
   assert_int_equal(t->nics[n0].dev, 0);
   assert_string_equal(t->nics[n0].name, "mlx5_0:1"); /* the name NCCL will look up */
