@@ -50,7 +50,7 @@ struct mplane_comm_opts {
   char staging_gpu[16]; /* relayed: the relay NIC's near_gpu, the GPU whose memory holds the staging */
 };
 
-/* One-sided (RMA) ops, what NCCL 2.30's GIN proxy drives through ncclRmaPlugin_v14 (plugin/rma_v14.c).
+/* One-sided (RMA) ops, what NCCL 2.30's GIN proxy drives through ncclRmaPlugin_v14 (plugin/rma_plugin.c).
  * A group is nranks processes that connected together; a context set is create_context's
  * connections; windows are registered symmetrically (every rank, same order) and named by the
  * caller's own handle. listen/connect/create_context are collective and may block, each bounded by

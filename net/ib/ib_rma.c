@@ -41,7 +41,7 @@
 #include <unistd.h>
 
 #include "../../common/log.h"
-#include "../../common/nccl/rma_v14.h"
+#include "../../common/nccl/rma.h"
 #include "../tc.h"
 #include "ib.h"
 

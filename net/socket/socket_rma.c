@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "../../common/log.h"
-#include "../../common/nccl/rma_v14.h"
+#include "../../common/nccl/rma.h"
 #include "../relay.h"
 #include "../tc.h"
 #include "socket.h"
