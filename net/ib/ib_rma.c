@@ -42,6 +42,7 @@
 
 #include "../../common/log.h"
 #include "../../common/nccl/rma.h"
+#include "../rma_ctrl.h"
 #include "../tc.h"
 #include "ib.h"
 
@@ -155,42 +156,22 @@ static double now_s(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int timeout_ms(void) {
-  const struct mplane_config *cfg = mpib_config();
-  int s = cfg && cfg->connect_timeout_s > 0 ? cfg->connect_timeout_s : 60;
-  return s * 1000;
+
+
+
+static int timeout_ms(void) { return mplane_rma_timeout_ms(mpib_config()); }
+
+/* The group's all-gather and its peers of a context (net/rma_ctrl.h). */
+static ncclResult_t ctrl_allgather(struct ibr_group *g, const void *mine, void *all, size_t len, const char *what) {
+  return mplane_rma_allgather(g->ctrl, g->rank, g->nranks, mine, all, len, timeout_ms(), what);
 }
 
-/* ---- blocking socket helpers (collective calls only) ---- */
-static int write_all(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-static int read_all(int fd, void *buf, size_t n) {
-  char *p = buf;
-  while (n) {
-    ssize_t r = recv(fd, p, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return -1;
-    p += r;
-    n -= (size_t)r;
-  }
-  return 0;
+static int is_connected_peer(const struct ibr_group *g, int stride, int p) {
+  return mplane_rma_peer_connected(g->rank, g->nranks, stride, p);
 }
 
 static void set_timeouts(int fd) {
-  int ms = timeout_ms();
-  struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  mplane_rma_set_timeouts(fd, timeout_ms());
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
@@ -267,7 +248,7 @@ static int dial(const struct ibr_handle *h, const struct ibr_hello *hello) {
   int fd = socket(h->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   set_timeouts(fd);
-  if (connect(fd, &h->addr.sa, h->addrlen) != 0 || write_all(fd, hello, sizeof(*hello))) {
+  if (connect(fd, &h->addr.sa, h->addrlen) != 0 || mplane_rma_write_all(fd, hello, sizeof(*hello))) {
     close(fd);
     return -1;
   }
@@ -282,7 +263,8 @@ static int take(int lfd, struct ibr_hello *hello) {
   int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
   if (fd < 0) return -1;
   set_timeouts(fd);
-  if (read_all(fd, hello, sizeof(*hello)) != 0 || hello->magic != IBR_MAGIC || hello->version != IBR_VERSION) {
+  if (mplane_rma_read_all(fd, hello, sizeof(*hello)) != 0 ||
+      hello->magic != IBR_MAGIC || hello->version != IBR_VERSION) {
     close(fd);
     return -1;
   }
@@ -362,24 +344,6 @@ static ncclResult_t rma_close_group(void *group) {
   return ncclSuccess;
 }
 
-/* Every rank sends its record to every peer, then reads theirs (records are small enough for the
- * kernel's socket buffers, so the order cannot deadlock). */
-static ncclResult_t ctrl_allgather(struct ibr_group *g, const void *mine, void *all, size_t len, const char *what) {
-  memcpy((char *)all + (size_t)g->rank * len, mine, len);
-  for (int j = 0; j < g->nranks; j++)
-    if (j != g->rank && write_all(g->ctrl[j], mine, len) != 0) {
-      MP_WARN("RMA %s: rank %d could not reach rank %d on the group's control socket: %s", what, g->rank, j,
-              strerror(errno));
-      return ncclRemoteError;
-    }
-  for (int j = 0; j < g->nranks; j++)
-    if (j != g->rank && read_all(g->ctrl[j], (char *)all + (size_t)j * len, len) != 0) {
-      MP_WARN("RMA %s: rank %d heard nothing from rank %d on the group's control socket within %d s", what, g->rank,
-              j, timeout_ms() / 1000);
-      return ncclRemoteError;
-    }
-  return ncclSuccess;
-}
 
 /* ---- windows ---- */
 static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, struct ibr_win *w) {
@@ -498,9 +462,6 @@ static ncclResult_t rma_destroy_context(void *ctx) {
   return ncclSuccess;
 }
 
-static int is_connected_peer(const struct ibr_group *g, int stride, int p) {
-  return ((p - g->rank + g->nranks) % g->nranks) % stride == 0;
-}
 
 static ncclResult_t cx_open(struct ibr_ctxset *s, int c, const struct mplane_rma_ctx_opts *o) {
   struct ibr_group *g = s->g;

@@ -32,6 +32,7 @@
 #include "../../common/log.h"
 #include "../../common/nccl/rma.h"
 #include "../relay.h"
+#include "../rma_ctrl.h"
 #include "../tc.h"
 #include "socket.h"
 
@@ -146,44 +147,20 @@ struct mpr_req {
   char why[320];
 };
 
-static int timeout_ms(void) {
-  const struct mplane_config *cfg = mps_config();
-  int s = cfg && cfg->connect_timeout_s > 0 ? cfg->connect_timeout_s : 60;
-  return s * 1000;
+static int timeout_ms(void) { return mplane_rma_timeout_ms(mps_config()); }
+
+/* The group's all-gather and its peers of a context (net/rma_ctrl.h). */
+static ncclResult_t ctrl_allgather(struct mpr_group *g, const void *mine, void *all, size_t len, const char *what) {
+  return mplane_rma_allgather(g->ctrl, g->rank, g->nranks, mine, all, len, timeout_ms(), what);
 }
 
-/* ---- blocking socket helpers (helper threads and collective calls only) ---- */
-static int write_all(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
+static int is_connected_peer(const struct mpr_group *g, int stride, int p) {
+  return mplane_rma_peer_connected(g->rank, g->nranks, stride, p);
 }
 
-/* 0 when n bytes were read; 1 on an orderly close before the first byte; -1 otherwise. */
-static int read_all(int fd, void *buf, size_t n) {
-  char *p = buf;
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = recv(fd, p + got, n - got, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return got == 0 ? 1 : -1;
-    if (r < 0) return -1;
-    got += (size_t)r;
-  }
-  return 0;
-}
 
-static void set_timeouts(int fd, int ms) {
-  struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
+
+
 
 static ncclResult_t open_listener(int dev, struct mpr_handle *h, int *out_fd) {
   const struct mps_dev *d = mps_dev_get(dev);
@@ -219,11 +196,11 @@ static int dial(const struct mpr_handle *h, const struct mpr_hello *hello, int s
     snprintf(why, whylen, "socket: %s", strerror(errno));
     return -1;
   }
-  set_timeouts(fd, timeout_ms());
+  mplane_rma_set_timeouts(fd, timeout_ms());
   if (sl >= 0) mplane_tc_mark_socket_or_log(fd, sl, "rma");
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (connect(fd, &h->addr.sa, h->addrlen) != 0 || write_all(fd, hello, sizeof(*hello)) != 0) {
+  if (connect(fd, &h->addr.sa, h->addrlen) != 0 || mplane_rma_write_all(fd, hello, sizeof(*hello)) != 0) {
     snprintf(why, whylen, "connect: %s", strerror(errno));
     close(fd);
     return -1;
@@ -245,10 +222,11 @@ static int take(int lfd, struct mpr_hello *hello, char *why, size_t whylen) {
     snprintf(why, whylen, "accept: %s", strerror(errno));
     return -1;
   }
-  set_timeouts(fd, timeout_ms());
+  mplane_rma_set_timeouts(fd, timeout_ms());
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (read_all(fd, hello, sizeof(*hello)) != 0 || hello->magic != MPR_MAGIC || hello->version != MPR_VERSION) {
+  if (mplane_rma_read_all(fd, hello, sizeof(*hello)) != 0 ||
+      hello->magic != MPR_MAGIC || hello->version != MPR_VERSION) {
     snprintf(why, whylen, "a connection that is not an mplane RMA peer of version %d", MPR_VERSION);
     close(fd);
     return -1;
@@ -358,23 +336,6 @@ static ncclResult_t rma_close_group(void *group) {
   return ncclSuccess;
 }
 
-/* Every rank sends its record to every peer, then reads theirs (records are small: the kernel's
- * socket buffers hold them, so the order cannot deadlock). */
-static ncclResult_t ctrl_allgather(struct mpr_group *g, const void *mine, void *all, size_t len) {
-  memcpy((char *)all + (size_t)g->rank * len, mine, len);
-  for (int j = 0; j < g->nranks; j++)
-    if (j != g->rank && write_all(g->ctrl[j], mine, len) != 0) {
-      MP_WARN("RMA: rank %d could not reach rank %d on the group's control socket: %s", g->rank, j, strerror(errno));
-      return ncclRemoteError;
-    }
-  for (int j = 0; j < g->nranks; j++)
-    if (j != g->rank && read_all(g->ctrl[j], (char *)all + (size_t)j * len, len) != 0) {
-      MP_WARN("RMA: rank %d heard nothing from rank %d on the group's control socket within %d s", g->rank, j,
-              timeout_ms() / 1000);
-      return ncclRemoteError;
-    }
-  return ncclSuccess;
-}
 
 /* ---- windows ---- */
 static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle) {
@@ -463,12 +424,12 @@ static int win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) 
 
 /* Receive n bytes from fd into a window (or drop them when w is NULL). 0 ok, -1 socket, -2 CUDA. */
 static int recv_into(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char **stage) {
-  if (w && w->gpu < 0) return read_all(fd, w->base + off, n) == 0 || n == 0 ? 0 : -1;
+  if (w && w->gpu < 0) return mplane_rma_read_all(fd, w->base + off, n) == 0 || n == 0 ? 0 : -1;
   if (!*stage && !(*stage = malloc(MPR_STAGE))) return -1;
   int cuda_bad = 0;
   while (n) {
     size_t step = n < MPR_STAGE ? n : MPR_STAGE;
-    if (read_all(fd, *stage, step) != 0) return -1;
+    if (mplane_rma_read_all(fd, *stage, step) != 0) return -1;
     if (w && !cuda_bad && win_write(w, off, *stage, step) != 0) cuda_bad = 1; /* keep the stream framed */
     off += step;
     n -= step;
@@ -477,12 +438,12 @@ static int recv_into(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, 
 }
 
 static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char **stage) {
-  if (w->gpu < 0) return n == 0 ? 0 : write_all(fd, w->base + off, n);
+  if (w->gpu < 0) return n == 0 ? 0 : mplane_rma_write_all(fd, w->base + off, n);
   if (!*stage && !(*stage = malloc(MPR_STAGE))) return -1;
   while (n) {
     size_t step = n < MPR_STAGE ? n : MPR_STAGE;
     if (win_read(w, off, *stage, step) != 0) return -2;
-    if (write_all(fd, *stage, step) != 0) return -1;
+    if (mplane_rma_write_all(fd, *stage, step) != 0) return -1;
     off += step;
     n -= step;
   }
@@ -572,7 +533,7 @@ static void *writer_main(void *arg) {
     const uint64_t src_off = r->src_off;
     if (!is_req) free(r);
     r = NULL;
-    int rc = write_all(c->fd, &m, sizeof(m));
+    int rc = mplane_rma_write_all(c->fd, &m, sizeof(m));
     if (rc == 0 && (kind == MPR_K_PUT || (kind == MPR_K_GET_RESP && m.status == MPR_OK)))
       rc = send_from(c->fd, &src, src_off, m.size, &c->wstage);
     if (rc == 0 && kind == MPR_K_BYE) return NULL; /* the last word on this connection */
@@ -745,7 +706,7 @@ static void *reader_main(void *arg) {
   char why[200];
   for (;;) {
     struct mpr_msg m;
-    int rc = read_all(c->fd, &m, sizeof(m));
+    int rc = mplane_rma_read_all(c->fd, &m, sizeof(m));
     if (rc != 0) {
       if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
         conn_fail(c, rc == 1 ? "the peer closed it (is the process gone?)" : "recv failed or the peer reset it");
@@ -816,11 +777,6 @@ static ncclResult_t rma_destroy_context(void *ctx) {
   return ncclSuccess;
 }
 
-/* The rank itself is a peer too: NCCL's kernels put to every rank of the team, their own included. */
-static int is_connected_peer(const struct mpr_group *g, int stride, int p) {
-  int d = (p - g->rank + g->nranks) % g->nranks;
-  return d % stride == 0;
-}
 
 static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, int fd) {
   struct mpr_conn *c = calloc(1, sizeof(*c));
@@ -833,7 +789,7 @@ static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, in
   pthread_cond_init(&c->cond, NULL);
   if (peer == s->g->rank) snprintf(c->peer_str, sizeof(c->peer_str), "rank %d (itself)", peer);
   else peer_name(fd, peer, c->peer_str, sizeof(c->peer_str));
-  set_timeouts(fd, 0); /* the data path waits as long as the peer lives; a dead peer closes the socket */
+  mplane_rma_set_timeouts(fd, 0); /* the data path waits as long as the peer lives; a dead peer closes the socket */
   return c;
 }
 
@@ -861,7 +817,7 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   char why[256];
   if (!all) res = ncclSystemError;
   if (res == ncclSuccess) res = open_listener(g->dev, &mine, &lfd);
-  if (res == ncclSuccess) res = ctrl_allgather(g, &mine, all, sizeof(mine));
+  if (res == ncclSuccess) res = ctrl_allgather(g, &mine, all, sizeof(mine), "createContext");
   for (int c = 0; res == ncclSuccess && c < o->ncontexts; c++) { /* to itself: a socket pair, both ends served */
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {

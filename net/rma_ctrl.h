@@ -1,0 +1,34 @@
+/* mplane: what the transports' one-sided ops (net/socket/socket_rma.c, net/ib/ib_rma.c) share:
+ * blocking I/O on TCP sockets (the group's control sockets, used by collective calls: connect,
+ * regMrSym, createContext; and the socket transport's own reader and writer threads), the
+ * all-gather over the control sockets, and which peers a context connects. */
+#ifndef MPLANE_NET_RMA_CTRL_H
+#define MPLANE_NET_RMA_CTRL_H
+
+#include <stddef.h>
+#include "../common/config.h"
+#include "../common/nccl/err.h"
+
+/* MPLANE_CONNECT_TIMEOUT in milliseconds (60 s when unset): how long a collective call waits. */
+int mplane_rma_timeout_ms(const struct mplane_config *cfg);
+
+/* Blocking send/receive of exactly n bytes, EINTR retried. write: 0 or -1. read: 0 when n bytes
+ * came; 1 on an orderly close before the first byte; -1 otherwise. */
+int mplane_rma_write_all(int fd, const void *buf, size_t n);
+int mplane_rma_read_all(int fd, void *buf, size_t n);
+
+/* SO_RCVTIMEO and SO_SNDTIMEO of ms (0: none). */
+void mplane_rma_set_timeouts(int fd, int ms);
+
+/* Every rank sends `mine` (len bytes) to every other over ctrl[] (ctrl[rank] unused) and gathers
+ * all nranks records into all, rank order. A peer that cannot be reached or says nothing within
+ * timeout_ms: a WARN naming the call (`what`) and both ranks, ncclRemoteError. */
+ncclResult_t mplane_rma_allgather(const int *ctrl, int rank, int nranks, const void *mine, void *all, size_t len,
+                                  int timeout_ms, const char *what);
+
+/* A context connects rank to p when their distance (p - rank mod nranks) is a multiple of the
+ * rank stride; the rank itself (distance 0) is a peer too: NCCL's kernels put to every rank of the
+ * team, their own included. */
+int mplane_rma_peer_connected(int rank, int nranks, int stride, int p);
+
+#endif
