@@ -2,9 +2,13 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <strings.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 static ncclDebugLogger_t nccl_logger;
 
@@ -21,12 +25,41 @@ static int stderr_wants(ncclDebugLogLevel level) {
   return level == NCCL_LOG_INFO || strcmp(dbg, "2") == 0;
 }
 
+static int debug_level(void) {
+  const char *dbg = getenv("MPLANE_DEBUG");
+  return dbg && *dbg ? atoi(dbg) : 0;
+}
+
+/* -1 until first asked; the environment is read once (a benign race: every thread computes the same). */
+static int tracing = -1, trace_stderr;
+
+int mplane_log_tracing(void) {
+  int t = __atomic_load_n(&tracing, __ATOMIC_RELAXED);
+  if (t >= 0) return t;
+  const char *nccl = getenv("NCCL_DEBUG");
+  trace_stderr = debug_level() >= 2;
+  t = trace_stderr || (nccl && strcasecmp(nccl, "TRACE") == 0);
+  __atomic_store_n(&tracing, t, __ATOMIC_RELAXED);
+  return t;
+}
+
+static void trace_to_stderr(const char *msg) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  fprintf(stderr, "NET/mplane TRACE %ld.%06ld [%d:%ld] %s\n", (long)ts.tv_sec, ts.tv_nsec / 1000, (int)getpid(),
+          (long)syscall(SYS_gettid), msg);
+}
+
 void mplane_log(ncclDebugLogLevel level, unsigned long subsys, const char *file, int line, const char *fmt, ...) {
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  if (level == NCCL_LOG_TRACE && mplane_log_tracing() && trace_stderr) {
+    trace_to_stderr(msg);
+    return;
+  }
   ncclDebugLogger_t logger = __atomic_load_n(&nccl_logger, __ATOMIC_ACQUIRE);
   if (logger) {
     /* NCCL formats with "%s"-safe semantics only if we hand it a fixed format. */

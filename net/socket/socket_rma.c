@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../common/log.h"
@@ -143,11 +144,18 @@ struct mpr_req {
   struct mpr_win dst;  /* get: where the answer lands */
   uint64_t dst_off;
   int done;            /* atomic */
+  uint64_t t0_ns;      /* queued at (monotonic): an answer later than the timeout fails the connection */
   ncclResult_t result;
   char why[320];
 };
 
 static int timeout_ms(void) { return mplane_rma_timeout_ms(mps_config()); }
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* The group's all-gather and its peers of a context (net/rma_ctrl.h). */
 static ncclResult_t ctrl_allgather(struct mpr_group *g, const void *mine, void *all, size_t len, const char *what) {
@@ -488,6 +496,13 @@ static void conn_fail(struct mpr_conn *c, const char *why) {
     }
 }
 
+/* Fail the connection and cut its socket, so a writer blocked on a peer that stopped reading (a
+ * stalled process keeps its socket open) and the reader both return. */
+static void conn_abort(struct mpr_conn *c, const char *why) {
+  conn_fail(c, why);
+  if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+}
+
 static ncclResult_t conn_queue(struct mpr_conn *c, struct mpr_req *r) {
   pthread_mutex_lock(&c->lock);
   if (c->failed || (c->peer_closed && r->kind != MPR_K_BYE)) {
@@ -495,7 +510,14 @@ static ncclResult_t conn_queue(struct mpr_conn *c, struct mpr_req *r) {
     return ncclRemoteError;
   }
   r->next = NULL;
-  if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) r->m.id = ++c->next_id;
+  if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) {
+    r->m.id = ++c->next_id;
+    r->t0_ns = mono_ns();
+    MP_TRACE(NCCL_NET, "RMA %s #%llu to %s (context %d): %llu bytes, window %u offset %llu, signal window %u offset %llu op %u value %llu",
+             kind_name(r->kind), (unsigned long long)r->m.id, c->peer_str, c->context, (unsigned long long)r->m.size,
+             r->m.win, (unsigned long long)r->m.off, r->m.sig_win, (unsigned long long)r->m.sig_off, r->m.sig_op,
+             (unsigned long long)r->m.sig_val);
+  }
   if (c->q_tail) c->q_tail->next = r;
   else c->q_head = r;
   c->q_tail = r;
@@ -537,6 +559,10 @@ static void *writer_main(void *arg) {
     if (rc == 0 && (kind == MPR_K_PUT || (kind == MPR_K_GET_RESP && m.status == MPR_OK)))
       rc = send_from(c->fd, &src, src_off, m.size, &c->wstage);
     if (rc == 0 && kind == MPR_K_BYE) return NULL; /* the last word on this connection */
+    if (rc == 0)
+      MP_TRACE(NCCL_NET, "RMA wrote %s #%llu to %s (context %d)",
+               kind == MPR_K_PUT ? "put" : kind == MPR_K_GET ? "get" : kind == MPR_K_ACK ? "ack" : "get answer",
+               (unsigned long long)m.id, c->peer_str, c->context);
     if (rc != 0) {
       char why[160];
       snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
@@ -570,9 +596,9 @@ static uint16_t check_put(struct mpr_group *g, const struct mpr_msg *m, struct m
 /* Add to a 64-bit signal word. Host memory: one atomic add (release: the data is before it). GPU
  * memory: read, add, write, under the process's signal lock (NCCL's GPU only reads signals while
  * ops are in flight). */
-static int signal_apply(struct mpr_group *g, const struct mpr_win *w, uint64_t off, uint64_t add) {
+static int signal_apply(struct mpr_group *g, const struct mpr_win *w, uint64_t off, uint64_t add, uint64_t *now) {
   if (w->gpu < 0) {
-    __atomic_fetch_add((uint64_t *)(void *)(w->base + off), add, __ATOMIC_SEQ_CST);
+    *now = __atomic_add_fetch((uint64_t *)(void *)(w->base + off), add, __ATOMIC_SEQ_CST);
     return 0;
   }
   pthread_mutex_lock(&g->sig_lock);
@@ -582,6 +608,7 @@ static int signal_apply(struct mpr_group *g, const struct mpr_win *w, uint64_t o
     v += add;
     rc = win_write(w, off, &v, 8);
   }
+  *now = v;
   pthread_mutex_unlock(&g->sig_lock);
   return rc;
 }
@@ -615,9 +642,13 @@ static int serve_put(struct mpr_conn *c, const struct mpr_msg *m) {
   int rc = recv_into(c->fd, st == MPR_OK && m->size ? &dst : NULL, m->off, m->size, &c->stage);
   if (rc == -1) return -1;
   if (rc == -2) st = MPR_GPU_COPY;
+  uint64_t now = 0;
   if (st == MPR_OK && m->sig_win != MPR_NO_WIN &&
-      signal_apply(c->set->g, &sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val) != 0)
+      signal_apply(c->set->g, &sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val, &now) != 0)
     st = MPR_GPU_COPY;
+  MP_TRACE(NCCL_NET, "RMA served put #%llu from %s (context %d): %llu bytes at window %u offset %llu, signal %u+%llu now %llu, status %u",
+           (unsigned long long)m->id, c->peer_str, c->context, (unsigned long long)m->size, m->win,
+           (unsigned long long)m->off, m->sig_win, (unsigned long long)m->sig_off, (unsigned long long)now, st);
   return respond(c, MPR_K_ACK, m, st, limit, NULL);
 }
 
@@ -659,6 +690,8 @@ static struct mpr_req *pending_pop(struct mpr_conn *c) {
 static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why, size_t whylen) {
   struct mpr_req *r = pending_pop(c);
   int want = m->type == MPR_ACK ? MPR_K_PUT : MPR_K_GET;
+  MP_TRACE(NCCL_NET, "RMA answer #%llu from %s (context %d): type %u status %u", (unsigned long long)m->id,
+           c->peer_str, c->context, m->type, m->status);
   if (!r || r->kind != want || r->m.id != m->id) {
     snprintf(why, whylen, "a response (type %u, id %llu) that matches no request in flight", m->type,
              (unsigned long long)m->id);
@@ -739,6 +772,17 @@ static void *reader_main(void *arg) {
 }
 
 /* ---- contexts ---- */
+static void join_or_cut(struct mpr_conn *c) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += timeout_ms() / 1000;
+  if (pthread_timedjoin_np(c->wr, NULL, &until) == 0) return;
+  MP_WARN("RMA: context %d, connection to %s: the peer took nothing for %d s while the context was destroyed; "
+          "cutting the connection", c->context, c->peer_str, timeout_ms() / 1000);
+  conn_abort(c, "the peer stopped reading (stalled?) while the context was destroyed");
+  pthread_join(c->wr, NULL);
+}
+
 static void conn_destroy(struct mpr_conn *c) {
   if (!c) return;
   struct mpr_req *bye = calloc(1, sizeof(*bye));
@@ -753,8 +797,9 @@ static void conn_destroy(struct mpr_conn *c) {
   __atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
-  /* The writer sends what is queued, the BYE last, and exits; then the reader is cut off. */
-  if (c->threads) pthread_join(c->wr, NULL);
+  /* The writer sends what is queued, the BYE last, and exits; then the reader is cut off. A peer
+   * that stopped reading gets the timeout, then its socket is cut under the writer. */
+  if (c->threads) join_or_cut(c);
   if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
   if (c->threads) pthread_join(c->rd, NULL);
   conn_fail(c, "the context was destroyed");
@@ -1007,6 +1052,7 @@ static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t r
   struct mpr_conn *c;
   (void)mhandle;
   *request = NULL;
+  MP_TRACE(NCCL_NET, "RMA flush (context %d, rank %u): nothing in flight to wait for", context, rank);
   return op_conn(s, context, rank, "flush", &c);
 }
 
@@ -1018,9 +1064,20 @@ static ncclResult_t rma_test(void *group, void *request, int *done) {
     MP_WARN("RMA test: %p is not a request of this plugin", request);
     return ncclInvalidArgument;
   }
-  if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return ncclSuccess;
+  if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+    uint64_t waited_ms = (mono_ns() - r->t0_ns) / 1000000;
+    if (waited_ms <= (uint64_t)timeout_ms()) return ncclSuccess;
+    char why[200];
+    snprintf(why, sizeof(why), "no answer to %s #%llu (window %u, offset %llu, %llu bytes) within %llu ms "
+             "(MPLANE_CONNECT_TIMEOUT): the peer is stalled or gone", kind_name(r->kind), (unsigned long long)r->m.id,
+             r->m.win, (unsigned long long)r->m.off, (unsigned long long)r->m.size, (unsigned long long)waited_ms);
+    conn_abort(r->conn, why); /* finishes r, and everything else on the connection, with the error */
+    if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return ncclSuccess;
+  }
   ncclResult_t res = r->result;
   if (res != ncclSuccess) MP_WARN("%s", r->why);
+  MP_TRACE(NCCL_NET, "RMA test: %s #%llu to %s done, result %d", kind_name(r->kind), (unsigned long long)r->m.id,
+           r->conn->peer_str, res);
   r->magic = 0;
   free(r);
   *done = 1;

@@ -24,6 +24,8 @@
  *   alltoall what nccl-tests' GIN all-to-all kernel does: rounds of puts to every rank (itself
  *            included), 0 B .. 256 KiB, each adding 1 to the same signal word of its target
  *   stride   rankStride 2 (N = 4): ranks at an even distance are reached, odd ones refused
+ *   stall    the last rank stops (SIGSTOP) with its sockets open; the others' ops to it fail once
+ *            MPLANE_CONNECT_TIMEOUT has passed, not before, and destroying the context returns
  *   kill     the last rank exits without closing anything; the others' puts and gets to it end in
  *            an error from test and queryLastError within the deadline, never a hang */
 #include <dlfcn.h>
@@ -55,6 +57,8 @@ struct shared {
   char handles[MAX_RANKS][NCCL_NET_HANDLE_MAXSIZE];
   volatile int arrived[64];
   volatile long rounds; /* the reusable barrier of barrier_round */
+  volatile pid_t pids[MAX_RANKS];
+  volatile int expect_killed; /* stall: this rank + 1 ends by SIGKILL, as the scenario means it to */
 };
 
 static struct shared *shm;
@@ -618,6 +622,66 @@ static void scenario_kill(void) {
   CHECK(rma->finalize(e.ctx));
 }
 
+/* ---- stall: a peer alive but not serving (SIGSTOP): ops to it fail after the timeout, not before ---- */
+static void scenario_stall(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  int victim = g_n - 1;
+  const char *tv = getenv("MPLANE_CONNECT_TIMEOUT");
+  double timeout = tv ? atof(tv) : 120;
+  barrier(2);
+  if (g_rank == victim) {
+    shm->expect_killed = victim + 1;
+    raise(SIGSTOP); /* socket open, nobody reading: a hung process */
+    die("the stalled rank was resumed");
+  }
+  usleep(200 * 1000); /* let the victim stop */
+  double t0 = now_s();
+  void *r[4] = {0};
+  /* a big put that fills the socket and the peer's kernel buffers, then small ops behind it */
+  CHECK(rma->iput(e.rc, 0, 0, e.mh_src, g_src_size, 0, e.mh_recv, (uint32_t)victim, &r[0]));
+  CHECK(rma->iput(e.rc, 0, 0, e.mh_src, 64, 0, e.mh_recv, (uint32_t)victim, &r[1]));
+  CHECK(rma->iget(e.rc, 1, 0, e.mh_src, 4096, 0, e.mh_getw, (uint32_t)victim, &r[2]));
+  int failed = 0, left = 3;
+  while (left) {
+    for (int i = 0; i < 3; i++) {
+      if (!r[i]) continue;
+      int done = 0;
+      ncclResult_t res = rma->test(e.cc, r[i], &done);
+      if (res == ncclSuccess && done) die("op %d to the stalled rank %d completed", i, victim);
+      if (res != ncclSuccess) {
+        failed++;
+        r[i] = NULL;
+        left--;
+      }
+    }
+    if (now_s() - t0 > timeout + 20) die("ops to the stalled rank %d still pending after %.0f s", victim, now_s() - t0);
+    usleep(1000);
+  }
+  double took = now_s() - t0;
+  if (took < 0.8 * timeout) die("ops to the stalled rank failed after %.2f s, before the %.0f s timeout", took, timeout);
+  bool err = false;
+  CHECK(rma->queryLastError(e.rc, &err));
+  if (!err) die("queryLastError reports nothing after the ops to the stalled rank %d failed", victim);
+  printf("rank %d: %d ops to the stalled rank %d failed after %.2f s (timeout %.0f s)\n", g_rank, failed, victim,
+         took, timeout);
+  /* The other ranks still reach each other. */
+  if (g_n > 2) {
+    barrier_of(3, g_n - 1);
+    int p = g_rank == 0 ? 1 : 0;
+    void *q = NULL;
+    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, 1024, 0, e.mh_recv, (uint32_t)p, &q));
+    wait_reqs(e.cc, &q, 1, 0);
+    barrier_of(4, g_n - 1);
+  }
+  double d0 = now_s();
+  CHECK(rma->destroyContext(e.rc));
+  if (now_s() - d0 > timeout + 10) die("destroyContext took %.1f s with a stalled peer", now_s() - d0);
+  CHECK(rma->closeColl(e.cc));
+  CHECK(rma->finalize(e.ctx));
+  if (g_rank == 0) kill(shm->pids[victim], SIGKILL);
+}
+
 /* MPLANE_RMA_ENV_<r>: this rank's own variables, before the plugin reads any. */
 static void rank_env(int r) {
   char name[32];
@@ -646,13 +710,14 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill|stall\n",
             MAX_RANKS);
     return 2;
   }
   void (*fn)(void) = !strcmp(scenario, "data") ? scenario_data : !strcmp(scenario, "order") ? scenario_order
                      : !strcmp(scenario, "oob") ? scenario_oob : !strcmp(scenario, "stride") ? scenario_stride
                      : !strcmp(scenario, "kill") ? scenario_kill
+                     : !strcmp(scenario, "stall") ? scenario_stall
                      : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);
   if (g_gpu && fn != scenario_alltoall && fn != scenario_order) {
@@ -671,6 +736,7 @@ int main(int argc, char **argv) {
     pids[r] = fork();
     if (pids[r] == 0) {
       g_rank = r;
+      shm->pids[r] = getpid();
       alarm(2 * DEADLINE_S); /* the last word against a hang */
       rank_env(r);
       void *lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
@@ -692,11 +758,13 @@ int main(int argc, char **argv) {
   int fail = 0, skipped = 0;
   for (int r = 0; r < g_n; r++) {
     int st = 0;
+    if (shm->expect_killed == r + 1) kill(pids[r], SIGKILL); /* the others are done: never wait on a stopped rank */
     waitpid(pids[r], &st, 0);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
       skipped++;
       continue;
     }
+    if (shm->expect_killed == r + 1 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue;
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
       fprintf(stderr, "rank %d ended with %s %d\n", r, WIFSIGNALED(st) ? "signal" : "status",
               WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
