@@ -175,6 +175,9 @@ static struct {
   CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
   CUresult (*cuDeviceGetPCIBusId)(char *, int, CUdevice);
   CUresult (*cuGetErrorString)(CUresult, const char **);
+  /* optional: the signal path's fast way (mplane_cuda_signal_add); without them it reads and writes */
+  CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+  CUresult (*cuStreamWriteValue64)(CUstream, CUdeviceptr, uint64_t, unsigned);
   CUcontext ctx[64];
 } cu;
 
@@ -228,6 +231,8 @@ static void cu_load_once(void) {
   CU_LOAD(cuPointerGetAttribute, "cuPointerGetAttribute");
   CU_LOAD(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId");
   CU_LOAD(cuGetErrorString, "cuGetErrorString");
+  *(void **)&cu.cuMemHostAlloc = dlsym(cu.lib, "cuMemHostAlloc");
+  *(void **)&cu.cuStreamWriteValue64 = dlsym(cu.lib, "cuStreamWriteValue64_v2");
   CUresult r = cu.cuInit(0);
   if (r != CUDA_SUCCESS) {
     snprintf(cu.why, sizeof(cu.why), "cuInit failed: %s (%d)", cu_err(r), r);
@@ -319,6 +324,59 @@ int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes
   if (!s) return -1;
   if (cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, s) != CUDA_SUCCESS) return -1;
   return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* Signals: one stream per GPU for the whole process, one lock. The read of the word is ordered
+ * after the previous add's write on that stream, so adds from any thread never lose one another;
+ * the write itself is left in flight (cuStreamWriteValue64): one round trip per add instead of
+ * two, and the caller's data, synchronised before it asks, is in place before the word moves. */
+struct cu_signal_lane {
+  pthread_mutex_t lock;
+  CUstream stream;
+  uint64_t *word; /* pinned host memory: the read lands here */
+  int ready, fast;
+};
+static struct cu_signal_lane signal_lanes[64];
+static pthread_mutex_t signal_lanes_init = PTHREAD_MUTEX_INITIALIZER;
+
+static struct cu_signal_lane *signal_lane(int gpu) {
+  struct cu_signal_lane *l = &signal_lanes[gpu];
+  if (__atomic_load_n(&l->ready, __ATOMIC_ACQUIRE)) return l;
+  pthread_mutex_lock(&signal_lanes_init);
+  if (!l->ready && cu.cuStreamCreate(&l->stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
+    pthread_mutex_init(&l->lock, NULL);
+    void *w = NULL;
+    l->fast = cu.cuMemHostAlloc && cu.cuStreamWriteValue64 && cu.cuMemHostAlloc(&w, 64, 0) == CUDA_SUCCESS;
+    l->word = l->fast ? w : malloc(sizeof(uint64_t));
+    if (l->word) __atomic_store_n(&l->ready, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&signal_lanes_init);
+  return l->ready ? l : NULL;
+}
+
+int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now) {
+  if (gpu < 0 || gpu >= 64 || cu_use(gpu) != 0) return -1;
+  struct cu_signal_lane *l = signal_lane(gpu);
+  if (!l) return -1;
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)word;
+  pthread_mutex_lock(&l->lock);
+  int rc = -1;
+  if (cu.cuMemcpyDtoHAsync(l->word, p, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
+      cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS) {
+    uint64_t v = *l->word + add;
+    if (l->fast) {
+      rc = cu.cuStreamWriteValue64(l->stream, p, v, 0) == CUDA_SUCCESS ? 0 : -1;
+    } else {
+      *l->word = v;
+      rc = cu.cuMemcpyHtoDAsync(p, l->word, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
+                   cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS
+               ? 0
+               : -1;
+    }
+    *now = v;
+  }
+  pthread_mutex_unlock(&l->lock);
+  return rc;
 }
 
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes) {

@@ -98,6 +98,10 @@ int mplane_cuda_memcpy_dtoh(int gpu, void *dst, const void *src, size_t bytes);
  * place when it returns 0): for copies made while a kernel may be running. */
 int mplane_cuda_memcpy_htod_nb(int gpu, void *dst, const void *src, size_t bytes);
 int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes);
+/* Add to a 64-bit word in GPU memory, atomically against every other caller in this process (one
+ * stream and lock per GPU): *now is the new value. Copies the caller made before are in place
+ * first if they were synchronised. 0 ok, -1 CUDA failed. */
+int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now);
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
 /* The PCI bus id of a GPU ("0000:19:00.0"), for choosing the GPU beside a NIC. 0 on success. */
 int mplane_cuda_pci_bus_id(int gpu, char *buf, int len);

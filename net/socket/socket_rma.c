@@ -101,7 +101,6 @@ struct mpr_group {
   pthread_mutex_t win_lock;
   struct mpr_win *wins;
   uint32_t nwins, cap;
-  pthread_mutex_t sig_lock; /* signals on GPU memory are read-modify-write: one at a time per process */
 };
 
 struct mpr_req;
@@ -119,6 +118,7 @@ struct mpr_conn {
   uint64_t next_id;
   int failed, stop;
   int peer_closed; /* the peer destroyed its context in order (a BYE): not an error by itself */
+  uint64_t spin_ns;                    /* MPLANE_RMA_SPIN_US: poll this long before sleeping */
   char *stage;                         /* the reader's GPU staging; the writer has its own */
   char *wstage;
 };
@@ -282,7 +282,6 @@ static void group_free(struct mpr_group *g) {
   free(g->ctrl);
   free(g->wins);
   pthread_mutex_destroy(&g->win_lock);
-  pthread_mutex_destroy(&g->sig_lock);
   free(g);
 }
 
@@ -302,7 +301,6 @@ static ncclResult_t rma_connect(void *handles[], int nranks, int rank, void *lis
   g->nranks = nranks;
   g->dev = l->dev;
   pthread_mutex_init(&g->win_lock, NULL);
-  pthread_mutex_init(&g->sig_lock, NULL);
   for (int i = 0; i < nranks; i++) g->ctrl[i] = -1;
   char why[256];
   struct mpr_hello hello = {.magic = MPR_MAGIC, .version = MPR_VERSION, .kind = 0, .rank = rank,
@@ -527,9 +525,44 @@ static ncclResult_t conn_queue(struct mpr_conn *c, struct mpr_req *r) {
 }
 
 /* ---- the writer: requests and responses, in order ---- */
+/* Poll a moment for the next request before sleeping: GIN traffic comes in bursts (a barrier is a
+ * signal per block), and a futex wake-up per op costs more than the op on loopback or in a VM. */
+static void spin_for_work(struct mpr_conn *c) {
+  if (!c->spin_ns) return;
+  uint64_t deadline = mono_ns() + c->spin_ns;
+  while (!__atomic_load_n(&c->q_head, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) &&
+         !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE) && mono_ns() < deadline)
+    __builtin_ia32_pause();
+}
+
+/* Read one record header, polling without blocking for up to spin_ns (restarted by every byte)
+ * before sleeping in recv. 0 ok, 1 orderly close before a byte, -1 error. */
+static int read_msg(struct mpr_conn *c, struct mpr_msg *m) {
+  char *p = (char *)m;
+  size_t have = 0;
+  uint64_t deadline = c->spin_ns ? mono_ns() + c->spin_ns : 0;
+  while (have < sizeof(*m) && c->spin_ns && mono_ns() < deadline) {
+    ssize_t r = recv(c->fd, p + have, sizeof(*m) - have, MSG_DONTWAIT);
+    if (r > 0) {
+      have += (size_t)r;
+      deadline = mono_ns() + c->spin_ns;
+    } else if (r == 0) {
+      return have == 0 ? 1 : -1;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return -1;
+    } else {
+      __builtin_ia32_pause();
+    }
+  }
+  if (have == sizeof(*m)) return 0;
+  int rc = mplane_rma_read_all(c->fd, p + have, sizeof(*m) - have);
+  return rc == 1 && have ? -1 : rc;
+}
+
 static void *writer_main(void *arg) {
   struct mpr_conn *c = arg;
   for (;;) {
+    spin_for_work(c);
     pthread_mutex_lock(&c->lock);
     while (!c->q_head && !c->stop && !c->failed) pthread_cond_wait(&c->cond, &c->lock);
     if (c->failed || !c->q_head) {
@@ -594,23 +627,15 @@ static uint16_t check_put(struct mpr_group *g, const struct mpr_msg *m, struct m
 }
 
 /* Add to a 64-bit signal word. Host memory: one atomic add (release: the data is before it). GPU
- * memory: read, add, write, under the process's signal lock (NCCL's GPU only reads signals while
- * ops are in flight). */
-static int signal_apply(struct mpr_group *g, const struct mpr_win *w, uint64_t off, uint64_t add, uint64_t *now) {
+ * memory: the CUDA driver's signal lane (relay.h), one per GPU for the process, so the adds of every
+ * connection's reader are atomic against one another (NCCL's GPU only reads its indexed signals,
+ * and resets a VA signal only while no op targets it). */
+static int signal_apply(const struct mpr_win *w, uint64_t off, uint64_t add, uint64_t *now) {
   if (w->gpu < 0) {
     *now = __atomic_add_fetch((uint64_t *)(void *)(w->base + off), add, __ATOMIC_SEQ_CST);
     return 0;
   }
-  pthread_mutex_lock(&g->sig_lock);
-  uint64_t v = 0;
-  int rc = win_read(w, off, &v, 8);
-  if (rc == 0) {
-    v += add;
-    rc = win_write(w, off, &v, 8);
-  }
-  *now = v;
-  pthread_mutex_unlock(&g->sig_lock);
-  return rc;
+  return mplane_cuda_signal_add(w->gpu, w->base + off, add, now);
 }
 
 static int respond(struct mpr_conn *c, int kind, const struct mpr_msg *m, uint16_t status, uint64_t limit,
@@ -644,7 +669,7 @@ static int serve_put(struct mpr_conn *c, const struct mpr_msg *m) {
   if (rc == -2) st = MPR_GPU_COPY;
   uint64_t now = 0;
   if (st == MPR_OK && m->sig_win != MPR_NO_WIN &&
-      signal_apply(c->set->g, &sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val, &now) != 0)
+      signal_apply(&sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val, &now) != 0)
     st = MPR_GPU_COPY;
   MP_TRACE(NCCL_NET, "RMA served put #%llu from %s (context %d): %llu bytes at window %u offset %llu, signal %u+%llu now %llu, status %u",
            (unsigned long long)m->id, c->peer_str, c->context, (unsigned long long)m->size, m->win,
@@ -739,7 +764,7 @@ static void *reader_main(void *arg) {
   char why[200];
   for (;;) {
     struct mpr_msg m;
-    int rc = mplane_rma_read_all(c->fd, &m, sizeof(m));
+    int rc = read_msg(c, &m);
     if (rc != 0) {
       if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
         conn_fail(c, rc == 1 ? "the peer closed it (is the process gone?)" : "recv failed or the peer reset it");
@@ -832,6 +857,7 @@ static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, in
   c->fd = fd;
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cond, NULL);
+  c->spin_ns = (uint64_t)mps_config()->rma_spin_us * 1000u;
   if (peer == s->g->rank) snprintf(c->peer_str, sizeof(c->peer_str), "rank %d (itself)", peer);
   else peer_name(fd, peer, c->peer_str, sizeof(c->peer_str));
   mplane_rma_set_timeouts(fd, 0); /* the data path waits as long as the peer lives; a dead peer closes the socket */
