@@ -28,7 +28,6 @@ struct mplane_config {
   int socket_inline_busy;                    /* ... above 16K only with fewer sends in flight; 0 no limit */
   int socket_speed_mbps;                     /* reported where sysfs knows no speed; -1 automatic */
   int socket_spin_us;                        /* helper threads poll this long before sleeping */
-  int rma_spin_us;                           /* RMA connection threads poll this long before sleeping */
   int nccl_defaults;                         /* setenv NCCL_* tuning defaults the user left unset */
   int connect_timeout_s;                     /* handshake deadline */
   char planes[1024];                         /* MPLANE_PLANES, parsed by topo/ */

@@ -118,7 +118,6 @@ struct mpr_conn {
   uint64_t next_id;
   int failed, stop;
   int peer_closed; /* the peer destroyed its context in order (a BYE): not an error by itself */
-  uint64_t spin_ns;                    /* MPLANE_RMA_SPIN_US: poll this long before sleeping */
   char *stage;                         /* the reader's GPU staging; the writer has its own */
   char *wstage;
 };
@@ -525,44 +524,9 @@ static ncclResult_t conn_queue(struct mpr_conn *c, struct mpr_req *r) {
 }
 
 /* ---- the writer: requests and responses, in order ---- */
-/* Poll a moment for the next request before sleeping: GIN traffic comes in bursts (a barrier is a
- * signal per block), and a futex wake-up per op costs more than the op on loopback or in a VM. */
-static void spin_for_work(struct mpr_conn *c) {
-  if (!c->spin_ns) return;
-  uint64_t deadline = mono_ns() + c->spin_ns;
-  while (!__atomic_load_n(&c->q_head, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) &&
-         !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE) && mono_ns() < deadline)
-    __builtin_ia32_pause();
-}
-
-/* Read one record header, polling without blocking for up to spin_ns (restarted by every byte)
- * before sleeping in recv. 0 ok, 1 orderly close before a byte, -1 error. */
-static int read_msg(struct mpr_conn *c, struct mpr_msg *m) {
-  char *p = (char *)m;
-  size_t have = 0;
-  uint64_t deadline = c->spin_ns ? mono_ns() + c->spin_ns : 0;
-  while (have < sizeof(*m) && c->spin_ns && mono_ns() < deadline) {
-    ssize_t r = recv(c->fd, p + have, sizeof(*m) - have, MSG_DONTWAIT);
-    if (r > 0) {
-      have += (size_t)r;
-      deadline = mono_ns() + c->spin_ns;
-    } else if (r == 0) {
-      return have == 0 ? 1 : -1;
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return -1;
-    } else {
-      __builtin_ia32_pause();
-    }
-  }
-  if (have == sizeof(*m)) return 0;
-  int rc = mplane_rma_read_all(c->fd, p + have, sizeof(*m) - have);
-  return rc == 1 && have ? -1 : rc;
-}
-
 static void *writer_main(void *arg) {
   struct mpr_conn *c = arg;
   for (;;) {
-    spin_for_work(c);
     pthread_mutex_lock(&c->lock);
     while (!c->q_head && !c->stop && !c->failed) pthread_cond_wait(&c->cond, &c->lock);
     if (c->failed || !c->q_head) {
@@ -764,7 +728,7 @@ static void *reader_main(void *arg) {
   char why[200];
   for (;;) {
     struct mpr_msg m;
-    int rc = read_msg(c, &m);
+    int rc = mplane_rma_read_all(c->fd, &m, sizeof(m));
     if (rc != 0) {
       if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
         conn_fail(c, rc == 1 ? "the peer closed it (is the process gone?)" : "recv failed or the peer reset it");
@@ -857,7 +821,6 @@ static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, in
   c->fd = fd;
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cond, NULL);
-  c->spin_ns = (uint64_t)mps_config()->rma_spin_us * 1000u;
   if (peer == s->g->rank) snprintf(c->peer_str, sizeof(c->peer_str), "rank %d (itself)", peer);
   else peer_name(fd, peer, c->peer_str, sizeof(c->peer_str));
   mplane_rma_set_timeouts(fd, 0); /* the data path waits as long as the peer lives; a dead peer closes the socket */
