@@ -236,12 +236,14 @@ static uint64_t mix(uint64_t x) { /* splitmix64's finaliser: every bit of x move
   return x ^ (x >> 31);
 }
 
-/* Bytes [0, bytes) of the source on the host and on its GPU: a pattern of (pass, position). */
+/* Bytes [0, bytes) of the source on the host and on its GPU: a pattern of (pass, position). Written
+ * on a stream and synchronised: a plain cuMemcpyHtoD from pageable memory may return before its
+ * bytes are in place, and the copier's non-blocking stream would not wait for them. */
 static void fill_source(int gpu, char *src, uint8_t *host, size_t bytes, uint64_t pass) {
   uint64_t *w = (uint64_t *)host;
   for (size_t i = 0; i < bytes / 8; i++) w[i] = mix(pass << 40 ^ i);
   for (size_t i = bytes / 8 * 8; i < bytes; i++) host[i] = (uint8_t)mix(pass << 40 ^ i);
-  CHECK(mplane_cuda_memcpy_htod(gpu, src, host, bytes) == 0, "writing %zu pattern bytes to GPU %d", bytes, gpu);
+  CHECK(mplane_cuda_memcpy_htod_nb(gpu, src, host, bytes) == 0, "writing %zu pattern bytes to GPU %d", bytes, gpu);
 }
 
 /* Poison the ring so a slot no copy wrote cannot match. The memset runs on the legacy stream,
