@@ -301,35 +301,16 @@ int mplane_cuda_memcpy_dtoh(int gpu, void *dst, const void *src, size_t bytes) {
   return cu_use(gpu) == 0 && cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes) == CUDA_SUCCESS ? 0 : -1;
 }
 
-/* A non-blocking stream per thread and GPU: a copy on it never waits for a kernel on the legacy
- * stream's implicit barrier, so a kernel spinning on a signal cannot hold up the copy that sets it. */
-static CUstream cu_thread_stream(int gpu) {
-  static __thread CUstream streams[64];
-  if (gpu < 0 || gpu >= 64) return NULL;
-  if (!streams[gpu] && cu.cuStreamCreate(&streams[gpu], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) streams[gpu] = NULL;
-  return streams[gpu];
-}
-
-int mplane_cuda_memcpy_htod_nb(int gpu, void *dst, const void *src, size_t bytes) {
-  if (cu_use(gpu) != 0) return -1;
-  CUstream s = cu_thread_stream(gpu);
-  if (!s) return -1;
-  if (cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, s) != CUDA_SUCCESS) return -1;
-  return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
-}
-
-int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes) {
-  if (cu_use(gpu) != 0) return -1;
-  CUstream s = cu_thread_stream(gpu);
-  if (!s) return -1;
-  if (cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, s) != CUDA_SUCCESS) return -1;
-  return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
-}
-
-/* Signals: one stream per GPU for the whole process, one lock. The read of the word is ordered
- * after the previous add's write on that stream, so adds from any thread never lose one another;
- * the write itself is left in flight (cuStreamWriteValue64): one round trip per add instead of
- * two, and the caller's data, synchronised before it asks, is in place before the word moves. */
+/* The lane: one non-blocking stream per GPU for the whole process, for every copy and signal the
+ * socket RMA target makes into GPU memory. Non-blocking: a copy never waits for a kernel on the
+ * legacy stream's implicit barrier, so a kernel spinning on a signal cannot hold up the copy that
+ * sets it. One stream, not one per thread: the driver spreads streams over a few hardware queues
+ * (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), and a stream that shares its queue with the
+ * application's can sit behind a kernel launch queued after the very kernel that waits for this
+ * copy; every extra stream makes that likelier.
+ * Signals: the read of the word is ordered after the previous add's write on the lane, so adds from
+ * any thread never lose one another (one lock); the write is left in flight
+ * (cuStreamWriteValue64), and the caller's data, synchronised before it asks, lands first. */
 struct cu_signal_lane {
   pthread_mutex_t lock;
   CUstream stream;
@@ -354,6 +335,28 @@ static struct cu_signal_lane *signal_lane(int gpu) {
   return l->ready ? l : NULL;
 }
 
+static CUstream cu_copy_stream(int gpu) {
+  if (gpu < 0 || gpu >= 64) return NULL;
+  struct cu_signal_lane *l = signal_lane(gpu);
+  return l ? l->stream : NULL;
+}
+
+int mplane_cuda_memcpy_htod_nb(int gpu, void *dst, const void *src, size_t bytes) {
+  if (cu_use(gpu) != 0) return -1;
+  CUstream s = cu_copy_stream(gpu);
+  if (!s) return -1;
+  if (cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, s) != CUDA_SUCCESS) return -1;
+  return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
+}
+
+int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes) {
+  if (cu_use(gpu) != 0) return -1;
+  CUstream s = cu_copy_stream(gpu);
+  if (!s) return -1;
+  if (cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, s) != CUDA_SUCCESS) return -1;
+  return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
+}
+
 int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now) {
   if (gpu < 0 || gpu >= 64 || cu_use(gpu) != 0) return -1;
   struct cu_signal_lane *l = signal_lane(gpu);
@@ -375,6 +378,29 @@ int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now) {
     }
     *now = v;
   }
+  pthread_mutex_unlock(&l->lock);
+  return rc;
+}
+
+int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t add, uint64_t *now) {
+  if (gpu < 0 || gpu >= 64 || cu_use(gpu) != 0) return -1;
+  struct cu_signal_lane *l = signal_lane(gpu);
+  if (!l) return -1;
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)word;
+  pthread_mutex_lock(&l->lock);
+  uint64_t v = *shadow + add;
+  int rc;
+  if (l->fast) {
+    rc = cu.cuStreamWriteValue64(l->stream, p, v, 0) == CUDA_SUCCESS ? 0 : -1;
+  } else {
+    *l->word = v;
+    rc = cu.cuMemcpyHtoDAsync(p, l->word, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
+                 cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS
+             ? 0
+             : -1;
+  }
+  if (rc == 0) *shadow = v;
+  *now = v;
   pthread_mutex_unlock(&l->lock);
   return rc;
 }

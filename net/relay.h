@@ -102,6 +102,10 @@ int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes
  * stream and lock per GPU): *now is the new value. Copies the caller made before are in place
  * first if they were synchronised. 0 ok, -1 CUDA failed. */
 int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now);
+/* The same for a word only this process writes (NCCL's SIGNAL_NEVER_RESET windows): *shadow holds
+ * its value, so nothing is read back and nothing waits; the write goes out on the same stream, in
+ * order, under the same lock (the shadow is updated under it). */
+int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t add, uint64_t *now);
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
 /* The PCI bus id of a GPU ("0000:19:00.0"), for choosing the GPU beside a NIC. 0 on success. */
 int mplane_cuda_pci_bus_id(int gpu, char *buf, int len);

@@ -88,6 +88,8 @@ struct mpr_win {
   char *base;
   size_t size;
   int gpu; /* -1 host memory, else the CUDA device that owns it */
+  uint64_t *shadow; /* a GPU signal window NCCL never writes (SIGNAL_NEVER_RESET): its words as this
+                       process set them, so an add need not read the GPU; freed with the group */
 };
 
 struct mpr_listen {
@@ -279,6 +281,7 @@ static void group_free(struct mpr_group *g) {
   for (int i = 0; g->ctrl && i < g->nranks; i++)
     if (g->ctrl[i] >= 0) close(g->ctrl[i]);
   free(g->ctrl);
+  for (uint32_t i = 0; g->wins && i < g->nwins; i++) free(g->wins[i].shadow);
   free(g->wins);
   pthread_mutex_destroy(&g->win_lock);
   free(g);
@@ -343,9 +346,22 @@ static ncclResult_t rma_close_group(void *group) {
 
 
 /* ---- windows ---- */
+#define MPR_SHADOW_MAX (1u << 20) /* signal windows are small: nSignals x contexts x 8 bytes */
+
+/* The host copy of a GPU signal window, read once: from here on only this process writes it. */
+static uint64_t *shadow_new(int gpu, void *data, size_t size) {
+  if (size == 0 || size > MPR_SHADOW_MAX || size % 8 || (uintptr_t)data % 8) return NULL;
+  uint64_t *s = malloc(size);
+  if (s && mplane_cuda_memcpy_dtoh(gpu, s, data, size) != 0) {
+    free(s);
+    s = NULL;
+  }
+  return s;
+}
+
 static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle) {
   struct mpr_group *g = group;
-  (void)flags; /* FORCE_SO: every signal is applied after its data anyway */
+  /* FORCE_SO: every signal is applied after its data anyway. */
   int gpu = -1;
   if (type == NCCL_PTR_CUDA) {
     char why[256] = "";
@@ -358,8 +374,12 @@ static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int typ
     MP_WARN("RMA regMrSym: memory type %d; expected NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type);
     return ncclInvalidArgument;
   }
+  uint64_t *shadow = gpu >= 0 && (flags & NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET) ? shadow_new(gpu, data, size) : NULL;
   uint32_t *id = malloc(sizeof(*id));
-  if (!id) return ncclSystemError;
+  if (!id) {
+    free(shadow);
+    return ncclSystemError;
+  }
   pthread_mutex_lock(&g->win_lock);
   if (g->nwins == g->cap) {
     uint32_t cap = g->cap ? g->cap * 2 : 16;
@@ -367,6 +387,7 @@ static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int typ
     if (!w) {
       pthread_mutex_unlock(&g->win_lock);
       free(id);
+      free(shadow);
       return ncclSystemError;
     }
     g->wins = w;
@@ -375,9 +396,11 @@ static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int typ
   /* Symmetric registration: the n-th window of every rank is the same window, so its index is its
    * name on the wire. */
   *id = g->nwins;
-  g->wins[g->nwins++] = (struct mpr_win){.id = *id, .live = 1, .base = data, .size = size, .gpu = gpu};
+  g->wins[g->nwins++] = (struct mpr_win){.id = *id, .live = 1, .base = data, .size = size, .gpu = gpu,
+                                          .shadow = shadow};
   pthread_mutex_unlock(&g->win_lock);
-  MP_TRACE(NCCL_NET, "RMA: window %u = %p, %zu bytes, %s", *id, data, size, gpu < 0 ? "host" : "GPU");
+  MP_TRACE(NCCL_NET, "RMA: window %u = %p, %zu bytes, %s%s", *id, data, size, gpu < 0 ? "host" : "GPU",
+           shadow ? ", signals kept on the host too (NCCL never writes them)" : "");
   *mhandle = id;
   return ncclSuccess;
 }
@@ -599,6 +622,7 @@ static int signal_apply(const struct mpr_win *w, uint64_t off, uint64_t add, uin
     *now = __atomic_add_fetch((uint64_t *)(void *)(w->base + off), add, __ATOMIC_SEQ_CST);
     return 0;
   }
+  if (w->shadow) return mplane_cuda_signal_add_owned(w->gpu, w->base + off, &w->shadow[off / 8], add, now);
   return mplane_cuda_signal_add(w->gpu, w->base + off, add, now);
 }
 
