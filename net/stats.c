@@ -154,6 +154,13 @@ void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes) {
   ADD(&k->rx_msgs, (uint64_t)r->nrecv);
 }
 
+void mplane_stats_rma(struct mplane_stats_comm *c, uint64_t bytes, int is_get) {
+  if (!c || !c->open) return;
+  struct mplane_stats_counters *k = &c->c;
+  ADD(is_get ? &k->rx_bytes : &k->tx_bytes, bytes);
+  ADD(is_get ? &k->rx_msgs : &k->tx_msgs, 1);
+}
+
 static void add_ctr(struct mplane_stats_counters *d, const struct mplane_stats_counters *s) {
   d->tx_bytes += LOAD(&s->tx_bytes);
   d->tx_msgs += LOAD(&s->tx_msgs);

@@ -6,18 +6,36 @@
  * per connection listen / connect (collective) / closeListen, then per device communicator
  * createContext (collective) and regMrSym for its signals, inline buffers and every window, then
  * from its progress thread iput / iputSignal / iget / iflush, test until done, queryLastError;
- * at the end destroyContext, deregMrSym, closeColl, finalize. */
+ * at the end destroyContext, deregMrSym, closeColl, finalize.
+ *
+ * The adapter wraps the transport's group and context so that each context has a traffic record
+ * (net/stats.h: by plane and class, like two-sided comms): puts count as sent, gets as received. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "../common/log.h"
 #include "net_core.h"
 #include "../common/nccl/rma_v14.h"
+#include "../net/stats.h"
 #include "../net/tc.h"
 #include "../net/transport.h"
 
 struct rma_plugin_ctx {
   uint64_t comm_id;
 };
+
+struct rma_group {
+  void *inner; /* the transport's group */
+  int dev, nranks;
+};
+
+struct rma_context {
+  void *inner; /* the transport's context set */
+  struct mplane_stats_comm stats;
+};
+
+static void *inner_group(void *g) { return g ? ((struct rma_group *)g)->inner : NULL; }
+static void *inner_ctx(void *c) { return c ? ((struct rma_context *)c)->inner : NULL; }
 
 static const struct mplane_rma_ops *rma_ops(void) {
   const struct mplane_transport_ops *t = mplane_net_transport();
@@ -71,14 +89,39 @@ static ncclResult_t v14_listen(void *ctx, int dev, void *handle, void **listen_c
     MP_WARN("RMA listen: device %d does not exist (%d devices)", dev, ndev);
     return ncclInvalidArgument;
   }
-  return rma_ops()->listen(dev, handle, listen_comm);
+  ncclResult_t res = rma_ops()->listen(dev, handle, listen_comm);
+  if (res == ncclSuccess) mplane_stats_listen(*listen_comm, dev, 0); /* connect learns the device from it */
+  return res;
 }
 
 /* NCCL passes its net context or its RMA context here depending on the caller: neither is used. */
 static ncclResult_t v14_connect(void *ctx, void *handles[], int nranks, int rank, void *listen_comm,
                                 void **coll_comm) {
   (void)ctx;
-  return rma_ops()->connect(handles, nranks, rank, listen_comm, coll_comm);
+  *coll_comm = NULL;
+  struct rma_group *g = calloc(1, sizeof(*g));
+  if (!g) return ncclSystemError;
+  int cls = 0;
+  g->dev = -1;
+  g->nranks = nranks;
+  mplane_stats_listen_get(listen_comm, &g->dev, &cls);
+  ncclResult_t res = rma_ops()->connect(handles, nranks, rank, listen_comm, &g->inner);
+  if (res != ncclSuccess) {
+    free(g);
+    return res;
+  }
+  *coll_comm = g;
+  return ncclSuccess;
+}
+
+static void context_stats_open(struct rma_context *c, const struct rma_group *g, int cls, int sl) {
+  const struct mplane_dev_props *p = NULL;
+  char peer[64];
+  snprintf(peer, sizeof(peer), "RMA group of %d ranks", g->nranks);
+  int plane = g->dev >= 0 && mplane_net_get_properties(g->dev, &p) == ncclSuccess ? p->plane : -1;
+  struct mplane_stats_comm_info si = {.is_send = 1, .dev = g->dev, .dev_name = p ? p->name : "?", .plane = plane,
+                                      .from_plane = plane, .cls = cls, .sl = sl, .relayed = 0, .peer = peer};
+  mplane_stats_comm_open(&c->stats, &si);
 }
 
 static ncclResult_t v14_create_context(void *coll_comm, ncclRmaConfig_v14_t *config, void **rma_ctx) {
@@ -87,12 +130,26 @@ static ncclResult_t v14_create_context(void *coll_comm, ncclRmaConfig_v14_t *con
   /* net/tc.c, as two-sided comms (an invalid class is WARNed there, once, and becomes default) */
   o.tc_class = mplane_tc_resolve(config->trafficClass, NULL);
   o.service_level = mplane_tc_sl(o.tc_class);
-  return rma_ops()->create_context(coll_comm, &o, rma_ctx);
+  *rma_ctx = NULL;
+  struct rma_group *g = coll_comm;
+  struct rma_context *c = calloc(1, sizeof(*c));
+  if (!g || !c) {
+    free(c);
+    return g ? ncclSystemError : ncclInvalidArgument;
+  }
+  ncclResult_t res = rma_ops()->create_context(g->inner, &o, &c->inner);
+  if (res != ncclSuccess) {
+    free(c);
+    return res;
+  }
+  context_stats_open(c, g, o.tc_class, o.service_level);
+  *rma_ctx = c;
+  return ncclSuccess;
 }
 
 static ncclResult_t v14_reg_mr_sym(void *coll_comm, void *data, size_t size, int type, uint64_t flags,
                                    void **mhandle) {
-  return rma_ops()->reg_mr_sym(coll_comm, data, size, type, flags, mhandle);
+  return rma_ops()->reg_mr_sym(inner_group(coll_comm), data, size, type, flags, mhandle);
 }
 
 /* The transport reaches the bytes by address, so the dma-buf descriptor adds nothing. */
@@ -100,20 +157,44 @@ static ncclResult_t v14_reg_mr_sym_dmabuf(void *coll_comm, void *data, size_t si
                                           int fd, uint64_t flags, void **mhandle) {
   (void)offset;
   (void)fd;
-  return rma_ops()->reg_mr_sym(coll_comm, data, size, type, flags, mhandle);
+  return rma_ops()->reg_mr_sym(inner_group(coll_comm), data, size, type, flags, mhandle);
 }
 
 static ncclResult_t v14_dereg_mr_sym(void *coll_comm, void *mhandle) {
-  return rma_ops()->dereg_mr_sym(coll_comm, mhandle);
+  return rma_ops()->dereg_mr_sym(inner_group(coll_comm), mhandle);
 }
 
-static ncclResult_t v14_destroy_context(void *rma_ctx) { return rma_ops()->destroy_context(rma_ctx); }
-static ncclResult_t v14_close_coll(void *coll_comm) { return rma_ops()->close_group(coll_comm); }
-static ncclResult_t v14_close_listen(void *listen_comm) { return rma_ops()->close_listen(listen_comm); }
+static ncclResult_t v14_destroy_context(void *rma_ctx) {
+  struct rma_context *c = rma_ctx;
+  if (!c) return ncclSuccess;
+  ncclResult_t res = rma_ops()->destroy_context(c->inner);
+  mplane_stats_comm_close(&c->stats);
+  free(c);
+  return res;
+}
+
+static ncclResult_t v14_close_coll(void *coll_comm) {
+  ncclResult_t res = rma_ops()->close_group(inner_group(coll_comm));
+  free(coll_comm);
+  return res;
+}
+
+static ncclResult_t v14_close_listen(void *listen_comm) {
+  mplane_stats_listen_close(listen_comm);
+  return rma_ops()->close_listen(listen_comm);
+}
+
+/* Count a posted op in its context's record (NULL request: not posted, nothing counted). */
+static ncclResult_t counted(ncclResult_t res, void *rma_ctx, void **request, uint64_t bytes, int is_get) {
+  if (res == ncclSuccess && *request) mplane_stats_rma(&((struct rma_context *)rma_ctx)->stats, bytes, is_get);
+  return res;
+}
 
 static ncclResult_t v14_iput(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
                              uint64_t dst_off, void *dst_mh, uint32_t rank, void **request) {
-  return rma_ops()->iput(rma_ctx, context, src_off, src_mh, size, dst_off, dst_mh, rank, NULL, request);
+  return counted(rma_ops()->iput(inner_ctx(rma_ctx), context, src_off, src_mh, size, dst_off, dst_mh, rank, NULL,
+                                 request),
+                 rma_ctx, request, size, 0);
 }
 
 /* isStrongSignal: every signal is strong here (applied after its data and the earlier ops of its
@@ -125,30 +206,34 @@ static ncclResult_t v14_iput_signal(void *rma_ctx, int context, uint64_t src_off
   (void)strong;
   struct mplane_rma_signal sig = {.off = signal_off, .mhandle = signal_mh, .value = signal_value, .op = signal_op};
   if (!dst_mh) size = 0; /* NCCL's VA signal: no data, the signal alone */
-  return rma_ops()->iput(rma_ctx, context, src_off, src_mh, size, dst_off, dst_mh, rank, &sig, request);
+  return counted(rma_ops()->iput(inner_ctx(rma_ctx), context, src_off, src_mh, size, dst_off, dst_mh, rank, &sig,
+                                 request),
+                 rma_ctx, request, size, 0);
 }
 
 static ncclResult_t v14_iget(void *rma_ctx, int context, uint64_t remote_off, void *remote_mh, size_t size,
                              uint64_t local_off, void *local_mh, uint32_t rank, void **request) {
-  return rma_ops()->iget(rma_ctx, context, remote_off, remote_mh, size, local_off, local_mh, rank, request);
+  return counted(rma_ops()->iget(inner_ctx(rma_ctx), context, remote_off, remote_mh, size, local_off, local_mh, rank,
+                                 request),
+                 rma_ctx, request, size, 1);
 }
 
 static ncclResult_t v14_iflush(void *rma_ctx, int context, void *mhandle, uint32_t rank, void **request) {
-  return rma_ops()->iflush(rma_ctx, context, mhandle, rank, request);
+  return rma_ops()->iflush(inner_ctx(rma_ctx), context, mhandle, rank, request);
 }
 
 static ncclResult_t v14_test(void *coll_comm, void *request, int *done) {
-  return rma_ops()->test(coll_comm, request, done);
+  return rma_ops()->test(inner_group(coll_comm), request, done);
 }
 
 static ncclResult_t v14_progress(void *rma_ctx) {
   const struct mplane_rma_ops *o = rma_ops();
-  return o->progress ? o->progress(rma_ctx) : ncclSuccess;
+  return o->progress ? o->progress(inner_ctx(rma_ctx)) : ncclSuccess;
 }
 
 static ncclResult_t v14_query_last_error(void *rma_ctx, bool *has_error) {
   int e = 0;
-  ncclResult_t res = rma_ops()->query_last_error(rma_ctx, &e);
+  ncclResult_t res = rma_ops()->query_last_error(inner_ctx(rma_ctx), &e);
   *has_error = e != 0;
   return res;
 }

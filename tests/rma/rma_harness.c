@@ -453,6 +453,32 @@ static void scenario_order(void) {
   teardown(&e);
 }
 
+/* MPLANE_STATS_FILE: the plugin's traffic record of this process must show exactly the puts made,
+ * under the class the contexts were created with (alltoall) and on some plane. */
+static void check_stats(uint64_t put_bytes, uint64_t puts) {
+  const char *pat = getenv("MPLANE_STATS_FILE");
+  if (!pat) return;
+  char path[512];
+  const char *p = strstr(pat, "%p");
+  if (p) snprintf(path, sizeof(path), "%.*s%d%s", (int)(p - pat), pat, (int)getpid(), p + 2);
+  else snprintf(path, sizeof(path), "%s", pat);
+  FILE *f = fopen(path, "r");
+  if (!f) die("MPLANE_STATS_FILE is set but %s was not written", path);
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *cls = strstr(buf, "\"class\": \"alltoall\"");
+  const char *tx = cls ? strstr(cls, "\"tx_bytes\": ") : NULL;
+  const char *msgs = cls ? strstr(cls, "\"tx_msgs\": ") : NULL;
+  if (!tx || !msgs) die("%s has no alltoall class record", path);
+  unsigned long long b = strtoull(tx + 12, NULL, 10), m = strtoull(msgs + 11, NULL, 10);
+  if (b != put_bytes || m != puts)
+    die("%s: class alltoall sent %llu bytes in %llu ops, the harness put %llu bytes in %llu", path, b, m,
+        (unsigned long long)put_bytes, (unsigned long long)puts);
+  printf("rank %d: traffic record matches: %llu bytes in %llu puts, class alltoall\n", g_rank, b, m);
+}
+
 /* ---- alltoall: what nccl-tests' GIN all-to-all kernel (-D 3) asks of the proxy ---- */
 static void scenario_alltoall(void) {
   struct env e = {0};
@@ -460,7 +486,7 @@ static void scenario_alltoall(void) {
   /* Every iteration each rank puts its block for r to every rank r (itself included), each put adding 1
    * to the same signal word of the target; then it waits for the word to grow by n: the signal words of
    * all ranks see adds from n connections (n-1 sockets and the rank's own pair) racing. */
-  uint64_t base = 0;
+  uint64_t base = 0, put_bytes = 0, puts = 0;
   int iters = 0;
   for (uint64_t size = 0; size <= SUB; size = size ? size * 8 : 8)
     for (int it = 0; it < 20; it++, iters++) {
@@ -468,6 +494,8 @@ static void scenario_alltoall(void) {
       for (int r = 0; r < g_n; r++)
         CHECK(rma->iputSignal(e.rc, 0, (uint64_t)r * SUB, e.mh_src, size, (uint64_t)g_rank * SUB, e.mh_recv,
                               (uint32_t)r, 0, e.mh_sig, 0, NCCL_NET_SIGNAL_OP_INC, true, &reqs[r]));
+      put_bytes += size * (uint64_t)g_n;
+      puts += (uint64_t)g_n;
       wait_reqs(e.cc, reqs, g_n, 0);
       base += (uint64_t)g_n;
       wait_signal(&e, 0, base);
@@ -483,6 +511,7 @@ static void scenario_alltoall(void) {
     }
   barrier(2);
   teardown(&e);
+  check_stats(put_bytes, puts);
 }
 
 /* ---- oob ---- */
