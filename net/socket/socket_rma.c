@@ -359,13 +359,34 @@ static uint64_t *shadow_new(int gpu, void *data, size_t size) {
   return s;
 }
 
-static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle) {
-  struct mpr_group *g = group;
-  /* FORCE_SO: every signal is applied after its data anyway. */
-  int gpu = -1;
+/* regMrSym is collective: every rank must be registering its window of the same index, or puts
+ * would land in another window than the one named. One all-gather of (index, size) per window. */
+static ncclResult_t check_same_order(struct mpr_group *g, uint32_t id, size_t size) {
+  struct { uint32_t id, pad; uint64_t size; } mine = {.id = id, .size = size}, all[g->nranks];
+  ncclResult_t res = ctrl_allgather(g, &mine, all, sizeof(mine), "regMrSym");
+  if (res != ncclSuccess) return res;
+  for (int p = 0; p < g->nranks; p++) {
+    if (all[p].id != id) {
+      if (id != UINT32_MAX && all[p].id == UINT32_MAX)
+        MP_WARN("RMA regMrSym: rank %d's registration of window %u failed, so it fails here too", p, id);
+      else if (id != UINT32_MAX)
+        MP_WARN("RMA regMrSym: rank %d registers its window %u while rank %d registers its window %u: windows must "
+                "be registered in the same order on every rank", g->rank, id, p, all[p].id);
+      return ncclInvalidUsage;
+    }
+    if (all[p].size != size)
+      MP_INFO(NCCL_NET, "RMA regMrSym: window %u is %zu bytes here and %llu bytes on rank %d (each target checks "
+              "ops against its own size)", id, size, (unsigned long long)all[p].size, p);
+  }
+  return ncclSuccess;
+}
+
+/* Which GPU owns data (-1 host memory); an error names what is wrong with the memory. */
+static ncclResult_t win_memory(void *data, size_t size, int type, int *gpu) {
+  *gpu = -1;
   if (type == NCCL_PTR_CUDA) {
     char why[256] = "";
-    if (mplane_cuda_load(why, sizeof(why)) <= 0 || (gpu = mplane_cuda_pointer_device(data)) < 0) {
+    if (mplane_cuda_load(why, sizeof(why)) <= 0 || (*gpu = mplane_cuda_pointer_device(data)) < 0) {
       MP_WARN("RMA regMrSym: %p (%zu bytes) is said to be GPU memory, but %s", data, size,
               why[0] ? why : "the CUDA driver does not know it");
       return ncclInvalidUsage;
@@ -374,31 +395,56 @@ static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int typ
     MP_WARN("RMA regMrSym: memory type %d; expected NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type);
     return ncclInvalidArgument;
   }
-  uint64_t *shadow = gpu >= 0 && (flags & NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET) ? shadow_new(gpu, data, size) : NULL;
-  uint32_t *id = malloc(sizeof(*id));
-  if (!id) {
-    free(shadow);
-    return ncclSystemError;
-  }
+  return ncclSuccess;
+}
+
+/* Append a live window; its index is *id. */
+static ncclResult_t win_add(struct mpr_group *g, void *data, size_t size, int gpu, uint64_t *shadow, uint32_t *id) {
   pthread_mutex_lock(&g->win_lock);
   if (g->nwins == g->cap) {
     uint32_t cap = g->cap ? g->cap * 2 : 16;
     struct mpr_win *w = realloc(g->wins, sizeof(*w) * cap);
     if (!w) {
       pthread_mutex_unlock(&g->win_lock);
-      free(id);
-      free(shadow);
       return ncclSystemError;
     }
     g->wins = w;
     g->cap = cap;
   }
-  /* Symmetric registration: the n-th window of every rank is the same window, so its index is its
-   * name on the wire. */
   *id = g->nwins;
   g->wins[g->nwins++] = (struct mpr_win){.id = *id, .live = 1, .base = data, .size = size, .gpu = gpu,
                                           .shadow = shadow};
   pthread_mutex_unlock(&g->win_lock);
+  return ncclSuccess;
+}
+
+/* Symmetric registration: the n-th window of every rank is the same window, so its index is its
+ * name on the wire; the order check is collective, so a rank whose registration failed still takes
+ * part (as index UINT32_MAX) and the others fail with it instead of waiting. */
+static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle) {
+  struct mpr_group *g = group;
+  /* FORCE_SO: every signal is applied after its data anyway. */
+  *mhandle = NULL;
+  int gpu = -1;
+  uint64_t *shadow = NULL;
+  uint32_t *id = malloc(sizeof(*id));
+  ncclResult_t res = id ? win_memory(data, size, type, &gpu) : ncclSystemError;
+  if (res == ncclSuccess && gpu >= 0 && (flags & NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET))
+    shadow = shadow_new(gpu, data, size);
+  if (res == ncclSuccess) res = win_add(g, data, size, gpu, shadow, id);
+  ncclResult_t ores = check_same_order(g, res == ncclSuccess ? *id : UINT32_MAX, size);
+  if (res == ncclSuccess && ores != ncclSuccess) {
+    pthread_mutex_lock(&g->win_lock);
+    g->wins[*id].live = 0; /* the index stays taken (the shadow is freed with the group) */
+    pthread_mutex_unlock(&g->win_lock);
+    res = ores;
+  } else if (res != ncclSuccess) {
+    free(shadow);
+  }
+  if (res != ncclSuccess) {
+    free(id);
+    return res;
+  }
   MP_TRACE(NCCL_NET, "RMA: window %u = %p, %zu bytes, %s%s", *id, data, size, gpu < 0 ? "host" : "GPU",
            shadow ? ", signals kept on the host too (NCCL never writes them)" : "");
   *mhandle = id;

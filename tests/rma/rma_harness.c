@@ -26,6 +26,8 @@
  *   stride   rankStride 2 (N = 4): ranks at an even distance are reached, odd ones refused
  *   stall    the last rank stops (SIGSTOP) with its sockets open; the others' ops to it fail once
  *            MPLANE_CONNECT_TIMEOUT has passed, not before, and destroying the context returns
+ *   regfail  the last rank's regMrSym fails (a memory type NCCL does not define): every rank's fails,
+ *            within seconds, no handle; the windows registered before still carry a put
  *   kill     the last rank exits without closing anything; the others' puts and gets to it end in
  *            an error from test and queryLastError within the deadline, never a hang */
 #include <dlfcn.h>
@@ -711,6 +713,32 @@ static void scenario_stall(void) {
   if (g_rank == 0) kill(shm->pids[victim], SIGKILL);
 }
 
+/* ---- regfail: regMrSym is collective; one rank's failed registration fails it on every rank ---- */
+static void scenario_regfail(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  int odd = g_n - 1;
+  static char extra[4096];
+  void *mh = NULL;
+  double t0 = now_s();
+  /* The odd rank names a memory type NCCL does not define; the others register a good window. */
+  ncclResult_t res = rma->regMrSym(e.cc, extra, sizeof(extra), g_rank == odd ? 7 : NCCL_PTR_HOST, 0, &mh);
+  if (res == ncclSuccess) die("regMrSym succeeded on rank %d while rank %d's registration failed", g_rank, odd);
+  if (mh) die("a failed regMrSym left a handle");
+  if (now_s() - t0 > 10) die("the failed registration took %.1f s to be reported", now_s() - t0);
+  printf("rank %d: regMrSym failed (%d) with rank %d's, after %.2f s\n", g_rank, res, odd, now_s() - t0);
+  /* The windows registered before are untouched: a put into one still lands. */
+  int p = (g_rank + 1) % g_n;
+  void *r = NULL;
+  CHECK(rma->iput(e.rc, 0, 0, e.mh_src, 4096, (uint64_t)g_rank * 4096, e.mh_recv, (uint32_t)p, &r));
+  wait_reqs(e.cc, &r, 1, 0);
+  barrier(2);
+  check_bytes(recv_at(&e, (uint64_t)((g_rank + g_n - 1) % g_n) * 4096, 4096), 4096, (g_rank + g_n - 1) % g_n, 0,
+              "put after the failed registration");
+  barrier(3);
+  teardown(&e);
+}
+
 /* MPLANE_RMA_ENV_<r>: this rank's own variables, before the plugin reads any. */
 static void rank_env(int r) {
   char name[32];
@@ -739,7 +767,7 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill|stall\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill|stall|regfail\n",
             MAX_RANKS);
     return 2;
   }
@@ -747,6 +775,7 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "oob") ? scenario_oob : !strcmp(scenario, "stride") ? scenario_stride
                      : !strcmp(scenario, "kill") ? scenario_kill
                      : !strcmp(scenario, "stall") ? scenario_stall
+                     : !strcmp(scenario, "regfail") ? scenario_regfail
                      : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);
   if (g_gpu && fn != scenario_alltoall && fn != scenario_order) {
