@@ -139,7 +139,8 @@ static const struct row rows[] = {
     {"MPLANE_IBVERBS_LIB", K_STR, STR(ibverbs_lib), "libibverbs.so.1", 0, 0, NULL, "a library name or path",
      "the libibverbs to dlopen (tests point it at the software verbs double)"},
     {"MPLANE_DEBUG", K_INT, OFF(debug), 0, "0", 0, 2, NULL, "0, 1 (INFO) or 2 (INFO and TRACE)",
-     "mplane's own messages on stderr when NCCL's logger is not in use (tools, tests)"},
+     "mplane's own messages on stderr when NCCL's logger is not in use (tools, tests); 2 also prints every "
+     "TRACE line (each one-sided op) on stderr under NCCL, time-stamped"},
     {"MPLANE_TUNER_CONFIG", K_STR, STR(tuner_config), "", 0, 0, NULL, "a path to a CSV tuner table",
      "tuner table; without one the tuner changes nothing"},
 };
