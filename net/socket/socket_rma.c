@@ -10,8 +10,9 @@
  * Connections: connect() builds a control mesh (lower rank dials, higher rank accepts) used only
  * by the collective calls; create_context() exchanges a fresh listener's address over it and
  * builds one full-duplex connection per context and connected pair (ranks rank +- k*stride). Each
- * connection has a writer thread (requests and responses, in queue order) and a reader thread;
- * NCCL's proxy thread only queues and polls. The reader never writes (it queues responses), so two
+ * connection has a writer thread (requests and responses, in queue order; what is queued when it
+ * wakes goes out in one sendmsg, headers with their host data) and a reader thread (one recv takes
+ * every record that has arrived); NCCL's proxy thread only queues and polls. The reader never writes (it queues responses), so two
  * peers writing large puts at each other cannot both stall.
  *
  * Responses arrive in the order their requests were written (one reader serves them in order at
@@ -27,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,6 +44,7 @@
 #define MPR_NO_WIN 0xffffffffu
 #define MPR_STAGE (4u << 20) /* GPU windows move through host staging in steps of this size */
 #define MPR_REQ_MAGIC 0x52514d41u
+#define MPR_RBUF (64u << 10) /* the reader's receive buffer */
 
 /* ---- wire (little endian hosts) ---- */
 struct mpr_handle {
@@ -121,6 +124,8 @@ struct mpr_conn {
   int failed, stop;
   int peer_closed; /* the peer destroyed its context in order (a BYE): not an error by itself */
   char *stage;                         /* the reader's GPU staging; the writer has its own */
+  char *rbuf;                          /* the reader's receive buffer: [rpos, rlen) not yet taken */
+  size_t rpos, rlen;
   char *wstage;
 };
 
@@ -496,14 +501,42 @@ static int win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) 
   return mplane_cuda_memcpy_dtoh_nb(w->gpu, dst, w->base + off, n);
 }
 
-/* Receive n bytes from fd into a window (or drop them when w is NULL). 0 ok, -1 socket, -2 CUDA. */
-static int recv_into(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char **stage) {
-  if (w && w->gpu < 0) return mplane_rma_read_all(fd, w->base + off, n) == 0 || n == 0 ? 0 : -1;
+/* Read n bytes of the connection: what its receive buffer holds first, then large remainders
+ * straight into dst, small ones through the buffer (one recv takes every record that has arrived:
+ * a burst of headers costs one system call). 0 ok, 1 closed before a byte, -1 error. */
+static int conn_read(struct mpr_conn *c, void *dst, size_t n) {
+  char *p = dst;
+  size_t got = 0;
+  while (got < n) {
+    if (c->rpos < c->rlen) {
+      size_t k = c->rlen - c->rpos < n - got ? c->rlen - c->rpos : n - got;
+      memcpy(p + got, c->rbuf + c->rpos, k);
+      c->rpos += k;
+      got += k;
+      continue;
+    }
+    if (n - got >= MPR_RBUF / 2) {
+      int rc = mplane_rma_read_all(c->fd, p + got, n - got);
+      return rc == 0 ? 0 : rc == 1 && got == 0 ? 1 : -1;
+    }
+    ssize_t r = recv(c->fd, c->rbuf, MPR_RBUF, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return got == 0 ? 1 : -1;
+    if (r < 0) return -1;
+    c->rpos = 0;
+    c->rlen = (size_t)r;
+  }
+  return 0;
+}
+
+/* Receive n bytes into a window (or drop them when w is NULL). 0 ok, -1 socket, -2 CUDA. */
+static int recv_into(struct mpr_conn *c, const struct mpr_win *w, uint64_t off, uint64_t n, char **stage) {
+  if (w && w->gpu < 0) return conn_read(c, w->base + off, n) == 0 || n == 0 ? 0 : -1;
   if (!*stage && !(*stage = malloc(MPR_STAGE))) return -1;
   int cuda_bad = 0;
   while (n) {
     size_t step = n < MPR_STAGE ? n : MPR_STAGE;
-    if (mplane_rma_read_all(fd, *stage, step) != 0) return -1;
+    if (conn_read(c, *stage, step) != 0) return -1;
     if (w && !cuda_bad && win_write(w, off, *stage, step) != 0) cuda_bad = 1; /* keep the stream framed */
     off += step;
     n -= step;
@@ -593,49 +626,122 @@ static ncclResult_t conn_queue(struct mpr_conn *c, struct mpr_req *r) {
 }
 
 /* ---- the writer: requests and responses, in order ---- */
+#define MPR_BATCH 64 /* queued records the writer takes at once, written with one sendmsg where it can */
+
+/* What the write of one record needs, copied out of its request: once a request's last byte is out,
+ * its response may come back and test() free it. */
+struct mpr_out {
+  int kind;
+  struct mpr_msg m;
+  struct mpr_win src;
+  uint64_t src_off;
+};
+
+static int has_data(const struct mpr_out *o) {
+  return o->kind == MPR_K_PUT || (o->kind == MPR_K_GET_RESP && o->m.status == MPR_OK);
+}
+
+/* sendmsg until every byte of iov[0..n) is out (the array is consumed). 0 ok, -1 error. */
+static int sendv_all(int fd, struct iovec *iov, int n) {
+  while (n > 0) {
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    while (n > 0 && (size_t)w >= iov->iov_len) {
+      w -= (ssize_t)iov->iov_len;
+      iov++;
+      n--;
+    }
+    if (n > 0) {
+      iov->iov_base = (char *)iov->iov_base + w;
+      iov->iov_len -= (size_t)w;
+    }
+  }
+  return 0;
+}
+
+/* Write records in order: runs of headers with their host-memory data go out in one sendmsg (a
+ * barrier's 32 signals: one system call, not 32); data in GPU memory goes through staging. 0 ok,
+ * -1 socket, -2 a copy out of GPU memory failed. */
+static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
+  struct iovec iov[2 * MPR_BATCH];
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    int gpu_data = has_data(&o[i]) && o[i].m.size && o[i].src.gpu >= 0;
+    if (gpu_data) {
+      if (k && sendv_all(c->fd, iov, k) != 0) return -1;
+      k = 0;
+      if (mplane_rma_write_all(c->fd, &o[i].m, sizeof(o[i].m)) != 0) return -1;
+      int rc = send_from(c->fd, &o[i].src, o[i].src_off, o[i].m.size, &c->wstage);
+      if (rc != 0) return rc;
+      continue;
+    }
+    iov[k++] = (struct iovec){.iov_base = (void *)&o[i].m, .iov_len = sizeof(o[i].m)};
+    if (has_data(&o[i]) && o[i].m.size)
+      iov[k++] = (struct iovec){.iov_base = o[i].src.base + o[i].src_off, .iov_len = o[i].m.size};
+  }
+  return k ? sendv_all(c->fd, iov, k) : 0;
+}
+
+/* Take up to MPR_BATCH queued records (requests become pending before a byte moves: the response
+ * may come back at once); a BYE is the last one taken. Called with the lock held. */
+static int take_batch(struct mpr_conn *c, struct mpr_out *out) {
+  int n = 0;
+  while (c->q_head && n < MPR_BATCH) {
+    struct mpr_req *r = c->q_head;
+    c->q_head = r->next;
+    if (!c->q_head) c->q_tail = NULL;
+    out[n++] = (struct mpr_out){.kind = r->kind, .m = r->m, .src = r->src, .src_off = r->src_off};
+    if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) {
+      r->next = NULL;
+      if (c->p_tail) c->p_tail->next = r;
+      else c->p_head = r;
+      c->p_tail = r;
+    } else {
+      int bye = r->kind == MPR_K_BYE;
+      free(r);
+      if (bye) break;
+    }
+  }
+  return n;
+}
+
 static void *writer_main(void *arg) {
   struct mpr_conn *c = arg;
+  struct mpr_out *out = malloc(sizeof(*out) * MPR_BATCH);
+  if (!out) {
+    conn_fail(c, "out of memory for the writer");
+    return NULL;
+  }
   for (;;) {
     pthread_mutex_lock(&c->lock);
     while (!c->q_head && !c->stop && !c->failed) pthread_cond_wait(&c->cond, &c->lock);
     if (c->failed || !c->q_head) {
       pthread_mutex_unlock(&c->lock);
-      return NULL;
+      break;
     }
-    struct mpr_req *r = c->q_head;
-    c->q_head = r->next;
-    if (!c->q_head) c->q_tail = NULL;
-    int is_req = r->kind == MPR_K_PUT || r->kind == MPR_K_GET;
-    if (is_req) { /* pending before a byte moves: the response may come back at once */
-      r->next = NULL;
-      if (c->p_tail) c->p_tail->next = r;
-      else c->p_head = r;
-      c->p_tail = r;
-    }
+    int n = take_batch(c, out);
     pthread_mutex_unlock(&c->lock);
-    /* Once its last byte is out, a request's response may come back and test() free it: take what
-     * the write needs now and never look at r again after it. */
-    const int kind = r->kind;
-    const struct mpr_msg m = r->m;
-    const struct mpr_win src = r->src;
-    const uint64_t src_off = r->src_off;
-    if (!is_req) free(r);
-    r = NULL;
-    int rc = mplane_rma_write_all(c->fd, &m, sizeof(m));
-    if (rc == 0 && (kind == MPR_K_PUT || (kind == MPR_K_GET_RESP && m.status == MPR_OK)))
-      rc = send_from(c->fd, &src, src_off, m.size, &c->wstage);
-    if (rc == 0 && kind == MPR_K_BYE) return NULL; /* the last word on this connection */
-    if (rc == 0)
-      MP_TRACE(NCCL_NET, "RMA wrote %s #%llu to %s (context %d)",
-               kind == MPR_K_PUT ? "put" : kind == MPR_K_GET ? "get" : kind == MPR_K_ACK ? "ack" : "get answer",
-               (unsigned long long)m.id, c->peer_str, c->context);
+    int rc = write_batch(c, out, n);
     if (rc != 0) {
       char why[160];
       snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
       conn_fail(c, why);
-      return NULL;
+      break;
     }
+    for (int i = 0; i < n; i++)
+      MP_TRACE(NCCL_NET, "RMA wrote %s #%llu to %s (context %d)",
+               out[i].kind == MPR_K_PUT   ? "put"
+               : out[i].kind == MPR_K_GET ? "get"
+               : out[i].kind == MPR_K_ACK ? "ack"
+               : out[i].kind == MPR_K_BYE ? "bye"
+                                          : "get answer",
+               (unsigned long long)out[i].m.id, c->peer_str, c->context);
+    if (out[n - 1].kind == MPR_K_BYE) break; /* the last word on this connection */
   }
+  free(out);
+  return NULL;
 }
 
 /* ---- the reader: the target side of puts and gets, and the responses to ours ---- */
@@ -698,7 +804,7 @@ static int serve_put(struct mpr_conn *c, const struct mpr_msg *m) {
   struct mpr_win dst, sig;
   uint64_t limit = 0;
   uint16_t st = check_put(c->set->g, m, &dst, &sig, &limit);
-  int rc = recv_into(c->fd, st == MPR_OK && m->size ? &dst : NULL, m->off, m->size, &c->stage);
+  int rc = recv_into(c, st == MPR_OK && m->size ? &dst : NULL, m->off, m->size, &c->stage);
   if (rc == -1) return -1;
   if (rc == -2) st = MPR_GPU_COPY;
   uint64_t now = 0;
@@ -777,7 +883,7 @@ static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why,
       req_finish(r, ncclRemoteError, "RMA get from %s: %s", c->peer_str, why);
       return -1;
     }
-    int rc = recv_into(c->fd, &r->dst, r->dst_off, m->size, &c->stage);
+    int rc = recv_into(c, &r->dst, r->dst_off, m->size, &c->stage);
     if (rc == -1) {
       snprintf(why, whylen, "the connection broke inside a get's data");
       req_finish(r, ncclRemoteError, "RMA get from %s: %s", c->peer_str, why);
@@ -798,7 +904,7 @@ static void *reader_main(void *arg) {
   char why[200];
   for (;;) {
     struct mpr_msg m;
-    int rc = mplane_rma_read_all(c->fd, &m, sizeof(m));
+    int rc = conn_read(c, &m, sizeof(m));
     if (rc != 0) {
       if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
         conn_fail(c, rc == 1 ? "the peer closed it (is the process gone?)" : "recv failed or the peer reset it");
@@ -864,6 +970,7 @@ static void conn_destroy(struct mpr_conn *c) {
   conn_fail(c, "the context was destroyed");
   if (c->fd >= 0) close(c->fd);
   free(c->stage);
+  free(c->rbuf);
   free(c->wstage);
   pthread_mutex_destroy(&c->lock);
   pthread_cond_destroy(&c->cond);
@@ -884,7 +991,10 @@ static ncclResult_t rma_destroy_context(void *ctx) {
 
 static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, int fd) {
   struct mpr_conn *c = calloc(1, sizeof(*c));
-  if (!c) return NULL;
+  if (!c || !(c->rbuf = malloc(MPR_RBUF))) {
+    free(c);
+    return NULL;
+  }
   c->set = s;
   c->context = context;
   c->peer = peer;

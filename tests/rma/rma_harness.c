@@ -28,6 +28,8 @@
  *            MPLANE_CONNECT_TIMEOUT has passed, not before, and destroying the context returns
  *   regfail  the last rank's regMrSym fails (a memory type NCCL does not define): every rank's fails,
  *            within seconds, no handle; the windows registered before still carry a put
+ *   rate     timed (a benchmark, suite bench): rounds of 32 signal-only puts from every rank to every
+ *            other at once, as a GIN barrier posts them; prints us per round and per op
  *   kill     the last rank exits without closing anything; the others' puts and gets to it end in
  *            an error from test and queryLastError within the deadline, never a hang */
 #include <dlfcn.h>
@@ -739,6 +741,35 @@ static void scenario_regfail(void) {
   teardown(&e);
 }
 
+/* ---- rate: what a GIN barrier asks of the proxy, timed: every rank posts a burst of 32 signal-only
+ * puts (one per block) to every other rank at once, then waits for them and for the peers' 32 ---- */
+#define RATE_BURST 32
+static void scenario_rate(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  const int rounds = 300;
+  void *reqs[RATE_BURST * MAX_RANKS];
+  double t0 = now_s();
+  for (int k = 0; k < rounds; k++) {
+    int n = 0;
+    for (int r = 0; r < g_n; r++)
+      for (int b = 0; b < RATE_BURST && r != g_rank; b++)
+        CHECK(rma->iputSignal(e.rc, 0, 0, NULL, 0, 0, NULL, (uint32_t)r, (uint64_t)b * 8, e.mh_sig, 0,
+                              NCCL_NET_SIGNAL_OP_INC, true, &reqs[n++]));
+    wait_reqs(e.cc, reqs, n, 0);
+    /* at least: the peers may be a round ahead already (no barrier between rounds, as between kernels) */
+    for (int b = 0; b < RATE_BURST; b++)
+      while (sig_read(&e, b) < (uint64_t)(k + 1) * (uint64_t)(g_n - 1))
+        if (now_s() - t0 > DEADLINE_S) die("round %d: signal %d is %llu", k, b, (unsigned long long)sig_read(&e, b));
+  }
+  double dt = now_s() - t0;
+  uint64_t ops = (uint64_t)rounds * RATE_BURST * (uint64_t)(g_n - 1);
+  printf("rank %d: %d rounds of %d signal puts to each of %d peers: %.1f us per round, %.2f us per op\n", g_rank,
+         rounds, RATE_BURST, g_n - 1, dt / rounds * 1e6, dt / (double)ops * 1e6);
+  barrier(2);
+  teardown(&e);
+}
+
 /* MPLANE_RMA_ENV_<r>: this rank's own variables, before the plugin reads any. */
 static void rank_env(int r) {
   char name[32];
@@ -767,7 +798,7 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill|stall|regfail\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill|stall|regfail|rate\n",
             MAX_RANKS);
     return 2;
   }
@@ -776,6 +807,7 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "kill") ? scenario_kill
                      : !strcmp(scenario, "stall") ? scenario_stall
                      : !strcmp(scenario, "regfail") ? scenario_regfail
+                     : !strcmp(scenario, "rate") ? scenario_rate
                      : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);
   if (g_gpu && fn != scenario_alltoall && fn != scenario_order) {
