@@ -79,6 +79,10 @@ struct mplane_rma_ops {
   ncclResult_t (*create_context)(void *group, const struct mplane_rma_ctx_opts *opts, void **ctx);
   ncclResult_t (*destroy_context)(void *ctx);
   ncclResult_t (*reg_mr_sym)(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle);
+  /* May be NULL (the transport reaches the bytes by address). Else the window [data, data + size) is
+   * registered through the dma-buf fd (offset into it); the fd is the caller's, closed after. */
+  ncclResult_t (*reg_mr_sym_dmabuf)(void *group, void *data, size_t size, int type, uint64_t offset, int fd,
+                                    uint64_t flags, void **mhandle);
   ncclResult_t (*dereg_mr_sym)(void *group, void *mhandle);
   /* sig NULL: a plain put; size 0 with sig: the signal alone (src/dst handles may be NULL). */
   ncclResult_t (*iput)(void *ctx, int context, uint64_t src_off, void *src_mh, size_t size, uint64_t dst_off,

@@ -64,8 +64,9 @@ static ncclResult_t v14_finalize(void *ctx) {
   return ncclSuccess;
 }
 
-/* The net device's properties, as a GIN proxy device: host and GPU windows (the transport moves
- * GPU bytes itself, so no dma-buf is asked for). */
+/* The net device's properties, as a GIN proxy device: host and GPU windows, and dma-bufs where the
+ * transport registers them and the device takes them (then NCCL's proxy hands GPU windows over as
+ * dma-bufs, regMrSymDmaBuf). */
 static ncclResult_t v14_get_properties(int dev, ncclNetProperties_v12_t *out) {
   const struct mplane_dev_props *p;
   ncclResult_t res = mplane_net_get_properties(dev, &p);
@@ -73,6 +74,8 @@ static ncclResult_t v14_get_properties(int dev, ncclNetProperties_v12_t *out) {
   MPLANE_FILL_PROPS_COMMON(out, p);
   MPLANE_FILL_PROPS_V9(out, p, dev);
   out->ptrSupport = NCCL_PTR_HOST | NCCL_PTR_CUDA;
+  if (rma_ops() && rma_ops()->reg_mr_sym_dmabuf && (p->ptr_support & NCCL_PTR_DMABUF))
+    out->ptrSupport |= NCCL_PTR_DMABUF;
   out->netDeviceType = NCCL_NET_DEVICE_GIN_PROXY;
   out->netDeviceVersion = 0;
   out->maxMultiRequestSize = 1;
@@ -152,12 +155,14 @@ static ncclResult_t v14_reg_mr_sym(void *coll_comm, void *data, size_t size, int
   return rma_ops()->reg_mr_sym(inner_group(coll_comm), data, size, type, flags, mhandle);
 }
 
-/* The transport reaches the bytes by address, so the dma-buf descriptor adds nothing. */
+/* The IB transport registers the dma-buf (GPU windows without nvidia-peermem); the socket
+ * transport reaches the bytes by address, so the descriptor adds nothing there. */
 static ncclResult_t v14_reg_mr_sym_dmabuf(void *coll_comm, void *data, size_t size, int type, uint64_t offset,
                                           int fd, uint64_t flags, void **mhandle) {
-  (void)offset;
-  (void)fd;
-  return rma_ops()->reg_mr_sym(inner_group(coll_comm), data, size, type, flags, mhandle);
+  const struct mplane_rma_ops *o = rma_ops();
+  if (o->reg_mr_sym_dmabuf)
+    return o->reg_mr_sym_dmabuf(inner_group(coll_comm), data, size, type, offset, fd, flags, mhandle);
+  return o->reg_mr_sym(inner_group(coll_comm), data, size, type, flags, mhandle);
 }
 
 static ncclResult_t v14_dereg_mr_sym(void *coll_comm, void *mhandle) {

@@ -346,7 +346,33 @@ static ncclResult_t rma_close_group(void *group) {
 
 
 /* ---- windows ---- */
-static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, struct ibr_win *w) {
+static ncclResult_t win_register_dmabuf(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset,
+                                        int fd, struct ibr_win *w) {
+  if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
+    MP_WARN("RMA regMrSymDmaBuf: memory type %d; expected NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type);
+    return ncclInvalidArgument;
+  }
+  if (!mpib_v.reg_dmabuf_mr) {
+    MP_WARN("RMA regMrSymDmaBuf: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core >= 34 needed)");
+    return ncclInvalidUsage;
+  }
+  /* Never relaxed ordering: a signal's atomic must not pass the data before it. */
+  w->mr = mpib_v.reg_dmabuf_mr(g->d->hca->pd, offset, size ? size : 1, (uint64_t)(uintptr_t)data, fd, IBR_ACCESS);
+  if (!w->mr) {
+    MP_WARN("RMA regMrSymDmaBuf: %s: registering %zu bytes of dma-buf %d (offset %llu) at %p failed: %s",
+            g->d->props.name, size, fd, (unsigned long long)offset, data, strerror(errno));
+    return ncclSystemError;
+  }
+  w->base = data;
+  w->size = size;
+  return ncclSuccess;
+}
+
+/* fd >= 0: through the dma-buf (GPU memory without nvidia-peermem), addressed by data as its iova
+ * so that peers name it as they name any window. */
+static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
+                                 struct ibr_win *w) {
+  if (fd >= 0) return win_register_dmabuf(g, data, size, type, offset, fd, w);
   if (type == NCCL_PTR_CUDA && !(g->d->props.ptr_support & NCCL_PTR_CUDA)) {
     MP_WARN("RMA regMrSym: %p (%zu bytes) is GPU memory, but %s has no nvidia-peermem to register it with",
             data, size, g->d->props.name);
@@ -370,16 +396,33 @@ static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, i
   return ncclSuccess;
 }
 
+static ncclResult_t reg_window(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
+                               void **mhandle);
+
 static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle) {
-  struct ibr_group *g = group;
   (void)flags; /* FORCE_SO: every signal comes after its data anyway */
+  return reg_window(group, data, size, type, 0, -1, mhandle);
+}
+
+static ncclResult_t rma_reg_mr_sym_dmabuf(void *group, void *data, size_t size, int type, uint64_t offset, int fd,
+                                          uint64_t flags, void **mhandle) {
+  (void)flags;
+  if (fd < 0) {
+    MP_WARN("RMA regMrSymDmaBuf: no dma-buf (fd %d) for the window at %p", fd, data);
+    return reg_window(group, data, size, -1, 0, -1, mhandle); /* collective: the others fail with it */
+  }
+  return reg_window(group, data, size, type, offset, fd, mhandle);
+}
+
+static ncclResult_t reg_window(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
+                               void **mhandle) {
   *mhandle = NULL;
   struct ibr_win *w = calloc(1, sizeof(*w));
   if (!w || !(w->peers = calloc((size_t)g->nranks, sizeof(*w->peers)))) {
     free(w);
     return ncclSystemError;
   }
-  ncclResult_t res = win_register(g, data, size, type, w);
+  ncclResult_t res = win_register(g, data, size, type, offset, fd, w);
   pthread_mutex_lock(&g->lock);
   w->id = g->nwins;
   pthread_mutex_unlock(&g->lock);
@@ -938,6 +981,7 @@ const struct mplane_rma_ops mpib_rma_ops = {
     .create_context = rma_create_context,
     .destroy_context = rma_destroy_context,
     .reg_mr_sym = rma_reg_mr_sym,
+    .reg_mr_sym_dmabuf = rma_reg_mr_sym_dmabuf,
     .dereg_mr_sym = rma_dereg_mr_sym,
     .iput = rma_iput,
     .iget = rma_iget,

@@ -30,6 +30,8 @@
  *            within seconds, no handle; the windows registered before still carry a put
  *   rate     timed (a benchmark, suite bench): rounds of 32 signal-only puts from every rank to every
  *            other at once, as a GIN barrier posts them; prints us per round and per op
+ *   dmabuf   a window registered with regMrSymDmaBuf (a memfd as the dma-buf, its fd closed at once):
+ *            puts with signals from every rank land in it, every byte checked
  *   kill     the last rank exits without closing anything; the others' puts and gets to it end in
  *            an error from test and queryLastError within the deadline, never a hang */
 #include <dlfcn.h>
@@ -41,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -770,6 +773,48 @@ static void scenario_rate(void) {
   teardown(&e);
 }
 
+/* ---- dmabuf: a window registered through regMrSymDmaBuf (a memfd stands in for the dma-buf of GPU
+ * memory; the fd is closed right after, as NCCL's proxy does): puts with signals land in it ---- */
+static void scenario_dmabuf(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  ncclNetProperties_v12_t props;
+  CHECK(rma->getProperties(0, &props));
+  const size_t blk = 64u << 10, size = (size_t)g_n * blk;
+  int fd = memfd_create("mplane-rma-dmabuf", 0);
+  if (fd < 0 || ftruncate(fd, (off_t)size) != 0) die("memfd: %s", strerror(errno));
+  char *win = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (win == MAP_FAILED) die("mmap of the memfd: %s", strerror(errno));
+  void *mh = NULL;
+  CHECK(rma->regMrSymDmaBuf(e.cc, win, size, NCCL_PTR_HOST, 0, fd, 0, &mh));
+  close(fd);
+  /* On the verbs double (SOFTVERBS_RECORD): the window was registered through the dma-buf itself. */
+  const char *rec = getenv("SOFTVERBS_RECORD");
+  if (rec && *rec) {
+    char want[128], line[1024];
+    snprintf(want, sizeof(want), "event=reg_mr pid=%d length=%zu dmabuf=1", (int)getpid(), size);
+    FILE *f = fopen(rec, "r");
+    int found = 0;
+    while (f && !found && fgets(line, sizeof(line), f)) found = strstr(line, want) != NULL;
+    if (f) fclose(f);
+    if (!found) die("%s has no '%s': the window was not registered through its dma-buf", rec, want);
+  }
+  barrier(2);
+  void *reqs[MAX_RANKS];
+  for (int r = 0; r < g_n; r++)
+    CHECK(rma->iputSignal(e.rc, 0, (uint64_t)r * SUB, e.mh_src, blk, (uint64_t)g_rank * blk, mh, (uint32_t)r, 0,
+                          e.mh_sig, 0, NCCL_NET_SIGNAL_OP_INC, true, &reqs[r]));
+  wait_reqs(e.cc, reqs, g_n, 0);
+  wait_signal(&e, 0, (uint64_t)g_n);
+  for (int r = 0; r < g_n; r++) check_bytes(win + (size_t)r * blk, blk, r, (uint64_t)g_rank * SUB, "dma-buf window");
+  printf("rank %d: %d puts landed in the dma-buf window (device ptrSupport 0x%x%s)\n", g_rank, g_n, props.ptrSupport,
+         props.ptrSupport & NCCL_PTR_DMABUF ? ", DMABUF" : "");
+  barrier(3);
+  CHECK(rma->deregMrSym(e.cc, mh));
+  munmap(win, size);
+  teardown(&e);
+}
+
 /* MPLANE_RMA_ENV_<r>: this rank's own variables, before the plugin reads any. */
 static void rank_env(int r) {
   char name[32];
@@ -798,7 +843,7 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill|stall|regfail|rate\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf\n",
             MAX_RANKS);
     return 2;
   }
@@ -808,6 +853,7 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "stall") ? scenario_stall
                      : !strcmp(scenario, "regfail") ? scenario_regfail
                      : !strcmp(scenario, "rate") ? scenario_rate
+                     : !strcmp(scenario, "dmabuf") ? scenario_dmabuf
                      : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);
   if (g_gpu && fn != scenario_alltoall && fn != scenario_order) {
