@@ -357,50 +357,43 @@ int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes
   return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
 }
 
+/* Write v to the word on the lane, in order after what is queued there (lock held): in flight with
+ * cuStreamWriteValue64, else through the pinned word and waited for. 0 ok, -1 CUDA failed. */
+static int lane_write(struct cu_signal_lane *l, CUdeviceptr p, uint64_t v) {
+  if (l->fast) return cu.cuStreamWriteValue64(l->stream, p, v, 0) == CUDA_SUCCESS ? 0 : -1;
+  *l->word = v;
+  return cu.cuMemcpyHtoDAsync(p, l->word, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
+                 cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS
+             ? 0
+             : -1;
+}
+
+static struct cu_signal_lane *lane_of(int gpu) {
+  return gpu >= 0 && gpu < 64 && cu_use(gpu) == 0 ? signal_lane(gpu) : NULL;
+}
+
 int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now) {
-  if (gpu < 0 || gpu >= 64 || cu_use(gpu) != 0) return -1;
-  struct cu_signal_lane *l = signal_lane(gpu);
+  struct cu_signal_lane *l = lane_of(gpu);
   if (!l) return -1;
   CUdeviceptr p = (CUdeviceptr)(uintptr_t)word;
   pthread_mutex_lock(&l->lock);
   int rc = -1;
   if (cu.cuMemcpyDtoHAsync(l->word, p, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
       cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS) {
-    uint64_t v = *l->word + add;
-    if (l->fast) {
-      rc = cu.cuStreamWriteValue64(l->stream, p, v, 0) == CUDA_SUCCESS ? 0 : -1;
-    } else {
-      *l->word = v;
-      rc = cu.cuMemcpyHtoDAsync(p, l->word, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
-                   cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS
-               ? 0
-               : -1;
-    }
-    *now = v;
+    *now = *l->word + add;
+    rc = lane_write(l, p, *now);
   }
   pthread_mutex_unlock(&l->lock);
   return rc;
 }
 
 int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t add, uint64_t *now) {
-  if (gpu < 0 || gpu >= 64 || cu_use(gpu) != 0) return -1;
-  struct cu_signal_lane *l = signal_lane(gpu);
+  struct cu_signal_lane *l = lane_of(gpu);
   if (!l) return -1;
-  CUdeviceptr p = (CUdeviceptr)(uintptr_t)word;
   pthread_mutex_lock(&l->lock);
-  uint64_t v = *shadow + add;
-  int rc;
-  if (l->fast) {
-    rc = cu.cuStreamWriteValue64(l->stream, p, v, 0) == CUDA_SUCCESS ? 0 : -1;
-  } else {
-    *l->word = v;
-    rc = cu.cuMemcpyHtoDAsync(p, l->word, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
-                 cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS
-             ? 0
-             : -1;
-  }
-  if (rc == 0) *shadow = v;
-  *now = v;
+  *now = *shadow + add;
+  int rc = lane_write(l, (CUdeviceptr)(uintptr_t)word, *now);
+  if (rc == 0) *shadow = *now;
   pthread_mutex_unlock(&l->lock);
   return rc;
 }

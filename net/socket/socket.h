@@ -39,6 +39,7 @@
 #ifndef MPLANE_NET_SOCKET_H
 #define MPLANE_NET_SOCKET_H
 
+#include <sys/uio.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -130,6 +131,9 @@ int mps_loopback_auto_speed(void);
 const struct mps_dev *mps_dev_get(int dev);
 ncclResult_t mps_iface_discover(const struct mplane_config *cfg);
 const struct mplane_config *mps_config(void);
+/* sendmsg until every byte of iov[0..n) is out (the array is consumed): 0 ok, -1 error. */
+int mps_sendv_all(int fd, struct iovec *iov, int n);
+
 /* Helper-thread spin time from MPLANE_SOCKET_SPIN_US. */
 uint64_t mps_spin_ns(const struct mplane_config *cfg);
 /* 1 if ifname is selected by an NCCL_SOCKET_IFNAME-style spec ("" = automatic choice). */

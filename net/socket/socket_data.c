@@ -59,28 +59,28 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int write_full(int fd, const void *hdr, size_t hlen, const void *data, size_t dlen) {
-  struct iovec iov[2] = {{(void *)hdr, hlen}, {(void *)data, dlen}};
-  int iovcnt = dlen ? 2 : 1;
-  struct iovec *v = iov;
-  while (iovcnt > 0) {
-    struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)iovcnt};
+int mps_sendv_all(int fd, struct iovec *iov, int n) {
+  while (n > 0) {
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return -1;
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return -1;
+    while (n > 0 && (size_t)w >= iov->iov_len) {
+      w -= (ssize_t)iov->iov_len;
+      iov++;
+      n--;
     }
-    while (iovcnt > 0 && (size_t)w >= v->iov_len) {
-      w -= (ssize_t)v->iov_len;
-      v++;
-      iovcnt--;
-    }
-    if (iovcnt > 0) {
-      v->iov_base = (char *)v->iov_base + w;
-      v->iov_len -= (size_t)w;
+    if (n > 0) {
+      iov->iov_base = (char *)iov->iov_base + w;
+      iov->iov_len -= (size_t)w;
     }
   }
   return 0;
+}
+
+static int write_full(int fd, const void *hdr, size_t hlen, const void *data, size_t dlen) {
+  struct iovec iov[2] = {{(void *)hdr, hlen}, {(void *)data, dlen}};
+  return mps_sendv_all(fd, iov, dlen ? 2 : 1);
 }
 
 /* 1 on success, 0 on orderly close before any byte, -1 on error or close mid-record. */

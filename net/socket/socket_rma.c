@@ -641,26 +641,6 @@ static int has_data(const struct mpr_out *o) {
   return o->kind == MPR_K_PUT || (o->kind == MPR_K_GET_RESP && o->m.status == MPR_OK);
 }
 
-/* sendmsg until every byte of iov[0..n) is out (the array is consumed). 0 ok, -1 error. */
-static int sendv_all(int fd, struct iovec *iov, int n) {
-  while (n > 0) {
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    while (n > 0 && (size_t)w >= iov->iov_len) {
-      w -= (ssize_t)iov->iov_len;
-      iov++;
-      n--;
-    }
-    if (n > 0) {
-      iov->iov_base = (char *)iov->iov_base + w;
-      iov->iov_len -= (size_t)w;
-    }
-  }
-  return 0;
-}
-
 /* Write records in order: runs of headers with their host-memory data go out in one sendmsg (a
  * barrier's 32 signals: one system call, not 32); data in GPU memory goes through staging. 0 ok,
  * -1 socket, -2 a copy out of GPU memory failed. */
@@ -670,7 +650,7 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
   for (int i = 0; i < n; i++) {
     int gpu_data = has_data(&o[i]) && o[i].m.size && o[i].src.gpu >= 0;
     if (gpu_data) {
-      if (k && sendv_all(c->fd, iov, k) != 0) return -1;
+      if (k && mps_sendv_all(c->fd, iov, k) != 0) return -1;
       k = 0;
       if (mplane_rma_write_all(c->fd, &o[i].m, sizeof(o[i].m)) != 0) return -1;
       int rc = send_from(c->fd, &o[i].src, o[i].src_off, o[i].m.size, &c->wstage);
@@ -681,7 +661,7 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
     if (has_data(&o[i]) && o[i].m.size)
       iov[k++] = (struct iovec){.iov_base = o[i].src.base + o[i].src_off, .iov_len = o[i].m.size};
   }
-  return k ? sendv_all(c->fd, iov, k) : 0;
+  return k ? mps_sendv_all(c->fd, iov, k) : 0;
 }
 
 /* Take up to MPR_BATCH queued records (requests become pending before a byte moves: the response
