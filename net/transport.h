@@ -71,6 +71,10 @@ struct mplane_rma_signal {
   uint32_t op;       /* NCCL_NET_SIGNAL_OP_INC / _ADD; anything else is refused */
 };
 
+/* A transport's RMA handle leaves the last bytes of NCCL's handle free: the plugin keeps the plane of
+ * the listening device there (plugin/rma_plugin.c). */
+#define MPLANE_RMA_HANDLE_MAX (NCCL_NET_HANDLE_MAXSIZE - 8)
+
 struct mplane_rma_ops {
   ncclResult_t (*listen)(int dev, void *handle, void **listen_comm);
   ncclResult_t (*close_listen)(void *listen_comm);

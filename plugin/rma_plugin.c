@@ -12,6 +12,7 @@
  * (net/stats.h: by plane and class, like two-sided comms): puts count as sent, gets as received. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../common/log.h"
 #include "net_core.h"
@@ -33,6 +34,48 @@ struct rma_context {
   void *inner; /* the transport's context set */
   struct mplane_stats_comm stats;
 };
+
+/* The plane tag: the listening device's plane in the handle's last bytes (a magic, then the plane). */
+#define PLANE_TAG_MAGIC 0x4d50u /* "MP" */
+struct plane_tag {
+  uint16_t magic;
+  int16_t plane;
+};
+_Static_assert(MPLANE_RMA_HANDLE_MAX + sizeof(struct plane_tag) <= NCCL_NET_HANDLE_MAXSIZE, "the tag fits");
+
+static void plane_tag_put(void *handle, int plane) {
+  struct plane_tag t = {.magic = PLANE_TAG_MAGIC, .plane = (int16_t)plane};
+  memcpy((char *)handle + MPLANE_RMA_HANDLE_MAX, &t, sizeof(t));
+}
+
+static int plane_tag_get(const void *handle) {
+  struct plane_tag t;
+  memcpy(&t, (const char *)handle + MPLANE_RMA_HANDLE_MAX, sizeof(t));
+  return t.magic == PLANE_TAG_MAGIC ? t.plane : -1;
+}
+
+static int dev_plane(int dev) {
+  const struct mplane_dev_props *p = NULL;
+  return dev >= 0 && mplane_net_get_properties(dev, &p) == ncclSuccess ? p->plane : -1;
+}
+
+/* One-sided traffic goes where the peer's address leads (no relay for it yet): say so, once per
+ * group, when peers listen on other planes than this rank's device, so nobody takes it for
+ * plane-pure. */
+static void report_cross_plane(void *handles[], int nranks, int rank, int dev) {
+  int mine = dev_plane(dev), other = 0, first = -1;
+  for (int r = 0; r < nranks; r++) {
+    int p = plane_tag_get(handles[r]);
+    if (r != rank && p >= 0 && mine >= 0 && p != mine) {
+      other++;
+      if (first < 0) first = r;
+    }
+  }
+  if (other)
+    MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d's device is on plane %d; %d of its %d peers listen on other planes "
+            "(rank %d on plane %d first): their one-sided traffic is routed by address, not relayed onto one plane",
+            rank, mine, other, nranks - 1, first, plane_tag_get(handles[first]));
+}
 
 static void *inner_group(void *g) { return g ? ((struct rma_group *)g)->inner : NULL; }
 static void *inner_ctx(void *c) { return c ? ((struct rma_context *)c)->inner : NULL; }
@@ -93,8 +136,10 @@ static ncclResult_t v14_listen(void *ctx, int dev, void *handle, void **listen_c
     return ncclInvalidArgument;
   }
   ncclResult_t res = rma_ops()->listen(dev, handle, listen_comm);
-  if (res == ncclSuccess) mplane_stats_listen(*listen_comm, dev, 0); /* connect learns the device from it */
-  return res;
+  if (res != ncclSuccess) return res;
+  mplane_stats_listen(*listen_comm, dev, 0); /* connect learns the device from it */
+  plane_tag_put(handle, dev_plane(dev));
+  return ncclSuccess;
 }
 
 /* NCCL passes its net context or its RMA context here depending on the caller: neither is used. */
@@ -108,6 +153,7 @@ static ncclResult_t v14_connect(void *ctx, void *handles[], int nranks, int rank
   g->dev = -1;
   g->nranks = nranks;
   mplane_stats_listen_get(listen_comm, &g->dev, &cls);
+  report_cross_plane(handles, nranks, rank, g->dev);
   ncclResult_t res = rma_ops()->connect(handles, nranks, rank, listen_comm, &g->inner);
   if (res != ncclSuccess) {
     free(g);

@@ -65,7 +65,7 @@ struct ibr_handle {
     struct sockaddr_in6 sin6;
   } addr;
 };
-_Static_assert(sizeof(struct ibr_handle) <= NCCL_NET_HANDLE_MAXSIZE, "RMA handle fits NCCL's handle");
+_Static_assert(sizeof(struct ibr_handle) <= MPLANE_RMA_HANDLE_MAX, "RMA handle fits NCCL's handle");
 
 struct ibr_hello {
   uint32_t magic, version;

@@ -58,7 +58,7 @@ struct mpr_handle {
     struct sockaddr_in6 sin6;
   } addr;
 };
-_Static_assert(sizeof(struct mpr_handle) <= NCCL_NET_HANDLE_MAXSIZE, "RMA handle fits NCCL's handle");
+_Static_assert(sizeof(struct mpr_handle) <= MPLANE_RMA_HANDLE_MAX, "RMA handle fits NCCL's handle");
 
 struct mpr_hello {
   uint32_t magic;

@@ -233,8 +233,23 @@ struct env {
 
 static int connected(int p, int stride) { return p != g_rank && ((p - g_rank + g_n) % g_n) % stride == 0; }
 
+/* The plugin's log (NCCL's logger stands here): WARNs to stderr as before; the cross-plane INFO noted. */
+static int g_saw_cross_plane;
+static void harness_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt,
+                           ...) {
+  (void)flags;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (strstr(msg, "listen on other planes")) g_saw_cross_plane = 1;
+  if (level == NCCL_LOG_WARN) fprintf(stderr, "%s\n", msg);
+  else if (getenv("MPLANE_DEBUG") && atoi(getenv("MPLANE_DEBUG")) > 0) fprintf(stderr, "%s:%d %s\n", file, line, msg);
+}
+
 static void setup(struct env *e, int stride) {
-  CHECK(rma->init(&e->ctx, 0x5eed, NULL));
+  CHECK(rma->init(&e->ctx, 0x5eed, harness_logger));
   int ndev = 0;
   CHECK(rma->devices(&ndev));
   if (ndev < 1) die("devices() reported %d devices", ndev);
@@ -486,6 +501,15 @@ static void check_stats(uint64_t put_bytes, uint64_t puts) {
   printf("rank %d: traffic record matches: %llu bytes in %llu puts, class alltoall\n", g_rank, b, m);
 }
 
+/* MPLANE_RMA_EXPECT_CROSS_PLANE=1|0: the plugin must (or must not) have said that peers listen on
+ * other planes. */
+static void check_cross_plane_note(void) {
+  const char *v = getenv("MPLANE_RMA_EXPECT_CROSS_PLANE");
+  if (!v) return;
+  if (atoi(v) != g_saw_cross_plane)
+    die("the plugin %s that peers listen on other planes", g_saw_cross_plane ? "said" : "did not say");
+}
+
 /* ---- alltoall: what nccl-tests' GIN all-to-all kernel (-D 3) asks of the proxy ---- */
 static void scenario_alltoall(void) {
   struct env e = {0};
@@ -519,6 +543,7 @@ static void scenario_alltoall(void) {
   barrier(2);
   teardown(&e);
   check_stats(put_bytes, puts);
+  check_cross_plane_note();
 }
 
 /* ---- oob ---- */
