@@ -244,7 +244,7 @@ static void harness_logger(ncclDebugLogLevel level, unsigned long flags, const c
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   if (strstr(msg, "listen on other planes")) g_saw_cross_plane = 1;
-  if (level == NCCL_LOG_WARN) fprintf(stderr, "%s\n", msg);
+  if (level == NCCL_LOG_WARN) fprintf(stderr, "WARN %s\n", msg);
   else if (getenv("MPLANE_DEBUG") && atoi(getenv("MPLANE_DEBUG")) > 0) fprintf(stderr, "%s:%d %s\n", file, line, msg);
 }
 
