@@ -59,9 +59,9 @@ static int dev_plane(int dev) {
   return dev >= 0 && mplane_net_get_properties(dev, &p) == ncclSuccess ? p->plane : -1;
 }
 
-/* One-sided traffic goes where the peer's address leads (no relay for it yet): say so, once per
- * group, when peers listen on other planes than this rank's device, so nobody takes it for
- * plane-pure. */
+/* A one-sided connection is dialled to the other rank's address (no relay choice of mplane's for it
+ * yet), so it is carried by the plane that address is on, through the dialling node's NIC on that
+ * plane: say so, once per group, when peers listen on other planes than this rank's device. */
 static void report_cross_plane(void *handles[], int nranks, int rank, int dev) {
   int mine = dev_plane(dev), other = 0, first = -1;
   for (int r = 0; r < nranks; r++) {
@@ -73,7 +73,8 @@ static void report_cross_plane(void *handles[], int nranks, int rank, int dev) {
   }
   if (other)
     MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d's device is on plane %d; %d of its %d peers listen on other planes "
-            "(rank %d on plane %d first): their one-sided traffic is routed by address, not relayed onto one plane",
+            "(rank %d on plane %d first): a connection with one of them is carried by the plane of the address it is "
+            "dialled to, through this node's NIC on that plane, not by this rank's device",
             rank, mine, other, nranks - 1, first, plane_tag_get(handles[first]));
 }
 

@@ -7,6 +7,10 @@
 #   classes      DSCP/SO_PRIORITY per class on the sockets (getsockopt) and on the wire (tcpdump on
 #                the plane bridge), from the communicator's trafficClass and from setNetAttr hints
 #   relay-off    MPLANE_RELAY=off: the cross-plane connect fails at once with the documented error
+#   rma-cross-plane  one-sided ops (tests/rma's harness, FABRIC_PEER is the harness here) between a rank
+#                on node 1's plane-0 NIC and a rank on node 2's plane-3 NIC: every byte checked, and
+#                one plane carried them all (a connection is dialled to the other rank's address, and
+#                the dialling node reaches that plane through its own NIC on it), the others nothing
 #   close-early  the sender closes its comm as soon as its last 64 MiB send completes (bytes still in
 #                flight on some streams): the receiver must still get every byte (both ends on one CPU
 #                so the receiver lags); 5 rounds
@@ -82,6 +86,16 @@ check_planes() {
   done
 }
 
+# one_carrier BEFORE AFTER: the one plane that moved >= 64 KiB (fails when none or several did).
+one_carrier() {
+  local -a before=($1) after=($2)
+  local found=-1 n=0
+  for p in 0 1 2 3; do
+    if [ $((after[p] - before[p])) -ge 65536 ]; then found=$p; n=$((n + 1)); fi
+  done
+  [ "$n" = 1 ] && echo "$found"
+}
+
 BYTES=$((8 << 20)) ITERS=4
 PAYLOAD=$((BYTES * ITERS))
 
@@ -116,6 +130,20 @@ cls = {c["class"]: c for c in d["classes"]}
 assert cls["default"]["tx_bytes"] == payload, cls["default"]
 print("stats JSON:", sys.argv[1], "plane 3:", p3)
 PY
+  ;;
+rma-cross-plane)
+  b=$(snapshot)
+  env MPLANE_TRANSPORT=socket MPLANE_RMA_NETNS_0=mplane-n1 MPLANE_RMA_NETNS_1=mplane-n2 \
+    MPLANE_RMA_ENV_0="MPLANE_SOCKET_IFNAME=veth0 MPLANE_PLANES=veth0=0" \
+    MPLANE_RMA_ENV_1="MPLANE_SOCKET_IFNAME=veth3 MPLANE_PLANES=veth3=3" \
+    MPLANE_RMA_EXPECT_CROSS_PLANE=1 MPLANE_DEBUG=1 \
+    "$peer" --plugin "$plugin" --ranks 2 alltoall >"$work/rma.log" 2>&1 || fail "the RMA harness failed across planes"
+  a=$(snapshot)
+  cat "$work/rma.log"
+  # alltoall-2 puts 20 rounds of 0 B .. 256 KiB to each rank: about 6 MiB from each rank to the other
+  carrier=$(one_carrier "$b" "$a") || fail "the one-sided bytes were not on one plane"
+  check_planes "$b" "$a" "$carrier" $((8 << 20))
+  echo "one-sided ops between plane 0 and plane 3: carried by plane $carrier alone"
   ;;
 classes)
   export FABRIC_ENV="MPLANE_TC_MAP=default=0,collective=1,alltoall=3,lowlat=5,storage=2"

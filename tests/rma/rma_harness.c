@@ -36,6 +36,7 @@
  *            an error from test and queryLastError within the deadline, never a hang */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -243,7 +244,7 @@ static void harness_logger(ncclDebugLogLevel level, unsigned long flags, const c
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  if (strstr(msg, "listen on other planes")) g_saw_cross_plane = 1;
+  if (strstr(msg, "listen on other planes")) g_saw_cross_plane = 1; /* plugin/rma_plugin.c */
   if (level == NCCL_LOG_WARN) fprintf(stderr, "WARN %s\n", msg);
   else if (getenv("MPLANE_DEBUG") && atoi(getenv("MPLANE_DEBUG")) > 0) fprintf(stderr, "%s:%d %s\n", file, line, msg);
 }
@@ -840,6 +841,19 @@ static void scenario_dmabuf(void) {
   teardown(&e);
 }
 
+/* MPLANE_RMA_NETNS_<r>: this rank runs in that network namespace (/var/run/netns/<name>, as `ip netns`
+ * makes them): the emulated multi-plane fabric puts each node in its own (scripts/fabric.sh). */
+static void rank_netns(int r) {
+  char name[40], path[160];
+  snprintf(name, sizeof(name), "MPLANE_RMA_NETNS_%d", r);
+  const char *ns = getenv(name);
+  if (!ns || !*ns) return;
+  snprintf(path, sizeof(path), "/var/run/netns/%s", ns);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) die("entering network namespace %s: %s", path, strerror(errno));
+  close(fd);
+}
+
 /* MPLANE_RMA_ENV_<r>: this rank's own variables, before the plugin reads any. */
 static void rank_env(int r) {
   char name[32];
@@ -899,6 +913,7 @@ int main(int argc, char **argv) {
       g_rank = r;
       shm->pids[r] = getpid();
       alarm(2 * DEADLINE_S); /* the last word against a hang */
+      rank_netns(r);
       rank_env(r);
       void *lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
       if (!lib) die("dlopen %s: %s", plugin, dlerror());
