@@ -178,6 +178,7 @@ static struct {
   /* optional: the signal path's fast way (mplane_cuda_signal_add); without them it reads and writes */
   CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
   CUresult (*cuStreamWriteValue64)(CUstream, CUdeviceptr, uint64_t, unsigned);
+  CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
   CUcontext ctx[64];
 } cu;
 
@@ -233,6 +234,7 @@ static void cu_load_once(void) {
   CU_LOAD(cuGetErrorString, "cuGetErrorString");
   *(void **)&cu.cuMemHostAlloc = dlsym(cu.lib, "cuMemHostAlloc");
   *(void **)&cu.cuStreamWriteValue64 = dlsym(cu.lib, "cuStreamWriteValue64_v2");
+  *(void **)&cu.cuMemGetHandleForAddressRange = dlsym(cu.lib, "cuMemGetHandleForAddressRange");
   CUresult r = cu.cuInit(0);
   if (r != CUDA_SUCCESS) {
     snprintf(cu.why, sizeof(cu.why), "cuInit failed: %s (%d)", cu_err(r), r);
@@ -396,6 +398,15 @@ int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t
   if (rc == 0) *shadow = *now;
   pthread_mutex_unlock(&l->lock);
   return rc;
+}
+
+int mplane_cuda_dmabuf_fd(int gpu, void *ptr, size_t bytes) {
+  int fd = -1;
+  if (!cu.cuMemGetHandleForAddressRange || cu_use(gpu) != 0) return -1;
+  if (cu.cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)(uintptr_t)ptr, bytes, 1 /* DMA_BUF_FD */, 0) !=
+      CUDA_SUCCESS)
+    return -1;
+  return fd;
 }
 
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes) {

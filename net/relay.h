@@ -107,6 +107,8 @@ int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now);
  * order, under the same lock (the shadow is updated under it). */
 int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t add, uint64_t *now);
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
+/* A dma-buf fd for [ptr, ptr + bytes) of GPU memory (cuMemGetHandleForAddressRange), or -1. */
+int mplane_cuda_dmabuf_fd(int gpu, void *ptr, size_t bytes);
 /* The PCI bus id of a GPU ("0000:19:00.0"), for choosing the GPU beside a NIC. 0 on success. */
 int mplane_cuda_pci_bus_id(int gpu, char *buf, int len);
 
@@ -133,6 +135,10 @@ ncclResult_t mplane_relay_copier_create(const void *src, const char *staging_bus
 int mplane_cuda_gpu_of_busid(const char *busid);
 /* Staging memory the copier writes into (GPU memory, or page-aligned host memory for the stand-in). */
 void *mplane_relay_copier_alloc(struct mplane_relay_copier *c, size_t bytes);
+/* A dma-buf of that staging memory for a NIC to register (ibv_reg_dmabuf_mr), the caller's to close;
+ * -1 where there is none (a GPU or driver without dma-buf). The stand-in's memory is a memfd, so the
+ * verbs double can take the same path. */
+int mplane_relay_copier_dmabuf_fd(struct mplane_relay_copier *c, void *mem, size_t bytes);
 /* Queue a copy; *ticket 0 means no room now (call again later), never an error. */
 ncclResult_t mplane_relay_copier_start(struct mplane_relay_copier *c, void *dst, const void *src, size_t bytes,
                                        uint64_t *ticket);

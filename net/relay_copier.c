@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../common/log.h"
 
@@ -66,6 +68,9 @@ struct mplane_relay_copier {
   struct cpu_job jobs[CPU_JOBS];
   uint64_t head, next, tail; /* [head, tail) in use; next: the worker's next job */
   unsigned long long fail_at, copies;
+  int memfd;     /* the stand-in's staging memory: a memfd, mapped at map (maplen bytes) */
+  void *map;
+  size_t maplen;
 };
 
 static void *cpu_worker(void *arg) {
@@ -137,8 +142,23 @@ ncclResult_t mplane_relay_copier_create(const void *src, const char *staging_bus
 
 void *mplane_relay_copier_alloc(struct mplane_relay_copier *c, size_t bytes) {
   if (!c->cpu) return mplane_cuda_alloc(c->gpu, bytes);
-  void *p = NULL;
-  return posix_memalign(&p, 4096, bytes) == 0 ? p : NULL;
+  if (c->map) return NULL; /* one staging buffer per copier */
+  int fd = memfd_create("mplane-relay-staging", MFD_CLOEXEC);
+  if (fd < 0) return NULL;
+  void *p = ftruncate(fd, (off_t)bytes) == 0 ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (p == MAP_FAILED) {
+    close(fd);
+    return NULL;
+  }
+  c->memfd = fd;
+  c->map = p;
+  c->maplen = bytes;
+  return p;
+}
+
+int mplane_relay_copier_dmabuf_fd(struct mplane_relay_copier *c, void *mem, size_t bytes) {
+  if (!c->cpu) return mplane_cuda_dmabuf_fd(c->gpu, mem, bytes);
+  return c->map && mem == c->map && bytes <= c->maplen ? dup(c->memfd) : -1;
 }
 
 ncclResult_t mplane_relay_copier_start(struct mplane_relay_copier *c, void *dst, const void *src, size_t bytes,
@@ -192,7 +212,11 @@ void mplane_relay_copier_destroy(struct mplane_relay_copier *c, void *staging) {
     pthread_cond_destroy(&c->cond);
   }
   if (c->engine) mplane_relay_engine_destroy(c->engine); /* syncs its stream first */
-  if (staging && c->cpu) free(staging);
-  else if (staging) mplane_cuda_free(c->gpu, staging);
+  if (staging && c->cpu && staging == c->map) {
+    munmap(c->map, c->maplen);
+    close(c->memfd);
+  } else if (staging && !c->cpu) {
+    mplane_cuda_free(c->gpu, staging);
+  }
   free(c);
 }

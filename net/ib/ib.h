@@ -108,6 +108,7 @@ struct mpib_hca { /* one opened HCA, shared by its ports */
   pthread_t async_thread;
   int async_started;
   int async_broken;       /* ibv_get_async_event failures (async thread only) */
+  int dmabuf;             /* its verbs take dma-buf registrations (probed once) */
 };
 
 struct mpib_dev { /* one port = one NCCL device */

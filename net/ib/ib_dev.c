@@ -495,6 +495,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
           break;
         }
         ptr = ptr_support(h, &dmabuf);
+        h->dmabuf = dmabuf;
       }
       struct mpib_dev *d = &g.devs[g.ndev];
       memset(d, 0, sizeof(*d));

@@ -654,6 +654,27 @@ static int sc_cross_plane_staged(void) {
   return 0;
 }
 
+/* Where the NIC's verbs take dma-bufs, the staging ring is registered through its dma-buf (no
+ * nvidia-peermem needed for a GPU ring; the stand-in's ring is a memfd), and the bytes still arrive. */
+static int sc_cross_plane_staged_dmabuf(void) {
+  stage_env();
+  setenv("SOFTVERBS_DMABUF", "1", 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 1, 0);
+  static const size_t sizes[] = {1, 65537, (1 << 20) + 3, (8 << 20) + 5};
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) transfer(&p, sizes[i], 20, 1);
+  pair_close(&p);
+  char want[64];
+  snprintf(want, sizeof(want), "length=%d", STAGE_RING_BYTES);
+  struct rec r[16];
+  int n = rec_find(r, 16, "event=reg_mr", want, "dmabuf=1", NULL);
+  if (n != 1) fail("%d staging rings registered through a dma-buf, expected 1 (%d plainly)", n, staging_rings() - n);
+  note("relayed connection: the staging ring registered through its dma-buf, %zu sizes, every byte checked",
+       sizeof(sizes) / sizeof(sizes[0]));
+  return 0;
+}
+
 /* A copy into staging that fails (MPLANE_TEST_RELAY_FAIL=copy:N) or a staging ring that cannot be
  * registered (=reg) fails the send with an error NCCL can report, within the transfer's limit. */
 static int sc_cross_plane_stage_fault(void) {
@@ -886,6 +907,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"cross-plane-staged", sc_cross_plane_staged},
+             {"cross-plane-staged-dmabuf", sc_cross_plane_staged_dmabuf},
              {"cross-plane-stage-fault", sc_cross_plane_stage_fault}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"ece", sc_ece}, {"ece-off", sc_ece_off}, {"ece-none", sc_ece_none}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
              {"close-complete", sc_close_complete}};
