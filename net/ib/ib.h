@@ -396,7 +396,8 @@ ncclResult_t mpib_post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr);
 int mpib_stage_wanted(const struct mpib_send_comm *c, const struct mpib_mr *m, size_t size);
 /* Queue send request r (its fields filled) behind the staging ring and move the ring on. */
 ncclResult_t mpib_stage_send(struct mpib_send_comm *c, struct mpib_send_req *r, int ri);
-/* Move the ring on: land copies, post them, start copies into free slots. Errors land in c->b.err. */
+/* Move the ring on: land copies, post them, start copies into free slots. Errors land in c->b.err;
+ * once the connection has failed, it waits (bounded) for the copies still reading send buffers. */
 void mpib_stage_progress(struct mpib_send_comm *c);
 /* A staging slot's write completed. */
 void mpib_stage_slot_done(struct mpib_send_comm *c, unsigned slot);

@@ -534,6 +534,9 @@ static ncclResult_t send_test(struct mpib_send_req *r, int *done, int *sizes) {
     r->used = 0;
     return ncclSuccess;
   }
+  /* Before an error reaches NCCL (which may then free the failed sends' buffers), a staged
+   * connection waits for the copies that still read them. */
+  if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) mpib_stage_progress(c);
   return mpib_error_check(&c->b.err);
 }
 

@@ -9,8 +9,10 @@
  * writes, then a write with immediate that carries the chunk's length), so the receiver needs no
  * change and cannot tell. Receives need no staging: the receiver's NIC is the one NCCL chose. */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 
@@ -126,6 +128,28 @@ static ncclResult_t post_slot(struct mpib_send_comm *c, struct mpib_stage *st, u
   return ncclSuccess;
 }
 
+/* A failed copy fails the connection; before NCCL hears of it (and may free the buffers of the failed
+ * sends), the copies still under way, which read those buffers, are waited for, within a bound. */
+#define MPIB_STAGE_DRAIN_NS 10000000000ull
+
+static void drain_copies(struct mpib_send_comm *c, struct mpib_stage *st) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (uint64_t j = st->post; j < st->fill; j++) {
+    struct mpib_stage_slot *s = &st->s[j % MPIB_STAGE_SLOTS];
+    int done = 0;
+    while (s->state == 1 && !done && mplane_relay_copier_poll(st->copier, s->ticket, &done) == ncclSuccess) {
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      if ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t.tv_nsec - t0.tv_nsec) > MPIB_STAGE_DRAIN_NS) {
+        MP_WARN("%s: copies into the staging ring to peer %s did not end within 10 s of a failed one", c->b.dev->props.name,
+                c->b.peer);
+        return;
+      }
+      sched_yield();
+    }
+  }
+}
+
 /* Post every slot whose copy has landed, in ring order (a chunk's write with immediate must follow
  * all its pieces on the QP). */
 static void land_and_post(struct mpib_send_comm *c, struct mpib_stage *st) {
@@ -134,6 +158,7 @@ static void land_and_post(struct mpib_send_comm *c, struct mpib_stage *st) {
     int done = 0;
     ncclResult_t res = mplane_relay_copier_poll(st->copier, st->s[idx].ticket, &done);
     if (res != ncclSuccess) {
+      drain_copies(c, st);
       mpib_error_set(&c->b.err, res, "%s: copying a send into the staging ring of the relayed connection to peer "
                      "%s failed", c->b.dev->props.name, c->b.peer);
       return;
@@ -159,6 +184,7 @@ static void fill_slots(struct mpib_send_comm *c, struct mpib_stage *st) {
     ncclResult_t res =
         mplane_relay_copier_start(st->copier, st->mem + (size_t)idx * st->slot_bytes, r->src + r->started, len, &ticket);
     if (res != ncclSuccess) {
+      drain_copies(c, st);
       mpib_error_set(&c->b.err, res, "%s: starting a copy into the staging ring of the relayed connection to peer "
                      "%s failed", c->b.dev->props.name, c->b.peer);
       return;
@@ -174,7 +200,11 @@ static void fill_slots(struct mpib_send_comm *c, struct mpib_stage *st) {
 
 void mpib_stage_progress(struct mpib_send_comm *c) {
   struct mpib_stage *st = c->stage;
-  if (!st || __atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) return;
+  if (!st) return;
+  if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) { /* failed (a copy, the peer, a QP) */
+    drain_copies(c, st);
+    return;
+  }
   land_and_post(c, st);
   if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) return;
   fill_slots(c, st);
