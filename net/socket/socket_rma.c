@@ -2,8 +2,9 @@
  *
  * The target writes its own memory: a put travels as a header and its bytes on the connection of
  * its (context, peer), and the target's reader thread checks the header against the window it
- * names, lands the bytes (host memory directly, GPU memory through the CUDA driver on a
- * non-blocking stream, synchronised), then applies the signal, then acknowledges. One reader per
+ * names, lands the bytes (host memory directly, GPU memory through the CUDA driver on the
+ * process's one non-blocking stream for that GPU, synchronised), then applies the signal, then
+ * acknowledges. An op unanswered for MPLANE_CONNECT_TIMEOUT fails its connection. One reader per
  * connection, in order, so a signal is applied only after its data and after every earlier put
  * of that context to that rank is in place. A get is a request the target answers with the bytes.
  *
@@ -12,8 +13,8 @@
  * builds one full-duplex connection per context and connected pair (ranks rank +- k*stride). Each
  * connection has a writer thread (requests and responses, in queue order; what is queued when it
  * wakes goes out in one sendmsg, headers with their host data) and a reader thread (one recv takes
- * every record that has arrived); NCCL's proxy thread only queues and polls. The reader never writes (it queues responses), so two
- * peers writing large puts at each other cannot both stall.
+ * every record that has arrived); NCCL's proxy thread only queues and polls. The reader never
+ * writes (it queues responses), so two peers writing large puts at each other cannot both stall.
  *
  * Responses arrive in the order their requests were written (one reader serves them in order at
  * the target), so each response matches the oldest pending request; anything else fails the
