@@ -34,6 +34,27 @@ static void eg_env(void) {
   setenv("MPLANE_SOCKET_INLINE_BYTES", "128K", 1);
 }
 
+/* Both ranks meet, then the link and the node come down. */
+static void eg_unlink(struct pair *pp, struct node *nd, struct link *l) {
+  barrier(pp->fd);
+  link_down(nd, l);
+  node_down(nd);
+}
+
+/* The end of a scenario: down, and the pair's verdict. */
+static int eg_down(struct pair *pp, int rank, struct node *nd, struct link *l) {
+  eg_unlink(pp, nd, l);
+  return pair_finish(pp, rank);
+}
+
+/* Deregister and free n buffers of comm. */
+static void eg_free(struct node *nd, void *comm, void **buf, void **mh, int n) {
+  for (int i = 0; i < n; i++) {
+    dereg(nd, comm, mh[i]);
+    free(buf[i]);
+  }
+}
+
 /* Up and linked, or 0 (both ranks, after a note) when the transport is not the socket one. */
 static int eg_up(struct pair *pp, int *rank, struct node *nd, struct link *l) {
   *rank = pair_fork(pp);
@@ -41,9 +62,7 @@ static int eg_up(struct pair *pp, int *rank, struct node *nd, struct link *l) {
   link_up(nd, pp->fd, l);
   if (handle_is_socket(l->handle)) return 1;
   abi_note("SKIP: eager sends are the socket transport's (the listen handle is not a TCP address)");
-  barrier(pp->fd);
-  link_down(nd, l);
-  node_down(nd);
+  eg_unlink(pp, nd, l);
   return 0;
 }
 
@@ -114,10 +133,7 @@ static void eg_after(struct node *nd, struct link *l, struct pair *pp, int rank)
     }
     for (int i = 0; i < N; i++) eg_wait(nd, req[i], NULL, "a send after the eager phase");
   }
-  for (int i = 0; i < N; i++) {
-    dereg(nd, comm, mh[i]);
-    free(buf[i]);
-  }
+  eg_free(nd, comm, buf, mh, N);
   abi_note("then %d messages of 0 B .. 1 MiB with receives posted first: all intact", N);
 }
 
@@ -183,15 +199,9 @@ int sc_eager_early(void) {
     }
     abi_note("groups {%d,%d} x %d posted after their sends: each holds the sends of its turn", A, B, G);
   }
-  for (int i = 0; i < N; i++) {
-    dereg(&nd, comm, mh[i]);
-    free(buf[i]);
-  }
+  eg_free(&nd, comm, buf, mh, N);
   eg_after(&nd, &l, &pp, rank);
-  barrier(pp.fd);
-  link_down(&nd, &l);
-  node_down(&nd);
-  return pair_finish(&pp, rank);
+  return eg_down(&pp, rank, &nd, &l);
 }
 
 int sc_eager_bound(void) {
@@ -269,14 +279,8 @@ int sc_eager_bound(void) {
     eg_wait(&nd, req, &got, "the receive of a message above the eager limit");
     eg_check(buf[0], got, big, cap, 50, "a message above the eager limit");
   }
-  for (int i = 0; i <= N; i++) {
-    dereg(&nd, comm, mh[i]);
-    free(buf[i]);
-  }
-  barrier(pp.fd);
-  link_down(&nd, &l);
-  node_down(&nd);
-  return pair_finish(&pp, rank);
+  eg_free(&nd, comm, buf, mh, N + 1);
+  return eg_down(&pp, rank, &nd, &l);
 }
 
 int sc_eager_short(void) {
@@ -333,10 +337,7 @@ int sc_eager_short(void) {
     dereg(&nd, l.rc, mh);
     free(buf);
   }
-  barrier(pp.fd);
-  link_down(&nd, &l);
-  node_down(&nd);
-  return pair_finish(&pp, rank);
+  return eg_down(&pp, rank, &nd, &l);
 }
 
 /* After a message that came eagerly the receiver holds its next CTS back (a batch); a message too
@@ -388,12 +389,6 @@ int sc_eager_then_big(void) {
     if (!req) abi_fail("a 1 MiB send got no request in %.0f s while the receiver's proxy called nothing", EG_WAIT_S);
     eg_wait(&nd, req, NULL, "the 1 MiB send");
   }
-  for (int i = 0; i < 2; i++) {
-    dereg(&nd, comm, mh[i]);
-    free(buf[i]);
-  }
-  barrier(pp.fd);
-  link_down(&nd, &l);
-  node_down(&nd);
-  return pair_finish(&pp, rank);
+  eg_free(&nd, comm, buf, mh, 2);
+  return eg_down(&pp, rank, &nd, &l);
 }
