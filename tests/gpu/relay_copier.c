@@ -37,6 +37,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "cudart_dl.h"
 #include "net/relay.h"
 
 #define RING_SLOTS 4                  /* MPIB_STAGE_SLOTS (net/ib/ib.h) */
@@ -58,11 +59,6 @@
     }                                            \
   } while (0)
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---------------------------------------------------------------- WARNs, captured */
 
@@ -143,9 +139,9 @@ static double stage(struct ring *r, const char *src, size_t src_off, size_t size
   size_t per = wire_chunk(size);
   size_t started = 0; /* of message m */
   int m = 0;
-  double t0 = now();
+  double t0 = gpu_test_now();
   while (m < nmsg || r->post < r->fill) {
-    CHECK(now() - t0 < BURST_TIMEOUT_S, "%s: copies did not land within %.0f s (%llu of %llu slots landed)", what,
+    CHECK(gpu_test_now() - t0 < BURST_TIMEOUT_S, "%s: copies did not land within %.0f s (%llu of %llu slots landed)", what,
           BURST_TIMEOUT_S, (unsigned long long)r->post, (unsigned long long)r->fill);
     land(r, expect, scratch, what);
     while (m < nmsg && !r->s[r->fill % RING_SLOTS].busy) {
@@ -164,54 +160,38 @@ static double stage(struct ring *r, const char *src, size_t src_off, size_t size
       if (started == size) m++, started = 0;
     }
   }
-  return now() - t0;
+  return gpu_test_now() - t0;
 }
 
 /* ---------------------------------------------------------------- the baseline: cudaMemcpyPeer */
 
 struct baseline {
-  void *lib; /* libcudart, or NULL: the driver's cuMemcpyPeerAsync through a relay engine */
+  struct cudart rt; /* rt.lib NULL: the driver's cuMemcpyPeerAsync through a relay engine */
   const char *name;
-  int (*setDevice)(int);
-  int (*streamCreate)(void **, unsigned);
-  int (*peerAsync)(void *, int, const void *, int, size_t, void *);
-  int (*streamSync)(void *);
-  void *stream;
   struct mplane_relay_engine *engine;
   int src_gpu, dst_gpu;
 };
-
-static int cudart_open(struct baseline *b) {
-  const char *names[] = {getenv("MPLANE_CUDART_LIB"), "libcudart.so", "libcudart.so.13", "libcudart.so.12",
-                         "/usr/local/cuda/lib64/libcudart.so"};
-  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !b->lib; i++)
-    if (names[i] && *names[i] && (b->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL))) b->name = names[i];
-  if (!b->lib) return -1;
-  *(void **)&b->setDevice = dlsym(b->lib, "cudaSetDevice");
-  *(void **)&b->streamCreate = dlsym(b->lib, "cudaStreamCreateWithFlags");
-  *(void **)&b->peerAsync = dlsym(b->lib, "cudaMemcpyPeerAsync");
-  *(void **)&b->streamSync = dlsym(b->lib, "cudaStreamSynchronize");
-  if (!b->setDevice || !b->streamCreate || !b->peerAsync || !b->streamSync) return -1;
-  /* 1: cudaStreamNonBlocking, like the copier's own stream */
-  return b->setDevice(b->src_gpu) == 0 && b->streamCreate(&b->stream, 1) == 0 ? 0 : -1;
-}
 
 static void baseline_open(struct baseline *b, int src_gpu, int dst_gpu) {
   memset(b, 0, sizeof(*b));
   b->src_gpu = src_gpu;
   b->dst_gpu = dst_gpu;
-  if (cudart_open(b) == 0) return;
-  if (b->lib) dlclose(b->lib);
-  b->lib = NULL;
+  /* its stream non-blocking, like the copier's own */
+  if (cudart_open(&b->rt, src_gpu) == 0) {
+    b->name = b->rt.name;
+    return;
+  }
+  if (b->rt.lib) dlclose(b->rt.lib);
+  b->rt.lib = NULL;
   b->name = "the driver's cuMemcpyPeerAsync (no CUDA runtime found; MPLANE_CUDART_LIB names one)";
   CHECK(mplane_relay_engine_create(src_gpu, dst_gpu, 0, 0, &b->engine) == ncclSuccess,
         "a relay engine for the driver baseline, GPU %d -> GPU %d", src_gpu, dst_gpu);
 }
 
 static void baseline_copy(struct baseline *b, void *dst, const void *src, size_t bytes) {
-  if (b->lib)
-    CHECK(b->peerAsync(dst, b->dst_gpu, src, b->src_gpu, bytes, b->stream) == 0, "cudaMemcpyPeerAsync of %zu bytes",
-          bytes);
+  if (b->rt.lib)
+    CHECK(b->rt.peerAsync(dst, b->dst_gpu, src, b->src_gpu, bytes, b->rt.stream) == 0,
+          "cudaMemcpyPeerAsync of %zu bytes", bytes);
   else
     CHECK(mplane_relay_plain_copy(b->engine, dst, src, bytes) == ncclSuccess, "cuMemcpyPeerAsync of %zu bytes", bytes);
 }
@@ -220,14 +200,14 @@ static void baseline_copy(struct baseline *b, void *dst, const void *src, size_t
  * messages) or the staging memory from its start (a message larger than a slot), back to back on
  * one stream, then one synchronisation; returns the seconds it took. */
 static double baseline_burst(struct baseline *b, const struct ring *r, const char *src, size_t size, int nmsg) {
-  double t0 = now();
+  double t0 = gpu_test_now();
   for (int m = 0; m < nmsg; m++) {
     char *dst = size <= r->slot_bytes ? r->mem + (size_t)(m % RING_SLOTS) * r->slot_bytes : r->mem;
     baseline_copy(b, dst, src + (size_t)m * size, size);
   }
-  if (b->lib) CHECK(b->streamSync(b->stream) == 0, "cudaStreamSynchronize");
+  if (b->rt.lib) CHECK(b->rt.streamSync(b->rt.stream) == 0, "cudaStreamSynchronize");
   else CHECK(mplane_relay_engine_sync(b->engine) == ncclSuccess, "cuStreamSynchronize");
-  return now() - t0;
+  return gpu_test_now() - t0;
 }
 
 /* ---------------------------------------------------------------- patterns and statistics */
@@ -407,8 +387,8 @@ int main(int argc, char **argv) {
 
   struct baseline b;
   baseline_open(&b, 0, stg_gpu);
-  printf("baseline: cudaMemcpyPeerAsync via %s, one copy per message, one stream\n", b.lib ? b.name : "-");
-  if (!b.lib) printf("baseline: %s\n", b.name);
+  printf("baseline: cudaMemcpyPeerAsync via %s, one copy per message, one stream\n", b.rt.lib ? b.name : "-");
+  if (!b.rt.lib) printf("baseline: %s\n", b.name);
   printf("%12s %6s %14s %20s %7s\n", "bytes", "msgs", "copier GB/s", "cudaMemcpyPeer GB/s", "ratio");
   int slow = 0;
   for (size_t size = 4096; size <= max_bytes; size *= 2) {

@@ -21,13 +21,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "cudart_dl.h"
 #include "net/relay.h"
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static size_t parse_size(const char *s) {
   char *end;
@@ -51,7 +47,7 @@ static size_t parse_size(const char *s) {
 /* One relay copy, polled to completion; returns seconds. */
 static double relay_once(struct mplane_relay_engine *e, void *dst, const void *src, size_t bytes, int staged) {
   uint64_t ticket = 0;
-  double t0 = now();
+  double t0 = gpu_test_now();
   while (ticket == 0) {
     ncclResult_t r = staged ? mplane_relay_copy_start(e, 0, src, bytes, &ticket)
                             : mplane_relay_copy_start_ptr(e, dst, src, bytes, &ticket);
@@ -65,46 +61,23 @@ static double relay_once(struct mplane_relay_engine *e, void *dst, const void *s
     last = ready;
   }
   CHECK(ready == bytes, "copy done with %zu of %zu bytes ready", ready, bytes);
-  return now() - t0;
+  return gpu_test_now() - t0;
 }
 
 static double plain_once(struct mplane_relay_engine *e, void *dst, const void *src, size_t bytes) {
-  double t0 = now();
+  double t0 = gpu_test_now();
   CHECK(mplane_relay_plain_copy(e, dst, src, bytes) == ncclSuccess, "plain cuMemcpyPeerAsync failed");
   CHECK(mplane_relay_engine_sync(e) == ncclSuccess, "stream sync failed");
-  return now() - t0;
+  return gpu_test_now() - t0;
 }
 
-/* cudaMemcpyPeerAsync itself, when a CUDA runtime can be opened (same primary contexts). */
-struct cudart {
-  void *lib;
-  int (*setDevice)(int);
-  int (*streamCreate)(void **, unsigned);
-  int (*peerAsync)(void *, int, const void *, int, size_t, void *);
-  int (*streamSync)(void *);
-  void *stream;
-};
-
-static int cudart_open(struct cudart *c) {
-  const char *names[] = {getenv("MPLANE_CUDART_LIB"), "libcudart.so", "libcudart.so.13", "libcudart.so.12"};
-  memset(c, 0, sizeof(*c));
-  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !c->lib; i++)
-    if (names[i] && *names[i]) c->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-  if (!c->lib) return -1;
-  *(void **)&c->setDevice = dlsym(c->lib, "cudaSetDevice");
-  *(void **)&c->streamCreate = dlsym(c->lib, "cudaStreamCreateWithFlags");
-  *(void **)&c->peerAsync = dlsym(c->lib, "cudaMemcpyPeerAsync");
-  *(void **)&c->streamSync = dlsym(c->lib, "cudaStreamSynchronize");
-  if (!c->setDevice || !c->streamCreate || !c->peerAsync || !c->streamSync) return -1;
-  if (c->setDevice(0) != 0 || c->streamCreate(&c->stream, 1) != 0) return -1;
-  return 0;
-}
+/* cudaMemcpyPeerAsync itself, when a CUDA runtime can be opened (same primary contexts): cudart_dl.h. */
 
 static double cudart_once(struct cudart *c, void *dst, int dg, const void *src, int sg, size_t bytes) {
-  double t0 = now();
+  double t0 = gpu_test_now();
   CHECK(c->peerAsync(dst, dg, src, sg, bytes, c->stream) == 0, "cudaMemcpyPeerAsync failed");
   CHECK(c->streamSync(c->stream) == 0, "cudaStreamSynchronize failed");
-  return now() - t0;
+  return gpu_test_now() - t0;
 }
 
 static double best(double *t, int n) {
@@ -190,7 +163,7 @@ int main(int argc, char **argv) {
 
   /* ---- bandwidth, same run: relay engine vs one plain peer copy, both directions ---- */
   struct cudart rt;
-  int have_rt = cudart_open(&rt) == 0;
+  int have_rt = cudart_open(&rt, 0) == 0;
   double *t = calloc((size_t)iters, sizeof(double));
   int ok = 1;
   for (int dir = 0; dir < 2; dir++) {

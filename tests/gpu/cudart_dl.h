@@ -1,0 +1,45 @@
+/* mplane GPU tests: the CUDA runtime's cudaMemcpyPeerAsync as a baseline, opened with dlopen (the
+ * tests link no CUDA, as the plugin links none). Header-only: each test is one file plus the
+ * plugin's sources, built without meson where hwloc and cmocka are absent. */
+#ifndef MPLANE_TESTS_CUDART_DL_H
+#define MPLANE_TESTS_CUDART_DL_H
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static inline double gpu_test_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct cudart {
+  void *lib;
+  const char *name; /* the library that opened */
+  int (*setDevice)(int);
+  int (*streamCreate)(void **, unsigned);
+  int (*peerAsync)(void *, int, const void *, int, size_t, void *);
+  int (*streamSync)(void *);
+  void *stream; /* non-blocking (cudaStreamNonBlocking), on the GPU given to cudart_open */
+};
+
+/* 0: the runtime is open (MPLANE_CUDART_LIB first, then the usual names) with a stream on gpu. -1:
+ * none, or it lacks a call; c->lib stays set when it opened but failed, for the caller to close. */
+static inline int cudart_open(struct cudart *c, int gpu) {
+  const char *names[] = {getenv("MPLANE_CUDART_LIB"), "libcudart.so", "libcudart.so.13", "libcudart.so.12",
+                         "/usr/local/cuda/lib64/libcudart.so"};
+  memset(c, 0, sizeof(*c));
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !c->lib; i++)
+    if (names[i] && *names[i] && (c->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL))) c->name = names[i];
+  if (!c->lib) return -1;
+  *(void **)&c->setDevice = dlsym(c->lib, "cudaSetDevice");
+  *(void **)&c->streamCreate = dlsym(c->lib, "cudaStreamCreateWithFlags");
+  *(void **)&c->peerAsync = dlsym(c->lib, "cudaMemcpyPeerAsync");
+  *(void **)&c->streamSync = dlsym(c->lib, "cudaStreamSynchronize");
+  if (!c->setDevice || !c->streamCreate || !c->peerAsync || !c->streamSync) return -1;
+  return c->setDevice(gpu) == 0 && c->streamCreate(&c->stream, 1) == 0 ? 0 : -1;
+}
+
+#endif
