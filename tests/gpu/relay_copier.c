@@ -37,7 +37,8 @@
 #include <time.h>
 
 #include "common/log.h"
-#include "cudart_dl.h"
+#define GPU_TEST_NAME "relay_copier"
+#include "gpu_test.h"
 #include "net/relay.h"
 
 #define RING_SLOTS 4                  /* MPIB_STAGE_SLOTS (net/ib/ib.h) */
@@ -49,15 +50,6 @@
 #define RATED_BYTES (16u << 20)       /* the rate is judged from this size up */
 #define BURST_TIMEOUT_S 10.0          /* a burst that has not landed by then is a failure, not a hang */
 
-#define CHECK(cond, ...)                         \
-  do {                                           \
-    if (!(cond)) {                               \
-      fprintf(stderr, "relay_copier: FAIL: ");   \
-      fprintf(stderr, __VA_ARGS__);              \
-      fprintf(stderr, "\n");                     \
-      exit(1);                                   \
-    }                                            \
-  } while (0)
 
 
 /* ---------------------------------------------------------------- WARNs, captured */

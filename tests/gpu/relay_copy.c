@@ -21,7 +21,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "cudart_dl.h"
+#define GPU_TEST_NAME "relay_copy"
+#include "gpu_test.h"
 #include "net/relay.h"
 
 
@@ -34,15 +35,6 @@ static size_t parse_size(const char *s) {
   return (size_t)v;
 }
 
-#define CHECK(cond, ...)                            \
-  do {                                              \
-    if (!(cond)) {                                  \
-      fprintf(stderr, "relay_copy: FAIL: ");        \
-      fprintf(stderr, __VA_ARGS__);                 \
-      fprintf(stderr, "\n");                        \
-      exit(1);                                      \
-    }                                               \
-  } while (0)
 
 /* One relay copy, polled to completion; returns seconds. */
 static double relay_once(struct mplane_relay_engine *e, void *dst, const void *src, size_t bytes, int staged) {
@@ -71,7 +63,7 @@ static double plain_once(struct mplane_relay_engine *e, void *dst, const void *s
   return gpu_test_now() - t0;
 }
 
-/* cudaMemcpyPeerAsync itself, when a CUDA runtime can be opened (same primary contexts): cudart_dl.h. */
+/* cudaMemcpyPeerAsync itself, when a CUDA runtime can be opened (same primary contexts): gpu_test.h. */
 
 static double cudart_once(struct cudart *c, void *dst, int dg, const void *src, int sg, size_t bytes) {
   double t0 = gpu_test_now();

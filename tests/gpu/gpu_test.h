@@ -1,13 +1,25 @@
-/* mplane GPU tests: the CUDA runtime's cudaMemcpyPeerAsync as a baseline, opened with dlopen (the
- * tests link no CUDA, as the plugin links none). Header-only: each test is one file plus the
- * plugin's sources, built without meson where hwloc and cmocka are absent. */
-#ifndef MPLANE_TESTS_CUDART_DL_H
-#define MPLANE_TESTS_CUDART_DL_H
+/* mplane GPU tests: what relay_copy and relay_copier share: CHECK, a clock, and the CUDA runtime's
+ * cudaMemcpyPeerAsync as a baseline, opened with dlopen (the tests link no CUDA, as the plugin links
+ * none). Header-only: each test is one file plus the plugin's sources, built without meson where
+ * hwloc and cmocka are absent. A test defines GPU_TEST_NAME (its name in FAIL lines) first. */
+#ifndef MPLANE_TESTS_GPU_TEST_H
+#define MPLANE_TESTS_GPU_TEST_H
 
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#define CHECK(cond, ...)                              \
+  do {                                                \
+    if (!(cond)) {                                    \
+      fprintf(stderr, GPU_TEST_NAME ": FAIL: ");      \
+      fprintf(stderr, __VA_ARGS__);                   \
+      fprintf(stderr, "\n");                          \
+      exit(1);                                        \
+    }                                                 \
+  } while (0)
 
 static inline double gpu_test_now(void) {
   struct timespec ts;
