@@ -1,4 +1,4 @@
-/* mplane GPU tests: what relay_copy and relay_copier share: CHECK, a clock, and the CUDA runtime's
+/* mplane GPU tests: what relay_copy and relay_copier share: CHECK, a clock, a median, and the CUDA runtime's
  * cudaMemcpyPeerAsync as a baseline, opened with dlopen (the tests link no CUDA, as the plugin links
  * none). Header-only: each test is one file plus the plugin's sources, built without meson where
  * hwloc and cmocka are absent. A test defines GPU_TEST_NAME (its name in FAIL lines) first. */
@@ -25,6 +25,17 @@ static inline double gpu_test_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The median of t[0..n) (sorts t). */
+static inline double gpu_test_median(double *t, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      double x = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = x;
+    }
+  return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
 }
 
 struct cudart {

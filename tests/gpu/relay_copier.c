@@ -230,16 +230,6 @@ static void poison_ring(struct ring *r) {
   CHECK(mplane_cuda_memcpy_dtoh(r->gpu, &b, r->mem, 1) == 0 && b == 0xee, "the ring's poison did not land");
 }
 
-static double median(double *t, int n) {
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-      double x = t[j];
-      t[j] = t[j - 1];
-      t[j - 1] = x;
-    }
-  return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-}
-
 static int burst_of(size_t size) {
   size_t n = BURST_BYTES / size;
   return n < 1 ? 1 : n > BURST_MAX ? BURST_MAX : (int)n;
@@ -292,10 +282,10 @@ static struct rates measure(struct ring *r, struct baseline *b, const char *src,
   struct rates out;
   for (int w = 0; w < 2; w++) stage(r, src, 0, size, nmsg, NULL, NULL, "rate (warm-up)");
   for (int i = 0; i < iters; i++) t[i] = stage(r, src, 0, size, nmsg, NULL, NULL, "rate");
-  out.copier = gb / median(t, iters);
+  out.copier = gb / gpu_test_median(t, iters);
   for (int w = 0; w < 2; w++) baseline_burst(b, r, src, size, nmsg);
   for (int i = 0; i < iters; i++) t[i] = baseline_burst(b, r, src, size, nmsg);
-  out.peer = gb / median(t, iters);
+  out.peer = gb / gpu_test_median(t, iters);
   return out;
 }
 

@@ -78,16 +78,6 @@ static double best(double *t, int n) {
   return b;
 }
 
-static double median(double *t, int n) {
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-      double x = t[j];
-      t[j] = t[j - 1];
-      t[j - 1] = x;
-    }
-  return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-}
-
 int main(int argc, char **argv) {
   size_t bytes = 256u << 20, chunk = 0;
   int iters = 20;
@@ -166,14 +156,14 @@ int main(int argc, char **argv) {
     double relay_med, plain_med, rt_med = 0, relay_best, plain_best;
     for (int i = 0; i < iters; i++) t[i] = relay_once(e, NULL, from, bytes, 1);
     relay_best = best(t, iters);
-    relay_med = median(t, iters);
+    relay_med = gpu_test_median(t, iters);
     for (int i = 0; i < iters; i++) t[i] = plain_once(e, to, from, bytes);
     plain_best = best(t, iters);
-    plain_med = median(t, iters);
+    plain_med = gpu_test_median(t, iters);
     if (have_rt) {
       for (int w = 0; w < 3; w++) cudart_once(&rt, to, tg, from, fg, bytes);
       for (int i = 0; i < iters; i++) t[i] = cudart_once(&rt, to, tg, from, fg, bytes);
-      rt_med = median(t, iters);
+      rt_med = gpu_test_median(t, iters);
     }
     double gb = (double)bytes / 1e9;
     double ratio = plain_med / relay_med;
