@@ -2,8 +2,10 @@
 #include "rma_ctrl.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <sys/time.h>
 
 #include "../common/log.h"
@@ -36,6 +38,21 @@ int mplane_rma_read_all(int fd, void *buf, size_t n) {
     got += (size_t)r;
   }
   return 0;
+}
+
+int mplane_rma_listen_any_port(struct sockaddr_storage *sa, socklen_t *len) {
+  if (sa->ss_family == AF_INET) ((struct sockaddr_in *)sa)->sin_port = 0;
+  else ((struct sockaddr_in6 *)sa)->sin6_port = 0;
+  int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (bind(fd, (struct sockaddr *)sa, *len) != 0 || listen(fd, 1024) != 0 ||
+      getsockname(fd, (struct sockaddr *)sa, len) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
 }
 
 void mplane_rma_set_timeouts(int fd, int ms) {

@@ -6,6 +6,7 @@
 #define MPLANE_NET_RMA_CTRL_H
 
 #include <stddef.h>
+#include <sys/socket.h>
 #include "../common/config.h"
 #include "../common/nccl/err.h"
 
@@ -16,6 +17,10 @@ int mplane_rma_timeout_ms(const struct mplane_config *cfg);
  * came; 1 on an orderly close before the first byte; -1 otherwise. */
 int mplane_rma_write_all(int fd, const void *buf, size_t n);
 int mplane_rma_read_all(int fd, void *buf, size_t n);
+
+/* A TCP listener on sa's address, any port: the fd, with sa and *len now naming its port; -1 with
+ * errno set when the socket cannot be made, bound or listened on. */
+int mplane_rma_listen_any_port(struct sockaddr_storage *sa, socklen_t *len);
 
 /* SO_RCVTIMEO and SO_SNDTIMEO of ms (0: none). */
 void mplane_rma_set_timeouts(int fd, int ms);

@@ -185,14 +185,11 @@ static ncclResult_t rma_listen(int dev, void *handle, void **listen_comm) {
   }
   struct ibr_handle h = {.magic = IBR_MAGIC, .version = IBR_VERSION};
   struct sockaddr_storage sa = d->oob;
-  ((struct sockaddr_in *)&sa)->sin_port = 0; /* the port sits at the same place in sockaddr_in6 */
   socklen_t len = d->ooblen;
-  int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, d->ooblen) != 0 || listen(fd, 1024) != 0 ||
-      getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+  int fd = mplane_rma_listen_any_port(&sa, &len);
+  if (fd < 0) {
     MP_WARN("RMA listen on %s's side-channel address: %s (set MPLANE_SOCKET_IFNAME to an interface peers reach)",
             d->props.name, strerror(errno));
-    if (fd >= 0) close(fd);
     return ncclSystemError;
   }
   struct ibr_listen *l = calloc(1, sizeof(*l));

@@ -185,14 +185,12 @@ static ncclResult_t open_listener(int dev, struct mpr_handle *h, int *out_fd) {
   }
   char where[96];
   mps_addr_str(&d->addr.sa, where, sizeof(where));
-  int fd = socket(d->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct mps_dev b = *d;
-  if (b.addr.sa.sa_family == AF_INET) b.addr.sin.sin_port = 0;
-  else b.addr.sin6.sin6_port = 0;
-  socklen_t len = b.addrlen;
-  if (fd < 0 || bind(fd, &b.addr.sa, b.addrlen) != 0 || listen(fd, 1024) != 0 ||
-      getsockname(fd, &b.addr.sa, &len) != 0) {
-    MP_WARN("RMA listen on %s (%s): %s", d->ifname, where, strerror(errno));
+  struct sockaddr_storage sa;
+  memcpy(&sa, &d->addr, d->addrlen);
+  socklen_t len = d->addrlen;
+  int fd = mplane_rma_listen_any_port(&sa, &len);
+  if (fd < 0 || len > sizeof(h->addr)) {
+    MP_WARN("RMA listen on %s (%s): %s", d->ifname, where, fd < 0 ? strerror(errno) : "an address of another family");
     if (fd >= 0) close(fd);
     return ncclSystemError;
   }
@@ -200,7 +198,7 @@ static ncclResult_t open_listener(int dev, struct mpr_handle *h, int *out_fd) {
   h->magic = MPR_MAGIC;
   h->version = MPR_VERSION;
   h->addrlen = (uint16_t)len;
-  memcpy(&h->addr, &b.addr, len);
+  memcpy(&h->addr, &sa, len);
   *out_fd = fd;
   return ncclSuccess;
 }
