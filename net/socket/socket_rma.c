@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -111,6 +112,26 @@ struct mpr_group {
 
 struct mpr_req;
 
+/* Where the reader is in the incoming stream. Records are parsed as bytes arrive, by whichever
+ * thread holds the connection's rlock (NCCL's progress thread in rmaProgress, else the
+ * connection's reader thread), so a record may be taken in several pieces. */
+enum mpr_rd_phase { MPR_RD_HDR = 0, MPR_RD_DATA };
+struct mpr_rd {
+  int phase;
+  struct mpr_msg m;    /* the record being read */
+  size_t hgot;         /* header bytes in m so far */
+  /* MPR_RD_DATA: the bytes after the header */
+  struct mpr_req *r;   /* a get's answer: the get it answers; NULL: a put */
+  struct mpr_win w;    /* where they land */
+  int land;            /* 0: dropped (a refused put) */
+  uint64_t off, left;  /* window offset of the next byte, bytes still to come */
+  size_t sfill;        /* GPU windows: bytes in the stage, landing at off - sfill */
+  int cuda_bad;        /* a copy into GPU memory failed: the rest is read and dropped */
+  uint16_t st;         /* a put: its status so far */
+  uint64_t limit;
+  struct mpr_win sig;  /* a put: its checked signal window */
+};
+
 struct mpr_conn {
   struct mpr_ctxset *set;
   int peer, context, fd;
@@ -124,10 +145,15 @@ struct mpr_conn {
   uint64_t next_id;
   int failed, stop;
   int peer_closed; /* the peer destroyed its context in order (a BYE): not an error by itself */
+  int wbusy;                           /* a thread is writing (the writer, or an op sent at once) */
+  pthread_mutex_t rlock;               /* held by whichever thread advances the reader below */
+  struct mpr_rd in;                    /* the reader: where it is in the incoming stream */
+  int rd_over;                         /* atomic: the reader has stopped (a BYE, a failure, a close) */
   char *stage;                         /* the reader's GPU staging; the writer has its own */
   char *rbuf;                          /* the reader's receive buffer: [rpos, rlen) not yet taken */
   size_t rpos, rlen;
   char *wstage;
+  char *istage;                        /* GPU data of a record sent at once (wbusy holder only) */
 };
 
 struct mpr_ctxset {
@@ -136,9 +162,11 @@ struct mpr_ctxset {
   struct mpr_conn **conns; /* [context * nranks + peer], NULL: not connected */
   struct mpr_conn **mirrors; /* [context]: the target side of this rank's ops to itself */
   int has_error;           /* atomic: a connection failed or an op was refused */
+  int epfd;                /* every connection's socket, for rmaProgress to find the readable ones */
 };
 
-enum mpr_req_kind { MPR_K_PUT = 1, MPR_K_GET, MPR_K_ACK, MPR_K_GET_RESP, MPR_K_BYE };
+enum mpr_req_kind { MPR_K_PUT = 1, MPR_K_GET, MPR_K_ACK, MPR_K_GET_RESP, MPR_K_BYE,
+                    MPR_K_RAW /* the unsent tail of a record sent at once, for the writer to finish */ };
 
 struct mpr_req {
   uint32_t magic;
@@ -153,6 +181,8 @@ struct mpr_req {
   int done;            /* atomic */
   uint64_t t0_ns;      /* queued at (monotonic): an answer later than the timeout fails the connection */
   ncclResult_t result;
+  char *raw;           /* MPR_K_RAW: the bytes, owned */
+  size_t raw_len;
   char why[320];
 };
 
@@ -500,49 +530,6 @@ static int win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) 
   return mplane_cuda_memcpy_dtoh_nb(w->gpu, dst, w->base + off, n);
 }
 
-/* Read n bytes of the connection: what its receive buffer holds first, then large remainders
- * straight into dst, small ones through the buffer (one recv takes every record that has arrived:
- * a burst of headers costs one system call). 0 ok, 1 closed before a byte, -1 error. */
-static int conn_read(struct mpr_conn *c, void *dst, size_t n) {
-  char *p = dst;
-  size_t got = 0;
-  while (got < n) {
-    if (c->rpos < c->rlen) {
-      size_t k = c->rlen - c->rpos < n - got ? c->rlen - c->rpos : n - got;
-      memcpy(p + got, c->rbuf + c->rpos, k);
-      c->rpos += k;
-      got += k;
-      continue;
-    }
-    if (n - got >= MPR_RBUF / 2) {
-      int rc = mplane_rma_read_all(c->fd, p + got, n - got);
-      return rc == 0 ? 0 : rc == 1 && got == 0 ? 1 : -1;
-    }
-    ssize_t r = recv(c->fd, c->rbuf, MPR_RBUF, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return got == 0 ? 1 : -1;
-    if (r < 0) return -1;
-    c->rpos = 0;
-    c->rlen = (size_t)r;
-  }
-  return 0;
-}
-
-/* Receive n bytes into a window (or drop them when w is NULL). 0 ok, -1 socket, -2 CUDA. */
-static int recv_into(struct mpr_conn *c, const struct mpr_win *w, uint64_t off, uint64_t n, char **stage) {
-  if (w && w->gpu < 0) return conn_read(c, w->base + off, n) == 0 || n == 0 ? 0 : -1;
-  if (!*stage && !(*stage = malloc(MPR_STAGE))) return -1;
-  int cuda_bad = 0;
-  while (n) {
-    size_t step = n < MPR_STAGE ? n : MPR_STAGE;
-    if (conn_read(c, *stage, step) != 0) return -1;
-    if (w && !cuda_bad && win_write(w, off, *stage, step) != 0) cuda_bad = 1; /* keep the stream framed */
-    off += step;
-    n -= step;
-  }
-  return cuda_bad ? -2 : 0;
-}
-
 static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char **stage) {
   if (w->gpu < 0) return n == 0 ? 0 : mplane_rma_write_all(fd, w->base + off, n);
   if (!*stage && !(*stage = malloc(MPR_STAGE))) return -1;
@@ -588,8 +575,10 @@ static void conn_fail(struct mpr_conn *c, const char *why) {
   for (int i = 0; i < 2; i++)
     for (struct mpr_req *r = lists[i], *n; r; r = n) {
       n = r->next;
-      if (r->kind == MPR_K_ACK || r->kind == MPR_K_GET_RESP || r->kind == MPR_K_BYE) free(r);
-      else req_finish(r, ncclRemoteError, "RMA %s to %s (context %d, window %u): the connection failed: %s",
+      if (r->kind == MPR_K_ACK || r->kind == MPR_K_GET_RESP || r->kind == MPR_K_BYE || r->kind == MPR_K_RAW) {
+        free(r->raw);
+        free(r);
+      } else req_finish(r, ncclRemoteError, "RMA %s to %s (context %d, window %u): the connection failed: %s",
                       kind_name(r->kind), c->peer_str, c->context, r->m.win, why);
     }
 }
@@ -601,24 +590,36 @@ static void conn_abort(struct mpr_conn *c, const char *why) {
   if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
 }
 
+/* Number r (a request: it answers in this order) and trace it. Called with the lock held. */
+static void number_locked(struct mpr_conn *c, struct mpr_req *r) {
+  if (r->kind != MPR_K_PUT && r->kind != MPR_K_GET) return;
+  r->m.id = ++c->next_id;
+  r->t0_ns = mono_ns();
+  MP_TRACE(NCCL_NET, "RMA %s #%llu to %s (context %d): %llu bytes, window %u offset %llu, signal window %u offset %llu op %u value %llu",
+           kind_name(r->kind), (unsigned long long)r->m.id, c->peer_str, c->context, (unsigned long long)r->m.size,
+           r->m.win, (unsigned long long)r->m.off, r->m.sig_win, (unsigned long long)r->m.sig_off, r->m.sig_op,
+           (unsigned long long)r->m.sig_val);
+}
+
+static int refuses_locked(const struct mpr_conn *c, const struct mpr_req *r) {
+  return c->failed || (c->peer_closed && r->kind != MPR_K_BYE);
+}
+
+static void append_locked(struct mpr_req **head, struct mpr_req **tail, struct mpr_req *r) {
+  r->next = NULL;
+  if (*tail) (*tail)->next = r;
+  else *head = r;
+  *tail = r;
+}
+
 static ncclResult_t conn_queue(struct mpr_conn *c, struct mpr_req *r) {
   pthread_mutex_lock(&c->lock);
-  if (c->failed || (c->peer_closed && r->kind != MPR_K_BYE)) {
+  if (refuses_locked(c, r)) {
     pthread_mutex_unlock(&c->lock);
     return ncclRemoteError;
   }
-  r->next = NULL;
-  if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) {
-    r->m.id = ++c->next_id;
-    r->t0_ns = mono_ns();
-    MP_TRACE(NCCL_NET, "RMA %s #%llu to %s (context %d): %llu bytes, window %u offset %llu, signal window %u offset %llu op %u value %llu",
-             kind_name(r->kind), (unsigned long long)r->m.id, c->peer_str, c->context, (unsigned long long)r->m.size,
-             r->m.win, (unsigned long long)r->m.off, r->m.sig_win, (unsigned long long)r->m.sig_off, r->m.sig_op,
-             (unsigned long long)r->m.sig_val);
-  }
-  if (c->q_tail) c->q_tail->next = r;
-  else c->q_head = r;
-  c->q_tail = r;
+  number_locked(c, r);
+  append_locked(&c->q_head, &c->q_tail, r);
   pthread_cond_signal(&c->cond);
   pthread_mutex_unlock(&c->lock);
   return ncclSuccess;
@@ -626,6 +627,8 @@ static ncclResult_t conn_queue(struct mpr_conn *c, struct mpr_req *r) {
 
 /* ---- the writer: requests and responses, in order ---- */
 #define MPR_BATCH 64 /* queued records the writer takes at once, written with one sendmsg where it can */
+#define MPR_SEND_NOW_MAX (64u << 10) /* records with at most this much data may go out from the thread
+                                        that makes them, when nothing is queued before them */
 
 /* What the write of one record needs, copied out of its request: once a request's last byte is out,
  * its response may come back and test() free it. */
@@ -634,10 +637,26 @@ struct mpr_out {
   struct mpr_msg m;
   struct mpr_win src;
   uint64_t src_off;
+  char *raw; /* MPR_K_RAW: bytes to write as they are, freed once written */
+  size_t raw_len;
 };
 
 static int has_data(const struct mpr_out *o) {
   return o->kind == MPR_K_PUT || (o->kind == MPR_K_GET_RESP && o->m.status == MPR_OK);
+}
+
+/* Copy out what writing r needs; a request becomes pending before a byte moves (its response may
+ * come back at once), anything else is freed. 1 if r was a BYE. Called with the lock held. */
+static int take_locked(struct mpr_conn *c, struct mpr_req *r, struct mpr_out *o) {
+  *o = (struct mpr_out){.kind = r->kind, .m = r->m, .src = r->src, .src_off = r->src_off, .raw = r->raw,
+                        .raw_len = r->raw_len};
+  if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) {
+    append_locked(&c->p_head, &c->p_tail, r);
+    return 0;
+  }
+  int bye = r->kind == MPR_K_BYE;
+  free(r);
+  return bye;
 }
 
 /* Write records in order: runs of headers with their host-memory data go out in one sendmsg (a
@@ -647,6 +666,10 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
   struct iovec iov[2 * MPR_BATCH];
   int k = 0;
   for (int i = 0; i < n; i++) {
+    if (o[i].kind == MPR_K_RAW) {
+      iov[k++] = (struct iovec){.iov_base = o[i].raw, .iov_len = o[i].raw_len};
+      continue;
+    }
     int gpu_data = has_data(&o[i]) && o[i].m.size && o[i].src.gpu >= 0;
     if (gpu_data) {
       if (k && mps_sendv_all(c->fd, iov, k) != 0) return -1;
@@ -663,27 +686,40 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
   return k ? mps_sendv_all(c->fd, iov, k) : 0;
 }
 
-/* Take up to MPR_BATCH queued records (requests become pending before a byte moves: the response
- * may come back at once); a BYE is the last one taken. Called with the lock held. */
+/* Take up to MPR_BATCH queued records; a BYE is the last one taken. Called with the lock held. */
 static int take_batch(struct mpr_conn *c, struct mpr_out *out) {
   int n = 0;
   while (c->q_head && n < MPR_BATCH) {
     struct mpr_req *r = c->q_head;
     c->q_head = r->next;
     if (!c->q_head) c->q_tail = NULL;
-    out[n++] = (struct mpr_out){.kind = r->kind, .m = r->m, .src = r->src, .src_off = r->src_off};
-    if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) {
-      r->next = NULL;
-      if (c->p_tail) c->p_tail->next = r;
-      else c->p_head = r;
-      c->p_tail = r;
-    } else {
-      int bye = r->kind == MPR_K_BYE;
-      free(r);
-      if (bye) break;
-    }
+    if (take_locked(c, r, &out[n++])) break;
   }
   return n;
+}
+
+static const char *out_name(int kind) {
+  switch (kind) {
+  case MPR_K_PUT: return "put";
+  case MPR_K_GET: return "get";
+  case MPR_K_ACK: return "ack";
+  case MPR_K_BYE: return "bye";
+  case MPR_K_RAW: return "rest of a record";
+  default: return "get answer";
+  }
+}
+
+static void trace_wrote(const struct mpr_conn *c, const struct mpr_out *o, int n, const char *how) {
+  for (int i = 0; i < n; i++)
+    MP_TRACE(NCCL_NET, "RMA wrote %s #%llu to %s (context %d)%s", out_name(o[i].kind), (unsigned long long)o[i].m.id,
+             c->peer_str, c->context, how);
+}
+
+static void write_done(struct mpr_conn *c) {
+  pthread_mutex_lock(&c->lock);
+  c->wbusy = 0;
+  pthread_cond_signal(&c->cond); /* the writer may wait for this send to end */
+  pthread_mutex_unlock(&c->lock);
 }
 
 static void *writer_main(void *arg) {
@@ -695,32 +731,125 @@ static void *writer_main(void *arg) {
   }
   for (;;) {
     pthread_mutex_lock(&c->lock);
-    while (!c->q_head && !c->stop && !c->failed) pthread_cond_wait(&c->cond, &c->lock);
+    while ((!c->q_head || c->wbusy) && !c->stop && !c->failed) pthread_cond_wait(&c->cond, &c->lock);
+    while (c->wbusy && !c->failed) pthread_cond_wait(&c->cond, &c->lock); /* stopping: the last send first */
     if (c->failed || !c->q_head) {
       pthread_mutex_unlock(&c->lock);
       break;
     }
     int n = take_batch(c, out);
+    c->wbusy = 1;
     pthread_mutex_unlock(&c->lock);
     int rc = write_batch(c, out, n);
+    for (int i = 0; i < n; i++) free(out[i].raw);
+    write_done(c);
     if (rc != 0) {
       char why[160];
       snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
       conn_fail(c, why);
       break;
     }
-    for (int i = 0; i < n; i++)
-      MP_TRACE(NCCL_NET, "RMA wrote %s #%llu to %s (context %d)",
-               out[i].kind == MPR_K_PUT   ? "put"
-               : out[i].kind == MPR_K_GET ? "get"
-               : out[i].kind == MPR_K_ACK ? "ack"
-               : out[i].kind == MPR_K_BYE ? "bye"
-                                          : "get answer",
-               (unsigned long long)out[i].m.id, c->peer_str, c->context);
+    trace_wrote(c, out, n, "");
     if (out[n - 1].kind == MPR_K_BYE) break; /* the last word on this connection */
   }
   free(out);
   return NULL;
+}
+
+/* ---- sending at once: no thread hand-off for small records ---- */
+
+/* The bytes of one record, header and data, for one sendmsg; GPU data copied out into istage. 0 ok,
+ * -2 the copy out of GPU memory failed. */
+static int record_iov(struct mpr_conn *c, const struct mpr_out *o, struct iovec iov[2], int *n) {
+  iov[0] = (struct iovec){.iov_base = (void *)&o->m, .iov_len = sizeof(o->m)};
+  *n = 1;
+  if (!has_data(o) || o->m.size == 0) return 0;
+  void *p = o->src.base + o->src_off;
+  if (o->src.gpu >= 0) {
+    if (!c->istage && !(c->istage = malloc(MPR_SEND_NOW_MAX))) return -2;
+    if (win_read(&o->src, o->src_off, c->istage, o->m.size) != 0) return -2;
+    p = c->istage;
+  }
+  iov[(*n)++] = (struct iovec){.iov_base = p, .iov_len = o->m.size};
+  return 0;
+}
+
+/* Hand the unsent tail of a record to the writer, ahead of anything queued since. 0 ok, -1 no memory. */
+static int queue_tail(struct mpr_conn *c, const struct iovec *iov, int n, size_t sent) {
+  size_t total = 0, k = 0;
+  for (int i = 0; i < n; i++) total += iov[i].iov_len;
+  struct mpr_req *t = calloc(1, sizeof(*t));
+  char *raw = malloc(total - sent);
+  if (!t || !raw) {
+    free(t);
+    free(raw);
+    return -1;
+  }
+  for (int i = 0; i < n; i++) { /* copy bytes [sent, total) */
+    size_t len = iov[i].iov_len, skip = sent > len ? len : sent;
+    memcpy(raw + k, (char *)iov[i].iov_base + skip, len - skip);
+    k += len - skip;
+    sent -= skip;
+  }
+  *t = (struct mpr_req){.magic = MPR_REQ_MAGIC, .kind = MPR_K_RAW, .conn = c, .raw = raw, .raw_len = k};
+  pthread_mutex_lock(&c->lock);
+  t->next = c->q_head;
+  c->q_head = t;
+  if (!c->q_tail) c->q_tail = t;
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+/* Write one record now from this thread, without blocking: what the socket does not take goes to
+ * the writer thread. 0 ok, -1 socket, -2 GPU copy. */
+static int write_now(struct mpr_conn *c, const struct mpr_out *o) {
+  struct iovec iov[2];
+  int n;
+  if (record_iov(c, o, iov, &n) != 0) return -2;
+  size_t total = iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
+  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+  ssize_t w;
+  do w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT); while (w < 0 && errno == EINTR);
+  if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+  if (w < 0) w = 0;
+  if ((size_t)w < total && queue_tail(c, iov, n, (size_t)w) != 0) {
+    errno = ENOMEM;
+    return -1;
+  }
+  return 0;
+}
+
+/* Send r: at once from this thread when it is small and nothing is queued or being written before it
+ * (NCCL's progress thread spins anyway, so no thread has to wake for it), else through the writer.
+ * A socket failure fails the connection (r included); the caller's request stays valid for test(). */
+static ncclResult_t conn_send(struct mpr_conn *c, struct mpr_req *r) {
+  int small = !(r->kind == MPR_K_PUT || (r->kind == MPR_K_GET_RESP && r->m.status == MPR_OK)) ||
+              r->m.size <= MPR_SEND_NOW_MAX;
+  pthread_mutex_lock(&c->lock);
+  if (refuses_locked(c, r)) {
+    pthread_mutex_unlock(&c->lock);
+    return ncclRemoteError;
+  }
+  number_locked(c, r);
+  if (!small || c->q_head || c->wbusy) {
+    append_locked(&c->q_head, &c->q_tail, r);
+    pthread_cond_signal(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    return ncclSuccess;
+  }
+  c->wbusy = 1;
+  struct mpr_out o;
+  take_locked(c, r, &o);
+  pthread_mutex_unlock(&c->lock);
+  int rc = write_now(c, &o);
+  write_done(c);
+  if (rc == 0) trace_wrote(c, &o, 1, " at once");
+  else {
+    char why[160];
+    snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
+    conn_fail(c, why);
+  }
+  return ncclSuccess;
 }
 
 /* ---- the reader: the target side of puts and gets, and the responses to ours ---- */
@@ -772,28 +901,27 @@ static int respond(struct mpr_conn *c, int kind, const struct mpr_msg *m, uint16
     r->src = *src;
     r->src_off = m->off;
   }
-  if (conn_queue(c, r) != ncclSuccess) {
+  if (conn_send(c, r) != ncclSuccess) {
     free(r);
     return -1;
   }
   return 0;
 }
 
-static int serve_put(struct mpr_conn *c, const struct mpr_msg *m) {
-  struct mpr_win dst, sig;
-  uint64_t limit = 0;
-  uint16_t st = check_put(c->set->g, m, &dst, &sig, &limit);
-  int rc = recv_into(c, st == MPR_OK && m->size ? &dst : NULL, m->off, m->size, &c->stage);
-  if (rc == -1) return -1;
-  if (rc == -2) st = MPR_GPU_COPY;
+/* A put's bytes are in place (or dropped): apply its signal, then answer. */
+static int put_done(struct mpr_conn *c) {
+  struct mpr_rd *d = &c->in;
+  const struct mpr_msg *m = &d->m;
+  uint16_t st = d->st;
+  if (st == MPR_OK && d->cuda_bad) st = MPR_GPU_COPY;
   uint64_t now = 0;
   if (st == MPR_OK && m->sig_win != MPR_NO_WIN &&
-      signal_apply(&sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val, &now) != 0)
+      signal_apply(&d->sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val, &now) != 0)
     st = MPR_GPU_COPY;
   MP_TRACE(NCCL_NET, "RMA served put #%llu from %s (context %d): %llu bytes at window %u offset %llu, signal %u+%llu now %llu, status %u",
            (unsigned long long)m->id, c->peer_str, c->context, (unsigned long long)m->size, m->win,
            (unsigned long long)m->off, m->sig_win, (unsigned long long)m->sig_off, (unsigned long long)now, st);
-  return respond(c, MPR_K_ACK, m, st, limit, NULL);
+  return respond(c, MPR_K_ACK, m, st, d->limit, NULL);
 }
 
 static int serve_get(struct mpr_conn *c, const struct mpr_msg *m) {
@@ -831,6 +959,8 @@ static struct mpr_req *pending_pop(struct mpr_conn *c) {
   return r;
 }
 
+/* A response: match it to the oldest op in flight and finish that op, or (a get's bytes) start
+ * reading its data. 0 ok, -1 the connection is broken (why says how). */
 static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why, size_t whylen) {
   struct mpr_req *r = pending_pop(c);
   int want = m->type == MPR_ACK ? MPR_K_PUT : MPR_K_GET;
@@ -855,64 +985,253 @@ static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why,
     }
     return 0;
   }
-  if (m->type == MPR_GET_RESP) {
-    if (m->size != r->m.size) {
-      snprintf(why, whylen, "a get response of %llu bytes for a get of %llu", (unsigned long long)m->size,
-               (unsigned long long)r->m.size);
-      req_finish(r, ncclRemoteError, "RMA get from %s: %s", c->peer_str, why);
-      return -1;
-    }
-    int rc = recv_into(c, &r->dst, r->dst_off, m->size, &c->stage);
-    if (rc == -1) {
-      snprintf(why, whylen, "the connection broke inside a get's data");
-      req_finish(r, ncclRemoteError, "RMA get from %s: %s", c->peer_str, why);
-      return -1;
-    }
-    if (rc == -2) {
-      req_finish(r, ncclSystemError, "RMA get from %s: the copy into GPU memory (window %u) failed", c->peer_str,
-                 r->m.win);
-      return 0;
-    }
+  if (m->type == MPR_GET_RESP && m->size != r->m.size) {
+    snprintf(why, whylen, "a get response of %llu bytes for a get of %llu", (unsigned long long)m->size,
+             (unsigned long long)r->m.size);
+    req_finish(r, ncclRemoteError, "RMA get from %s: %s", c->peer_str, why);
+    return -1;
+  }
+  if (m->type == MPR_GET_RESP && m->size) {
+    struct mpr_rd *d = &c->in;
+    d->phase = MPR_RD_DATA;
+    d->r = r;
+    d->w = r->dst;
+    d->land = 1;
+    d->off = r->dst_off;
+    d->left = m->size;
+    return 0;
   }
   req_finish(r, ncclSuccess, NULL);
   return 0;
 }
 
-static void *reader_main(void *arg) {
-  struct mpr_conn *c = arg;
-  char why[200];
+/* A get's bytes are in place. */
+static void get_done(struct mpr_conn *c) {
+  struct mpr_rd *d = &c->in;
+  if (d->cuda_bad)
+    req_finish(d->r, ncclSystemError, "RMA get from %s: the copy into GPU memory (window %u) failed", c->peer_str,
+               d->r->m.win);
+  else req_finish(d->r, ncclSuccess, NULL);
+}
+
+/* A whole header is in: check it and decide what its data (if any) is for. 0 ok, 1 the peer said
+ * BYE (reading ends), -1 broken. */
+static int header_done(struct mpr_conn *c, char *why, size_t whylen) {
+  struct mpr_rd *d = &c->in;
+  const struct mpr_msg *m = &d->m;
+  if (m->magic != MPR_MAGIC) {
+    snprintf(why, whylen, "a record without the RMA magic");
+    return -1;
+  }
+  switch (m->type) {
+  case MPR_PUT: {
+    struct mpr_win dst = {0};
+    d->limit = 0;
+    d->st = check_put(c->set->g, m, &dst, &d->sig, &d->limit);
+    if (m->size == 0) return put_done(c) == 0 ? 0 : (snprintf(why, whylen, "could not answer a put"), -1);
+    d->phase = MPR_RD_DATA;
+    d->r = NULL;
+    d->w = dst;
+    d->land = d->st == MPR_OK;
+    d->off = m->off;
+    d->left = m->size;
+    return 0;
+  }
+  case MPR_GET:
+    if (serve_get(c, m) == 0) return 0;
+    snprintf(why, whylen, "could not queue a get's answer");
+    return -1;
+  case MPR_ACK:
+  case MPR_GET_RESP: return take_response(c, m, why, whylen);
+  case MPR_BYE: {
+    /* The peer destroyed its context: later ops to it fail, and so does anything still waiting. */
+    pthread_mutex_lock(&c->lock);
+    c->peer_closed = 1;
+    int busy = c->p_head || c->q_head;
+    pthread_mutex_unlock(&c->lock);
+    if (busy) conn_fail(c, "the peer destroyed its context with ops of ours in flight");
+    return 1;
+  }
+  default: snprintf(why, whylen, "a record of unknown type %u", m->type); return -1;
+  }
+}
+
+/* Land the stage's bytes in the GPU window (after a failed copy, drop them: the stream stays framed). */
+static void stage_flush(struct mpr_conn *c) {
+  struct mpr_rd *d = &c->in;
+  if (d->sfill && d->land && !d->cuda_bad && win_write(&d->w, d->off - d->sfill, c->stage, d->sfill) != 0)
+    d->cuda_bad = 1;
+  d->sfill = 0;
+}
+
+/* Where the next data bytes go and how many fit there: host windows directly, GPU windows and
+ * dropped bytes through the stage. NULL: no memory for the stage. */
+static char *data_dst(struct mpr_conn *c, size_t *room) {
+  struct mpr_rd *d = &c->in;
+  if (d->land && d->w.gpu < 0) {
+    *room = d->left;
+    return d->w.base + d->off;
+  }
+  if (!c->stage && !(c->stage = malloc(MPR_STAGE))) return NULL;
+  *room = MPR_STAGE - d->sfill < d->left ? MPR_STAGE - d->sfill : d->left;
+  return c->stage + d->sfill;
+}
+
+/* n data bytes arrived at data_dst's place. */
+static void data_took(struct mpr_conn *c, size_t n) {
+  struct mpr_rd *d = &c->in;
+  int staged = !(d->land && d->w.gpu < 0);
+  d->off += n;
+  d->left -= n;
+  if (staged) {
+    d->sfill += n;
+    if (d->sfill == MPR_STAGE || d->left == 0) stage_flush(c);
+  }
+}
+
+/* Data bytes from the receive buffer, or straight from the socket when the buffer is empty and
+ * what is left is large. 1 took some, 0 nothing has arrived, -1 closed or broken, -2 no memory. */
+static int data_step(struct mpr_conn *c) {
+  size_t room;
+  char *dst = data_dst(c, &room);
+  if (!dst) return -2;
+  if (c->rpos < c->rlen) {
+    size_t k = c->rlen - c->rpos < room ? c->rlen - c->rpos : room;
+    memcpy(dst, c->rbuf + c->rpos, k);
+    c->rpos += k;
+    data_took(c, k);
+    return 1;
+  }
+  if (room < MPR_RBUF / 2) return -3; /* small: through the receive buffer */
+  ssize_t r = recv(c->fd, dst, room, MSG_DONTWAIT);
+  if (r > 0) {
+    data_took(c, (size_t)r);
+    return 1;
+  }
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  return -1;
+}
+
+/* Refill the receive buffer without waiting. 1 has bytes, 0 nothing has arrived, -1 closed or broken. */
+static int rbuf_fill(struct mpr_conn *c) {
+  if (c->rpos < c->rlen) return 1;
+  ssize_t r;
+  do r = recv(c->fd, c->rbuf, MPR_RBUF, MSG_DONTWAIT); while (r < 0 && errno == EINTR);
+  if (r > 0) {
+    c->rpos = 0;
+    c->rlen = (size_t)r;
+    return 1;
+  }
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+  return -1;
+}
+
+/* Reading has ended on c: nobody advances it again, and rmaProgress stops looking at it. */
+static void reader_over(struct mpr_conn *c) {
+  __atomic_store_n(&c->rd_over, 1, __ATOMIC_RELEASE);
+  if (c->set->epfd >= 0) epoll_ctl(c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+}
+
+/* Advance the reader over everything that has arrived, without waiting. Caller holds rlock.
+ * 0: all taken, wait for more; 1: reading has ended (a BYE, a failure, a close: already handled). */
+static int conn_pump(struct mpr_conn *c) {
+  struct mpr_rd *d = &c->in;
+  char why[200] = "";
+  if (__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE)) return 1;
   for (;;) {
-    struct mpr_msg m;
-    int rc = conn_read(c, &m, sizeof(m));
-    if (rc != 0) {
-      if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
-        conn_fail(c, rc == 1 ? "the peer closed it (is the process gone?)" : "recv failed or the peer reset it");
-      return NULL;
+    int rc;
+    if (d->phase == MPR_RD_DATA) {
+      rc = data_step(c);
+      if (rc == -3) rc = rbuf_fill(c);
+      if (rc == -2) snprintf(why, sizeof(why), "out of memory for the receive staging");
+      else if (rc == -1) snprintf(why, sizeof(why), "the connection broke inside a %s's data", d->r ? "get" : "put");
+      if (rc < 0) break;
+      if (rc == 0) return 0;
+      if (d->left == 0) {
+        d->phase = MPR_RD_HDR;
+        d->hgot = 0;
+        if (d->r) get_done(c);
+        else if (put_done(c) != 0) {
+          snprintf(why, sizeof(why), "could not answer a put");
+          break;
+        }
+      }
+      continue;
     }
-    if (m.magic != MPR_MAGIC) {
-      conn_fail(c, "a record without the RMA magic");
-      return NULL;
+    rc = rbuf_fill(c);
+    if (rc == 0) return 0;
+    if (rc < 0) {
+      if (d->hgot == 0) snprintf(why, sizeof(why), "the peer closed it (is the process gone?)");
+      else snprintf(why, sizeof(why), "recv failed or the peer reset it");
+      break;
     }
-    switch (m.type) {
-    case MPR_PUT: rc = serve_put(c, &m); snprintf(why, sizeof(why), "the connection broke inside a put"); break;
-    case MPR_GET: rc = serve_get(c, &m); snprintf(why, sizeof(why), "could not queue a get's answer"); break;
-    case MPR_ACK:
-    case MPR_GET_RESP: rc = take_response(c, &m, why, sizeof(why)); break;
-    case MPR_BYE:
-      /* The peer destroyed its context: later ops to it fail, and so does anything still waiting. */
-      pthread_mutex_lock(&c->lock);
-      c->peer_closed = 1;
-      int busy = c->p_head || c->q_head;
-      pthread_mutex_unlock(&c->lock);
-      if (busy) conn_fail(c, "the peer destroyed its context with ops of ours in flight");
-      return NULL;
-    default: rc = -1; snprintf(why, sizeof(why), "a record of unknown type %u", m.type); break;
-    }
-    if (rc != 0) {
-      if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) conn_fail(c, why);
-      return NULL;
+    size_t k = c->rlen - c->rpos < sizeof(d->m) - d->hgot ? c->rlen - c->rpos : sizeof(d->m) - d->hgot;
+    memcpy((char *)&d->m + d->hgot, c->rbuf + c->rpos, k);
+    c->rpos += k;
+    d->hgot += k;
+    if (d->hgot < sizeof(d->m)) continue;
+    d->hgot = 0;
+    d->sfill = 0;
+    d->cuda_bad = 0;
+    rc = header_done(c, why, sizeof(why));
+    if (rc < 0) break;
+    if (rc == 1) {
+      reader_over(c);
+      return 1;
     }
   }
+  reader_over(c);
+  if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) conn_fail(c, why);
+  return 1;
+}
+
+/* The reader thread: advances the reader whenever bytes arrive and no other thread (NCCL's progress
+ * thread, in rmaProgress) has taken them first, so ops are served even when nobody calls rmaProgress. */
+static void *reader_main(void *arg) {
+  struct mpr_conn *c = arg;
+  for (;;) {
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    int r = poll(&p, 1, -1);
+    if (r < 0 && errno != EINTR) {
+      reader_over(c);
+      if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) conn_fail(c, "poll failed");
+      return NULL;
+    }
+    pthread_mutex_lock(&c->rlock);
+    int over = conn_pump(c);
+    pthread_mutex_unlock(&c->rlock);
+    if (over) return NULL;
+  }
+}
+
+/* Tests only (MPLANE_TEST_RMA_PROGRESS_ONLY=1): the reader threads never read, so rmaProgress alone
+ * must serve every op; a test that passes this way shows the progress path carries everything. */
+static int progress_only(void) {
+  const char *v = getenv("MPLANE_TEST_RMA_PROGRESS_ONLY");
+  return v && !strcmp(v, "1");
+}
+
+static void *reader_idle(void *arg) { /* polls: the writer alone waits on the connection's cond */
+  struct mpr_conn *c = arg;
+  while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
+    usleep(10000);
+  return NULL;
+}
+
+/* rmaProgress: serve every connection with bytes waiting, from NCCL's progress thread, which calls
+ * this in its polling loop; a connection whose reader thread is at it already is skipped. */
+static ncclResult_t rma_progress(void *ctx) {
+  struct mpr_ctxset *s = ctx;
+  if (!s || s->epfd < 0) return ncclSuccess;
+  struct epoll_event ev[32];
+  int n = epoll_wait(s->epfd, ev, 32, 0);
+  for (int i = 0; i < n; i++) {
+    struct mpr_conn *c = ev[i].data.ptr;
+    if (__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&c->rlock) != 0) continue;
+    conn_pump(c);
+    pthread_mutex_unlock(&c->rlock);
+  }
+  return ncclSuccess;
 }
 
 /* ---- contexts ---- */
@@ -951,7 +1270,9 @@ static void conn_destroy(struct mpr_conn *c) {
   free(c->stage);
   free(c->rbuf);
   free(c->wstage);
+  free(c->istage);
   pthread_mutex_destroy(&c->lock);
+  pthread_mutex_destroy(&c->rlock);
   pthread_cond_destroy(&c->cond);
   free(c);
 }
@@ -963,6 +1284,7 @@ static ncclResult_t rma_destroy_context(void *ctx) {
   for (int i = 0; s->mirrors && i < s->ncontexts; i++) conn_destroy(s->mirrors[i]);
   free(s->conns);
   free(s->mirrors);
+  if (s->epfd >= 0) close(s->epfd);
   free(s);
   return ncclSuccess;
 }
@@ -979,6 +1301,7 @@ static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, in
   c->peer = peer;
   c->fd = fd;
   pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->rlock, NULL);
   pthread_cond_init(&c->cond, NULL);
   if (peer == s->g->rank) snprintf(c->peer_str, sizeof(c->peer_str), "rank %d (itself)", peer);
   else peer_name(fd, peer, c->peer_str, sizeof(c->peer_str));
@@ -1004,7 +1327,8 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   }
   s->g = g;
   s->ncontexts = o->ncontexts;
-  ncclResult_t res = ncclSuccess;
+  s->epfd = epoll_create1(EPOLL_CLOEXEC);
+  ncclResult_t res = s->epfd >= 0 ? ncclSuccess : ncclSystemError;
   struct mpr_handle mine, *all = calloc((size_t)g->nranks, sizeof(*all));
   int lfd = -1;
   char why[256];
@@ -1060,7 +1384,9 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   for (size_t i = 0; res == ncclSuccess && i < nconn + (size_t)o->ncontexts; i++) {
     struct mpr_conn *c = i < nconn ? s->conns[i] : s->mirrors[i - nconn];
     if (!c) continue;
-    if (pthread_create(&c->rd, NULL, reader_main, c) != 0) res = ncclSystemError;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0) res = ncclSystemError;
+    else if (pthread_create(&c->rd, NULL, progress_only() ? reader_idle : reader_main, c) != 0) res = ncclSystemError;
     else if (pthread_create(&c->wr, NULL, writer_main, c) != 0) {
       conn_fail(c, "no writer thread");
       shutdown(c->fd, SHUT_RDWR);
@@ -1120,7 +1446,7 @@ static struct mpr_req *req_new(struct mpr_conn *c, int kind) {
 }
 
 static ncclResult_t queue_or_fail(struct mpr_conn *c, struct mpr_req *r, void **request) {
-  if (conn_queue(c, r) != ncclSuccess) {
+  if (conn_send(c, r) != ncclSuccess) {
     MP_WARN("RMA %s to %s (context %d): the connection has failed", kind_name(r->kind), c->peer_str, c->context);
     free(r);
     return ncclRemoteError;
@@ -1251,6 +1577,6 @@ const struct mplane_rma_ops mps_rma_ops = {
     .iget = rma_iget,
     .iflush = rma_iflush,
     .test = rma_test,
-    .progress = NULL,
+    .progress = rma_progress,
     .query_last_error = rma_query_last_error,
 };

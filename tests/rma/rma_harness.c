@@ -3,13 +3,16 @@
  * symmetric regMrSym, then iput / iputSignal / iget / iflush polled with test, queryLastError, and
  * the teardown), between N processes over loopback. Every byte is checked.
  *
- *   rma-harness --plugin PATH [--ranks N] [--big] [--gpu] SCENARIO
+ *   rma-harness --plugin PATH [--ranks N] [--big] [--gpu] [--no-progress] SCENARIO
  *
  * MPLANE_RMA_ENV_<r> (space-separated NAME=VALUE pairs) is set in rank r's process before it loads
  * the plugin: ranks on different devices of one machine (the rxe suite puts even ranks on rxe0 and
  * odd ones on rxe1).
  *
  * --gpu puts the windows and signals of alltoall and order in GPU memory (exit 77 without a GPU).
+ * While it waits, each rank calls rmaProgress as NCCL's GIN progress thread does (the socket
+ * transport then serves its peers from that thread); --no-progress never calls it, so the plugin's
+ * own threads must serve everything.
  *
  * Scenarios:
  *   data     puts with signals at random offsets and sizes on several contexts, into disjoint
@@ -71,6 +74,8 @@ struct shared {
 
 static struct shared *shm;
 static int g_rank, g_n, g_big, g_gpu;
+static int g_no_progress; /* --no-progress: never call rmaProgress (the plugin's own threads serve) */
+static void *g_ctx;       /* the context rmaProgress is called on while waiting, as NCCL's GIN proxy does */
 static uint64_t g_src_size; /* the pattern window: BIG with --big, else 4 MiB */
 static const ncclRma_v14_t *rma;
 
@@ -98,11 +103,15 @@ static double now_s(void) {
 }
 
 /* Barrier number `id` (each used once) across `count` ranks, bounded. */
+static void progress(void);
+
+/* Barriers keep calling rmaProgress: NCCL's progress thread never stops for the application. */
 static void barrier_of(int id, int count) {
   __atomic_fetch_add(&shm->arrived[id], 1, __ATOMIC_SEQ_CST);
   double t0 = now_s();
   while (__atomic_load_n(&shm->arrived[id], __ATOMIC_SEQ_CST) < count) {
     if (now_s() - t0 > DEADLINE_S) die("barrier %d: only %d of %d ranks arrived", id, shm->arrived[id], g_n);
+    progress();
     sched_yield();
   }
 }
@@ -115,6 +124,7 @@ static void barrier_round(long k) {
   double t0 = now_s();
   while (__atomic_load_n(&shm->rounds, __ATOMIC_SEQ_CST) < (k + 1) * g_n) {
     if (now_s() - t0 > DEADLINE_S) die("round %ld: not every rank arrived", k);
+    progress();
     sched_yield();
   }
 }
@@ -146,6 +156,13 @@ static void put_plan(int src, int dst, int i, uint64_t *size, uint64_t *soff, ui
   *doff = ((uint64_t)src * K + (uint64_t)i) * SUB + rnd() % (SUB - *size + 1);
 }
 
+/* What NCCL's GIN progress thread does between polls: let the backend move bytes (and serve its
+ * peers) from this thread. */
+static void progress(void) {
+  if (g_ctx && !g_no_progress && rma->rmaProgress && rma->rmaProgress(g_ctx) != ncclSuccess)
+    die("rmaProgress failed");
+}
+
 /* Poll requests until all are done; a failure is fatal unless want_err, where it counts. */
 static int wait_reqs(void *cc, void **reqs, int n, int want_err) {
   int errors = 0;
@@ -168,6 +185,7 @@ static int wait_reqs(void *cc, void **reqs, int n, int want_err) {
       }
     }
     if (now_s() - t0 > DEADLINE_S) die("%d requests not done after %d s", left, DEADLINE_S);
+    progress();
   }
   return errors;
 }
@@ -268,6 +286,7 @@ static void setup(struct env *e, int stride) {
   CHECK(rma->closeListen(lc));
   ncclRmaConfig_v14_t cfg = {.nContexts = NCTX, .trafficClass = 2 /* alltoall */, .rankStride = stride};
   CHECK(rma->createContext(e->cc, &cfg, &e->rc));
+  g_ctx = e->rc;
   /* Windows, in the same order on every rank (symmetric registration). */
   e->recv_size = (size_t)g_n * K * SUB;
   e->getw_size = (size_t)K * SUB;
@@ -305,6 +324,7 @@ static void teardown(struct env *e) {
   CHECK(rma->deregMrSym(e->cc, e->mh_getw));
   CHECK(rma->deregMrSym(e->cc, e->mh_src));
   CHECK(rma->deregMrSym(e->cc, e->mh_recv));
+  g_ctx = NULL;
   CHECK(rma->destroyContext(e->rc));
   CHECK(rma->closeColl(e->cc));
   CHECK(rma->finalize(e->ctx));
@@ -326,6 +346,7 @@ static void wait_signal(struct env *e, int word, uint64_t want) {
   while (sig_read(e, word) < want) {
     if (now_s() - t0 > DEADLINE_S) die("signal %d is %llu after %d s, expected %llu", word,
                                        (unsigned long long)sig_read(e, word), DEADLINE_S, (unsigned long long)want);
+    progress();
     sched_yield();
   }
   if (sig_read(e, word) != want) die("signal %d is %llu, expected exactly %llu", word,
@@ -601,6 +622,7 @@ static void scenario_oob(void) {
   check_bytes(e.recv, 4096, (g_rank - 1 + g_n) % g_n, 0, "put after refusals");
   barrier(4);
   /* teardown() insists on no error: this scenario ends by hand. */
+  g_ctx = NULL;
   CHECK(rma->destroyContext(e.rc));
   CHECK(rma->closeColl(e.cc));
   CHECK(rma->finalize(e.ctx));
@@ -679,6 +701,7 @@ static void scenario_kill(void) {
     wait_reqs(e.cc, &r, 1, 0);
     barrier_of(4, g_n - 1);
   }
+  g_ctx = NULL;
   CHECK(rma->destroyContext(e.rc));
   CHECK(rma->closeColl(e.cc));
   CHECK(rma->finalize(e.ctx));
@@ -737,6 +760,7 @@ static void scenario_stall(void) {
     barrier_of(4, g_n - 1);
   }
   double d0 = now_s();
+  g_ctx = NULL;
   CHECK(rma->destroyContext(e.rc));
   if (now_s() - d0 > timeout + 10) die("destroyContext took %.1f s with a stalled peer", now_s() - d0);
   CHECK(rma->closeColl(e.cc));
@@ -773,6 +797,11 @@ static void scenario_regfail(void) {
 /* ---- rate: what a GIN barrier asks of the proxy, timed: every rank posts a burst of 32 signal-only
  * puts (one per block) to every other rank at once, then waits for them and for the peers' 32 ---- */
 #define RATE_BURST 32
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 static void scenario_rate(void) {
   struct env e = {0};
   setup(&e, 1);
@@ -788,14 +817,47 @@ static void scenario_rate(void) {
     wait_reqs(e.cc, reqs, n, 0);
     /* at least: the peers may be a round ahead already (no barrier between rounds, as between kernels) */
     for (int b = 0; b < RATE_BURST; b++)
-      while (sig_read(&e, b) < (uint64_t)(k + 1) * (uint64_t)(g_n - 1))
+      while (sig_read(&e, b) < (uint64_t)(k + 1) * (uint64_t)(g_n - 1)) {
         if (now_s() - t0 > DEADLINE_S) die("round %d: signal %d is %llu", k, b, (unsigned long long)sig_read(&e, b));
+        progress();
+      }
   }
   double dt = now_s() - t0;
   uint64_t ops = (uint64_t)rounds * RATE_BURST * (uint64_t)(g_n - 1);
   printf("rank %d: %d rounds of %d signal puts to each of %d peers: %.1f us per round, %.2f us per op\n", g_rank,
          rounds, RATE_BURST, g_n - 1, dt / rounds * 1e6, dt / (double)ops * 1e6);
   barrier(2);
+  /* Ping-pong: rank 0 signals rank 1, which answers with its own signal once it sees it; one signal
+   * put each way per round trip, as the dependent steps of a GIN kernel (a put, then the peer's put
+   * once it has seen it). Median and p99 of the round trips. */
+  enum { PP = 2000 };
+  static double rtt[PP];
+  if (g_rank < 2) {
+    int peer = 1 - g_rank;
+    const uint64_t base = sig_read(&e, 0); /* every burst signal has landed (their puts were answered) */
+    for (int k = 0; k < PP; k++) {
+      double a = now_s();
+      while (g_rank == 1 && sig_read(&e, 0) < base + (uint64_t)(k + 1)) {
+        if (now_s() - a > DEADLINE_S) die("ping-pong %d: no ping", k);
+        progress();
+      }
+      void *r = NULL;
+      CHECK(rma->iputSignal(e.rc, 0, 0, NULL, 0, 0, NULL, (uint32_t)peer, 0, e.mh_sig, 0,
+                            NCCL_NET_SIGNAL_OP_INC, true, &r));
+      wait_reqs(e.cc, &r, 1, 0);
+      while (g_rank == 0 && sig_read(&e, 0) < base + (uint64_t)(k + 1)) {
+        if (now_s() - a > DEADLINE_S) die("ping-pong %d: no answer", k);
+        progress();
+      }
+      rtt[k] = now_s() - a;
+    }
+    if (g_rank == 0) {
+      qsort(rtt, PP, sizeof(rtt[0]), cmp_double);
+      printf("rank 0: ping-pong of one signal put each way: median %.1f us, p99 %.1f us (%d round trips)\n",
+             rtt[PP / 2] * 1e6, rtt[PP * 99 / 100] * 1e6, PP);
+    }
+  }
+  barrier(3);
   teardown(&e);
 }
 
@@ -879,10 +941,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) g_n = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--big")) g_big = 1;
     else if (!strcmp(argv[i], "--gpu")) g_gpu = 1;
+    else if (!strcmp(argv[i], "--no-progress")) g_no_progress = 1;
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf\n",
             MAX_RANKS);
     return 2;
   }
