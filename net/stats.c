@@ -159,6 +159,7 @@ void mplane_stats_rma(struct mplane_stats_comm *c, uint64_t bytes, int is_get) {
   struct mplane_stats_counters *k = &c->c;
   ADD(is_get ? &k->rx_bytes : &k->tx_bytes, bytes);
   ADD(is_get ? &k->rx_msgs : &k->tx_msgs, 1);
+  if (!is_get && c->info.relayed) ADD(&k->relayed_bytes, bytes);
 }
 
 static void add_ctr(struct mplane_stats_counters *d, const struct mplane_stats_counters *s) {

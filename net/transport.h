@@ -75,6 +75,16 @@ struct mplane_rma_signal {
  * the listening device there (plugin/rma_plugin.c). */
 #define MPLANE_RMA_HANDLE_MAX (NCCL_NET_HANDLE_MAXSIZE - 8)
 
+/* The planes of a group, as the plugin resolved them (MPLANE_PLANES, the topology, the handles'
+ * plane tags), for a transport that carries cross-plane connections through the relay (net/relay.h). */
+struct mplane_rma_route {
+  const struct mplane_dev_props *devs; /* this node's devices, the plugin's view (lives as long as it) */
+  int ndev;
+  int dev;                /* the group's own device, the one it listened on */
+  const int *rank_plane;  /* [nranks]: plane of each rank's listening device, -1 unknown (copied) */
+  int relay_mode;         /* MPLANE_RELAY (enum mplane_relay_mode) */
+};
+
 struct mplane_rma_ops {
   ncclResult_t (*listen)(int dev, void *handle, void **listen_comm);
   ncclResult_t (*close_listen)(void *listen_comm);
@@ -98,6 +108,12 @@ struct mplane_rma_ops {
   ncclResult_t (*test)(void *group, void *request, int *done);
   ncclResult_t (*progress)(void *ctx); /* may be NULL: the transport's threads move the data */
   ncclResult_t (*query_last_error)(void *ctx, int *has_error);
+  /* May be NULL: the transport reaches every rank by its address. Else called once right after
+   * connect, before anything else on the group: a connection to a rank on another plane is then
+   * carried by a device of this node on that plane (or by the peer's device on this one). */
+  ncclResult_t (*route)(void *group, const struct mplane_rma_route *route);
+  /* May be NULL (then: the group's device). The local device that carries ctx's ops to rank. */
+  int (*carrier)(void *ctx, uint32_t rank);
 };
 
 struct mplane_transport_ops {

@@ -149,6 +149,11 @@ ncclResult_t mplane_net_devices(int *ndev) {
   return ncclSuccess;
 }
 
+const struct mplane_dev_props *mplane_net_props(int *ndev) {
+  *ndev = g.ndev;
+  return g.props;
+}
+
 ncclResult_t mplane_net_get_properties(int dev, const struct mplane_dev_props **props) {
   if (dev < 0 || dev >= g.ndev) {
     MP_WARN("getProperties: device %d does not exist (%d devices)", dev, g.ndev);

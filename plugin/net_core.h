@@ -26,6 +26,8 @@ struct mplane_net_ctx *mplane_net_default_ctx(void);
 ncclResult_t mplane_net_devices(int *ndev);
 /* Points into storage that lives as long as the process (NCCL keeps name and pciPath). */
 ncclResult_t mplane_net_get_properties(int dev, const struct mplane_dev_props **props);
+/* Every device's properties (*ndev of them), the same storage: what a relay choice picks from. */
+const struct mplane_dev_props *mplane_net_props(int *ndev);
 ncclResult_t mplane_net_listen(struct mplane_net_ctx *ctx, int dev, void *handle, void **listen_comm);
 ncclResult_t mplane_net_connect(struct mplane_net_ctx *ctx, int traffic_class, int dev, void *handle,
                                 void **send_comm);

@@ -9,11 +9,18 @@
  * at the end destroyContext, deregMrSym, closeColl, finalize.
  *
  * The adapter wraps the transport's group and context so that each context has a traffic record
- * (net/stats.h: by plane and class, like two-sided comms): puts count as sent, gets as received. */
+ * (net/stats.h: by plane and class, like two-sided comms) per device that carries its ops: puts count
+ * as sent, gets as received, on the record of the device their connection leaves from (the relay
+ * device's, marked relayed, for a peer on another plane where the transport relays).
+ *
+ * Planes: each handle carries its listening device's plane; a transport with a route op gets them
+ * after connect, with this node's devices and MPLANE_RELAY, and carries cross-plane connections
+ * through the relay (net/relay.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/config.h"
 #include "../common/log.h"
 #include "net_core.h"
 #include "../common/nccl/rma_v14.h"
@@ -28,11 +35,14 @@ struct rma_plugin_ctx {
 struct rma_group {
   void *inner; /* the transport's group */
   int dev, nranks;
+  int *plane; /* [nranks]: the plane each rank's handle says, -1 unknown */
 };
 
 struct rma_context {
   void *inner; /* the transport's context set */
-  struct mplane_stats_comm stats;
+  int nrec, nrec_ranks;
+  struct mplane_stats_comm *stats; /* [nrec]: one record per device that carries the context's ops */
+  int *rec_of;                     /* [nranks]: the record of the ops to that rank */
 };
 
 /* The plane tag: the listening device's plane in the handle's last bytes (a magic, then the plane). */
@@ -59,10 +69,10 @@ static int dev_plane(int dev) {
   return dev >= 0 && mplane_net_get_properties(dev, &p) == ncclSuccess ? p->plane : -1;
 }
 
-/* A one-sided connection is dialled to the other rank's address (no relay choice of mplane's for it
- * yet), so it is carried by the plane that address is on, through the dialling node's NIC on that
- * plane: say so, once per group, when peers listen on other planes than this rank's device. */
-static void report_cross_plane(void *handles[], int nranks, int rank, int dev) {
+/* Say, once per group, when peers listen on other planes than this rank's device, and how such a
+ * connection is carried: through the relay where the transport routes by planes, else (sockets) by
+ * the plane of the address it is dialled to, through the dialling node's NIC on that plane. */
+static void report_cross_plane(void *handles[], int nranks, int rank, int dev, int relays) {
   int mine = dev_plane(dev), other = 0, first = -1;
   for (int r = 0; r < nranks; r++) {
     int p = plane_tag_get(handles[r]);
@@ -71,7 +81,12 @@ static void report_cross_plane(void *handles[], int nranks, int rank, int dev) {
       if (first < 0) first = r;
     }
   }
-  if (other)
+  if (other && relays)
+    MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d's device is on plane %d; %d of its %d peers listen on other planes "
+            "(rank %d on plane %d first): a connection with one of them is carried by one plane, through the relay "
+            "(the lower rank's device on the higher rank's plane; MPLANE_RELAY)",
+            rank, mine, other, nranks - 1, first, plane_tag_get(handles[first]));
+  else if (other)
     MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d's device is on plane %d; %d of its %d peers listen on other planes "
             "(rank %d on plane %d first): a connection with one of them is carried by the plane of the address it is "
             "dialled to, through this node's NIC on that plane, not by this rank's device",
@@ -149,14 +164,26 @@ static ncclResult_t v14_connect(void *ctx, void *handles[], int nranks, int rank
   (void)ctx;
   *coll_comm = NULL;
   struct rma_group *g = calloc(1, sizeof(*g));
-  if (!g) return ncclSystemError;
+  if (!g || nranks < 1 || !(g->plane = calloc((size_t)nranks, sizeof(int)))) {
+    free(g);
+    return nranks < 1 ? ncclInvalidArgument : ncclSystemError;
+  }
   int cls = 0;
   g->dev = -1;
   g->nranks = nranks;
   mplane_stats_listen_get(listen_comm, &g->dev, &cls);
-  report_cross_plane(handles, nranks, rank, g->dev);
-  ncclResult_t res = rma_ops()->connect(handles, nranks, rank, listen_comm, &g->inner);
+  const struct mplane_rma_ops *o = rma_ops();
+  report_cross_plane(handles, nranks, rank, g->dev, o->route != NULL);
+  for (int r = 0; r < nranks; r++) g->plane[r] = plane_tag_get(handles[r]);
+  ncclResult_t res = o->connect(handles, nranks, rank, listen_comm, &g->inner);
+  if (res == ncclSuccess && o->route) {
+    struct mplane_rma_route rt = {.dev = g->dev, .rank_plane = g->plane, .relay_mode = mplane_config_get()->relay};
+    rt.devs = mplane_net_props(&rt.ndev);
+    res = o->route(g->inner, &rt);
+    if (res != ncclSuccess) o->close_group(g->inner);
+  }
   if (res != ncclSuccess) {
+    free(g->plane);
     free(g);
     return res;
   }
@@ -164,14 +191,41 @@ static ncclResult_t v14_connect(void *ctx, void *handles[], int nranks, int rank
   return ncclSuccess;
 }
 
-static void context_stats_open(struct rma_context *c, const struct rma_group *g, int cls, int sl) {
-  const struct mplane_dev_props *p = NULL;
-  char peer[64];
-  snprintf(peer, sizeof(peer), "RMA group of %d ranks", g->nranks);
-  int plane = g->dev >= 0 && mplane_net_get_properties(g->dev, &p) == ncclSuccess ? p->plane : -1;
-  struct mplane_stats_comm_info si = {.is_send = 1, .dev = g->dev, .dev_name = p ? p->name : "?", .plane = plane,
-                                      .from_plane = plane, .cls = cls, .sl = sl, .relayed = 0, .peer = peer};
-  mplane_stats_comm_open(&c->stats, &si);
+static void context_stats_free(struct rma_context *c) {
+  for (int i = 0; i < c->nrec; i++) mplane_stats_comm_close(&c->stats[i]);
+  free(c->stats);
+  free(c->rec_of);
+}
+
+/* One record per device that carries ops of the context (the transport's carrier, else the group's
+ * device): a relay device's record says its plane, relayed from the group device's plane. */
+static ncclResult_t context_stats_open(struct rma_context *c, const struct rma_group *g, int cls, int sl) {
+  const struct mplane_rma_ops *o = rma_ops();
+  int devs[64], ndev = 0;
+  c->stats = calloc(sizeof(devs) / sizeof(devs[0]), sizeof(*c->stats));
+  c->rec_of = calloc((size_t)g->nranks, sizeof(int));
+  if (!c->stats || !c->rec_of) return ncclSystemError;
+  for (int r = 0; r < g->nranks; r++) {
+    int d = o->carrier ? o->carrier(c->inner, (uint32_t)r) : g->dev, k = 0;
+    while (k < ndev && devs[k] != d) k++;
+    if (k == ndev && ndev < (int)(sizeof(devs) / sizeof(devs[0]))) devs[ndev++] = d;
+    c->rec_of[r] = k < ndev ? k : 0;
+  }
+  int from = dev_plane(g->dev);
+  for (int k = 0; k < ndev; k++) {
+    const struct mplane_dev_props *p = NULL;
+    int plane = devs[k] >= 0 && mplane_net_get_properties(devs[k], &p) == ncclSuccess ? p->plane : -1, n = 0;
+    for (int r = 0; r < g->nranks; r++) n += c->rec_of[r] == k;
+    char peer[64];
+    snprintf(peer, sizeof(peer), "%d of an RMA group of %d ranks", n, g->nranks);
+    struct mplane_stats_comm_info si = {.is_send = 1, .dev = devs[k], .dev_name = p ? p->name : "?",
+                                        .plane = plane, .from_plane = from, .cls = cls, .sl = sl,
+                                        .relayed = devs[k] != g->dev, .peer = peer};
+    mplane_stats_comm_open(&c->stats[k], &si);
+  }
+  c->nrec = ndev;
+  c->nrec_ranks = g->nranks;
+  return ncclSuccess;
 }
 
 static ncclResult_t v14_create_context(void *coll_comm, ncclRmaConfig_v14_t *config, void **rma_ctx) {
@@ -192,7 +246,13 @@ static ncclResult_t v14_create_context(void *coll_comm, ncclRmaConfig_v14_t *con
     free(c);
     return res;
   }
-  context_stats_open(c, g, o.tc_class, o.service_level);
+  res = context_stats_open(c, g, o.tc_class, o.service_level);
+  if (res != ncclSuccess) {
+    context_stats_free(c);
+    rma_ops()->destroy_context(c->inner);
+    free(c);
+    return res;
+  }
   *rma_ctx = c;
   return ncclSuccess;
 }
@@ -220,13 +280,14 @@ static ncclResult_t v14_destroy_context(void *rma_ctx) {
   struct rma_context *c = rma_ctx;
   if (!c) return ncclSuccess;
   ncclResult_t res = rma_ops()->destroy_context(c->inner);
-  mplane_stats_comm_close(&c->stats);
+  context_stats_free(c);
   free(c);
   return res;
 }
 
 static ncclResult_t v14_close_coll(void *coll_comm) {
   ncclResult_t res = rma_ops()->close_group(inner_group(coll_comm));
+  if (coll_comm) free(((struct rma_group *)coll_comm)->plane);
   free(coll_comm);
   return res;
 }
@@ -236,9 +297,14 @@ static ncclResult_t v14_close_listen(void *listen_comm) {
   return rma_ops()->close_listen(listen_comm);
 }
 
-/* Count a posted op in its context's record (NULL request: not posted, nothing counted). */
-static ncclResult_t counted(ncclResult_t res, void *rma_ctx, void **request, uint64_t bytes, int is_get) {
-  if (res == ncclSuccess && *request) mplane_stats_rma(&((struct rma_context *)rma_ctx)->stats, bytes, is_get);
+/* Count a posted op in the record of the device that carries it to rank (NULL request: not posted,
+ * nothing counted). */
+static ncclResult_t counted(ncclResult_t res, void *rma_ctx, void **request, uint64_t bytes, int is_get,
+                            uint32_t rank) {
+  struct rma_context *c = rma_ctx;
+  if (res != ncclSuccess || !*request || !c->nrec) return res;
+  /* rank past the group: the transport refused the op already (no request); record 0 otherwise */
+  mplane_stats_rma(&c->stats[c->rec_of && rank < (uint32_t)c->nrec_ranks ? c->rec_of[rank] : 0], bytes, is_get);
   return res;
 }
 
@@ -246,7 +312,7 @@ static ncclResult_t v14_iput(void *rma_ctx, int context, uint64_t src_off, void 
                              uint64_t dst_off, void *dst_mh, uint32_t rank, void **request) {
   return counted(rma_ops()->iput(inner_ctx(rma_ctx), context, src_off, src_mh, size, dst_off, dst_mh, rank, NULL,
                                  request),
-                 rma_ctx, request, size, 0);
+                 rma_ctx, request, size, 0, rank);
 }
 
 /* isStrongSignal: every signal is strong here (applied after its data and the earlier ops of its
@@ -260,14 +326,14 @@ static ncclResult_t v14_iput_signal(void *rma_ctx, int context, uint64_t src_off
   if (!dst_mh) size = 0; /* NCCL's VA signal: no data, the signal alone */
   return counted(rma_ops()->iput(inner_ctx(rma_ctx), context, src_off, src_mh, size, dst_off, dst_mh, rank, &sig,
                                  request),
-                 rma_ctx, request, size, 0);
+                 rma_ctx, request, size, 0, rank);
 }
 
 static ncclResult_t v14_iget(void *rma_ctx, int context, uint64_t remote_off, void *remote_mh, size_t size,
                              uint64_t local_off, void *local_mh, uint32_t rank, void **request) {
   return counted(rma_ops()->iget(inner_ctx(rma_ctx), context, remote_off, remote_mh, size, local_off, local_mh, rank,
                                  request),
-                 rma_ctx, request, size, 1);
+                 rma_ctx, request, size, 1, rank);
 }
 
 static ncclResult_t v14_iflush(void *rma_ctx, int context, void *mhandle, uint32_t rank, void **request) {

@@ -42,6 +42,7 @@
 
 #include "../../common/log.h"
 #include "../../common/nccl/rma.h"
+#include "../relay.h"
 #include "../rma_ctrl.h"
 #include "../tc.h"
 #include "ib.h"
@@ -54,6 +55,7 @@
 #define IBR_WR_MAX MPIB_MAX_MSG /* the longest work request (max_msg_sz); longer puts and gets are split */
 #define IBR_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
 #define IBR_PEEK_EVERY_S 0.001 /* how often test looks at a silent peer's control socket */
+#define IBR_CAR_MAX 8 /* devices a group's connections leave from: its own, then relay devices */
 
 /* ---- wire ---- */
 struct ibr_handle {
@@ -72,17 +74,30 @@ struct ibr_hello {
   int32_t rank, nranks;
 };
 
-struct ibr_win_rec { /* one rank's view of a window, allgathered at regMrSym */
-  uint64_t addr, size;
-  uint32_t rkey, id;
+struct ibr_key { /* a window's key on one of its rank's relay devices */
+  int32_t plane;  /* the relay device's plane; -1: unused entry */
+  uint32_t rkey;
 };
 
-struct ibr_addr_rec { /* one rank's QP addresses, allgathered at createContext */
-  uint32_t magic;
+struct ibr_win_rec { /* one rank's view of a window, allgathered at regMrSym */
+  uint64_t addr, size;
+  uint32_t rkey, id; /* rkey: on the rank's own device */
+  uint32_t gpu;      /* GPU memory: registered on the own device only */
+  uint32_t reserved;
+  struct ibr_key relay[IBR_CAR_MAX - 1];
+};
+
+struct ibr_peer_addr { /* where one rank's end of its connections with one peer is */
   int32_t link_layer;
   uint32_t lid, mtu;
   uint8_t gid[16];
-  /* then uint32_t qpn[ncontexts][nranks]: the QP of (context, peer) that the peer connects to */
+};
+
+struct ibr_addr_rec { /* one rank's QP addresses, allgathered at createContext */
+  uint32_t magic;     /* 0: this rank could not make its connections (its WARN says why) */
+  int32_t plane;
+  /* then struct ibr_peer_addr addr[nranks]: its end for each peer (the device that carries it),
+   * then uint32_t qpn[ncontexts][nranks]: the QP of (context, peer) that the peer connects to */
 };
 
 /* ---- local state ---- */
@@ -90,7 +105,8 @@ struct ibr_win {
   uint32_t id;
   char *base;
   size_t size;
-  struct ibv_mr *mr;
+  int type;
+  struct ibv_mr *mr[IBR_CAR_MAX]; /* per carrier of the group; NULL where not registered (GPU memory on a relay device) */
   struct ibr_win_rec *peers; /* [nranks] */
 };
 
@@ -98,9 +114,22 @@ struct ibr_listen {
   int fd, dev;
 };
 
+/* A device the group's connections leave from: car[0] is the group's own, the others carry its
+ * connections to ranks on other planes (net/relay.h). */
+struct ibr_carrier {
+  int dev;
+  struct mpib_dev *d;
+  int plane;
+  struct ibv_mr *scratch_mr; /* the atomics' fetched values, registered on this device */
+};
+
 struct ibr_group {
   int rank, nranks, dev;
   struct mpib_dev *d;
+  struct ibr_carrier car[IBR_CAR_MAX];
+  int ncar;
+  int *plane;       /* [nranks] plane of each rank's device, -1 unknown (route) */
+  int *car_of;      /* [nranks] the carrier of this rank's connections, -1: none can carry them */
   int *ctrl;        /* control socket per peer, -1 for itself */
   int *gone;        /* atomic: the peer's control socket closed */
   double *peeked;   /* when test last looked at a peer's socket */
@@ -108,14 +137,13 @@ struct ibr_group {
   struct ibr_win **wins;
   uint32_t nwins, cap;
   uint64_t *scratch; /* the atomics' fetched values land here (never read) */
-  struct ibv_mr *scratch_mr;
 };
 
 struct ibr_ctxset;
 
-struct ibr_cx { /* one context: its CQ, its QPs */
+struct ibr_cx { /* one context on one carrier: its CQ, its QPs */
   struct ibr_ctxset *set;
-  int index;
+  int index, car;
   struct mpib_comm_base b; /* dev, CQ, SL and GID for the QP helpers of ib_conn.c */
   pthread_mutex_t lock;
   int outstanding, cq_depth;
@@ -123,7 +151,7 @@ struct ibr_cx { /* one context: its CQ, its QPs */
 
 struct ibr_conn {
   struct ibr_cx *cx;
-  int peer;
+  int peer, car;
   struct ibv_qp *qp, *mirror; /* mirror: the other end of a rank's QP to itself */
   int outstanding;
   int failed;
@@ -132,8 +160,8 @@ struct ibr_conn {
 
 struct ibr_ctxset {
   struct ibr_group *g;
-  int ncontexts, stride;
-  struct ibr_cx *cx;        /* [ncontexts] */
+  int ncontexts, stride, ncar;
+  struct ibr_cx *cx;        /* [context * ncar + carrier]; no CQ where the carrier has no peer */
   struct ibr_conn **conns;  /* [context * nranks + peer], NULL: not connected */
   int has_error;            /* atomic */
 };
@@ -221,20 +249,26 @@ static ncclResult_t rma_close_listen(void *listen_comm) {
   return ncclSuccess;
 }
 
+static void win_free(struct ibr_win *w) {
+  if (!w) return;
+  for (int k = 0; k < IBR_CAR_MAX; k++)
+    if (w->mr[k]) mpib_v.dereg_mr(w->mr[k]);
+  free(w->peers);
+  free(w);
+}
+
 static void group_free(struct ibr_group *g) {
   if (!g) return;
   for (int i = 0; g->ctrl && i < g->nranks; i++)
     if (g->ctrl[i] >= 0) close(g->ctrl[i]);
-  for (uint32_t i = 0; i < g->nwins; i++)
-    if (g->wins[i]) {
-      if (g->wins[i]->mr) mpib_v.dereg_mr(g->wins[i]->mr);
-      free(g->wins[i]->peers);
-      free(g->wins[i]);
-    }
-  if (g->scratch_mr) mpib_v.dereg_mr(g->scratch_mr);
+  for (uint32_t i = 0; i < g->nwins; i++) win_free(g->wins[i]);
+  for (int k = 0; k < g->ncar; k++)
+    if (g->car[k].scratch_mr) mpib_v.dereg_mr(g->car[k].scratch_mr);
   free(g->scratch);
   free(g->wins);
   free(g->ctrl);
+  free(g->plane);
+  free(g->car_of);
   free(g->gone);
   free(g->peeked);
   pthread_mutex_destroy(&g->lock);
@@ -268,6 +302,34 @@ static int take(int lfd, struct ibr_hello *hello) {
   return fd;
 }
 
+/* Device dev as a carrier of the group (index in *k): the signals' scratch word registered on it. */
+static ncclResult_t carrier_add(struct ibr_group *g, int dev, int plane, int *k) {
+  for (int i = 0; i < g->ncar; i++)
+    if (g->car[i].dev == dev) {
+      if (k) *k = i;
+      return ncclSuccess;
+    }
+  struct mpib_dev *d = mpib_dev_get(dev);
+  if (!d || g->ncar == IBR_CAR_MAX) {
+    MP_WARN("RMA connect: device %d cannot carry connections of this group (%s)", dev,
+            d ? "a group's connections leave from at most 8 devices" : "no such IB device");
+    return ncclInternalError;
+  }
+  struct ibr_carrier *c = &g->car[g->ncar];
+  c->scratch_mr = mpib_v.reg_mr(d->hca->pd, g->scratch, 64, IBV_ACCESS_LOCAL_WRITE);
+  if (!c->scratch_mr) {
+    MP_WARN("RMA connect: %s: registering 64 bytes for the signals' fetched values failed: %s", d->props.name,
+            strerror(errno));
+    return ncclSystemError;
+  }
+  c->dev = dev;
+  c->d = d;
+  c->plane = plane;
+  if (k) *k = g->ncar;
+  g->ncar++;
+  return ncclSuccess;
+}
+
 static ncclResult_t group_alloc(struct ibr_group **out, int nranks, int rank, int dev) {
   struct ibr_group *g = calloc(1, sizeof(*g));
   if (!g) return ncclSystemError;
@@ -279,18 +341,18 @@ static ncclResult_t group_alloc(struct ibr_group **out, int nranks, int rank, in
   g->ctrl = malloc(sizeof(int) * (size_t)nranks);
   g->gone = calloc((size_t)nranks, sizeof(int));
   g->peeked = calloc((size_t)nranks, sizeof(double));
+  g->plane = malloc(sizeof(int) * (size_t)nranks);
+  g->car_of = calloc((size_t)nranks, sizeof(int)); /* until route says otherwise: all on the own device */
   g->scratch = aligned_alloc(64, 64);
-  if (!g->ctrl || !g->gone || !g->peeked || !g->scratch) {
+  if (!g->ctrl || !g->gone || !g->peeked || !g->plane || !g->car_of || !g->scratch) {
     group_free(g);
     return ncclSystemError;
   }
-  for (int i = 0; i < nranks; i++) g->ctrl[i] = -1;
-  g->scratch_mr = mpib_v.reg_mr(g->d->hca->pd, g->scratch, 64, IBV_ACCESS_LOCAL_WRITE);
-  if (!g->scratch_mr) {
-    MP_WARN("RMA connect: %s: registering 64 bytes for the signals' fetched values failed: %s", g->d->props.name,
-            strerror(errno));
+  for (int i = 0; i < nranks; i++) g->ctrl[i] = g->plane[i] = -1;
+  ncclResult_t res = carrier_add(g, dev, -1, NULL);
+  if (res != ncclSuccess) {
     group_free(g);
-    return ncclSystemError;
+    return res;
   }
   *out = g;
   return ncclSuccess;
@@ -341,10 +403,62 @@ static ncclResult_t rma_close_group(void *group) {
   return ncclSuccess;
 }
 
+/* ---- planes: which device carries the connections with each rank ---- */
+
+/* Ranks p and this one listen on different (known) planes. */
+static int crosses(const struct ibr_group *g, int p) {
+  int a = g->plane[g->rank], b = g->plane[p];
+  return p != g->rank && a >= 0 && b >= 0 && a != b;
+}
+
+/* A pair of ranks on different planes shares one QP per context, carried by one plane: the higher
+ * rank's. The lower rank (the one that dials the control mesh) relays: its end is its device on
+ * that plane, the higher rank's end stays on its own device, as a two-sided connect goes out of the
+ * relay NIC to the listener's own NIC. So the peer's end of the pair is on its relay device when
+ * the peer is the lower rank. */
+static int peer_relays(const struct ibr_group *g, int p) { return crosses(g, p) && p < g->rank; }
+
+static ncclResult_t rma_route(void *group, const struct mplane_rma_route *r) {
+  struct ibr_group *g = group;
+  if (!g || !r || r->dev != g->dev || !r->devs || r->dev < 0 || r->dev >= r->ndev) {
+    MP_WARN("RMA connect: the planes of the group name device %d, the group is on device %d", r ? r->dev : -1,
+            g ? g->dev : -1);
+    return ncclInternalError;
+  }
+  for (int p = 0; p < g->nranks; p++) g->plane[p] = r->rank_plane[p];
+  g->car[0].plane = r->devs[g->dev].plane;
+  int by_plane[MPLANE_STATS_MAX_PLANES]; /* carrier of a plane's peers; -2 not picked yet, -1 none */
+  for (int i = 0; i < MPLANE_STATS_MAX_PLANES; i++) by_plane[i] = -2;
+  for (int p = 0; p < g->nranks; p++) {
+    g->car_of[p] = 0;
+    if (!crosses(g, p) || peer_relays(g, p)) continue;
+    int pl = g->plane[p];
+    if (pl >= MPLANE_STATS_MAX_PLANES) {
+      g->car_of[p] = -1;
+      continue;
+    }
+    if (by_plane[pl] == -2) { /* once per plane: the pick WARNs where it cannot relay */
+      struct mplane_relay_choice via;
+      int k = -1;
+      if (mplane_relay_pick(r->devs, r->ndev, g->dev, pl, r->relay_mode, &via) == ncclSuccess)
+        MP_CHECK(carrier_add(g, via.dev, pl, &k));
+      by_plane[pl] = k;
+    }
+    g->car_of[p] = by_plane[pl];
+  }
+  return ncclSuccess;
+}
+
+static int rma_carrier(void *ctx, uint32_t rank) {
+  struct ibr_ctxset *s = ctx;
+  if (!s || rank >= (uint32_t)s->g->nranks || s->g->car_of[rank] < 0) return s ? s->g->dev : -1;
+  return s->g->car[s->g->car_of[rank]].dev;
+}
+
 
 /* ---- windows ---- */
-static ncclResult_t win_register_dmabuf(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset,
-                                        int fd, struct ibr_win *w) {
+static ncclResult_t win_register_dmabuf(struct mpib_dev *d, void *data, size_t size, int type, uint64_t offset,
+                                        int fd, struct ibv_mr **mr) {
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
     MP_WARN("RMA regMrSymDmaBuf: memory type %d; expected NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type);
     return ncclInvalidArgument;
@@ -354,25 +468,23 @@ static ncclResult_t win_register_dmabuf(struct ibr_group *g, void *data, size_t 
     return ncclInvalidUsage;
   }
   /* Never relaxed ordering: a signal's atomic must not pass the data before it. */
-  w->mr = mpib_v.reg_dmabuf_mr(g->d->hca->pd, offset, size ? size : 1, (uint64_t)(uintptr_t)data, fd, IBR_ACCESS);
-  if (!w->mr) {
+  *mr = mpib_v.reg_dmabuf_mr(d->hca->pd, offset, size ? size : 1, (uint64_t)(uintptr_t)data, fd, IBR_ACCESS);
+  if (!*mr) {
     MP_WARN("RMA regMrSymDmaBuf: %s: registering %zu bytes of dma-buf %d (offset %llu) at %p failed: %s",
-            g->d->props.name, size, fd, (unsigned long long)offset, data, strerror(errno));
+            d->props.name, size, fd, (unsigned long long)offset, data, strerror(errno));
     return ncclSystemError;
   }
-  w->base = data;
-  w->size = size;
   return ncclSuccess;
 }
 
 /* fd >= 0: through the dma-buf (GPU memory without nvidia-peermem), addressed by data as its iova
  * so that peers name it as they name any window. */
-static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
-                                 struct ibr_win *w) {
-  if (fd >= 0) return win_register_dmabuf(g, data, size, type, offset, fd, w);
-  if (type == NCCL_PTR_CUDA && !(g->d->props.ptr_support & NCCL_PTR_CUDA)) {
+static ncclResult_t win_register_on(struct mpib_dev *d, void *data, size_t size, int type, uint64_t offset, int fd,
+                                    struct ibv_mr **mr) {
+  if (fd >= 0) return win_register_dmabuf(d, data, size, type, offset, fd, mr);
+  if (type == NCCL_PTR_CUDA && !(d->props.ptr_support & NCCL_PTR_CUDA)) {
     MP_WARN("RMA regMrSym: %p (%zu bytes) is GPU memory, but %s has no nvidia-peermem to register it with",
-            data, size, g->d->props.name);
+            data, size, d->props.name);
     return ncclInvalidUsage;
   }
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
@@ -382,14 +494,27 @@ static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, i
   /* Whole pages, as the kernel pins them anyway; never relaxed ordering (the signal's guarantee). */
   uintptr_t start = (uintptr_t)data & ~(uintptr_t)4095;
   size_t len = (((uintptr_t)data + size + 4095) & ~(uintptr_t)4095) - start;
-  w->mr = mpib_v.reg_mr(g->d->hca->pd, (void *)start, len ? len : 4096, IBR_ACCESS);
-  if (!w->mr) {
-    MP_WARN("RMA regMrSym: %s: registering %zu bytes of %s memory at %p failed: %s", g->d->props.name, size,
+  *mr = mpib_v.reg_mr(d->hca->pd, (void *)start, len ? len : 4096, IBR_ACCESS);
+  if (!*mr) {
+    MP_WARN("RMA regMrSym: %s: registering %zu bytes of %s memory at %p failed: %s", d->props.name, size,
             type == NCCL_PTR_CUDA ? "GPU" : "host", data, strerror(errno));
     return ncclSystemError;
   }
+  return ncclSuccess;
+}
+
+/* On the group's own device, and host memory also on each relay device (one MR per device: a peer
+ * whose QP ends on a relay device names the window by that device's key). GPU memory is not
+ * registered on relay devices: the relay NIC is not the one beside its GPU, and the staging path
+ * is not built for one-sided ops, so ops that would need it are refused (op_keys). */
+static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
+                                 struct ibr_win *w) {
+  MP_CHECK(win_register_on(g->d, data, size, type, offset, fd, &w->mr[0]));
   w->base = data;
   w->size = size;
+  w->type = type;
+  for (int k = 1; k < g->ncar && type != NCCL_PTR_CUDA; k++)
+    MP_CHECK(win_register_on(g->car[k].d, data, size, type, offset, fd, &w->mr[k]));
   return ncclSuccess;
 }
 
@@ -425,7 +550,11 @@ static ncclResult_t reg_window(struct ibr_group *g, void *data, size_t size, int
   pthread_mutex_unlock(&g->lock);
   /* Collective, also when the registration failed here: the peers must not wait for this rank. */
   struct ibr_win_rec mine = {.addr = (uint64_t)(uintptr_t)data, .size = res == ncclSuccess ? size : 0,
-                             .rkey = w->mr ? w->mr->rkey : 0, .id = res == ncclSuccess ? w->id : UINT32_MAX};
+                             .rkey = w->mr[0] ? w->mr[0]->rkey : 0, .id = res == ncclSuccess ? w->id : UINT32_MAX,
+                             .gpu = type == NCCL_PTR_CUDA};
+  for (int k = 1; k < IBR_CAR_MAX; k++)
+    mine.relay[k - 1] = (struct ibr_key){.plane = k < g->ncar && w->mr[k] ? g->car[k].plane : -1,
+                                         .rkey = k < g->ncar && w->mr[k] ? w->mr[k]->rkey : 0};
   ncclResult_t xres = ctrl_allgather(g, &mine, w->peers, sizeof(mine), "regMrSym");
   if (res == ncclSuccess) res = xres;
   for (int p = 0; res == ncclSuccess && p < g->nranks; p++)
@@ -449,12 +578,11 @@ static ncclResult_t reg_window(struct ibr_group *g, void *data, size_t size, int
   if (res == ncclSuccess) g->wins[g->nwins++] = w;
   pthread_mutex_unlock(&g->lock);
   if (res != ncclSuccess) {
-    if (w->mr) mpib_v.dereg_mr(w->mr);
-    free(w->peers);
-    free(w);
+    win_free(w);
     return res;
   }
-  MP_TRACE(NCCL_NET, "RMA: window %u = %p, %zu bytes, rkey 0x%x", w->id, data, size, w->mr->rkey);
+  MP_TRACE(NCCL_NET, "RMA: window %u = %p, %zu bytes, rkey 0x%x (on %d of %d devices)", w->id, data, size,
+           w->mr[0]->rkey, type == NCCL_PTR_CUDA ? 1 : g->ncar, g->ncar);
   *mhandle = w;
   return ncclSuccess;
 }
@@ -471,9 +599,7 @@ static ncclResult_t rma_dereg_mr_sym(void *group, void *mhandle) {
     MP_WARN("RMA deregMrSym: %p is not a window of this group", mhandle);
     return ncclInvalidArgument;
   }
-  mpib_v.dereg_mr(w->mr);
-  free(w->peers);
-  free(w);
+  win_free(w);
   return ncclSuccess;
 }
 
@@ -492,9 +618,9 @@ static ncclResult_t rma_destroy_context(void *ctx) {
   struct ibr_ctxset *s = ctx;
   if (!s) return ncclSuccess;
   for (int i = 0; s->conns && i < s->ncontexts * s->g->nranks; i++) conn_free(s->conns[i]);
-  for (int c = 0; s->cx && c < s->ncontexts; c++) {
+  for (int c = 0; s->cx && c < s->ncontexts * s->ncar; c++) {
     if (s->cx[c].b.cq) mpib_v.destroy_cq(s->cx[c].b.cq);
-    pthread_mutex_destroy(&s->cx[c].lock);
+    if (s->cx[c].set) pthread_mutex_destroy(&s->cx[c].lock);
   }
   free(s->conns);
   free(s->cx);
@@ -503,75 +629,124 @@ static ncclResult_t rma_destroy_context(void *ctx) {
 }
 
 
-static ncclResult_t cx_open(struct ibr_ctxset *s, int c, const struct mplane_rma_ctx_opts *o) {
+/* Context c's CQ and QPs on carrier k (for the connected peers that carrier takes; none: nothing). */
+static ncclResult_t cx_open(struct ibr_ctxset *s, int c, int k, const struct mplane_rma_ctx_opts *o) {
   struct ibr_group *g = s->g;
-  struct ibr_cx *x = &s->cx[c];
+  struct ibr_cx *x = &s->cx[c * s->ncar + k];
+  struct mpib_dev *d = g->car[k].d;
+  int nconn = 0;
+  for (int p = 0; p < g->nranks; p++) nconn += is_connected_peer(g, s->stride, p) && g->car_of[p] == k;
+  if (nconn == 0) return ncclSuccess;
   x->set = s;
   x->index = c;
+  x->car = k;
   pthread_mutex_init(&x->lock, NULL);
-  x->b.dev = g->d;
-  x->b.devindex = g->dev;
+  x->b.dev = d;
+  x->b.devindex = g->car[k].dev;
   x->b.fd = -1;
   x->b.sl = o->service_level;
   x->b.tc_class = o->tc_class;
   /* as two-sided comms (ib_conn.c): on RoCE the class's DSCP, or the site's MPLANE_IB_TC */
   const struct mplane_config *cfg = mpib_config();
-  if (g->d->link_layer != IBV_LINK_LAYER_ETHERNET) x->b.tclass = 0;
+  if (d->link_layer != IBV_LINK_LAYER_ETHERNET) x->b.tclass = 0;
   else x->b.tclass = cfg->ib_tc >= 0 ? cfg->ib_tc : mplane_tc_dscp(o->service_level) << 2;
   snprintf(x->b.peer, sizeof(x->b.peer), "its RMA group");
   char why[256];
-  if (mpib_dev_resolve_gid(g->d, &x->b.gid_index, &x->b.gid, why, sizeof(why)) != 0) {
-    MP_WARN("RMA createContext: %s: no GID: %s", g->d->props.name, why);
+  if (mpib_dev_resolve_gid(d, &x->b.gid_index, &x->b.gid, why, sizeof(why)) != 0) {
+    MP_WARN("RMA createContext: %s: no GID: %s", d->props.name, why);
     return ncclSystemError;
   }
-  int nconn = 0;
-  for (int p = 0; p < g->nranks; p++) nconn += is_connected_peer(g, s->stride, p);
   long depth = (long)nconn * IBR_SQ;
   x->cq_depth = (int)(depth < IBR_CQ_MAX ? depth : IBR_CQ_MAX);
-  x->b.cq = mpib_v.create_cq(g->d->hca->ctx, x->cq_depth, NULL, NULL, 0);
+  x->b.cq = mpib_v.create_cq(d->hca->ctx, x->cq_depth, NULL, NULL, 0);
   if (!x->b.cq) {
-    MP_WARN("RMA createContext: %s: ibv_create_cq(%d) failed: %s", g->d->props.name, x->cq_depth, strerror(errno));
+    MP_WARN("RMA createContext: %s: ibv_create_cq(%d) failed: %s", d->props.name, x->cq_depth, strerror(errno));
     return ncclSystemError;
   }
   for (int p = 0; p < g->nranks; p++) {
-    if (!is_connected_peer(g, s->stride, p)) continue;
+    if (!is_connected_peer(g, s->stride, p) || g->car_of[p] != k) continue;
     struct ibr_conn *cn = calloc(1, sizeof(*cn));
     if (!cn) return ncclSystemError;
     s->conns[c * g->nranks + p] = cn;
     cn->cx = x;
     cn->peer = p;
+    cn->car = k;
     MP_CHECK(mpib_create_qp(&x->b, IBR_ACCESS, IBR_SQ, 0, 0, &cn->qp));
     if (p == g->rank) MP_CHECK(mpib_create_qp(&x->b, IBR_ACCESS, 1, 0, 0, &cn->mirror));
   }
   return ncclSuccess;
 }
 
+/* Every connected peer has a device of this node to carry its connections (route found one). */
+static ncclResult_t check_reachable(const struct ibr_group *g, int stride) {
+  ncclResult_t res = ncclSuccess;
+  for (int p = 0; p < g->nranks; p++)
+    if (is_connected_peer(g, stride, p) && g->car_of[p] < 0) {
+      MP_WARN("RMA createContext: rank %d (%s, plane %d) cannot reach rank %d, which listens on plane %d: no device "
+              "of this node on plane %d carries the connection (MPLANE_RELAY=off, or no NIC on that plane: the WARN "
+              "above says which)", g->rank, g->d->props.name, g->plane[g->rank], p, g->plane[p], g->plane[p]);
+      res = ncclInvalidUsage;
+    }
+  return res;
+}
+
+static const struct ibr_peer_addr *rec_addr(const char *all, size_t reclen, int rank, int peer) {
+  return (const struct ibr_peer_addr *)(all + (size_t)rank * reclen + sizeof(struct ibr_addr_rec)) + peer;
+}
+
+static const uint32_t *rec_qpn(const char *all, size_t reclen, int rank, int nranks) {
+  return (const uint32_t *)(const void *)rec_addr(all, reclen, rank, nranks);
+}
+
 /* Connect every QP to its peer's QP for this rank, from the allgathered records. */
 static ncclResult_t connect_all(struct ibr_ctxset *s, const char *all, size_t reclen) {
   struct ibr_group *g = s->g;
-  const struct ibr_addr_rec *me = (const void *)(all + (size_t)g->rank * reclen);
   for (int c = 0; c < s->ncontexts; c++)
     for (int p = 0; p < g->nranks; p++) {
       struct ibr_conn *cn = s->conns[c * g->nranks + p];
       if (!cn) continue;
-      struct ibr_cx *x = &s->cx[c];
+      struct ibr_cx *x = cn->cx;
       const struct ibr_addr_rec *r = (const void *)(all + (size_t)p * reclen);
-      const uint32_t *qpn = (const uint32_t *)(r + 1);
-      if (r->magic != IBR_MAGIC || r->link_layer != g->d->link_layer || r->mtu < IBV_MTU_256 ||
-          r->mtu > IBV_MTU_4096 || qpn[c * g->nranks + g->rank] == 0) {
+      if (r->magic == 0) {
+        MP_WARN("RMA createContext: rank %d (plane %d) could not make its connections, so rank %d (plane %d) "
+                "cannot connect to it: rank %d's WARN says why", p, r->plane, g->rank, g->plane[g->rank], p);
+        return ncclRemoteError;
+      }
+      const struct ibr_peer_addr *a = rec_addr(all, reclen, p, g->rank);
+      const uint32_t *qpn = rec_qpn(all, reclen, p, g->nranks);
+      if (r->magic != IBR_MAGIC || a->link_layer != x->b.dev->link_layer || a->mtu < IBV_MTU_256 ||
+          a->mtu > IBV_MTU_4096 || qpn[c * g->nranks + g->rank] == 0) {
         MP_WARN("RMA createContext: rank %d's QP record for rank %d, context %d is not valid (link layer %d, MTU %u): "
-                "is it the same mplane build, on the same fabric?", p, g->rank, c, r->link_layer, r->mtu);
+                "is it the same mplane build, on the same fabric?", p, g->rank, c, a->link_layer, a->mtu);
         return ncclInvalidUsage;
       }
       snprintf(x->b.peer, sizeof(x->b.peer), "rank %d", p);
       if (p == g->rank) { /* to itself: the QP and its mirror, each the other's peer */
-        MP_CHECK(mpib_qp_connect(&x->b, cn->qp, cn->mirror->qp_num, me->lid, me->gid, (int)me->mtu));
-        MP_CHECK(mpib_qp_connect(&x->b, cn->mirror, cn->qp->qp_num, me->lid, me->gid, (int)me->mtu));
+        MP_CHECK(mpib_qp_connect(&x->b, cn->qp, cn->mirror->qp_num, a->lid, a->gid, (int)a->mtu));
+        MP_CHECK(mpib_qp_connect(&x->b, cn->mirror, cn->qp->qp_num, a->lid, a->gid, (int)a->mtu));
       } else {
-        MP_CHECK(mpib_qp_connect(&x->b, cn->qp, qpn[c * g->nranks + g->rank], r->lid, r->gid, (int)r->mtu));
+        MP_CHECK(mpib_qp_connect(&x->b, cn->qp, qpn[c * g->nranks + g->rank], a->lid, a->gid, (int)a->mtu));
       }
     }
   return ncclSuccess;
+}
+
+/* This rank's record: per peer the address of its end (the carrier's port), per (context, peer) its QP. */
+static void fill_record(const struct ibr_ctxset *s, char *mine) {
+  const struct ibr_group *g = s->g;
+  struct ibr_addr_rec *r = (void *)mine;
+  r->magic = IBR_MAGIC;
+  r->plane = g->plane[g->rank];
+  struct ibr_peer_addr *a = (struct ibr_peer_addr *)(r + 1);
+  for (int p = 0; p < g->nranks; p++) {
+    int k = g->car_of[p];
+    if (k < 0 || !s->cx[k].b.cq) continue; /* not connected in any context: cx_open made nothing */
+    const struct mpib_dev *d = g->car[k].d;
+    a[p] = (struct ibr_peer_addr){.link_layer = d->link_layer, .lid = d->lid, .mtu = d->mtu};
+    memcpy(a[p].gid, s->cx[k].b.gid.raw, 16);
+  }
+  uint32_t *qpn = (uint32_t *)(a + g->nranks);
+  for (int i = 0; i < s->ncontexts * g->nranks; i++) qpn[i] = s->conns[i] ? s->conns[i]->qp->qp_num : 0;
 }
 
 static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_opts *o, void **out) {
@@ -584,31 +759,30 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   }
   struct ibr_ctxset *s = calloc(1, sizeof(*s));
   size_t nconn = (size_t)o->ncontexts * (size_t)g->nranks;
-  if (!s || !(s->conns = calloc(nconn, sizeof(*s->conns))) || !(s->cx = calloc((size_t)o->ncontexts, sizeof(*s->cx)))) {
-    if (s) free(s->conns);
+  if (!s || !(s->conns = calloc(nconn, sizeof(*s->conns)))) {
     free(s);
     return ncclSystemError;
   }
   s->g = g;
   s->ncontexts = o->ncontexts;
   s->stride = o->rank_stride;
-  ncclResult_t res = ncclSuccess;
-  for (int c = 0; res == ncclSuccess && c < o->ncontexts; c++) res = cx_open(s, c, o);
-  /* One record per rank: its address and, per (context, peer), the QP that peer connects to. A
-   * failed rank still sends one (magic 0), so no peer waits for it. */
-  size_t reclen = sizeof(struct ibr_addr_rec) + nconn * sizeof(uint32_t);
+  s->ncar = g->ncar;
+  if (!(s->cx = calloc((size_t)o->ncontexts * (size_t)g->ncar, sizeof(*s->cx)))) {
+    free(s->conns);
+    free(s);
+    return ncclSystemError;
+  }
+  ncclResult_t res = check_reachable(g, o->rank_stride);
+  for (int c = 0; res == ncclSuccess && c < o->ncontexts; c++)
+    for (int k = 0; res == ncclSuccess && k < g->ncar; k++) res = cx_open(s, c, k, o);
+  /* One record per rank: its end's address per peer and, per (context, peer), the QP that peer
+   * connects to. A failed rank still sends one (magic 0), so no peer waits for it. */
+  size_t reclen = sizeof(struct ibr_addr_rec) + (size_t)g->nranks * sizeof(struct ibr_peer_addr) +
+                  nconn * sizeof(uint32_t);
   char *mine = calloc(1, reclen), *all = calloc((size_t)g->nranks, reclen);
   if (!mine || !all) res = ncclSystemError;
-  if (mine && res == ncclSuccess) {
-    struct ibr_addr_rec *r = (void *)mine;
-    r->magic = IBR_MAGIC;
-    r->link_layer = g->d->link_layer;
-    r->lid = g->d->lid;
-    r->mtu = g->d->mtu;
-    memcpy(r->gid, s->cx[0].b.gid.raw, 16);
-    uint32_t *qpn = (uint32_t *)(r + 1);
-    for (size_t i = 0; i < nconn; i++) qpn[i] = s->conns[i] ? s->conns[i]->qp->qp_num : 0;
-  }
+  if (mine) ((struct ibr_addr_rec *)(void *)mine)->plane = g->plane[g->rank];
+  if (mine && res == ncclSuccess) fill_record(s, mine);
   if (mine && all) {
     ncclResult_t x = ctrl_allgather(g, mine, all, reclen, "createContext");
     if (res == ncclSuccess) res = x;
@@ -632,9 +806,13 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
     rma_destroy_context(s);
     return res;
   }
-  MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d: %d context(s), rank stride %d, class %s (SL %d), over %s (RDMA write, "
+  char relays[160] = "";
+  for (int k = 1, n = 0; k < g->ncar; k++)
+    n += snprintf(relays + n, n < (int)sizeof(relays) ? sizeof(relays) - (size_t)n : 0, "%s%s (plane %d)",
+                  k == 1 ? ", relaying through " : ", ", g->car[k].d->props.name, g->car[k].plane);
+  MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d: %d context(s), rank stride %d, class %s (SL %d), over %s%s (RDMA write, "
           "atomic signal, RDMA read)", g->rank, o->ncontexts, o->rank_stride, mplane_tc_class_name(o->tc_class),
-          o->service_level, g->d->props.name);
+          o->service_level, g->d->props.name, relays);
   *out = s;
   return ncclSuccess;
 }
@@ -728,11 +906,16 @@ static int post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr) {
   return rc;
 }
 
+/* The keys an op on connection c uses (k: the local and remote windows' keys for c's devices). */
+struct ibr_keys {
+  uint32_t lkey, rkey, srkey;
+};
+
 /* The data part of a put or get as work requests of at most IBR_WR_MAX bytes each; with a signal,
  * the atomic last. */
 static ncclResult_t post_op(struct ibr_conn *c, struct ibr_req *r, int opcode, struct ibr_win *lw, uint64_t loff,
                             const struct ibr_win_rec *rw, uint64_t roff, uint64_t size,
-                            const struct ibr_win_rec *sw, uint64_t soff, uint64_t add) {
+                            const struct ibr_win_rec *sw, uint64_t soff, uint64_t add, const struct ibr_keys *k) {
   int nwr = (int)((size + IBR_WR_MAX - 1) / IBR_WR_MAX) + (sw ? 1 : 0);
   struct ibr_cx *x = c->cx;
   struct ibr_group *g = x->set->g;
@@ -758,16 +941,17 @@ static ncclResult_t post_op(struct ibr_conn *c, struct ibr_req *r, int opcode, s
   for (uint64_t done = 0; done < size; done += IBR_WR_MAX, i++) {
     uint64_t len = size - done < IBR_WR_MAX ? size - done : IBR_WR_MAX;
     sgv[i] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)lw->base + loff + done, .length = (uint32_t)len,
-                              .lkey = lw->mr->lkey};
+                              .lkey = k->lkey};
     wrv[i].opcode = (enum ibv_wr_opcode)opcode;
     wrv[i].wr.rdma.remote_addr = rw->addr + roff + done;
-    wrv[i].wr.rdma.rkey = rw->rkey;
+    wrv[i].wr.rdma.rkey = k->rkey;
   }
   if (sw) {
-    sgv[i] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)g->scratch, .length = 8, .lkey = g->scratch_mr->lkey};
+    sgv[i] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)g->scratch, .length = 8,
+                              .lkey = g->car[c->car].scratch_mr->lkey};
     wrv[i].opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
     wrv[i].wr.atomic.remote_addr = sw->addr + soff;
-    wrv[i].wr.atomic.rkey = sw->rkey;
+    wrv[i].wr.atomic.rkey = k->srkey;
     wrv[i].wr.atomic.compare_add = add;
   }
   for (int k = 0; k < nwr; k++) {
@@ -782,6 +966,41 @@ static ncclResult_t post_op(struct ibr_conn *c, struct ibr_req *r, int opcode, s
   if (wrv != wrs) free(wrv);
   if (sgv != sges) free(sgv);
   return ncclSuccess;
+}
+
+/* A window's key on c's device: the local one's lkey, or the peer's rkey on the device its end of c is
+ * on (its relay device when the peer relays the pair). -1: not registered there (GPU memory). */
+static int local_key(const struct ibr_conn *c, const struct ibr_win *w, uint32_t *lkey) {
+  if (!w->mr[c->car]) return -1;
+  *lkey = w->mr[c->car]->lkey;
+  return 0;
+}
+
+static int remote_key(const struct ibr_group *g, const struct ibr_win_rec *rec, int peer, uint32_t *rkey) {
+  if (!peer_relays(g, peer)) {
+    *rkey = rec->rkey;
+    return 0;
+  }
+  for (int i = 0; i < IBR_CAR_MAX - 1; i++)
+    if (rec->relay[i].plane == g->plane[g->rank]) {
+      *rkey = rec->relay[i].rkey;
+      return 0;
+    }
+  return -1;
+}
+
+/* An op that would need a GPU window on a relay device: refused, naming the window and the planes. */
+static ncclResult_t refuse_gpu_relay(struct ibr_req *r, struct ibr_conn *c, uint32_t win, int remote,
+                                     void **request) {
+  struct ibr_group *g = c->cx->set->g;
+  int p = c->peer, lower = p < g->rank ? p : g->rank;
+  req_fail(r, ncclInvalidUsage, "RMA %s %s rank %d (context %d): %s window %u is GPU memory, and this connection "
+           "crosses planes (rank %d on plane %d, rank %d on plane %d; rank %d relays it through its device on plane "
+           "%d): GPU windows are not carried across planes by the IB transport (docs/gin.md, Limits); nothing was %s",
+           r->what, strcmp(r->what, "get") ? "to" : "from", p, c->cx->index, remote ? "its" : "the local", win,
+           g->rank, g->plane[g->rank], p, g->plane[p], lower, g->plane[lower == p ? g->rank : p],
+           strcmp(r->what, "get") ? "written" : "read");
+  return refuse(r, request);
 }
 
 static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src_mh, size_t size, uint64_t dst_off,
@@ -829,10 +1048,15 @@ static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src
              sig->off % 8 ? "is not 8-byte aligned in" : "lies outside", sw->id, (unsigned long long)srec->size);
     return refuse(r, request);
   }
+  struct ibr_keys k = {0};
+  if (rw && local_key(c, src, &k.lkey) != 0) return refuse_gpu_relay(r, c, src->id, 0, request);
+  if (rw && remote_key(s->g, rw, (int)rank, &k.rkey) != 0) return refuse_gpu_relay(r, c, dst->id, 1, request);
+  if (srec && remote_key(s->g, srec, (int)rank, &k.srkey) != 0) return refuse_gpu_relay(r, c, sw->id, 1, request);
   *request = r;
   if (size == 0 && !sig) return ncclSuccess; /* nothing to move: done at the first test */
   uint64_t add = sig ? (sig->op == NCCL_NET_SIGNAL_OP_INC ? 1 : sig->value) : 0;
-  ncclResult_t res = post_op(c, r, IBV_WR_RDMA_WRITE, src, src_off, rw, dst_off, size, srec, sig ? sig->off : 0, add);
+  ncclResult_t res =
+      post_op(c, r, IBV_WR_RDMA_WRITE, src, src_off, rw, dst_off, size, srec, sig ? sig->off : 0, add, &k);
   if (res != ncclSuccess) *request = NULL;
   return res;
 }
@@ -858,9 +1082,12 @@ static ncclResult_t rma_iget(void *ctx, int context, uint64_t remote_off, void *
              (unsigned long long)rw->size);
     return refuse(r, request);
   }
+  struct ibr_keys k = {0};
+  if (size > 0 && local_key(c, dst, &k.lkey) != 0) return refuse_gpu_relay(r, c, dst->id, 0, request);
+  if (size > 0 && remote_key(s->g, rw, (int)rank, &k.rkey) != 0) return refuse_gpu_relay(r, c, rwin->id, 1, request);
   *request = r;
   if (size == 0) return ncclSuccess;
-  ncclResult_t res = post_op(c, r, IBV_WR_RDMA_READ, dst, local_off, rw, remote_off, size, NULL, 0, 0);
+  ncclResult_t res = post_op(c, r, IBV_WR_RDMA_READ, dst, local_off, rw, remote_off, size, NULL, 0, 0, &k);
   if (res != ncclSuccess) *request = NULL;
   return res;
 }
@@ -986,4 +1213,6 @@ const struct mplane_rma_ops mpib_rma_ops = {
     .test = rma_test,
     .progress = NULL,
     .query_last_error = rma_query_last_error,
+    .route = rma_route,
+    .carrier = rma_carrier,
 };
