@@ -36,7 +36,18 @@
  *   dmabuf   a window registered with regMrSymDmaBuf (a memfd as the dma-buf, its fd closed at once):
  *            puts with signals from every rank land in it, every byte checked
  *   kill     the last rank exits without closing anything; the others' puts and gets to it end in
- *            an error from test and queryLastError within the deadline, never a hang */
+ *            an error from test and queryLastError within the deadline, never a hang
+ *   noroute  createContext must fail, within seconds (ranks on planes no device of theirs can
+ *            connect: MPLANE_RELAY=off, or no NIC on the peer's plane), with the WARN asked for
+ *   gpurelay 2 ranks on different planes, a window registered as GPU memory (a memfd as its
+ *            dma-buf): ops that would reach rank 0's (the relaying rank's) through its relay NIC are
+ *            refused naming it, nothing is written; rank 1's and each rank's own are reached
+ *
+ * MPLANE_RMA_EXPECT_WARN=<text>: a WARN containing text must appear in every rank
+ * (MPLANE_RMA_EXPECT_WARN_<r>: in rank r, instead).
+ * MPLANE_RMA_EXPECT_RANK_PLANES=p0,p1,...: the ranks' planes; with MPLANE_STATS_FILE, alltoall checks
+ * that each plane's record holds exactly the bytes put on connections it carries (a pair of ranks
+ * on different planes is carried by the higher rank's plane; the lower rank's bytes on it relayed). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -252,8 +263,14 @@ struct env {
 
 static int connected(int p, int stride) { return p != g_rank && ((p - g_rank + g_n) % g_n) % stride == 0; }
 
+static const char *expected_warn(void) {
+  char name[40];
+  snprintf(name, sizeof(name), "MPLANE_RMA_EXPECT_WARN_%d", g_rank);
+  return getenv(name) ? getenv(name) : getenv("MPLANE_RMA_EXPECT_WARN");
+}
+
 /* The plugin's log (NCCL's logger stands here): WARNs to stderr as before; the cross-plane INFO noted. */
-static int g_saw_cross_plane;
+static int g_saw_cross_plane, g_saw_warn;
 static void harness_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt,
                            ...) {
   (void)flags;
@@ -263,6 +280,8 @@ static void harness_logger(ncclDebugLogLevel level, unsigned long flags, const c
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   if (strstr(msg, "listen on other planes")) g_saw_cross_plane = 1; /* plugin/rma_plugin.c */
+  const char *want = expected_warn();
+  if (level == NCCL_LOG_WARN && want && strstr(msg, want)) g_saw_warn = 1;
   if (level == NCCL_LOG_WARN) fprintf(stderr, "WARN %s\n", msg);
   else if (getenv("MPLANE_DEBUG") && atoi(getenv("MPLANE_DEBUG")) > 0) fprintf(stderr, "%s:%d %s\n", file, line, msg);
 }
@@ -497,21 +516,69 @@ static void scenario_order(void) {
   teardown(&e);
 }
 
-/* MPLANE_STATS_FILE: the plugin's traffic record of this process must show exactly the puts made,
- * under the class the contexts were created with (alltoall) and on some plane. */
-static void check_stats(uint64_t put_bytes, uint64_t puts) {
+static void check_expected_warn(void) {
+  const char *want = expected_warn();
+  if (want && !g_saw_warn) die("no WARN containing '%s'", want);
+}
+
+/* The JSON of MPLANE_STATS_FILE for this process (static storage), NULL when the variable is unset. */
+static const char *read_stats(char *path, size_t pathlen) {
   const char *pat = getenv("MPLANE_STATS_FILE");
-  if (!pat) return;
-  char path[512];
+  if (!pat) return NULL;
   const char *p = strstr(pat, "%p");
-  if (p) snprintf(path, sizeof(path), "%.*s%d%s", (int)(p - pat), pat, (int)getpid(), p + 2);
-  else snprintf(path, sizeof(path), "%s", pat);
+  if (p) snprintf(path, pathlen, "%.*s%d%s", (int)(p - pat), pat, (int)getpid(), p + 2);
+  else snprintf(path, pathlen, "%s", pat);
   FILE *f = fopen(path, "r");
   if (!f) die("MPLANE_STATS_FILE is set but %s was not written", path);
   static char buf[1 << 16];
   size_t n = fread(buf, 1, sizeof(buf) - 1, f);
   fclose(f);
   buf[n] = 0;
+  return buf;
+}
+
+/* MPLANE_RMA_EXPECT_RANK_PLANES: every plane's record holds the bytes put on the connections that
+ * plane carries (to_rank[r]: bytes this rank put to rank r), and relayed bytes where this rank relays. */
+static void check_plane_stats(const uint64_t *to_rank) {
+  const char *v = getenv("MPLANE_RMA_EXPECT_RANK_PLANES");
+  char path[512];
+  const char *json = v ? read_stats(path, sizeof(path)) : NULL;
+  if (!json) return;
+  int plane[MAX_RANKS], n = 0;
+  for (const char *c = v; *c && n < MAX_RANKS; c = strchr(c, ',') ? strchr(c, ',') + 1 : c + strlen(c))
+    plane[n++] = atoi(c);
+  if (n != g_n) die("MPLANE_RMA_EXPECT_RANK_PLANES='%s' names %d ranks, the group has %d", v, n, g_n);
+  uint64_t tx[64] = {0}, rel[64] = {0};
+  for (int r = 0; r < g_n; r++) {
+    int cross = plane[r] != plane[g_rank], carrier = cross && g_rank < r ? plane[r] : plane[g_rank];
+    tx[carrier] += to_rank[r];
+    if (cross && g_rank < r) rel[carrier] += to_rank[r];
+  }
+  const char *at = strstr(json, "\"planes\": [");
+  for (int pl = 0; pl < 64; pl++) {
+    if (!tx[pl] && !rel[pl]) continue;
+    char key[32];
+    snprintf(key, sizeof(key), "{\"plane\": %d, ", pl);
+    const char *e = at ? strstr(at, key) : NULL;
+    unsigned long long b = 0, m = 0, rb = 0, rm = 0, relb = 0;
+    if (!e || sscanf(e + strlen(key), "\"tx_bytes\": %llu, \"tx_msgs\": %llu, \"rx_bytes\": %llu, \"rx_msgs\": %llu, "
+                     "\"relayed_bytes\": %llu", &b, &m, &rb, &rm, &relb) != 5)
+      die("%s has no record of plane %d, which carries %llu bytes of this rank's puts", path, pl,
+          (unsigned long long)tx[pl]);
+    if (b != tx[pl] || relb != rel[pl])
+      die("%s: plane %d sent %llu bytes (%llu relayed); the puts on the connections it carries were %llu bytes "
+          "(%llu relayed)", path, pl, b, relb, (unsigned long long)tx[pl], (unsigned long long)rel[pl]);
+    printf("rank %d (plane %d): plane %d carried %llu bytes of its puts, %llu of them relayed\n", g_rank,
+           plane[g_rank], pl, b, relb);
+  }
+}
+
+/* MPLANE_STATS_FILE: the plugin's traffic record of this process must show exactly the puts made,
+ * under the class the contexts were created with (alltoall) and on some plane. */
+static void check_stats(uint64_t put_bytes, uint64_t puts) {
+  char path[512];
+  const char *buf = read_stats(path, sizeof(path));
+  if (!buf) return;
   const char *cls = strstr(buf, "\"class\": \"alltoall\"");
   const char *tx = cls ? strstr(cls, "\"tx_bytes\": ") : NULL;
   const char *msgs = cls ? strstr(cls, "\"tx_msgs\": ") : NULL;
@@ -539,7 +606,7 @@ static void scenario_alltoall(void) {
   /* Every iteration each rank puts its block for r to every rank r (itself included), each put adding 1
    * to the same signal word of the target; then it waits for the word to grow by n: the signal words of
    * all ranks see adds from n connections (n-1 sockets and the rank's own pair) racing. */
-  uint64_t base = 0, put_bytes = 0, puts = 0;
+  uint64_t base = 0, put_bytes = 0, puts = 0, to_rank[MAX_RANKS] = {0};
   int iters = 0;
   for (uint64_t size = 0; size <= SUB; size = size ? size * 8 : 8)
     for (int it = 0; it < 20; it++, iters++) {
@@ -549,6 +616,7 @@ static void scenario_alltoall(void) {
                               (uint32_t)r, 0, e.mh_sig, 0, NCCL_NET_SIGNAL_OP_INC, true, &reqs[r]));
       put_bytes += size * (uint64_t)g_n;
       puts += (uint64_t)g_n;
+      for (int r = 0; r < g_n; r++) to_rank[r] += size;
       wait_reqs(e.cc, reqs, g_n, 0);
       base += (uint64_t)g_n;
       wait_signal(&e, 0, base);
@@ -565,6 +633,7 @@ static void scenario_alltoall(void) {
   barrier(2);
   teardown(&e);
   check_stats(put_bytes, puts);
+  check_plane_stats(to_rank);
   check_cross_plane_note();
 }
 
@@ -903,6 +972,86 @@ static void scenario_dmabuf(void) {
   teardown(&e);
 }
 
+/* ---- noroute: a group whose ranks no device can connect fails at createContext, at once ---- */
+static void scenario_noroute(void) {
+  struct env e = {0};
+  CHECK(rma->init(&e.ctx, 0x5eed, harness_logger));
+  void *lc;
+  CHECK(rma->listen(e.ctx, 0, shm->handles[g_rank], &lc));
+  barrier(0);
+  void *h[MAX_RANKS];
+  for (int i = 0; i < g_n; i++) h[i] = shm->handles[i];
+  CHECK(rma->connect(e.ctx, h, g_n, g_rank, lc, &e.cc));
+  CHECK(rma->closeListen(lc));
+  ncclRmaConfig_v14_t cfg = {.nContexts = NCTX, .trafficClass = 2, .rankStride = 1};
+  double t0 = now_s();
+  ncclResult_t res = rma->createContext(e.cc, &cfg, &e.rc);
+  double dt = now_s() - t0;
+  if (res == ncclSuccess) die("createContext succeeded, though no device of this node or the peer's can connect them");
+  if (dt > 10) die("createContext took %.1f s to fail: a wait ran out instead of a refusal", dt);
+  check_expected_warn();
+  printf("rank %d: createContext refused (%d) in %.2f s\n", g_rank, res, dt);
+  barrier(2);
+  CHECK(rma->closeColl(e.cc));
+  CHECK(rma->finalize(e.ctx));
+}
+
+/* ---- gpurelay: a GPU window on a cross-plane connection is refused, never half-carried ---- */
+static void scenario_gpurelay(void) {
+  if (g_n != 2) die("gpurelay runs 2 ranks");
+  struct env e = {0};
+  setup(&e, 1);
+  const size_t blk = 64u << 10, size = 2 * blk;
+  int fd = memfd_create("mplane-rma-gpu", 0);
+  if (fd < 0 || ftruncate(fd, (off_t)size) != 0) die("memfd: %s", strerror(errno));
+  char *win = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (win == MAP_FAILED) die("mmap of the memfd: %s", strerror(errno));
+  void *mh = NULL;
+  CHECK(rma->regMrSymDmaBuf(e.cc, win, size, NCCL_PTR_CUDA, 0, fd, 0, &mh));
+  close(fd);
+  barrier(2);
+  /* Rank 0 (plane 0) relays the pair through its NIC on plane 1; rank 1's end is its own NIC. So
+   * rank 1's GPU window is reached as ever, rank 0's would need the relay NIC: refused, both ways. */
+  int p = 1 - g_rank;
+  void *r = NULL;
+  if (g_rank == 0) {
+    CHECK(rma->iputSignal(e.rc, 1, 0, mh, blk, 0, e.mh_recv, (uint32_t)p, 0, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD,
+                          true, &r));
+    expect_refused(e.cc, r, "put from its GPU window across planes, through the relay NIC");
+    CHECK(rma->iget(e.rc, 2, 0, e.mh_src, blk, blk, mh, (uint32_t)p, &r));
+    expect_refused(e.cc, r, "get into its GPU window across planes, through the relay NIC");
+    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, 0, mh, (uint32_t)p, &r));
+    wait_reqs(e.cc, &r, 1, 0); /* into rank 1's GPU window, which its own NIC reaches */
+  } else {
+    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, blk, mh, (uint32_t)p, &r));
+    expect_refused(e.cc, r, "put into the peer's GPU window across planes, through its relay NIC");
+    CHECK(rma->iget(e.rc, 2, 0, mh, blk, 0, e.mh_getw, (uint32_t)p, &r));
+    expect_refused(e.cc, r, "get from the peer's GPU window across planes, through its relay NIC");
+  }
+  check_expected_warn();
+  bool err = false;
+  CHECK(rma->queryLastError(e.rc, &err));
+  if (!err) die("queryLastError reports no error after refused ops");
+  /* Each rank reaches its own GPU window (its own NIC). */
+  CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, (uint64_t)g_rank * blk, mh, (uint32_t)g_rank, &r));
+  wait_reqs(e.cc, &r, 1, 0);
+  barrier(3);
+  check_bytes(win + (size_t)g_rank * blk, blk, g_rank, 0, "put into its own GPU window");
+  if (g_rank == 1) check_bytes(win, blk, 0, 0, "put into rank 1's GPU window from plane 0");
+  else check_zero(win, blk, 2 * blk, "rank 0's GPU window where a refused put and get were aimed");
+  check_zero(e.recv, 0, e.recv_size, "window after a refused put");
+  if (e.sig[0]) die("signal word 0 is %llu after a refused put with signal", (unsigned long long)e.sig[0]);
+  check_zero(e.getw, 0, blk, "get window after a refused get");
+  printf("rank %d: ops on the relaying rank's GPU window refused, nothing written; the others carried\n", g_rank);
+  barrier(4);
+  CHECK(rma->deregMrSym(e.cc, mh));
+  munmap(win, size);
+  g_ctx = NULL;
+  CHECK(rma->destroyContext(e.rc));
+  CHECK(rma->closeColl(e.cc));
+  CHECK(rma->finalize(e.ctx));
+}
+
 /* MPLANE_RMA_NETNS_<r>: this rank runs in that network namespace (/var/run/netns/<name>, as `ip netns`
  * makes them): the emulated multi-plane fabric puts each node in its own (scripts/fabric.sh). */
 static void rank_netns(int r) {
@@ -945,7 +1094,7 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf|noroute|gpurelay\n",
             MAX_RANKS);
     return 2;
   }
@@ -956,6 +1105,8 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "regfail") ? scenario_regfail
                      : !strcmp(scenario, "rate") ? scenario_rate
                      : !strcmp(scenario, "dmabuf") ? scenario_dmabuf
+                     : !strcmp(scenario, "noroute") ? scenario_noroute
+                     : !strcmp(scenario, "gpurelay") ? scenario_gpurelay
                      : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);
   if (g_gpu && fn != scenario_alltoall && fn != scenario_order) {
