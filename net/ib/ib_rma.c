@@ -26,7 +26,13 @@
  * rank +- k*rankStride); a rank's ops to itself go through a QP connected to a second QP of its
  * own. A completion error (the QP goes to ERR, later ops of that QP are flushed) or a peer whose
  * control socket closed ends every request on that QP with ncclRemoteError, and
- * query_last_error reports it; later ops to that peer in that context fail at once. */
+ * query_last_error reports it; later ops to that peer in that context fail at once.
+ *
+ * Planes. The plugin gives the group its ranks' planes (route). A pair of ranks on different planes
+ * is carried by the higher rank's plane: the lower rank's QPs for it are on its node's device on
+ * that plane (net/relay.h's choice), each context has a CQ per device it uses, host windows are
+ * registered on every such device and the exchange carries each key. GPU windows stay on the own
+ * device; an op that would need one on a relay device is refused, naming it and the planes. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/tcp.h>
@@ -48,7 +54,7 @@
 #include "ib.h"
 
 #define IBR_MAGIC 0x49425241u /* "IBRA" */
-#define IBR_VERSION 1
+#define IBR_VERSION 2 /* 2: per-peer addresses and relay keys in the records */
 #define IBR_REQ_MAGIC 0x49425251u
 #define IBR_SQ 1024            /* work requests in flight per QP */
 #define IBR_CQ_MAX (1 << 16)   /* per context; bounds what may be in flight on one context */
@@ -506,7 +512,7 @@ static ncclResult_t win_register_on(struct mpib_dev *d, void *data, size_t size,
 /* On the group's own device, and host memory also on each relay device (one MR per device: a peer
  * whose QP ends on a relay device names the window by that device's key). GPU memory is not
  * registered on relay devices: the relay NIC is not the one beside its GPU, and the staging path
- * is not built for one-sided ops, so ops that would need it are refused (op_keys). */
+ * is not built for one-sided ops, so ops that would need it are refused (local_key, remote_key). */
 static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
                                  struct ibr_win *w) {
   MP_CHECK(win_register_on(g->d, data, size, type, offset, fd, &w->mr[0]));
