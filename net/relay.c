@@ -177,6 +177,7 @@ static struct {
   CUresult (*cuGetErrorString)(CUresult, const char **);
   /* optional: the signal path's fast way (mplane_cuda_signal_add); without them it reads and writes */
   CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+  CUresult (*cuMemFreeHost)(void *);
   CUresult (*cuStreamWriteValue64)(CUstream, CUdeviceptr, uint64_t, unsigned);
   CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
   CUcontext ctx[64];
@@ -233,6 +234,7 @@ static void cu_load_once(void) {
   CU_LOAD(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId");
   CU_LOAD(cuGetErrorString, "cuGetErrorString");
   *(void **)&cu.cuMemHostAlloc = dlsym(cu.lib, "cuMemHostAlloc");
+  *(void **)&cu.cuMemFreeHost = dlsym(cu.lib, "cuMemFreeHost");
   *(void **)&cu.cuStreamWriteValue64 = dlsym(cu.lib, "cuStreamWriteValue64_v2");
   *(void **)&cu.cuMemGetHandleForAddressRange = dlsym(cu.lib, "cuMemGetHandleForAddressRange");
   CUresult r = cu.cuInit(0);
@@ -407,6 +409,18 @@ int mplane_cuda_dmabuf_fd(int gpu, void *ptr, size_t bytes) {
       CUDA_SUCCESS)
     return -1;
   return fd;
+}
+
+void *mplane_cuda_host_alloc(int gpu, size_t bytes) {
+  void *p = NULL;
+  if (cu_use(gpu) != 0 || !cu.cuMemHostAlloc || !cu.cuMemFreeHost ||
+      cu.cuMemHostAlloc(&p, bytes, 0x01 /* CU_MEMHOSTALLOC_PORTABLE */) != CUDA_SUCCESS)
+    return NULL;
+  return p;
+}
+
+void mplane_cuda_host_free(void *ptr) {
+  if (ptr && cu.cuMemFreeHost) cu.cuMemFreeHost(ptr);
 }
 
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes) {

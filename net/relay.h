@@ -107,6 +107,10 @@ int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now);
  * order, under the same lock (the shadow is updated under it). */
 int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t add, uint64_t *now);
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
+/* Pinned (page-locked) host memory, usable by every context: copies to and from it are real DMA,
+ * not staged by the driver through a buffer of its own. NULL where the driver cannot give it. */
+void *mplane_cuda_host_alloc(int gpu, size_t bytes);
+void mplane_cuda_host_free(void *ptr);
 /* A dma-buf fd for [ptr, ptr + bytes) of GPU memory (cuMemGetHandleForAddressRange), or -1. */
 int mplane_cuda_dmabuf_fd(int gpu, void *ptr, size_t bytes);
 /* The PCI bus id of a GPU ("0000:19:00.0"), for choosing the GPU beside a NIC. 0 on success. */

@@ -24,6 +24,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +113,13 @@ struct mpr_group {
 
 struct mpr_req;
 
+/* Host memory GPU data moves through: pinned where the driver gives it (real DMA, no copy through a
+ * driver buffer), else plain. */
+struct mpr_stage {
+  char *p;
+  int pinned;
+};
+
 /* Where the reader is in the incoming stream. Records are parsed as bytes arrive, by whichever
  * thread holds the connection's rlock (NCCL's progress thread in rmaProgress, else the
  * connection's reader thread), so a record may be taken in several pieces. */
@@ -145,15 +153,15 @@ struct mpr_conn {
   uint64_t next_id;
   int failed, stop;
   int peer_closed; /* the peer destroyed its context in order (a BYE): not an error by itself */
-  int wbusy;                           /* a thread is writing (the writer, or an op sent at once) */
+  int wbusy;                           /* a thread is writing: MPR_W_WRITER, or MPR_W_NOW (one record sent at once) */
   pthread_mutex_t rlock;               /* held by whichever thread advances the reader below */
   struct mpr_rd in;                    /* the reader: where it is in the incoming stream */
   int rd_over;                         /* atomic: the reader has stopped (a BYE, a failure, a close) */
-  char *stage;                         /* the reader's GPU staging; the writer has its own */
+  struct mpr_stage stage;              /* the reader's GPU staging; the writer has its own */
   char *rbuf;                          /* the reader's receive buffer: [rpos, rlen) not yet taken */
   size_t rpos, rlen;
-  char *wstage;
-  char *istage;                        /* GPU data of a record sent at once (wbusy holder only) */
+  struct mpr_stage wstage;
+  struct mpr_stage istage;             /* GPU data of a record sent at once (wbusy holder only) */
 };
 
 struct mpr_ctxset {
@@ -518,7 +526,10 @@ static int win_write(const struct mpr_win *w, uint64_t off, const void *src, siz
     memcpy(w->base + off, src, n);
     return 0;
   }
-  return mplane_cuda_memcpy_htod_nb(w->gpu, w->base + off, src, n);
+  uint64_t t0 = mono_ns();
+  int rc = mplane_cuda_memcpy_htod_nb(w->gpu, w->base + off, src, n);
+  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes into GPU window %u: %.1f us", n, w->id, (double)(mono_ns() - t0) / 1e3);
+  return rc;
 }
 
 static int win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) {
@@ -527,16 +538,32 @@ static int win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) 
     memcpy(dst, w->base + off, n);
     return 0;
   }
-  return mplane_cuda_memcpy_dtoh_nb(w->gpu, dst, w->base + off, n);
+  uint64_t t0 = mono_ns();
+  int rc = mplane_cuda_memcpy_dtoh_nb(w->gpu, dst, w->base + off, n);
+  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes out of GPU window %u: %.1f us", n, w->id, (double)(mono_ns() - t0) / 1e3);
+  return rc;
 }
 
-static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char **stage) {
+static char *stage_get(struct mpr_stage *s, size_t size, int gpu) {
+  if (!s->p && gpu >= 0) s->pinned = (s->p = mplane_cuda_host_alloc(gpu, size)) != NULL;
+  if (!s->p) s->p = malloc(size);
+  return s->p;
+}
+
+static void stage_free(struct mpr_stage *s) {
+  if (s->pinned) mplane_cuda_host_free(s->p);
+  else free(s->p);
+  s->p = NULL;
+}
+
+static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, struct mpr_stage *stage) {
   if (w->gpu < 0) return n == 0 ? 0 : mplane_rma_write_all(fd, w->base + off, n);
-  if (!*stage && !(*stage = malloc(MPR_STAGE))) return -1;
+  char *buf = stage_get(stage, MPR_STAGE, w->gpu);
+  if (!buf) return -1;
   while (n) {
     size_t step = n < MPR_STAGE ? n : MPR_STAGE;
-    if (win_read(w, off, *stage, step) != 0) return -2;
-    if (mplane_rma_write_all(fd, *stage, step) != 0) return -1;
+    if (win_read(w, off, buf, step) != 0) return -2;
+    if (mplane_rma_write_all(fd, buf, step) != 0) return -1;
     off += step;
     n -= step;
   }
@@ -612,21 +639,9 @@ static void append_locked(struct mpr_req **head, struct mpr_req **tail, struct m
   *tail = r;
 }
 
-static ncclResult_t conn_queue(struct mpr_conn *c, struct mpr_req *r) {
-  pthread_mutex_lock(&c->lock);
-  if (refuses_locked(c, r)) {
-    pthread_mutex_unlock(&c->lock);
-    return ncclRemoteError;
-  }
-  number_locked(c, r);
-  append_locked(&c->q_head, &c->q_tail, r);
-  pthread_cond_signal(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-  return ncclSuccess;
-}
-
 /* ---- the writer: requests and responses, in order ---- */
 #define MPR_BATCH 64 /* queued records the writer takes at once, written with one sendmsg where it can */
+enum { MPR_W_IDLE = 0, MPR_W_WRITER, MPR_W_NOW };
 #define MPR_SEND_NOW_MAX (64u << 10) /* records with at most this much data may go out from the thread
                                         that makes them, when nothing is queued before them */
 
@@ -717,7 +732,7 @@ static void trace_wrote(const struct mpr_conn *c, const struct mpr_out *o, int n
 
 static void write_done(struct mpr_conn *c) {
   pthread_mutex_lock(&c->lock);
-  c->wbusy = 0;
+  c->wbusy = MPR_W_IDLE;
   pthread_cond_signal(&c->cond); /* the writer may wait for this send to end */
   pthread_mutex_unlock(&c->lock);
 }
@@ -738,7 +753,7 @@ static void *writer_main(void *arg) {
       break;
     }
     int n = take_batch(c, out);
-    c->wbusy = 1;
+    c->wbusy = MPR_W_WRITER;
     pthread_mutex_unlock(&c->lock);
     int rc = write_batch(c, out, n);
     for (int i = 0; i < n; i++) free(out[i].raw);
@@ -766,9 +781,8 @@ static int record_iov(struct mpr_conn *c, const struct mpr_out *o, struct iovec 
   if (!has_data(o) || o->m.size == 0) return 0;
   void *p = o->src.base + o->src_off;
   if (o->src.gpu >= 0) {
-    if (!c->istage && !(c->istage = malloc(MPR_SEND_NOW_MAX))) return -2;
-    if (win_read(&o->src, o->src_off, c->istage, o->m.size) != 0) return -2;
-    p = c->istage;
+    if (!(p = stage_get(&c->istage, MPR_SEND_NOW_MAX, o->src.gpu))) return -2;
+    if (win_read(&o->src, o->src_off, p, o->m.size) != 0) return -2;
   }
   iov[(*n)++] = (struct iovec){.iov_base = p, .iov_len = o->m.size};
   return 0;
@@ -826,6 +840,13 @@ static ncclResult_t conn_send(struct mpr_conn *c, struct mpr_req *r) {
   int small = !(r->kind == MPR_K_PUT || (r->kind == MPR_K_GET_RESP && r->m.status == MPR_OK)) ||
               r->m.size <= MPR_SEND_NOW_MAX;
   pthread_mutex_lock(&c->lock);
+  /* Another thread is sending one record at once (microseconds): wait for it rather than hand this
+   * one to the writer thread, whose wake-up can take a millisecond on a host full of spinning threads. */
+  for (int i = 0; small && c->wbusy == MPR_W_NOW && !c->q_head && i < 1000; i++) {
+    pthread_mutex_unlock(&c->lock);
+    sched_yield();
+    pthread_mutex_lock(&c->lock);
+  }
   if (refuses_locked(c, r)) {
     pthread_mutex_unlock(&c->lock);
     return ncclRemoteError;
@@ -837,7 +858,7 @@ static ncclResult_t conn_send(struct mpr_conn *c, struct mpr_req *r) {
     pthread_mutex_unlock(&c->lock);
     return ncclSuccess;
   }
-  c->wbusy = 1;
+  c->wbusy = MPR_W_NOW;
   struct mpr_out o;
   take_locked(c, r, &o);
   pthread_mutex_unlock(&c->lock);
@@ -1059,7 +1080,7 @@ static int header_done(struct mpr_conn *c, char *why, size_t whylen) {
 /* Land the stage's bytes in the GPU window (after a failed copy, drop them: the stream stays framed). */
 static void stage_flush(struct mpr_conn *c) {
   struct mpr_rd *d = &c->in;
-  if (d->sfill && d->land && !d->cuda_bad && win_write(&d->w, d->off - d->sfill, c->stage, d->sfill) != 0)
+  if (d->sfill && d->land && !d->cuda_bad && win_write(&d->w, d->off - d->sfill, c->stage.p, d->sfill) != 0)
     d->cuda_bad = 1;
   d->sfill = 0;
 }
@@ -1072,9 +1093,9 @@ static char *data_dst(struct mpr_conn *c, size_t *room) {
     *room = d->left;
     return d->w.base + d->off;
   }
-  if (!c->stage && !(c->stage = malloc(MPR_STAGE))) return NULL;
+  if (!stage_get(&c->stage, MPR_STAGE, d->land ? d->w.gpu : -1)) return NULL;
   *room = MPR_STAGE - d->sfill < d->left ? MPR_STAGE - d->sfill : d->left;
-  return c->stage + d->sfill;
+  return c->stage.p + d->sfill;
 }
 
 /* n data bytes arrived at data_dst's place. */
@@ -1254,9 +1275,12 @@ static void conn_destroy(struct mpr_conn *c) {
     bye->kind = MPR_K_BYE;
     bye->conn = c;
     bye->m = (struct mpr_msg){.magic = MPR_MAGIC, .type = MPR_BYE, .win = MPR_NO_WIN, .sig_win = MPR_NO_WIN};
-    if (conn_queue(c, bye) != ncclSuccess) free(bye);
   }
+  /* The BYE and the stop together: a write of the BYE that fails (the peer closed first) is then
+   * part of the teardown, not an error to report. */
   pthread_mutex_lock(&c->lock);
+  if (bye && !refuses_locked(c, bye)) append_locked(&c->q_head, &c->q_tail, bye);
+  else free(bye);
   __atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
@@ -1267,10 +1291,10 @@ static void conn_destroy(struct mpr_conn *c) {
   if (c->threads) pthread_join(c->rd, NULL);
   conn_fail(c, "the context was destroyed");
   if (c->fd >= 0) close(c->fd);
-  free(c->stage);
+  stage_free(&c->stage);
   free(c->rbuf);
-  free(c->wstage);
-  free(c->istage);
+  stage_free(&c->wstage);
+  stage_free(&c->istage);
   pthread_mutex_destroy(&c->lock);
   pthread_mutex_destroy(&c->rlock);
   pthread_cond_destroy(&c->cond);
