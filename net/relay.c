@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,7 @@ static struct {
   CUresult (*cuStreamCreate)(CUstream *, unsigned);
   CUresult (*cuStreamDestroy)(CUstream);
   CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuStreamQuery)(CUstream);
   CUresult (*cuEventCreate)(CUevent *, unsigned);
   CUresult (*cuEventDestroy)(CUevent);
   CUresult (*cuEventRecord)(CUevent, CUstream);
@@ -224,6 +226,7 @@ static void cu_load_once(void) {
   CU_LOAD(cuEventDestroy, "cuEventDestroy_v2");
   CU_LOAD(cuEventRecord, "cuEventRecord");
   CU_LOAD(cuEventQuery, "cuEventQuery");
+  CU_LOAD(cuStreamQuery, "cuStreamQuery");
   CU_LOAD(cuMemcpyPeerAsync, "cuMemcpyPeerAsync");
   CU_LOAD(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
   CU_LOAD(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
@@ -345,12 +348,23 @@ static CUstream cu_copy_stream(int gpu) {
   return l ? l->stream : NULL;
 }
 
+/* Wait for the lane by polling it: cuStreamSynchronize may sleep until an interrupt, and on a host
+ * whose cores are busy with spinning threads the wake-up costs far more than a small copy. */
+static int lane_wait(CUstream s) {
+  for (;;) {
+    CUresult r = cu.cuStreamQuery(s);
+    if (r == CUDA_SUCCESS) return 0;
+    if (r != CUDA_ERROR_NOT_READY) return -1;
+    sched_yield();
+  }
+}
+
 int mplane_cuda_memcpy_htod_nb(int gpu, void *dst, const void *src, size_t bytes) {
   if (cu_use(gpu) != 0) return -1;
   CUstream s = cu_copy_stream(gpu);
   if (!s) return -1;
   if (cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, s) != CUDA_SUCCESS) return -1;
-  return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
+  return lane_wait(s);
 }
 
 int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes) {
@@ -358,7 +372,7 @@ int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes
   CUstream s = cu_copy_stream(gpu);
   if (!s) return -1;
   if (cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, s) != CUDA_SUCCESS) return -1;
-  return cu.cuStreamSynchronize(s) == CUDA_SUCCESS ? 0 : -1;
+  return lane_wait(s);
 }
 
 /* Write v to the word on the lane, in order after what is queued there (lock held): in flight with

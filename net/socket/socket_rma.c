@@ -153,8 +153,14 @@ struct mpr_conn {
   uint64_t next_id;
   int failed, stop;
   int peer_closed; /* the peer destroyed its context in order (a BYE): not an error by itself */
-  int wbusy;                           /* a thread is writing: MPR_W_WRITER, or MPR_W_NOW (one record sent at once) */
+  int wbusy;                           /* a thread is writing: MPR_W_WRITER, or MPR_W_NOW (sent at once) */
+  /* Records NCCL's progress thread queued without waking the writer: rmaProgress sends them in one
+   * sendmsg once a pass added no op to them (a burst is over) or the oldest has waited long enough. */
+  int deferred;                        /* queued records wait for rmaProgress */
+  uint64_t deferred_ns;                /* when the oldest of them was queued */
+  uint64_t ops_added, ops_seen;        /* ops deferred so far; as of the previous rmaProgress */
   pthread_mutex_t rlock;               /* held by whichever thread advances the reader below */
+  pthread_cond_t rcond;                /* the reader thread rests on it while rmaProgress reads */
   struct mpr_rd in;                    /* the reader: where it is in the incoming stream */
   int rd_over;                         /* atomic: the reader has stopped (a BYE, a failure, a close) */
   struct mpr_stage stage;              /* the reader's GPU staging; the writer has its own */
@@ -171,7 +177,11 @@ struct mpr_ctxset {
   struct mpr_conn **mirrors; /* [context]: the target side of this rank's ops to itself */
   int has_error;           /* atomic: a connection failed or an op was refused */
   int epfd;                /* every connection's socket, for rmaProgress to find the readable ones */
+  uint64_t progress_ns;    /* atomic: the last rmaProgress call (0: never) */
 };
+
+/* Set in a thread once it calls rmaProgress: the ops it posts may wait there to be sent together. */
+static __thread int mpr_progress_thread;
 
 enum mpr_req_kind { MPR_K_PUT = 1, MPR_K_GET, MPR_K_ACK, MPR_K_GET_RESP, MPR_K_BYE,
                     MPR_K_RAW /* the unsent tail of a record sent at once, for the writer to finish */ };
@@ -594,6 +604,7 @@ static void conn_fail(struct mpr_conn *c, const char *why) {
   struct mpr_req *lists[2] = {c->p_head, c->q_head};
   c->p_head = c->p_tail = c->q_head = c->q_tail = NULL;
   pthread_cond_broadcast(&c->cond);
+  pthread_cond_broadcast(&c->rcond);
   pthread_mutex_unlock(&c->lock);
   if (first) {
     MP_WARN("RMA: context %d, connection to %s failed: %s", c->context, c->peer_str, why);
@@ -660,6 +671,10 @@ static int has_data(const struct mpr_out *o) {
   return o->kind == MPR_K_PUT || (o->kind == MPR_K_GET_RESP && o->m.status == MPR_OK);
 }
 
+static int has_data_req(const struct mpr_req *r) {
+  return r->kind == MPR_K_PUT || (r->kind == MPR_K_GET_RESP && r->m.status == MPR_OK);
+}
+
 /* Copy out what writing r needs; a request becomes pending before a byte moves (its response may
  * come back at once), anything else is freed. 1 if r was a BYE. Called with the lock held. */
 static int take_locked(struct mpr_conn *c, struct mpr_req *r, struct mpr_out *o) {
@@ -701,11 +716,13 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
   return k ? mps_sendv_all(c->fd, iov, k) : 0;
 }
 
-/* Take up to MPR_BATCH queued records; a BYE is the last one taken. Called with the lock held. */
-static int take_batch(struct mpr_conn *c, struct mpr_out *out) {
+/* Take up to MPR_BATCH queued records; a BYE is the last one taken, and with gpu_last so is the
+ * first with data in GPU memory (one staging buffer for a send at once). Called with the lock held. */
+static int take_batch(struct mpr_conn *c, struct mpr_out *out, int gpu_last) {
   int n = 0;
   while (c->q_head && n < MPR_BATCH) {
     struct mpr_req *r = c->q_head;
+    if (gpu_last && n && has_data_req(r) && r->m.size && r->src.gpu >= 0) break;
     c->q_head = r->next;
     if (!c->q_head) c->q_tail = NULL;
     if (take_locked(c, r, &out[n++])) break;
@@ -752,7 +769,7 @@ static void *writer_main(void *arg) {
       pthread_mutex_unlock(&c->lock);
       break;
     }
-    int n = take_batch(c, out);
+    int n = take_batch(c, out, 0);
     c->wbusy = MPR_W_WRITER;
     pthread_mutex_unlock(&c->lock);
     int rc = write_batch(c, out, n);
@@ -773,25 +790,32 @@ static void *writer_main(void *arg) {
 
 /* ---- sending at once: no thread hand-off for small records ---- */
 
-/* The bytes of one record, header and data, for one sendmsg; GPU data copied out into istage. 0 ok,
- * -2 the copy out of GPU memory failed. */
-static int record_iov(struct mpr_conn *c, const struct mpr_out *o, struct iovec iov[2], int *n) {
-  iov[0] = (struct iovec){.iov_base = (void *)&o->m, .iov_len = sizeof(o->m)};
-  *n = 1;
-  if (!has_data(o) || o->m.size == 0) return 0;
-  void *p = o->src.base + o->src_off;
-  if (o->src.gpu >= 0) {
-    if (!(p = stage_get(&c->istage, MPR_SEND_NOW_MAX, o->src.gpu))) return -2;
-    if (win_read(&o->src, o->src_off, p, o->m.size) != 0) return -2;
+/* The iov of a run of records, headers and data, for one sendmsg; GPU data (the last record's
+ * only: deferral keeps GPU records out of runs) copied out into istage. 0 ok, -2 the copy failed. */
+static int records_iov(struct mpr_conn *c, const struct mpr_out *o, int n, struct iovec *iov, int *k) {
+  *k = 0;
+  for (int i = 0; i < n; i++) {
+    if (o[i].kind == MPR_K_RAW) {
+      iov[(*k)++] = (struct iovec){.iov_base = o[i].raw, .iov_len = o[i].raw_len};
+      continue;
+    }
+    iov[(*k)++] = (struct iovec){.iov_base = (void *)&o[i].m, .iov_len = sizeof(o[i].m)};
+    if (!has_data(&o[i]) || o[i].m.size == 0) continue;
+    void *p = o[i].src.base + o[i].src_off;
+    if (o[i].src.gpu >= 0) {
+      if (!(p = stage_get(&c->istage, MPR_SEND_NOW_MAX, o[i].src.gpu))) return -2;
+      if (win_read(&o[i].src, o[i].src_off, p, o[i].m.size) != 0) return -2;
+    }
+    iov[(*k)++] = (struct iovec){.iov_base = p, .iov_len = o[i].m.size};
   }
-  iov[(*n)++] = (struct iovec){.iov_base = p, .iov_len = o->m.size};
   return 0;
 }
 
-/* Hand the unsent tail of a record to the writer, ahead of anything queued since. 0 ok, -1 no memory. */
+/* Hand the unsent tail of a write to the writer, ahead of anything queued since. 0 ok, -1 no memory. */
 static int queue_tail(struct mpr_conn *c, const struct iovec *iov, int n, size_t sent) {
   size_t total = 0, k = 0;
   for (int i = 0; i < n; i++) total += iov[i].iov_len;
+  if (sent >= total) return 0;
   struct mpr_req *t = calloc(1, sizeof(*t));
   char *raw = malloc(total - sent);
   if (!t || !raw) {
@@ -814,24 +838,33 @@ static int queue_tail(struct mpr_conn *c, const struct iovec *iov, int n, size_t
   return 0;
 }
 
-/* Write one record now from this thread, without blocking: what the socket does not take goes to
- * the writer thread. 0 ok, -1 socket, -2 GPU copy. */
-static int write_now(struct mpr_conn *c, const struct mpr_out *o) {
-  struct iovec iov[2];
-  int n;
-  if (record_iov(c, o, iov, &n) != 0) return -2;
-  size_t total = iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
-  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+/* Write records now from this thread, without blocking: what the socket does not take goes to the
+ * writer thread. 0 ok, -1 socket, -2 GPU copy. */
+static int write_now(struct mpr_conn *c, const struct mpr_out *o, int n) {
+  struct iovec iov[2 * MPR_BATCH];
+  int k;
+  if (records_iov(c, o, n, iov, &k) != 0) return -2;
+  size_t total = 0;
+  for (int i = 0; i < k; i++) total += iov[i].iov_len;
+  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
   ssize_t w;
   do w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT); while (w < 0 && errno == EINTR);
   if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
   if (w < 0) w = 0;
-  if ((size_t)w < total && queue_tail(c, iov, n, (size_t)w) != 0) {
+  if ((size_t)w < total && queue_tail(c, iov, k, (size_t)w) != 0) {
     errno = ENOMEM;
     return -1;
   }
   return 0;
 }
+
+static int queued_locked(const struct mpr_conn *c) {
+  int n = 0;
+  for (const struct mpr_req *r = c->q_head; r && n < MPR_BATCH; r = r->next) n++;
+  return n;
+}
+
+static void send_queued_locked(struct mpr_conn *c);
 
 /* Send r: at once from this thread when it is small and nothing is queued or being written before it
  * (NCCL's progress thread spins anyway, so no thread has to wake for it), else through the writer.
@@ -842,7 +875,7 @@ static ncclResult_t conn_send(struct mpr_conn *c, struct mpr_req *r) {
   pthread_mutex_lock(&c->lock);
   /* Another thread is sending one record at once (microseconds): wait for it rather than hand this
    * one to the writer thread, whose wake-up can take a millisecond on a host full of spinning threads. */
-  for (int i = 0; small && c->wbusy == MPR_W_NOW && !c->q_head && i < 1000; i++) {
+  for (int i = 0; small && c->wbusy == MPR_W_NOW && i < 1000; i++) {
     pthread_mutex_unlock(&c->lock);
     sched_yield();
     pthread_mutex_lock(&c->lock);
@@ -852,25 +885,58 @@ static ncclResult_t conn_send(struct mpr_conn *c, struct mpr_req *r) {
     return ncclRemoteError;
   }
   number_locked(c, r);
-  if (!small || c->q_head || c->wbusy) {
+  if (!small || c->wbusy || (c->q_head && !c->deferred)) { /* the writer's: big, or it is at work */
     append_locked(&c->q_head, &c->q_tail, r);
+    c->deferred = 0;
     pthread_cond_signal(&c->cond);
     pthread_mutex_unlock(&c->lock);
     return ncclSuccess;
   }
+  if (mpr_progress_thread && !(has_data_req(r) && r->src.gpu >= 0)) { /* rmaProgress sends it with the rest */
+    if (!c->deferred) c->deferred_ns = mono_ns();
+    c->deferred = 1;
+    if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) c->ops_added++;
+    append_locked(&c->q_head, &c->q_tail, r);
+    pthread_mutex_unlock(&c->lock);
+    return ncclSuccess;
+  }
+  append_locked(&c->q_head, &c->q_tail, r);
+  send_queued_locked(c); /* unlocks */
+  return ncclSuccess;
+}
+
+/* Send everything queued from this thread now, without blocking (what the socket does not take
+ * goes to the writer thread). Called with the lock held, nothing being written; unlocks. */
+static void send_queued_locked(struct mpr_conn *c) {
+  struct mpr_out o[MPR_BATCH];
+  int n = take_batch(c, o, 1);
+  c->deferred = 0;
   c->wbusy = MPR_W_NOW;
-  struct mpr_out o;
-  take_locked(c, r, &o);
   pthread_mutex_unlock(&c->lock);
-  int rc = write_now(c, &o);
-  write_done(c);
-  if (rc == 0) trace_wrote(c, &o, 1, " at once");
+  int rc = write_now(c, o, n);
+  for (int i = 0; i < n; i++) free(o[i].raw);
+  write_done(c); /* and wakes the writer for anything left behind the batch */
+  if (rc == 0) trace_wrote(c, o, n, " at once");
   else {
     char why[160];
     snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
     conn_fail(c, why);
   }
-  return ncclSuccess;
+}
+
+/* rmaProgress's half of deferred sending: a connection's deferred records go once no op joined them
+ * since the previous call (the poster's burst is over), or the oldest waited 20 us, or they fill a batch. */
+static void flush_deferred(struct mpr_conn *c, uint64_t now) {
+  if (!__atomic_load_n(&c->deferred, __ATOMIC_RELAXED)) return;
+  pthread_mutex_lock(&c->lock);
+  uint64_t added = c->ops_added;
+  int idle = added == c->ops_seen, old = now - c->deferred_ns > 20000;
+  c->ops_seen = added;
+  if (!c->deferred || c->wbusy || !c->q_head || !(idle || old || queued_locked(c) >= MPR_BATCH)) {
+    pthread_mutex_unlock(&c->lock);
+    return;
+  }
+  send_queued_locked(c);
 }
 
 /* ---- the reader: the target side of puts and gets, and the responses to ours ---- */
@@ -1208,16 +1274,43 @@ static int conn_pump(struct mpr_conn *c) {
 
 /* The reader thread: advances the reader whenever bytes arrive and no other thread (NCCL's progress
  * thread, in rmaProgress) has taken them first, so ops are served even when nobody calls rmaProgress. */
+#define MPR_PROGRESS_LIVE_NS 100000000ull /* rmaProgress called this recently: it does the reading */
+
+static int progress_live(const struct mpr_ctxset *s) {
+  uint64_t last = __atomic_load_n(&s->progress_ns, __ATOMIC_RELAXED);
+  return last && mono_ns() - last < MPR_PROGRESS_LIVE_NS;
+}
+
+/* While NCCL's thread calls rmaProgress it reads every connection itself; the reader thread then
+ * rests (a wake per arriving packet would only contend for the parser), and takes over within
+ * MPR_PROGRESS_LIVE_NS once the calls stop. */
+static void reader_rest(struct mpr_conn *c) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_nsec += (long)MPR_PROGRESS_LIVE_NS;
+  until.tv_sec += until.tv_nsec / 1000000000L;
+  until.tv_nsec %= 1000000000L;
+  pthread_mutex_lock(&c->lock);
+  if (!c->stop && !c->failed) pthread_cond_timedwait(&c->rcond, &c->lock, &until);
+  pthread_mutex_unlock(&c->lock);
+}
+
 static void *reader_main(void *arg) {
   struct mpr_conn *c = arg;
   for (;;) {
+    if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) && __atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE)) return NULL;
+    if (progress_live(c->set) && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
+      reader_rest(c);
+      continue;
+    }
     struct pollfd p = {.fd = c->fd, .events = POLLIN};
-    int r = poll(&p, 1, -1);
+    int r = poll(&p, 1, (int)(MPR_PROGRESS_LIVE_NS / 1000000));
     if (r < 0 && errno != EINTR) {
       reader_over(c);
       if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) conn_fail(c, "poll failed");
       return NULL;
     }
+    if (r <= 0) continue;
     pthread_mutex_lock(&c->rlock);
     int over = conn_pump(c);
     pthread_mutex_unlock(&c->rlock);
@@ -1244,6 +1337,9 @@ static void *reader_idle(void *arg) { /* polls: the writer alone waits on the co
 static ncclResult_t rma_progress(void *ctx) {
   struct mpr_ctxset *s = ctx;
   if (!s || s->epfd < 0) return ncclSuccess;
+  mpr_progress_thread = 1;
+  uint64_t now = mono_ns();
+  __atomic_store_n(&s->progress_ns, now, __ATOMIC_RELAXED);
   struct epoll_event ev[32];
   int n = epoll_wait(s->epfd, ev, 32, 0);
   for (int i = 0; i < n; i++) {
@@ -1252,7 +1348,23 @@ static ncclResult_t rma_progress(void *ctx) {
     conn_pump(c);
     pthread_mutex_unlock(&c->rlock);
   }
+  for (int i = 0; i < s->ncontexts * s->g->nranks; i++)
+    if (s->conns[i]) flush_deferred(s->conns[i], now);
+  for (int i = 0; i < s->ncontexts; i++)
+    if (s->mirrors[i]) flush_deferred(s->mirrors[i], now);
   return ncclSuccess;
+}
+
+/* A caller that stopped calling rmaProgress: its deferred records go through the writer thread. */
+static void kick_if_unprogressed(struct mpr_conn *c) {
+  uint64_t last = __atomic_load_n(&c->set->progress_ns, __ATOMIC_RELAXED);
+  if (!__atomic_load_n(&c->deferred, __ATOMIC_RELAXED) || mono_ns() - last < 1000000) return;
+  pthread_mutex_lock(&c->lock);
+  if (c->deferred) {
+    c->deferred = 0;
+    pthread_cond_signal(&c->cond);
+  }
+  pthread_mutex_unlock(&c->lock);
 }
 
 /* ---- contexts ---- */
@@ -1283,6 +1395,7 @@ static void conn_destroy(struct mpr_conn *c) {
   else free(bye);
   __atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&c->cond);
+  pthread_cond_broadcast(&c->rcond);
   pthread_mutex_unlock(&c->lock);
   /* The writer sends what is queued, the BYE last, and exits; then the reader is cut off. A peer
    * that stopped reading gets the timeout, then its socket is cut under the writer. */
@@ -1297,6 +1410,7 @@ static void conn_destroy(struct mpr_conn *c) {
   stage_free(&c->istage);
   pthread_mutex_destroy(&c->lock);
   pthread_mutex_destroy(&c->rlock);
+  pthread_cond_destroy(&c->rcond);
   pthread_cond_destroy(&c->cond);
   free(c);
 }
@@ -1327,6 +1441,7 @@ static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, in
   pthread_mutex_init(&c->lock, NULL);
   pthread_mutex_init(&c->rlock, NULL);
   pthread_cond_init(&c->cond, NULL);
+  pthread_cond_init(&c->rcond, NULL);
   if (peer == s->g->rank) snprintf(c->peer_str, sizeof(c->peer_str), "rank %d (itself)", peer);
   else peer_name(fd, peer, c->peer_str, sizeof(c->peer_str));
   mplane_rma_set_timeouts(fd, 0); /* the data path waits as long as the peer lives; a dead peer closes the socket */
@@ -1563,6 +1678,7 @@ static ncclResult_t rma_test(void *group, void *request, int *done) {
     return ncclInvalidArgument;
   }
   if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+    kick_if_unprogressed(r->conn);
     uint64_t waited_ms = (mono_ns() - r->t0_ns) / 1000000;
     if (waited_ms <= (uint64_t)timeout_ms()) return ncclSuccess;
     char why[200];
