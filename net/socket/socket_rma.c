@@ -161,7 +161,6 @@ struct mpr_conn {
   uint64_t ops_added, ops_seen;        /* ops deferred so far; as of the previous rmaProgress */
   pthread_mutex_t rlock;               /* held by whichever thread advances the reader below */
   pthread_cond_t rcond;                /* the reader thread rests on it while rmaProgress reads */
-  int handoff;                         /* rmaProgress left a record that needs the CUDA driver to the reader thread */
   struct mpr_rd in;                    /* the reader: where it is in the incoming stream */
   int rd_over;                         /* atomic: the reader has stopped (a BYE, a failure, a close) */
   struct mpr_stage stage;              /* the reader's GPU staging; the writer has its own */
@@ -1220,36 +1219,6 @@ static void reader_over(struct mpr_conn *c) {
   if (c->set->epfd >= 0) epoll_ctl(c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
 }
 
-static int progress_only(void);
-
-/* Does serving this header call the CUDA driver (data or a signal in GPU memory)? Such calls can
- * take hundreds of microseconds on a busy GPU, so NCCL's progress thread leaves them to the reader
- * thread and keeps serving its own loop. */
-static int needs_cuda(struct mpr_conn *c, const struct mpr_msg *m) {
-  struct mpr_win w;
-  struct mpr_group *g = c->set->g;
-  switch (m->type) {
-  case MPR_PUT:
-    return (m->size && win_get(g, m->win, &w) && w.gpu >= 0) ||
-           (m->sig_win != MPR_NO_WIN && win_get(g, m->sig_win, &w) && w.gpu >= 0);
-  case MPR_GET: return m->size && win_get(g, m->win, &w) && w.gpu >= 0;
-  case MPR_GET_RESP: {
-    pthread_mutex_lock(&c->lock);
-    int gpu = m->size && m->status == MPR_OK && c->p_head && c->p_head->dst.gpu >= 0;
-    pthread_mutex_unlock(&c->lock);
-    return gpu;
-  }
-  default: return 0;
-  }
-}
-
-static void hand_off(struct mpr_conn *c) {
-  pthread_mutex_lock(&c->lock);
-  c->handoff = 1;
-  pthread_cond_signal(&c->rcond);
-  pthread_mutex_unlock(&c->lock);
-}
-
 /* Advance the reader over everything that has arrived, without waiting. Caller holds rlock.
  * 0: all taken, wait for more; 1: reading has ended (a BYE, a failure, a close: already handled). */
 static int conn_pump(struct mpr_conn *c) {
@@ -1276,24 +1245,18 @@ static int conn_pump(struct mpr_conn *c) {
       }
       continue;
     }
-    if (d->hgot < sizeof(d->m)) {
-      rc = rbuf_fill(c);
-      if (rc == 0) return 0;
-      if (rc < 0) {
-        if (d->hgot == 0) snprintf(why, sizeof(why), "the peer closed it (is the process gone?)");
-        else snprintf(why, sizeof(why), "recv failed or the peer reset it");
-        break;
-      }
-      size_t k = c->rlen - c->rpos < sizeof(d->m) - d->hgot ? c->rlen - c->rpos : sizeof(d->m) - d->hgot;
-      memcpy((char *)&d->m + d->hgot, c->rbuf + c->rpos, k);
-      c->rpos += k;
-      d->hgot += k;
-      if (d->hgot < sizeof(d->m)) continue;
+    rc = rbuf_fill(c);
+    if (rc == 0) return 0;
+    if (rc < 0) {
+      if (d->hgot == 0) snprintf(why, sizeof(why), "the peer closed it (is the process gone?)");
+      else snprintf(why, sizeof(why), "recv failed or the peer reset it");
+      break;
     }
-    if (mpr_progress_thread && !progress_only() && needs_cuda(c, &d->m)) {
-      hand_off(c);
-      return 0;
-    }
+    size_t k = c->rlen - c->rpos < sizeof(d->m) - d->hgot ? c->rlen - c->rpos : sizeof(d->m) - d->hgot;
+    memcpy((char *)&d->m + d->hgot, c->rbuf + c->rpos, k);
+    c->rpos += k;
+    d->hgot += k;
+    if (d->hgot < sizeof(d->m)) continue;
     d->hgot = 0;
     d->sfill = 0;
     d->cuda_bad = 0;
@@ -1328,7 +1291,7 @@ static void reader_rest(struct mpr_conn *c) {
   until.tv_sec += until.tv_nsec / 1000000000L;
   until.tv_nsec %= 1000000000L;
   pthread_mutex_lock(&c->lock);
-  if (!c->stop && !c->failed && !c->handoff) pthread_cond_timedwait(&c->rcond, &c->lock, &until);
+  if (!c->stop && !c->failed) pthread_cond_timedwait(&c->rcond, &c->lock, &until);
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -1336,14 +1299,6 @@ static void *reader_main(void *arg) {
   struct mpr_conn *c = arg;
   for (;;) {
     if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) && __atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE)) return NULL;
-    if (__atomic_load_n(&c->handoff, __ATOMIC_ACQUIRE)) { /* rmaProgress left it a record */
-      pthread_mutex_lock(&c->rlock);
-      __atomic_store_n(&c->handoff, 0, __ATOMIC_RELEASE);
-      int over = conn_pump(c);
-      pthread_mutex_unlock(&c->rlock);
-      if (over) return NULL;
-      continue;
-    }
     if (progress_live(c->set) && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
       reader_rest(c);
       continue;
@@ -1366,12 +1321,8 @@ static void *reader_main(void *arg) {
 /* Tests only (MPLANE_TEST_RMA_PROGRESS_ONLY=1): the reader threads never read, so rmaProgress alone
  * must serve every op; a test that passes this way shows the progress path carries everything. */
 static int progress_only(void) {
-  static int cached = -1;
-  if (cached < 0) {
-    const char *v = getenv("MPLANE_TEST_RMA_PROGRESS_ONLY");
-    cached = v && !strcmp(v, "1");
-  }
-  return cached;
+  const char *v = getenv("MPLANE_TEST_RMA_PROGRESS_ONLY");
+  return v && !strcmp(v, "1");
 }
 
 static void *reader_idle(void *arg) { /* polls: the writer alone waits on the connection's cond */
@@ -1393,9 +1344,7 @@ static ncclResult_t rma_progress(void *ctx) {
   int n = epoll_wait(s->epfd, ev, 32, 0);
   for (int i = 0; i < n; i++) {
     struct mpr_conn *c = ev[i].data.ptr;
-    if (__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE) || __atomic_load_n(&c->handoff, __ATOMIC_ACQUIRE) ||
-        pthread_mutex_trylock(&c->rlock) != 0)
-      continue;
+    if (__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&c->rlock) != 0) continue;
     conn_pump(c);
     pthread_mutex_unlock(&c->rlock);
   }
