@@ -1,20 +1,26 @@
 /* mplane: one-sided ops (net/transport.h's mplane_rma_ops) over TCP, for NCCL 2.30's GIN proxy.
  *
  * The target writes its own memory: a put travels as a header and its bytes on the connection of
- * its (context, peer), and the target's reader thread checks the header against the window it
- * names, lands the bytes (host memory directly, GPU memory through the CUDA driver on the
- * process's one non-blocking stream for that GPU, synchronised), then applies the signal, then
- * acknowledges. An op unanswered for MPLANE_CONNECT_TIMEOUT fails its connection. One reader per
- * connection, in order, so a signal is applied only after its data and after every earlier put
- * of that context to that rank is in place. A get is a request the target answers with the bytes.
+ * its (context, peer); the target checks the header against the window it names, lands the bytes
+ * (host memory directly, GPU memory through the CUDA driver on the process's one non-blocking
+ * stream for that GPU, synchronised), then applies the signal, then acknowledges. An op unanswered
+ * for MPLANE_CONNECT_TIMEOUT fails its connection. One reader per connection at a time, in order, so
+ * a signal is applied only after its data and after every earlier put of that context to that rank
+ * is in place. A get is a request the target answers with the bytes.
  *
  * Connections: connect() builds a control mesh (lower rank dials, higher rank accepts) used only
  * by the collective calls; create_context() exchanges a fresh listener's address over it and
- * builds one full-duplex connection per context and connected pair (ranks rank +- k*stride). Each
- * connection has a writer thread (requests and responses, in queue order; what is queued when it
- * wakes goes out in one sendmsg, headers with their host data) and a reader thread (one recv takes
- * every record that has arrived); NCCL's proxy thread only queues and polls. The reader never
- * writes (it queues responses), so two peers writing large puts at each other cannot both stall.
+ * builds one full-duplex connection per context and connected pair (ranks rank +- k*stride).
+ *
+ * Who moves the bytes: NCCL's GIN progress thread spins and calls rmaProgress in its loop, so that
+ * is where the I/O happens, with no thread hand-off per op. Ops it posts wait in their connection's
+ * queue and rmaProgress sends a queue in one non-blocking sendmsg once a burst is over; rmaProgress
+ * reads every connection with bytes waiting (epoll) through a record parser that takes records in
+ * pieces (struct mpr_rd), serving puts and gets and taking answers. Each connection also has a
+ * writer thread (large records, the tail of a send the socket did not take, callers that never call
+ * rmaProgress) and a reader thread that rests while rmaProgress is being called and reads when it
+ * is not; the parser is taken under rlock by whichever thread gets there. Nothing that serves the
+ * peer ever blocks on a write, so two peers writing large puts at each other cannot both stall.
  *
  * Responses arrive in the order their requests were written (one reader serves them in order at
  * the target), so each response matches the oldest pending request; anything else fails the
