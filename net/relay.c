@@ -181,6 +181,7 @@ static struct {
   CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
   CUresult (*cuMemFreeHost)(void *);
   CUresult (*cuStreamWriteValue64)(CUstream, CUdeviceptr, uint64_t, unsigned);
+  CUresult (*cuStreamBatchMemOp)(CUstream, unsigned, void *, unsigned);
   CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
   CUcontext ctx[64];
 } cu;
@@ -239,6 +240,7 @@ static void cu_load_once(void) {
   *(void **)&cu.cuMemHostAlloc = dlsym(cu.lib, "cuMemHostAlloc");
   *(void **)&cu.cuMemFreeHost = dlsym(cu.lib, "cuMemFreeHost");
   *(void **)&cu.cuStreamWriteValue64 = dlsym(cu.lib, "cuStreamWriteValue64_v2");
+  *(void **)&cu.cuStreamBatchMemOp = dlsym(cu.lib, "cuStreamBatchMemOp_v2");
   *(void **)&cu.cuMemGetHandleForAddressRange = dlsym(cu.lib, "cuMemGetHandleForAddressRange");
   CUresult r = cu.cuInit(0);
   if (r != CUDA_SUCCESS) {
@@ -318,11 +320,31 @@ int mplane_cuda_memcpy_dtoh(int gpu, void *dst, const void *src, size_t bytes) {
  * Signals: the read of the word is ordered after the previous add's write on the lane, so adds from
  * any thread never lose one another (one lock); the write is left in flight
  * (cuStreamWriteValue64), and the caller's data, synchronised before it asks, lands first. */
+/* One 64-bit write of a cuStreamBatchMemOp (the driver's CUstreamBatchMemOpParams, 48 bytes:
+ * operation, address, value, flags, alias). */
+struct cu_write_op {
+  int operation; /* CU_STREAM_MEM_OP_WRITE_VALUE_64 */
+  int pad0;
+  CUdeviceptr address;
+  uint64_t value;
+  unsigned flags;
+  unsigned pad1;
+  CUdeviceptr alias;
+  uint64_t pad2;
+};
+_Static_assert(sizeof(struct cu_write_op) == 48, "CUstreamBatchMemOpParams is 48 bytes");
+#define CU_STREAM_MEM_OP_WRITE_VALUE_64 5
+#define LANE_BATCH 128
+
 struct cu_signal_lane {
   pthread_mutex_t lock;
   CUstream stream;
   uint64_t *word; /* pinned host memory: the read lands here */
   int ready, fast;
+  /* Owned-signal writes not yet given to the driver, in the order their values were set; one
+   * cuStreamBatchMemOp submits them all (mplane_cuda_signal_flush). */
+  struct cu_write_op pending[LANE_BATCH];
+  int npending; /* atomic for the lock-free check in flush */
 };
 static struct cu_signal_lane signal_lanes[64];
 static pthread_mutex_t signal_lanes_init = PTHREAD_MUTEX_INITIALIZER;
@@ -390,13 +412,21 @@ static struct cu_signal_lane *lane_of(int gpu) {
   return gpu >= 0 && gpu < 64 && cu_use(gpu) == 0 ? signal_lane(gpu) : NULL;
 }
 
+/* Give the lane's pending writes to the driver in one call, in order (lock held). */
+static int lane_submit(struct cu_signal_lane *l) {
+  int n = l->npending;
+  if (n == 0) return 0;
+  __atomic_store_n(&l->npending, 0, __ATOMIC_RELAXED);
+  return cu.cuStreamBatchMemOp(l->stream, (unsigned)n, l->pending, 0) == CUDA_SUCCESS ? 0 : -1;
+}
+
 int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now) {
   struct cu_signal_lane *l = lane_of(gpu);
   if (!l) return -1;
   CUdeviceptr p = (CUdeviceptr)(uintptr_t)word;
   pthread_mutex_lock(&l->lock);
   int rc = -1;
-  if (cu.cuMemcpyDtoHAsync(l->word, p, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
+  if (lane_submit(l) == 0 && cu.cuMemcpyDtoHAsync(l->word, p, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
       cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS) {
     *now = *l->word + add;
     rc = lane_write(l, p, *now);
@@ -410,9 +440,31 @@ int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t
   if (!l) return -1;
   pthread_mutex_lock(&l->lock);
   *now = *shadow + add;
-  int rc = lane_write(l, (CUdeviceptr)(uintptr_t)word, *now);
+  int rc = 0;
+  if (l->fast && cu.cuStreamBatchMemOp) {
+    if (l->npending == LANE_BATCH) rc = lane_submit(l);
+    l->pending[l->npending] = (struct cu_write_op){.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64,
+                                                   .address = (CUdeviceptr)(uintptr_t)word, .value = *now};
+    __atomic_store_n(&l->npending, l->npending + 1, __ATOMIC_RELAXED);
+  } else rc = lane_write(l, (CUdeviceptr)(uintptr_t)word, *now);
   if (rc == 0) *shadow = *now;
   pthread_mutex_unlock(&l->lock);
+  return rc;
+}
+
+int mplane_cuda_signal_flush(void) {
+  int rc = 0;
+  for (int g = 0; g < 64; g++) {
+    struct cu_signal_lane *l = &signal_lanes[g];
+    if (!__atomic_load_n(&l->ready, __ATOMIC_ACQUIRE) || !__atomic_load_n(&l->npending, __ATOMIC_RELAXED)) continue;
+    if (cu_use(g) != 0) {
+      rc = -1;
+      continue;
+    }
+    pthread_mutex_lock(&l->lock);
+    if (lane_submit(l) != 0) rc = -1;
+    pthread_mutex_unlock(&l->lock);
+  }
   return rc;
 }
 

@@ -106,6 +106,10 @@ int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now);
  * its value, so nothing is read back and nothing waits; the write goes out on the same stream, in
  * order, under the same lock (the shadow is updated under it). */
 int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t add, uint64_t *now);
+/* Owned-signal writes are collected per GPU and given to the driver together (one
+ * cuStreamBatchMemOp instead of a call per signal: a GIN barrier's 16 signals in one call); they
+ * reach the GPU once this is called. 0 ok, -1 the driver refused. */
+int mplane_cuda_signal_flush(void);
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
 /* Pinned (page-locked) host memory, usable by every context: copies to and from it are real DMA,
  * not staged by the driver through a buffer of its own. NULL where the driver cannot give it. */

@@ -1225,9 +1225,21 @@ static void reader_over(struct mpr_conn *c) {
   if (c->set->epfd >= 0) epoll_ctl(c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
 }
 
-/* Advance the reader over everything that has arrived, without waiting. Caller holds rlock.
- * 0: all taken, wait for more; 1: reading has ended (a BYE, a failure, a close: already handled). */
+static int conn_pump_records(struct mpr_conn *c);
+
+/* Advance the reader over everything that has arrived, without waiting, then hand the GPU signal
+ * writes it made to the driver in one call. Caller holds rlock. 0: all taken, wait for more; 1:
+ * reading has ended (a BYE, a failure, a close: already handled). */
 static int conn_pump(struct mpr_conn *c) {
+  int over = conn_pump_records(c);
+  if (mplane_cuda_signal_flush() != 0 && !over) {
+    conn_fail(c, "the CUDA driver refused the signal writes");
+    return 1;
+  }
+  return over;
+}
+
+static int conn_pump_records(struct mpr_conn *c) {
   struct mpr_rd *d = &c->in;
   char why[200] = "";
   if (__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE)) return 1;
