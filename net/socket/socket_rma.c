@@ -1,4 +1,5 @@
-/* mplane: one-sided ops (net/transport.h's mplane_rma_ops) over TCP, for NCCL 2.30's GIN proxy.
+/* mplane: one-sided ops (net/transport.h's mplane_rma_ops) over TCP, for NCCL 2.30's GIN proxy:
+ * groups, windows, contexts and the ops NCCL calls. A connection's I/O is socket_rma_conn.c.
  *
  * The target writes its own memory: a put travels as a header and its bytes on the connection of
  * its (context, peer); the target checks the header against the window it names, lands the bytes
@@ -10,34 +11,16 @@
  *
  * Connections: connect() builds a control mesh (lower rank dials, higher rank accepts) used only
  * by the collective calls; create_context() exchanges a fresh listener's address over it and
- * builds one full-duplex connection per context and connected pair (ranks rank +- k*stride).
- *
- * Who moves the bytes: NCCL's GIN progress thread spins and calls rmaProgress in its loop, so that
- * is where the I/O happens, with no thread hand-off per op. Ops it posts wait in their connection's
- * queue and rmaProgress sends a queue in one non-blocking sendmsg once a burst is over; rmaProgress
- * reads every connection with bytes waiting (epoll) through a record parser that takes records in
- * pieces (struct mpr_rd), serving puts and gets and taking answers. Each connection also has a
- * writer thread (large records, the tail of a send the socket did not take, callers that never call
- * rmaProgress) and a reader thread that rests while rmaProgress is being called and reads when it
- * is not; the parser is taken under rlock by whichever thread gets there. Nothing that serves the
- * peer ever blocks on a write, so two peers writing large puts at each other cannot both stall.
- *
- * Responses arrive in the order their requests were written (one reader serves them in order at
- * the target), so each response matches the oldest pending request; anything else fails the
- * connection. A closed or reset connection (a dead peer) fails every request queued or pending on
- * it and marks the context, which query_last_error reports. */
+ * builds one full-duplex connection per context and connected pair (ranks rank +- k*stride). */
 #include <errno.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,172 +30,11 @@
 #include "../rma_ctrl.h"
 #include "../tc.h"
 #include "socket.h"
+#include "socket_rma.h"
 
-#define MPR_MAGIC 0x4d505241u /* "MPRA" */
-#define MPR_VERSION 1
-#define MPR_NO_WIN 0xffffffffu
-#define MPR_STAGE (4u << 20) /* GPU windows move through host staging in steps of this size */
-#define MPR_REQ_MAGIC 0x52514d41u
-#define MPR_RBUF (64u << 10) /* the reader's receive buffer */
+int mpr_timeout_ms(void) { return mplane_rma_timeout_ms(mps_config()); }
 
-/* ---- wire (little endian hosts) ---- */
-struct mpr_handle {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t addrlen;
-  uint64_t node_id;
-  union {
-    struct sockaddr sa;
-    struct sockaddr_in sin;
-    struct sockaddr_in6 sin6;
-  } addr;
-};
-_Static_assert(sizeof(struct mpr_handle) <= MPLANE_RMA_HANDLE_MAX, "RMA handle fits NCCL's handle");
-
-struct mpr_hello {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t kind; /* 0 control, 1 data */
-  int32_t rank, nranks, context, reserved;
-};
-
-enum mpr_type { MPR_PUT = 1, MPR_GET = 2, MPR_ACK = 3, MPR_GET_RESP = 4, MPR_BYE = 5 };
-enum mpr_status { MPR_OK = 0, MPR_BAD_WIN, MPR_BAD_RANGE, MPR_BAD_SIG_WIN, MPR_BAD_SIG_RANGE, MPR_BAD_SIG_OP,
-                  MPR_GPU_COPY };
-
-struct mpr_msg {
-  uint32_t magic;
-  uint16_t type;
-  uint16_t status;  /* responses: enum mpr_status */
-  uint32_t win;     /* put: destination; get: source (target's window) */
-  uint32_t sig_win; /* MPR_NO_WIN: no signal */
-  uint64_t off, size;
-  uint64_t sig_off, sig_val;
-  uint64_t id;
-  uint32_t sig_op, reserved;
-  uint64_t limit;   /* a refusal: the size of the window it names */
-};
-
-/* ---- local state ---- */
-struct mpr_win {
-  uint32_t id;
-  int live;
-  char *base;
-  size_t size;
-  int gpu; /* -1 host memory, else the CUDA device that owns it */
-  uint64_t *shadow; /* a GPU signal window NCCL never writes (SIGNAL_NEVER_RESET): its words as this
-                       process set them, so an add need not read the GPU; freed with the group */
-};
-
-struct mpr_listen {
-  int fd;
-  int dev;
-};
-
-struct mpr_group {
-  int rank, nranks, dev;
-  int *ctrl; /* control socket per peer, -1 for self */
-  pthread_mutex_t win_lock;
-  struct mpr_win *wins;
-  uint32_t nwins, cap;
-};
-
-struct mpr_req;
-
-/* Host memory GPU data moves through: pinned where the driver gives it (real DMA, no copy through a
- * driver buffer), else plain. */
-struct mpr_stage {
-  char *p;
-  int pinned;
-};
-
-/* Where the reader is in the incoming stream. Records are parsed as bytes arrive, by whichever
- * thread holds the connection's rlock (NCCL's progress thread in rmaProgress, else the
- * connection's reader thread), so a record may be taken in several pieces. */
-enum mpr_rd_phase { MPR_RD_HDR = 0, MPR_RD_DATA };
-struct mpr_rd {
-  int phase;
-  struct mpr_msg m;    /* the record being read */
-  size_t hgot;         /* header bytes in m so far */
-  /* MPR_RD_DATA: the bytes after the header */
-  struct mpr_req *r;   /* a get's answer: the get it answers; NULL: a put */
-  struct mpr_win w;    /* where they land */
-  int land;            /* 0: dropped (a refused put) */
-  uint64_t off, left;  /* window offset of the next byte, bytes still to come */
-  size_t sfill;        /* GPU windows: bytes in the stage, landing at off - sfill */
-  int cuda_bad;        /* a copy into GPU memory failed: the rest is read and dropped */
-  uint16_t st;         /* a put: its status so far */
-  uint64_t limit;
-  struct mpr_win sig;  /* a put: its checked signal window */
-};
-
-struct mpr_conn {
-  struct mpr_ctxset *set;
-  int peer, context, fd;
-  char peer_str[96];
-  pthread_t rd, wr;
-  int threads;
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  struct mpr_req *q_head, *q_tail;     /* to write */
-  struct mpr_req *p_head, *p_tail;     /* written, awaiting a response */
-  uint64_t next_id;
-  int failed, stop;
-  int peer_closed; /* the peer destroyed its context in order (a BYE): not an error by itself */
-  int wbusy;                           /* a thread is writing: MPR_W_WRITER, or MPR_W_NOW (sent at once) */
-  /* Records NCCL's progress thread queued without waking the writer: rmaProgress sends them in one
-   * sendmsg once a pass added no op to them (a burst is over) or the oldest has waited long enough. */
-  int deferred;                        /* queued records wait for rmaProgress */
-  uint64_t deferred_ns;                /* when the oldest of them was queued */
-  uint64_t ops_added, ops_seen;        /* ops deferred so far; as of the previous rmaProgress */
-  pthread_mutex_t rlock;               /* held by whichever thread advances the reader below */
-  pthread_cond_t rcond;                /* the reader thread rests on it while rmaProgress reads */
-  struct mpr_rd in;                    /* the reader: where it is in the incoming stream */
-  int rd_over;                         /* atomic: the reader has stopped (a BYE, a failure, a close) */
-  struct mpr_stage stage;              /* the reader's GPU staging; the writer has its own */
-  char *rbuf;                          /* the reader's receive buffer: [rpos, rlen) not yet taken */
-  size_t rpos, rlen;
-  struct mpr_stage wstage;
-  struct mpr_stage istage;             /* GPU data of a record sent at once (wbusy holder only) */
-};
-
-struct mpr_ctxset {
-  struct mpr_group *g;
-  int ncontexts;
-  struct mpr_conn **conns; /* [context * nranks + peer], NULL: not connected */
-  struct mpr_conn **mirrors; /* [context]: the target side of this rank's ops to itself */
-  int has_error;           /* atomic: a connection failed or an op was refused */
-  int epfd;                /* every connection's socket, for rmaProgress to find the readable ones */
-  uint64_t progress_ns;    /* atomic: the last rmaProgress call (0: never) */
-};
-
-/* Set in a thread once it calls rmaProgress: the ops it posts may wait there to be sent together. */
-static __thread int mpr_progress_thread;
-
-enum mpr_req_kind { MPR_K_PUT = 1, MPR_K_GET, MPR_K_ACK, MPR_K_GET_RESP, MPR_K_BYE,
-                    MPR_K_RAW /* the unsent tail of a record sent at once, for the writer to finish */ };
-
-struct mpr_req {
-  uint32_t magic;
-  int kind;
-  struct mpr_req *next;
-  struct mpr_conn *conn;
-  struct mpr_msg m;
-  struct mpr_win src;  /* put: where the bytes come from (local window, at m.off's counterpart) */
-  uint64_t src_off;
-  struct mpr_win dst;  /* get: where the answer lands */
-  uint64_t dst_off;
-  int done;            /* atomic */
-  uint64_t t0_ns;      /* queued at (monotonic): an answer later than the timeout fails the connection */
-  ncclResult_t result;
-  char *raw;           /* MPR_K_RAW: the bytes, owned */
-  size_t raw_len;
-  char why[320];
-};
-
-static int timeout_ms(void) { return mplane_rma_timeout_ms(mps_config()); }
-
-static uint64_t mono_ns(void) {
+uint64_t mpr_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
@@ -220,7 +42,7 @@ static uint64_t mono_ns(void) {
 
 /* The group's all-gather and its peers of a context (net/rma_ctrl.h). */
 static ncclResult_t ctrl_allgather(struct mpr_group *g, const void *mine, void *all, size_t len, const char *what) {
-  return mplane_rma_allgather(g->ctrl, g->rank, g->nranks, mine, all, len, timeout_ms(), what);
+  return mplane_rma_allgather(g->ctrl, g->rank, g->nranks, mine, all, len, mpr_timeout_ms(), what);
 }
 
 static int is_connected_peer(const struct mpr_group *g, int stride, int p) {
@@ -263,7 +85,7 @@ static int dial(const struct mpr_handle *h, const struct mpr_hello *hello, int s
     snprintf(why, whylen, "socket: %s", strerror(errno));
     return -1;
   }
-  mplane_rma_set_timeouts(fd, timeout_ms());
+  mplane_rma_set_timeouts(fd, mpr_timeout_ms());
   if (sl >= 0) mplane_tc_mark_socket_or_log(fd, sl, "rma");
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -279,9 +101,9 @@ static int dial(const struct mpr_handle *h, const struct mpr_hello *hello, int s
 static int take(int lfd, struct mpr_hello *hello, char *why, size_t whylen) {
   struct pollfd p = {.fd = lfd, .events = POLLIN};
   int r;
-  do r = poll(&p, 1, timeout_ms()); while (r < 0 && errno == EINTR);
+  do r = poll(&p, 1, mpr_timeout_ms()); while (r < 0 && errno == EINTR);
   if (r <= 0) {
-    snprintf(why, whylen, "no peer connected within MPLANE_CONNECT_TIMEOUT (%d s)", timeout_ms() / 1000);
+    snprintf(why, whylen, "no peer connected within MPLANE_CONNECT_TIMEOUT (%d s)", mpr_timeout_ms() / 1000);
     return -1;
   }
   int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
@@ -289,7 +111,7 @@ static int take(int lfd, struct mpr_hello *hello, char *why, size_t whylen) {
     snprintf(why, whylen, "accept: %s", strerror(errno));
     return -1;
   }
-  mplane_rma_set_timeouts(fd, timeout_ms());
+  mplane_rma_set_timeouts(fd, mpr_timeout_ms());
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (mplane_rma_read_all(fd, hello, sizeof(*hello)) != 0 ||
@@ -299,14 +121,6 @@ static int take(int lfd, struct mpr_hello *hello, char *why, size_t whylen) {
     return -1;
   }
   return fd;
-}
-
-static void peer_name(int fd, int rank, char *buf, size_t len) {
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof(ss);
-  char a[80] = "?";
-  if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) mps_addr_str((struct sockaddr *)&ss, a, sizeof(a));
-  snprintf(buf, len, "rank %d (%s)", rank, a);
 }
 
 /* ---- listen / connect (the control mesh) ---- */
@@ -520,7 +334,7 @@ static ncclResult_t rma_dereg_mr_sym(void *group, void *mhandle) {
   return ncclSuccess;
 }
 
-static int win_get(struct mpr_group *g, uint32_t id, struct mpr_win *out) {
+int mpr_win_get(struct mpr_group *g, uint32_t id, struct mpr_win *out) {
   int ok = 0;
   pthread_mutex_lock(&g->win_lock);
   if (id < g->nwins && g->wins[id].live) {
@@ -531,939 +345,46 @@ static int win_get(struct mpr_group *g, uint32_t id, struct mpr_win *out) {
   return ok;
 }
 
-static int range_ok(const struct mpr_win *w, uint64_t off, uint64_t size) {
+int mpr_range_ok(const struct mpr_win *w, uint64_t off, uint64_t size) {
   return off <= w->size && size <= w->size - off;
 }
 
 /* Copy between a window and host memory; GPU windows through the CUDA driver. */
-static int win_write(const struct mpr_win *w, uint64_t off, const void *src, size_t n) {
+int mpr_win_write(const struct mpr_win *w, uint64_t off, const void *src, size_t n) {
   if (n == 0) return 0;
   if (w->gpu < 0) {
     memcpy(w->base + off, src, n);
     return 0;
   }
-  uint64_t t0 = mono_ns();
+  uint64_t t0 = mpr_now_ns();
   int rc = mplane_cuda_memcpy_htod_nb(w->gpu, w->base + off, src, n);
-  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes into GPU window %u: %.1f us", n, w->id, (double)(mono_ns() - t0) / 1e3);
+  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes into GPU window %u: %.1f us", n, w->id, (double)(mpr_now_ns() - t0) / 1e3);
   return rc;
 }
 
-static int win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) {
+int mpr_win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) {
   if (n == 0) return 0;
   if (w->gpu < 0) {
     memcpy(dst, w->base + off, n);
     return 0;
   }
-  uint64_t t0 = mono_ns();
+  uint64_t t0 = mpr_now_ns();
   int rc = mplane_cuda_memcpy_dtoh_nb(w->gpu, dst, w->base + off, n);
-  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes out of GPU window %u: %.1f us", n, w->id, (double)(mono_ns() - t0) / 1e3);
+  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes out of GPU window %u: %.1f us", n, w->id, (double)(mpr_now_ns() - t0) / 1e3);
   return rc;
 }
 
-static char *stage_get(struct mpr_stage *s, size_t size, int gpu) {
-  if (!s->p && gpu >= 0) s->pinned = (s->p = mplane_cuda_host_alloc(gpu, size)) != NULL;
-  if (!s->p) s->p = malloc(size);
-  return s->p;
-}
-
-static void stage_free(struct mpr_stage *s) {
-  if (s->pinned) mplane_cuda_host_free(s->p);
-  else free(s->p);
-  s->p = NULL;
-}
-
-static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, struct mpr_stage *stage) {
-  if (w->gpu < 0) return n == 0 ? 0 : mplane_rma_write_all(fd, w->base + off, n);
-  char *buf = stage_get(stage, MPR_STAGE, w->gpu);
-  if (!buf) return -1;
-  while (n) {
-    size_t step = n < MPR_STAGE ? n : MPR_STAGE;
-    if (win_read(w, off, buf, step) != 0) return -2;
-    if (mplane_rma_write_all(fd, buf, step) != 0) return -1;
-    off += step;
-    n -= step;
-  }
-  return 0;
-}
-
-/* ---- requests and connection failure ---- */
-static void req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) {
-  r->result = res;
-  if (fmt) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(r->why, sizeof(r->why), fmt, ap);
-    va_end(ap);
-  }
-  if (res != ncclSuccess) __atomic_store_n(&r->conn->set->has_error, 1, __ATOMIC_RELEASE);
-  __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
-}
-
-static const char *kind_name(int kind) { return kind == MPR_K_GET ? "get" : "put"; }
-
-/* Fail everything queued or pending on c, once; responses owned by the queue are dropped. */
-static void conn_fail(struct mpr_conn *c, const char *why) {
-  pthread_mutex_lock(&c->lock);
-  int first = !c->failed && !c->stop && !c->peer_closed;
-  c->failed = 1;
-  struct mpr_req *lists[2] = {c->p_head, c->q_head};
-  c->p_head = c->p_tail = c->q_head = c->q_tail = NULL;
-  pthread_cond_broadcast(&c->cond);
-  pthread_cond_broadcast(&c->rcond);
-  pthread_mutex_unlock(&c->lock);
-  if (first) {
-    MP_WARN("RMA: context %d, connection to %s failed: %s", c->context, c->peer_str, why);
-    __atomic_store_n(&c->set->has_error, 1, __ATOMIC_RELEASE);
-  }
-  for (int i = 0; i < 2; i++)
-    for (struct mpr_req *r = lists[i], *n; r; r = n) {
-      n = r->next;
-      if (r->kind == MPR_K_ACK || r->kind == MPR_K_GET_RESP || r->kind == MPR_K_BYE || r->kind == MPR_K_RAW) {
-        free(r->raw);
-        free(r);
-      } else req_finish(r, ncclRemoteError, "RMA %s to %s (context %d, window %u): the connection failed: %s",
-                      kind_name(r->kind), c->peer_str, c->context, r->m.win, why);
-    }
-}
-
-/* Fail the connection and cut its socket, so a writer blocked on a peer that stopped reading (a
- * stalled process keeps its socket open) and the reader both return. */
-static void conn_abort(struct mpr_conn *c, const char *why) {
-  conn_fail(c, why);
-  if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
-}
-
-/* Number r (a request: it answers in this order) and trace it. Called with the lock held. */
-static void number_locked(struct mpr_conn *c, struct mpr_req *r) {
-  if (r->kind != MPR_K_PUT && r->kind != MPR_K_GET) return;
-  r->m.id = ++c->next_id;
-  r->t0_ns = mono_ns();
-  MP_TRACE(NCCL_NET, "RMA %s #%llu to %s (context %d): %llu bytes, window %u offset %llu, signal window %u offset %llu op %u value %llu",
-           kind_name(r->kind), (unsigned long long)r->m.id, c->peer_str, c->context, (unsigned long long)r->m.size,
-           r->m.win, (unsigned long long)r->m.off, r->m.sig_win, (unsigned long long)r->m.sig_off, r->m.sig_op,
-           (unsigned long long)r->m.sig_val);
-}
-
-static int refuses_locked(const struct mpr_conn *c, const struct mpr_req *r) {
-  return c->failed || (c->peer_closed && r->kind != MPR_K_BYE);
-}
-
-static void append_locked(struct mpr_req **head, struct mpr_req **tail, struct mpr_req *r) {
-  r->next = NULL;
-  if (*tail) (*tail)->next = r;
-  else *head = r;
-  *tail = r;
-}
-
-/* ---- the writer: requests and responses, in order ---- */
-#define MPR_BATCH 64 /* queued records the writer takes at once, written with one sendmsg where it can */
-enum { MPR_W_IDLE = 0, MPR_W_WRITER, MPR_W_NOW };
-#define MPR_SEND_NOW_MAX (64u << 10) /* records with at most this much data may go out from the thread
-                                        that makes them, when nothing is queued before them */
-
-/* What the write of one record needs, copied out of its request: once a request's last byte is out,
- * its response may come back and test() free it. */
-struct mpr_out {
-  int kind;
-  struct mpr_msg m;
-  struct mpr_win src;
-  uint64_t src_off;
-  char *raw; /* MPR_K_RAW: bytes to write as they are, freed once written */
-  size_t raw_len;
-};
-
-static int has_data(const struct mpr_out *o) {
-  return o->kind == MPR_K_PUT || (o->kind == MPR_K_GET_RESP && o->m.status == MPR_OK);
-}
-
-static int has_data_req(const struct mpr_req *r) {
-  return r->kind == MPR_K_PUT || (r->kind == MPR_K_GET_RESP && r->m.status == MPR_OK);
-}
-
-/* Copy out what writing r needs; a request becomes pending before a byte moves (its response may
- * come back at once), anything else is freed. 1 if r was a BYE. Called with the lock held. */
-static int take_locked(struct mpr_conn *c, struct mpr_req *r, struct mpr_out *o) {
-  *o = (struct mpr_out){.kind = r->kind, .m = r->m, .src = r->src, .src_off = r->src_off, .raw = r->raw,
-                        .raw_len = r->raw_len};
-  if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) {
-    append_locked(&c->p_head, &c->p_tail, r);
-    return 0;
-  }
-  int bye = r->kind == MPR_K_BYE;
-  free(r);
-  return bye;
-}
-
-/* Write records in order: runs of headers with their host-memory data go out in one sendmsg (a
- * barrier's 32 signals: one system call, not 32); data in GPU memory goes through staging. 0 ok,
- * -1 socket, -2 a copy out of GPU memory failed. */
-static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
-  struct iovec iov[2 * MPR_BATCH];
-  int k = 0;
-  for (int i = 0; i < n; i++) {
-    if (o[i].kind == MPR_K_RAW) {
-      iov[k++] = (struct iovec){.iov_base = o[i].raw, .iov_len = o[i].raw_len};
-      continue;
-    }
-    int gpu_data = has_data(&o[i]) && o[i].m.size && o[i].src.gpu >= 0;
-    if (gpu_data) {
-      if (k && mps_sendv_all(c->fd, iov, k) != 0) return -1;
-      k = 0;
-      if (mplane_rma_write_all(c->fd, &o[i].m, sizeof(o[i].m)) != 0) return -1;
-      int rc = send_from(c->fd, &o[i].src, o[i].src_off, o[i].m.size, &c->wstage);
-      if (rc != 0) return rc;
-      continue;
-    }
-    iov[k++] = (struct iovec){.iov_base = (void *)&o[i].m, .iov_len = sizeof(o[i].m)};
-    if (has_data(&o[i]) && o[i].m.size)
-      iov[k++] = (struct iovec){.iov_base = o[i].src.base + o[i].src_off, .iov_len = o[i].m.size};
-  }
-  return k ? mps_sendv_all(c->fd, iov, k) : 0;
-}
-
-/* Take up to MPR_BATCH queued records; a BYE is the last one taken, and with gpu_last so is the
- * first with data in GPU memory (one staging buffer for a send at once). Called with the lock held. */
-static int take_batch(struct mpr_conn *c, struct mpr_out *out, int gpu_last) {
-  int n = 0;
-  while (c->q_head && n < MPR_BATCH) {
-    struct mpr_req *r = c->q_head;
-    if (gpu_last && n && has_data_req(r) && r->m.size && r->src.gpu >= 0) break;
-    c->q_head = r->next;
-    if (!c->q_head) c->q_tail = NULL;
-    if (take_locked(c, r, &out[n++])) break;
-  }
-  return n;
-}
-
-static const char *out_name(int kind) {
-  switch (kind) {
-  case MPR_K_PUT: return "put";
-  case MPR_K_GET: return "get";
-  case MPR_K_ACK: return "ack";
-  case MPR_K_BYE: return "bye";
-  case MPR_K_RAW: return "rest of a record";
-  default: return "get answer";
-  }
-}
-
-static void trace_wrote(const struct mpr_conn *c, const struct mpr_out *o, int n, const char *how) {
-  for (int i = 0; i < n; i++)
-    MP_TRACE(NCCL_NET, "RMA wrote %s #%llu to %s (context %d)%s", out_name(o[i].kind), (unsigned long long)o[i].m.id,
-             c->peer_str, c->context, how);
-}
-
-static void write_done(struct mpr_conn *c) {
-  pthread_mutex_lock(&c->lock);
-  c->wbusy = MPR_W_IDLE;
-  pthread_cond_signal(&c->cond); /* the writer may wait for this send to end */
-  pthread_mutex_unlock(&c->lock);
-}
-
-static void *writer_main(void *arg) {
-  struct mpr_conn *c = arg;
-  struct mpr_out *out = malloc(sizeof(*out) * MPR_BATCH);
-  if (!out) {
-    conn_fail(c, "out of memory for the writer");
-    return NULL;
-  }
-  for (;;) {
-    pthread_mutex_lock(&c->lock);
-    while ((!c->q_head || c->wbusy) && !c->stop && !c->failed) pthread_cond_wait(&c->cond, &c->lock);
-    while (c->wbusy && !c->failed) pthread_cond_wait(&c->cond, &c->lock); /* stopping: the last send first */
-    if (c->failed || !c->q_head) {
-      pthread_mutex_unlock(&c->lock);
-      break;
-    }
-    int n = take_batch(c, out, 0);
-    c->wbusy = MPR_W_WRITER;
-    pthread_mutex_unlock(&c->lock);
-    int rc = write_batch(c, out, n);
-    for (int i = 0; i < n; i++) free(out[i].raw);
-    write_done(c);
-    if (rc != 0) {
-      char why[160];
-      snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
-      conn_fail(c, why);
-      break;
-    }
-    trace_wrote(c, out, n, "");
-    if (out[n - 1].kind == MPR_K_BYE) break; /* the last word on this connection */
-  }
-  free(out);
-  return NULL;
-}
-
-/* ---- sending at once: no thread hand-off for small records ---- */
-
-/* The iov of a run of records, headers and data, for one sendmsg; GPU data (the last record's
- * only: deferral keeps GPU records out of runs) copied out into istage. 0 ok, -2 the copy failed. */
-static int records_iov(struct mpr_conn *c, const struct mpr_out *o, int n, struct iovec *iov, int *k) {
-  *k = 0;
-  for (int i = 0; i < n; i++) {
-    if (o[i].kind == MPR_K_RAW) {
-      iov[(*k)++] = (struct iovec){.iov_base = o[i].raw, .iov_len = o[i].raw_len};
-      continue;
-    }
-    iov[(*k)++] = (struct iovec){.iov_base = (void *)&o[i].m, .iov_len = sizeof(o[i].m)};
-    if (!has_data(&o[i]) || o[i].m.size == 0) continue;
-    void *p = o[i].src.base + o[i].src_off;
-    if (o[i].src.gpu >= 0) {
-      if (!(p = stage_get(&c->istage, MPR_SEND_NOW_MAX, o[i].src.gpu))) return -2;
-      if (win_read(&o[i].src, o[i].src_off, p, o[i].m.size) != 0) return -2;
-    }
-    iov[(*k)++] = (struct iovec){.iov_base = p, .iov_len = o[i].m.size};
-  }
-  return 0;
-}
-
-/* Hand the unsent tail of a write to the writer, ahead of anything queued since. 0 ok, -1 no memory. */
-static int queue_tail(struct mpr_conn *c, const struct iovec *iov, int n, size_t sent) {
-  size_t total = 0, k = 0;
-  for (int i = 0; i < n; i++) total += iov[i].iov_len;
-  if (sent >= total) return 0;
-  struct mpr_req *t = calloc(1, sizeof(*t));
-  char *raw = malloc(total - sent);
-  if (!t || !raw) {
-    free(t);
-    free(raw);
-    return -1;
-  }
-  for (int i = 0; i < n; i++) { /* copy bytes [sent, total) */
-    size_t len = iov[i].iov_len, skip = sent > len ? len : sent;
-    memcpy(raw + k, (char *)iov[i].iov_base + skip, len - skip);
-    k += len - skip;
-    sent -= skip;
-  }
-  *t = (struct mpr_req){.magic = MPR_REQ_MAGIC, .kind = MPR_K_RAW, .conn = c, .raw = raw, .raw_len = k};
-  pthread_mutex_lock(&c->lock);
-  t->next = c->q_head;
-  c->q_head = t;
-  if (!c->q_tail) c->q_tail = t;
-  pthread_mutex_unlock(&c->lock);
-  return 0;
-}
-
-/* Write records now from this thread, without blocking: what the socket does not take goes to the
- * writer thread. 0 ok, -1 socket, -2 GPU copy. */
-static int write_now(struct mpr_conn *c, const struct mpr_out *o, int n) {
-  struct iovec iov[2 * MPR_BATCH];
-  int k;
-  if (records_iov(c, o, n, iov, &k) != 0) return -2;
-  size_t total = 0;
-  for (int i = 0; i < k; i++) total += iov[i].iov_len;
-  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
-  ssize_t w;
-  do w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT); while (w < 0 && errno == EINTR);
-  if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-  if (w < 0) w = 0;
-  if ((size_t)w < total && queue_tail(c, iov, k, (size_t)w) != 0) {
-    errno = ENOMEM;
-    return -1;
-  }
-  return 0;
-}
-
-static int queued_locked(const struct mpr_conn *c) {
-  int n = 0;
-  for (const struct mpr_req *r = c->q_head; r && n < MPR_BATCH; r = r->next) n++;
-  return n;
-}
-
-static void send_queued_locked(struct mpr_conn *c);
-
-/* Send r: at once from this thread when it is small and nothing is queued or being written before it
- * (NCCL's progress thread spins anyway, so no thread has to wake for it), else through the writer.
- * A socket failure fails the connection (r included); the caller's request stays valid for test(). */
-static ncclResult_t conn_send(struct mpr_conn *c, struct mpr_req *r) {
-  int small = !(r->kind == MPR_K_PUT || (r->kind == MPR_K_GET_RESP && r->m.status == MPR_OK)) ||
-              r->m.size <= MPR_SEND_NOW_MAX;
-  pthread_mutex_lock(&c->lock);
-  /* Another thread is sending one record at once (microseconds): wait for it rather than hand this
-   * one to the writer thread, whose wake-up can take a millisecond on a host full of spinning threads. */
-  for (int i = 0; small && c->wbusy == MPR_W_NOW && i < 1000; i++) {
-    pthread_mutex_unlock(&c->lock);
-    sched_yield();
-    pthread_mutex_lock(&c->lock);
-  }
-  if (refuses_locked(c, r)) {
-    pthread_mutex_unlock(&c->lock);
-    return ncclRemoteError;
-  }
-  number_locked(c, r);
-  if (!small || c->wbusy || (c->q_head && !c->deferred)) { /* the writer's: big, or it is at work */
-    append_locked(&c->q_head, &c->q_tail, r);
-    c->deferred = 0;
-    pthread_cond_signal(&c->cond);
-    pthread_mutex_unlock(&c->lock);
-    return ncclSuccess;
-  }
-  if (mpr_progress_thread && !(has_data_req(r) && r->src.gpu >= 0)) { /* rmaProgress sends it with the rest */
-    if (!c->deferred) c->deferred_ns = mono_ns();
-    c->deferred = 1;
-    if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) c->ops_added++;
-    append_locked(&c->q_head, &c->q_tail, r);
-    pthread_mutex_unlock(&c->lock);
-    return ncclSuccess;
-  }
-  append_locked(&c->q_head, &c->q_tail, r);
-  send_queued_locked(c); /* unlocks */
-  return ncclSuccess;
-}
-
-/* Send everything queued from this thread now, without blocking (what the socket does not take
- * goes to the writer thread). Called with the lock held, nothing being written; unlocks. */
-static void send_queued_locked(struct mpr_conn *c) {
-  struct mpr_out o[MPR_BATCH];
-  int n = take_batch(c, o, 1);
-  c->deferred = 0;
-  c->wbusy = MPR_W_NOW;
-  pthread_mutex_unlock(&c->lock);
-  int rc = write_now(c, o, n);
-  for (int i = 0; i < n; i++) free(o[i].raw);
-  write_done(c); /* and wakes the writer for anything left behind the batch */
-  if (rc == 0) trace_wrote(c, o, n, " at once");
-  else {
-    char why[160];
-    snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
-    conn_fail(c, why);
-  }
-}
-
-/* rmaProgress's half of deferred sending: a connection's deferred records go once no op joined them
- * since the previous call (the poster's burst is over), or the oldest waited 20 us, or they fill a batch. */
-static void flush_deferred(struct mpr_conn *c, uint64_t now) {
-  if (!__atomic_load_n(&c->deferred, __ATOMIC_RELAXED)) return;
-  pthread_mutex_lock(&c->lock);
-  uint64_t added = c->ops_added;
-  int idle = added == c->ops_seen, old = now - c->deferred_ns > 20000;
-  c->ops_seen = added;
-  if (!c->deferred || c->wbusy || !c->q_head || !(idle || old || queued_locked(c) >= MPR_BATCH)) {
-    pthread_mutex_unlock(&c->lock);
-    return;
-  }
-  send_queued_locked(c);
-}
-
-/* ---- the reader: the target side of puts and gets, and the responses to ours ---- */
-static uint16_t check_put(struct mpr_group *g, const struct mpr_msg *m, struct mpr_win *dst, struct mpr_win *sig,
-                          uint64_t *limit) {
-  if (m->size > 0) {
-    if (!win_get(g, m->win, dst)) return MPR_BAD_WIN;
-    if (!range_ok(dst, m->off, m->size)) {
-      *limit = dst->size;
-      return MPR_BAD_RANGE;
-    }
-  }
-  if (m->sig_win != MPR_NO_WIN) {
-    if (m->sig_op != NCCL_NET_SIGNAL_OP_INC && m->sig_op != NCCL_NET_SIGNAL_OP_ADD) return MPR_BAD_SIG_OP;
-    if (!win_get(g, m->sig_win, sig)) return MPR_BAD_SIG_WIN;
-    if (m->sig_off % 8 || !range_ok(sig, m->sig_off, 8)) {
-      *limit = sig->size;
-      return MPR_BAD_SIG_RANGE;
-    }
-  }
-  return MPR_OK;
-}
-
-/* Add to a 64-bit signal word. Host memory: one atomic add (release: the data is before it). GPU
- * memory: the CUDA driver's signal lane (relay.h), one per GPU for the process, so the adds of every
- * connection's reader are atomic against one another (NCCL's GPU only reads its indexed signals,
- * and resets a VA signal only while no op targets it). */
-static int signal_apply(const struct mpr_win *w, uint64_t off, uint64_t add, uint64_t *now) {
-  if (w->gpu < 0) {
-    *now = __atomic_add_fetch((uint64_t *)(void *)(w->base + off), add, __ATOMIC_SEQ_CST);
-    return 0;
-  }
-  if (w->shadow) return mplane_cuda_signal_add_owned(w->gpu, w->base + off, &w->shadow[off / 8], add, now);
-  return mplane_cuda_signal_add(w->gpu, w->base + off, add, now);
-}
-
-static int respond(struct mpr_conn *c, int kind, const struct mpr_msg *m, uint16_t status, uint64_t limit,
-                   const struct mpr_win *src) {
-  struct mpr_req *r = calloc(1, sizeof(*r));
-  if (!r) return -1;
-  r->magic = MPR_REQ_MAGIC;
-  r->kind = kind;
-  r->conn = c;
-  r->m = (struct mpr_msg){.magic = MPR_MAGIC, .type = kind == MPR_K_ACK ? MPR_ACK : MPR_GET_RESP,
-                          .status = status, .win = m->win, .sig_win = m->sig_win, .off = m->off,
-                          .size = status == MPR_OK && kind == MPR_K_GET_RESP ? m->size : 0, .id = m->id,
-                          .limit = limit};
-  if (src) {
-    r->src = *src;
-    r->src_off = m->off;
-  }
-  if (conn_send(c, r) != ncclSuccess) {
-    free(r);
-    return -1;
-  }
-  return 0;
-}
-
-/* A put's bytes are in place (or dropped): apply its signal, then answer. */
-static int put_done(struct mpr_conn *c) {
-  struct mpr_rd *d = &c->in;
-  const struct mpr_msg *m = &d->m;
-  uint16_t st = d->st;
-  if (st == MPR_OK && d->cuda_bad) st = MPR_GPU_COPY;
-  uint64_t now = 0;
-  if (st == MPR_OK && m->sig_win != MPR_NO_WIN &&
-      signal_apply(&d->sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val, &now) != 0)
-    st = MPR_GPU_COPY;
-  MP_TRACE(NCCL_NET, "RMA served put #%llu from %s (context %d): %llu bytes at window %u offset %llu, signal %u+%llu now %llu, status %u",
-           (unsigned long long)m->id, c->peer_str, c->context, (unsigned long long)m->size, m->win,
-           (unsigned long long)m->off, m->sig_win, (unsigned long long)m->sig_off, (unsigned long long)now, st);
-  return respond(c, MPR_K_ACK, m, st, d->limit, NULL);
-}
-
-static int serve_get(struct mpr_conn *c, const struct mpr_msg *m) {
-  struct mpr_win src;
-  uint64_t limit = 0;
-  uint16_t st = MPR_OK;
-  if (!win_get(c->set->g, m->win, &src)) st = MPR_BAD_WIN;
-  else if (!range_ok(&src, m->off, m->size)) {
-    st = MPR_BAD_RANGE;
-    limit = src.size;
-  }
-  return respond(c, MPR_K_GET_RESP, m, st, limit, st == MPR_OK ? &src : NULL);
-}
-
-static const char *status_str(uint16_t st) {
-  switch (st) {
-  case MPR_BAD_WIN: return "it has no such window";
-  case MPR_BAD_RANGE: return "the range lies outside its window";
-  case MPR_BAD_SIG_WIN: return "it has no such signal window";
-  case MPR_BAD_SIG_RANGE: return "the signal word lies outside its signal window (or is not 8-byte aligned)";
-  case MPR_BAD_SIG_OP: return "the signal op is not one NCCL defines (INC 1, ADD 2)";
-  case MPR_GPU_COPY: return "its copy into or out of GPU memory failed";
-  default: return "an unknown refusal";
-  }
-}
-
-static struct mpr_req *pending_pop(struct mpr_conn *c) {
-  pthread_mutex_lock(&c->lock);
-  struct mpr_req *r = c->p_head;
-  if (r) {
-    c->p_head = r->next;
-    if (!c->p_head) c->p_tail = NULL;
-  }
-  pthread_mutex_unlock(&c->lock);
-  return r;
-}
-
-/* A response: match it to the oldest op in flight and finish that op, or (a get's bytes) start
- * reading its data. 0 ok, -1 the connection is broken (why says how). */
-static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why, size_t whylen) {
-  struct mpr_req *r = pending_pop(c);
-  int want = m->type == MPR_ACK ? MPR_K_PUT : MPR_K_GET;
-  MP_TRACE(NCCL_NET, "RMA answer #%llu from %s (context %d): type %u status %u", (unsigned long long)m->id,
-           c->peer_str, c->context, m->type, m->status);
-  if (!r || r->kind != want || r->m.id != m->id) {
-    snprintf(why, whylen, "a response (type %u, id %llu) that matches no request in flight", m->type,
-             (unsigned long long)m->id);
-    if (r) req_finish(r, ncclRemoteError, "RMA %s to %s: the peer answered out of order", kind_name(r->kind),
-                      c->peer_str);
-    return -1;
-  }
-  if (m->status != MPR_OK) {
-    req_finish(r, ncclInvalidUsage,
-               "RMA %s to %s refused by the target (context %d, window %u, offset %llu, size %llu%s): %s%s",
-               kind_name(r->kind), c->peer_str, c->context, r->m.win, (unsigned long long)r->m.off,
-               (unsigned long long)r->m.size, r->m.sig_win != MPR_NO_WIN ? ", with a signal" : "",
-               status_str(m->status), m->limit ? " of that size" : "");
-    if (m->limit) {
-      size_t l = strlen(r->why);
-      snprintf(r->why + l, sizeof(r->why) - l, " (%llu bytes)", (unsigned long long)m->limit);
-    }
-    return 0;
-  }
-  if (m->type == MPR_GET_RESP && m->size != r->m.size) {
-    snprintf(why, whylen, "a get response of %llu bytes for a get of %llu", (unsigned long long)m->size,
-             (unsigned long long)r->m.size);
-    req_finish(r, ncclRemoteError, "RMA get from %s: %s", c->peer_str, why);
-    return -1;
-  }
-  if (m->type == MPR_GET_RESP && m->size) {
-    struct mpr_rd *d = &c->in;
-    d->phase = MPR_RD_DATA;
-    d->r = r;
-    d->w = r->dst;
-    d->land = 1;
-    d->off = r->dst_off;
-    d->left = m->size;
-    return 0;
-  }
-  req_finish(r, ncclSuccess, NULL);
-  return 0;
-}
-
-/* A get's bytes are in place. */
-static void get_done(struct mpr_conn *c) {
-  struct mpr_rd *d = &c->in;
-  if (d->cuda_bad)
-    req_finish(d->r, ncclSystemError, "RMA get from %s: the copy into GPU memory (window %u) failed", c->peer_str,
-               d->r->m.win);
-  else req_finish(d->r, ncclSuccess, NULL);
-}
-
-/* A whole header is in: check it and decide what its data (if any) is for. 0 ok, 1 the peer said
- * BYE (reading ends), -1 broken. */
-static int header_done(struct mpr_conn *c, char *why, size_t whylen) {
-  struct mpr_rd *d = &c->in;
-  const struct mpr_msg *m = &d->m;
-  if (m->magic != MPR_MAGIC) {
-    snprintf(why, whylen, "a record without the RMA magic");
-    return -1;
-  }
-  switch (m->type) {
-  case MPR_PUT: {
-    struct mpr_win dst = {0};
-    d->limit = 0;
-    d->st = check_put(c->set->g, m, &dst, &d->sig, &d->limit);
-    if (m->size == 0) return put_done(c) == 0 ? 0 : (snprintf(why, whylen, "could not answer a put"), -1);
-    d->phase = MPR_RD_DATA;
-    d->r = NULL;
-    d->w = dst;
-    d->land = d->st == MPR_OK;
-    d->off = m->off;
-    d->left = m->size;
-    return 0;
-  }
-  case MPR_GET:
-    if (serve_get(c, m) == 0) return 0;
-    snprintf(why, whylen, "could not queue a get's answer");
-    return -1;
-  case MPR_ACK:
-  case MPR_GET_RESP: return take_response(c, m, why, whylen);
-  case MPR_BYE: {
-    /* The peer destroyed its context: later ops to it fail, and so does anything still waiting. */
-    pthread_mutex_lock(&c->lock);
-    c->peer_closed = 1;
-    int busy = c->p_head || c->q_head;
-    pthread_mutex_unlock(&c->lock);
-    if (busy) conn_fail(c, "the peer destroyed its context with ops of ours in flight");
-    return 1;
-  }
-  default: snprintf(why, whylen, "a record of unknown type %u", m->type); return -1;
-  }
-}
-
-/* Land the stage's bytes in the GPU window (after a failed copy, drop them: the stream stays framed). */
-static void stage_flush(struct mpr_conn *c) {
-  struct mpr_rd *d = &c->in;
-  if (d->sfill && d->land && !d->cuda_bad && win_write(&d->w, d->off - d->sfill, c->stage.p, d->sfill) != 0)
-    d->cuda_bad = 1;
-  d->sfill = 0;
-}
-
-/* Where the next data bytes go and how many fit there: host windows directly, GPU windows and
- * dropped bytes through the stage. NULL: no memory for the stage. */
-static char *data_dst(struct mpr_conn *c, size_t *room) {
-  struct mpr_rd *d = &c->in;
-  if (d->land && d->w.gpu < 0) {
-    *room = d->left;
-    return d->w.base + d->off;
-  }
-  if (!stage_get(&c->stage, MPR_STAGE, d->land ? d->w.gpu : -1)) return NULL;
-  *room = MPR_STAGE - d->sfill < d->left ? MPR_STAGE - d->sfill : d->left;
-  return c->stage.p + d->sfill;
-}
-
-/* n data bytes arrived at data_dst's place. */
-static void data_took(struct mpr_conn *c, size_t n) {
-  struct mpr_rd *d = &c->in;
-  int staged = !(d->land && d->w.gpu < 0);
-  d->off += n;
-  d->left -= n;
-  if (staged) {
-    d->sfill += n;
-    if (d->sfill == MPR_STAGE || d->left == 0) stage_flush(c);
-  }
-}
-
-/* Data bytes from the receive buffer, or straight from the socket when the buffer is empty and
- * what is left is large. 1 took some, 0 nothing has arrived, -1 closed or broken, -2 no memory. */
-static int data_step(struct mpr_conn *c) {
-  size_t room;
-  char *dst = data_dst(c, &room);
-  if (!dst) return -2;
-  if (c->rpos < c->rlen) {
-    size_t k = c->rlen - c->rpos < room ? c->rlen - c->rpos : room;
-    memcpy(dst, c->rbuf + c->rpos, k);
-    c->rpos += k;
-    data_took(c, k);
-    return 1;
-  }
-  if (room < MPR_RBUF / 2) return -3; /* small: through the receive buffer */
-  ssize_t r = recv(c->fd, dst, room, MSG_DONTWAIT);
-  if (r > 0) {
-    data_took(c, (size_t)r);
-    return 1;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-  return -1;
-}
-
-/* Refill the receive buffer without waiting. 1 has bytes, 0 nothing has arrived, -1 closed or broken. */
-static int rbuf_fill(struct mpr_conn *c) {
-  if (c->rpos < c->rlen) return 1;
-  ssize_t r;
-  do r = recv(c->fd, c->rbuf, MPR_RBUF, MSG_DONTWAIT); while (r < 0 && errno == EINTR);
-  if (r > 0) {
-    c->rpos = 0;
-    c->rlen = (size_t)r;
-    return 1;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  return -1;
-}
-
-/* Reading has ended on c: nobody advances it again, and rmaProgress stops looking at it. */
-static void reader_over(struct mpr_conn *c) {
-  __atomic_store_n(&c->rd_over, 1, __ATOMIC_RELEASE);
-  if (c->set->epfd >= 0) epoll_ctl(c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-}
-
-static int conn_pump_records(struct mpr_conn *c);
-
-/* Advance the reader over everything that has arrived, without waiting, then hand the GPU signal
- * writes it made to the driver in one call. Caller holds rlock. 0: all taken, wait for more; 1:
- * reading has ended (a BYE, a failure, a close: already handled). */
-static int conn_pump(struct mpr_conn *c) {
-  int over = conn_pump_records(c);
-  if (mplane_cuda_signal_flush() != 0 && !over) {
-    conn_fail(c, "the CUDA driver refused the signal writes");
-    return 1;
-  }
-  return over;
-}
-
-static int conn_pump_records(struct mpr_conn *c) {
-  struct mpr_rd *d = &c->in;
-  char why[200] = "";
-  if (__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE)) return 1;
-  for (;;) {
-    int rc;
-    if (d->phase == MPR_RD_DATA) {
-      rc = data_step(c);
-      if (rc == -3) rc = rbuf_fill(c);
-      if (rc == -2) snprintf(why, sizeof(why), "out of memory for the receive staging");
-      else if (rc == -1) snprintf(why, sizeof(why), "the connection broke inside a %s's data", d->r ? "get" : "put");
-      if (rc < 0) break;
-      if (rc == 0) return 0;
-      if (d->left == 0) {
-        d->phase = MPR_RD_HDR;
-        d->hgot = 0;
-        if (d->r) get_done(c);
-        else if (put_done(c) != 0) {
-          snprintf(why, sizeof(why), "could not answer a put");
-          break;
-        }
-      }
-      continue;
-    }
-    rc = rbuf_fill(c);
-    if (rc == 0) return 0;
-    if (rc < 0) {
-      if (d->hgot == 0) snprintf(why, sizeof(why), "the peer closed it (is the process gone?)");
-      else snprintf(why, sizeof(why), "recv failed or the peer reset it");
-      break;
-    }
-    size_t k = c->rlen - c->rpos < sizeof(d->m) - d->hgot ? c->rlen - c->rpos : sizeof(d->m) - d->hgot;
-    memcpy((char *)&d->m + d->hgot, c->rbuf + c->rpos, k);
-    c->rpos += k;
-    d->hgot += k;
-    if (d->hgot < sizeof(d->m)) continue;
-    d->hgot = 0;
-    d->sfill = 0;
-    d->cuda_bad = 0;
-    rc = header_done(c, why, sizeof(why));
-    if (rc < 0) break;
-    if (rc == 1) {
-      reader_over(c);
-      return 1;
-    }
-  }
-  reader_over(c);
-  if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) conn_fail(c, why);
-  return 1;
-}
-
-/* The reader thread: advances the reader whenever bytes arrive and no other thread (NCCL's progress
- * thread, in rmaProgress) has taken them first, so ops are served even when nobody calls rmaProgress. */
-#define MPR_PROGRESS_LIVE_NS 100000000ull /* rmaProgress called this recently: it does the reading */
-
-static int progress_live(const struct mpr_ctxset *s) {
-  uint64_t last = __atomic_load_n(&s->progress_ns, __ATOMIC_RELAXED);
-  return last && mono_ns() - last < MPR_PROGRESS_LIVE_NS;
-}
-
-/* While NCCL's thread calls rmaProgress it reads every connection itself; the reader thread then
- * rests (a wake per arriving packet would only contend for the parser), and takes over within
- * MPR_PROGRESS_LIVE_NS once the calls stop. */
-static void reader_rest(struct mpr_conn *c) {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_nsec += (long)MPR_PROGRESS_LIVE_NS;
-  until.tv_sec += until.tv_nsec / 1000000000L;
-  until.tv_nsec %= 1000000000L;
-  pthread_mutex_lock(&c->lock);
-  if (!c->stop && !c->failed) pthread_cond_timedwait(&c->rcond, &c->lock, &until);
-  pthread_mutex_unlock(&c->lock);
-}
-
-static void *reader_main(void *arg) {
-  struct mpr_conn *c = arg;
-  for (;;) {
-    if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) && __atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE)) return NULL;
-    if (progress_live(c->set) && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
-      reader_rest(c);
-      continue;
-    }
-    struct pollfd p = {.fd = c->fd, .events = POLLIN};
-    int r = poll(&p, 1, (int)(MPR_PROGRESS_LIVE_NS / 1000000));
-    if (r < 0 && errno != EINTR) {
-      reader_over(c);
-      if (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) conn_fail(c, "poll failed");
-      return NULL;
-    }
-    if (r <= 0) continue;
-    pthread_mutex_lock(&c->rlock);
-    int over = conn_pump(c);
-    pthread_mutex_unlock(&c->rlock);
-    if (over) return NULL;
-  }
-}
-
-/* Tests only (MPLANE_TEST_RMA_PROGRESS_ONLY=1): the reader threads never read, so rmaProgress alone
- * must serve every op; a test that passes this way shows the progress path carries everything. */
-static int progress_only(void) {
-  const char *v = getenv("MPLANE_TEST_RMA_PROGRESS_ONLY");
-  return v && !strcmp(v, "1");
-}
-
-static void *reader_idle(void *arg) { /* polls: the writer alone waits on the connection's cond */
-  struct mpr_conn *c = arg;
-  while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
-    usleep(10000);
-  return NULL;
-}
-
-/* rmaProgress: serve every connection with bytes waiting, from NCCL's progress thread, which calls
- * this in its polling loop; a connection whose reader thread is at it already is skipped. */
-static ncclResult_t rma_progress(void *ctx) {
-  struct mpr_ctxset *s = ctx;
-  if (!s || s->epfd < 0) return ncclSuccess;
-  mpr_progress_thread = 1;
-  uint64_t now = mono_ns();
-  __atomic_store_n(&s->progress_ns, now, __ATOMIC_RELAXED);
-  struct epoll_event ev[32];
-  int n = epoll_wait(s->epfd, ev, 32, 0);
-  for (int i = 0; i < n; i++) {
-    struct mpr_conn *c = ev[i].data.ptr;
-    if (__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&c->rlock) != 0) continue;
-    conn_pump(c);
-    pthread_mutex_unlock(&c->rlock);
-  }
-  for (int i = 0; i < s->ncontexts * s->g->nranks; i++)
-    if (s->conns[i]) flush_deferred(s->conns[i], now);
-  for (int i = 0; i < s->ncontexts; i++)
-    if (s->mirrors[i]) flush_deferred(s->mirrors[i], now);
-  return ncclSuccess;
-}
-
-/* A caller that stopped calling rmaProgress: its deferred records go through the writer thread. */
-static void kick_if_unprogressed(struct mpr_conn *c) {
-  uint64_t last = __atomic_load_n(&c->set->progress_ns, __ATOMIC_RELAXED);
-  if (!__atomic_load_n(&c->deferred, __ATOMIC_RELAXED) || mono_ns() - last < 1000000) return;
-  pthread_mutex_lock(&c->lock);
-  if (c->deferred) {
-    c->deferred = 0;
-    pthread_cond_signal(&c->cond);
-  }
-  pthread_mutex_unlock(&c->lock);
-}
-
 /* ---- contexts ---- */
-static void join_or_cut(struct mpr_conn *c) {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += timeout_ms() / 1000;
-  if (pthread_timedjoin_np(c->wr, NULL, &until) == 0) return;
-  MP_WARN("RMA: context %d, connection to %s: the peer took nothing for %d s while the context was destroyed; "
-          "cutting the connection", c->context, c->peer_str, timeout_ms() / 1000);
-  conn_abort(c, "the peer stopped reading (stalled?) while the context was destroyed");
-  pthread_join(c->wr, NULL);
-}
-
-static void conn_destroy(struct mpr_conn *c) {
-  if (!c) return;
-  struct mpr_req *bye = calloc(1, sizeof(*bye));
-  if (bye) {
-    bye->magic = MPR_REQ_MAGIC;
-    bye->kind = MPR_K_BYE;
-    bye->conn = c;
-    bye->m = (struct mpr_msg){.magic = MPR_MAGIC, .type = MPR_BYE, .win = MPR_NO_WIN, .sig_win = MPR_NO_WIN};
-  }
-  /* The BYE and the stop together: a write of the BYE that fails (the peer closed first) is then
-   * part of the teardown, not an error to report. */
-  pthread_mutex_lock(&c->lock);
-  if (bye && !refuses_locked(c, bye)) append_locked(&c->q_head, &c->q_tail, bye);
-  else free(bye);
-  __atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
-  pthread_cond_broadcast(&c->cond);
-  pthread_cond_broadcast(&c->rcond);
-  pthread_mutex_unlock(&c->lock);
-  /* The writer sends what is queued, the BYE last, and exits; then the reader is cut off. A peer
-   * that stopped reading gets the timeout, then its socket is cut under the writer. */
-  if (c->threads) join_or_cut(c);
-  if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
-  if (c->threads) pthread_join(c->rd, NULL);
-  conn_fail(c, "the context was destroyed");
-  if (c->fd >= 0) close(c->fd);
-  stage_free(&c->stage);
-  free(c->rbuf);
-  stage_free(&c->wstage);
-  stage_free(&c->istage);
-  pthread_mutex_destroy(&c->lock);
-  pthread_mutex_destroy(&c->rlock);
-  pthread_cond_destroy(&c->rcond);
-  pthread_cond_destroy(&c->cond);
-  free(c);
-}
-
 static ncclResult_t rma_destroy_context(void *ctx) {
   struct mpr_ctxset *s = ctx;
   if (!s) return ncclSuccess;
-  for (int i = 0; s->conns && i < s->ncontexts * s->g->nranks; i++) conn_destroy(s->conns[i]);
-  for (int i = 0; s->mirrors && i < s->ncontexts; i++) conn_destroy(s->mirrors[i]);
+  for (int i = 0; s->conns && i < s->ncontexts * s->g->nranks; i++) mpr_conn_destroy(s->conns[i]);
+  for (int i = 0; s->mirrors && i < s->ncontexts; i++) mpr_conn_destroy(s->mirrors[i]);
   free(s->conns);
   free(s->mirrors);
   if (s->epfd >= 0) close(s->epfd);
   free(s);
   return ncclSuccess;
-}
-
-
-static struct mpr_conn *conn_new(struct mpr_ctxset *s, int context, int peer, int fd) {
-  struct mpr_conn *c = calloc(1, sizeof(*c));
-  if (!c || !(c->rbuf = malloc(MPR_RBUF))) {
-    free(c);
-    return NULL;
-  }
-  c->set = s;
-  c->context = context;
-  c->peer = peer;
-  c->fd = fd;
-  pthread_mutex_init(&c->lock, NULL);
-  pthread_mutex_init(&c->rlock, NULL);
-  pthread_cond_init(&c->cond, NULL);
-  pthread_cond_init(&c->rcond, NULL);
-  if (peer == s->g->rank) snprintf(c->peer_str, sizeof(c->peer_str), "rank %d (itself)", peer);
-  else peer_name(fd, peer, c->peer_str, sizeof(c->peer_str));
-  mplane_rma_set_timeouts(fd, 0); /* the data path waits as long as the peer lives; a dead peer closes the socket */
-  return c;
 }
 
 static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_opts *o, void **out) {
@@ -1499,8 +420,8 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
       res = ncclSystemError;
       break;
     }
-    s->conns[c * g->nranks + g->rank] = conn_new(s, c, g->rank, sv[0]);
-    s->mirrors[c] = conn_new(s, c, g->rank, sv[1]);
+    s->conns[c * g->nranks + g->rank] = mpr_conn_new(s, c, g->rank, sv[0]);
+    s->mirrors[c] = mpr_conn_new(s, c, g->rank, sv[1]);
     if (!s->conns[c * g->nranks + g->rank] || !s->mirrors[c]) {
       if (!s->conns[c * g->nranks + g->rank]) close(sv[0]);
       if (!s->mirrors[c]) close(sv[1]);
@@ -1513,7 +434,7 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
       struct mpr_hello h = {.magic = MPR_MAGIC, .version = MPR_VERSION, .kind = 1, .rank = g->rank,
                             .nranks = g->nranks, .context = c};
       int fd = dial(&all[p], &h, o->service_level, why, sizeof(why));
-      if (fd < 0 || !(s->conns[c * g->nranks + p] = conn_new(s, c, p, fd))) {
+      if (fd < 0 || !(s->conns[c * g->nranks + p] = mpr_conn_new(s, c, p, fd))) {
         MP_WARN("RMA createContext: rank %d, context %d, to rank %d: %s", g->rank, c, p, fd < 0 ? why : "no memory");
         if (fd >= 0) close(fd);
         res = ncclRemoteError;
@@ -1530,7 +451,7 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
       if (fd >= 0 && !ok) snprintf(why, sizeof(why), "a peer says it is rank %d, context %d", h.rank, h.context);
       if (ok) {
         mplane_tc_mark_socket_or_log(fd, o->service_level, "rma");
-        ok = (s->conns[h.context * g->nranks + h.rank] = conn_new(s, h.context, h.rank, fd)) != NULL;
+        ok = (s->conns[h.context * g->nranks + h.rank] = mpr_conn_new(s, h.context, h.rank, fd)) != NULL;
       }
       if (!ok) {
         MP_WARN("RMA createContext: rank %d waiting for its peers' connections: %s", g->rank, why);
@@ -1540,16 +461,7 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
     }
   for (size_t i = 0; res == ncclSuccess && i < nconn + (size_t)o->ncontexts; i++) {
     struct mpr_conn *c = i < nconn ? s->conns[i] : s->mirrors[i - nconn];
-    if (!c) continue;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0) res = ncclSystemError;
-    else if (pthread_create(&c->rd, NULL, progress_only() ? reader_idle : reader_main, c) != 0) res = ncclSystemError;
-    else if (pthread_create(&c->wr, NULL, writer_main, c) != 0) {
-      conn_fail(c, "no writer thread");
-      shutdown(c->fd, SHUT_RDWR);
-      pthread_join(c->rd, NULL);
-      res = ncclSystemError;
-    } else c->threads = 1;
+    if (c) res = mpr_conn_start(c);
   }
   if (lfd >= 0) close(lfd);
   free(all);
@@ -1579,11 +491,11 @@ static ncclResult_t op_conn(struct mpr_ctxset *s, int context, uint32_t rank, co
 
 static ncclResult_t local_win(struct mpr_group *g, void *mh, uint64_t off, uint64_t size, const char *what,
                               uint32_t rank, struct mpr_win *w) {
-  if (!mh || !win_get(g, *(uint32_t *)mh, w)) {
+  if (!mh || !mpr_win_get(g, *(uint32_t *)mh, w)) {
     MP_WARN("RMA %s to rank %u: the local window handle %p is not registered on this group", what, rank, mh);
     return ncclInvalidUsage;
   }
-  if (!range_ok(w, off, size)) {
+  if (!mpr_range_ok(w, off, size)) {
     MP_WARN("RMA %s to rank %u: offset %llu + size %llu lies outside local window %u (%zu bytes)", what, rank,
             (unsigned long long)off, (unsigned long long)size, w->id, w->size);
     return ncclInvalidUsage;
@@ -1603,8 +515,8 @@ static struct mpr_req *req_new(struct mpr_conn *c, int kind) {
 }
 
 static ncclResult_t queue_or_fail(struct mpr_conn *c, struct mpr_req *r, void **request) {
-  if (conn_send(c, r) != ncclSuccess) {
-    MP_WARN("RMA %s to %s (context %d): the connection has failed", kind_name(r->kind), c->peer_str, c->context);
+  if (mpr_conn_send(c, r) != ncclSuccess) {
+    MP_WARN("RMA %s to %s (context %d): the connection has failed", mpr_kind_name(r->kind), c->peer_str, c->context);
     free(r);
     return ncclRemoteError;
   }
@@ -1696,19 +608,19 @@ static ncclResult_t rma_test(void *group, void *request, int *done) {
     return ncclInvalidArgument;
   }
   if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
-    kick_if_unprogressed(r->conn);
-    uint64_t waited_ms = (mono_ns() - r->t0_ns) / 1000000;
-    if (waited_ms <= (uint64_t)timeout_ms()) return ncclSuccess;
+    mpr_conn_kick(r->conn);
+    uint64_t waited_ms = (mpr_now_ns() - r->t0_ns) / 1000000;
+    if (waited_ms <= (uint64_t)mpr_timeout_ms()) return ncclSuccess;
     char why[200];
     snprintf(why, sizeof(why), "no answer to %s #%llu (window %u, offset %llu, %llu bytes) within %llu ms "
-             "(MPLANE_CONNECT_TIMEOUT): the peer is stalled or gone", kind_name(r->kind), (unsigned long long)r->m.id,
+             "(MPLANE_CONNECT_TIMEOUT): the peer is stalled or gone", mpr_kind_name(r->kind), (unsigned long long)r->m.id,
              r->m.win, (unsigned long long)r->m.off, (unsigned long long)r->m.size, (unsigned long long)waited_ms);
-    conn_abort(r->conn, why); /* finishes r, and everything else on the connection, with the error */
+    mpr_conn_abort(r->conn, why); /* finishes r, and everything else on the connection, with the error */
     if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return ncclSuccess;
   }
   ncclResult_t res = r->result;
   if (res != ncclSuccess) MP_WARN("%s", r->why);
-  MP_TRACE(NCCL_NET, "RMA test: %s #%llu to %s done, result %d", kind_name(r->kind), (unsigned long long)r->m.id,
+  MP_TRACE(NCCL_NET, "RMA test: %s #%llu to %s done, result %d", mpr_kind_name(r->kind), (unsigned long long)r->m.id,
            r->conn->peer_str, res);
   r->magic = 0;
   free(r);
@@ -1735,6 +647,6 @@ const struct mplane_rma_ops mps_rma_ops = {
     .iget = rma_iget,
     .iflush = rma_iflush,
     .test = rma_test,
-    .progress = rma_progress,
+    .progress = mpr_progress,
     .query_last_error = rma_query_last_error,
 };

@@ -1,0 +1,205 @@
+/* mplane: one-sided ops over TCP, shared by the two halves of the socket RMA backend (private to
+ * net/socket/): socket_rma.c (groups, windows, contexts and the ops NCCL calls) and
+ * socket_rma_conn.c (a connection's I/O: sending, the record parser that serves the peer, the
+ * connection threads and rmaProgress). */
+#ifndef MPLANE_NET_SOCKET_RMA_H
+#define MPLANE_NET_SOCKET_RMA_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "../../common/nccl/err.h"
+#include "../transport.h"
+
+#define MPR_MAGIC 0x4d505241u /* "MPRA" */
+#define MPR_VERSION 1
+#define MPR_NO_WIN 0xffffffffu
+#define MPR_STAGE (4u << 20) /* GPU windows move through host staging in steps of this size */
+#define MPR_REQ_MAGIC 0x52514d41u
+#define MPR_RBUF (64u << 10) /* the reader's receive buffer */
+
+/* ---- wire (little endian hosts) ---- */
+struct mpr_handle {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addrlen;
+  uint64_t node_id;
+  union {
+    struct sockaddr sa;
+    struct sockaddr_in sin;
+    struct sockaddr_in6 sin6;
+  } addr;
+};
+_Static_assert(sizeof(struct mpr_handle) <= MPLANE_RMA_HANDLE_MAX, "RMA handle fits NCCL's handle");
+
+struct mpr_hello {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t kind; /* 0 control, 1 data */
+  int32_t rank, nranks, context, reserved;
+};
+
+enum mpr_type { MPR_PUT = 1, MPR_GET = 2, MPR_ACK = 3, MPR_GET_RESP = 4, MPR_BYE = 5 };
+enum mpr_status { MPR_OK = 0, MPR_BAD_WIN, MPR_BAD_RANGE, MPR_BAD_SIG_WIN, MPR_BAD_SIG_RANGE, MPR_BAD_SIG_OP,
+                  MPR_GPU_COPY };
+
+struct mpr_msg {
+  uint32_t magic;
+  uint16_t type;
+  uint16_t status;  /* responses: enum mpr_status */
+  uint32_t win;     /* put: destination; get: source (target's window) */
+  uint32_t sig_win; /* MPR_NO_WIN: no signal */
+  uint64_t off, size;
+  uint64_t sig_off, sig_val;
+  uint64_t id;
+  uint32_t sig_op, reserved;
+  uint64_t limit;   /* a refusal: the size of the window it names */
+};
+
+/* ---- local state ---- */
+struct mpr_win {
+  uint32_t id;
+  int live;
+  char *base;
+  size_t size;
+  int gpu; /* -1 host memory, else the CUDA device that owns it */
+  uint64_t *shadow; /* a GPU signal window NCCL never writes (SIGNAL_NEVER_RESET): its words as this
+                       process set them, so an add need not read the GPU; freed with the group */
+};
+
+struct mpr_listen {
+  int fd;
+  int dev;
+};
+
+struct mpr_group {
+  int rank, nranks, dev;
+  int *ctrl; /* control socket per peer, -1 for self */
+  pthread_mutex_t win_lock;
+  struct mpr_win *wins;
+  uint32_t nwins, cap;
+};
+
+struct mpr_req;
+
+/* Host memory GPU data moves through: pinned where the driver gives it (real DMA, no copy through a
+ * driver buffer), else plain. */
+struct mpr_stage {
+  char *p;
+  int pinned;
+};
+
+/* Where the reader is in the incoming stream. Records are parsed as bytes arrive, by whichever
+ * thread holds the connection's rlock (NCCL's progress thread in rmaProgress, else the
+ * connection's reader thread), so a record may be taken in several pieces. */
+enum mpr_rd_phase { MPR_RD_HDR = 0, MPR_RD_DATA };
+struct mpr_rd {
+  int phase;
+  struct mpr_msg m;    /* the record being read */
+  size_t hgot;         /* header bytes in m so far */
+  /* MPR_RD_DATA: the bytes after the header */
+  struct mpr_req *r;   /* a get's answer: the get it answers; NULL: a put */
+  struct mpr_win w;    /* where they land */
+  int land;            /* 0: dropped (a refused put) */
+  uint64_t off, left;  /* window offset of the next byte, bytes still to come */
+  size_t sfill;        /* GPU windows: bytes in the stage, landing at off - sfill */
+  int cuda_bad;        /* a copy into GPU memory failed: the rest is read and dropped */
+  uint16_t st;         /* a put: its status so far */
+  uint64_t limit;
+  struct mpr_win sig;  /* a put: its checked signal window */
+};
+
+struct mpr_conn {
+  struct mpr_ctxset *set;
+  int peer, context, fd;
+  char peer_str[96];
+  pthread_t rd, wr;
+  int threads;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct mpr_req *q_head, *q_tail;     /* to write */
+  struct mpr_req *p_head, *p_tail;     /* written, awaiting a response */
+  uint64_t next_id;
+  int failed, stop;
+  int peer_closed; /* the peer destroyed its context in order (a BYE): not an error by itself */
+  int wbusy;                           /* a thread is writing: MPR_W_WRITER, or MPR_W_NOW (sent at once) */
+  /* Records NCCL's progress thread queued without waking the writer: rmaProgress sends them in one
+   * sendmsg once a pass added no op to them (a burst is over) or the oldest has waited long enough. */
+  int deferred;                        /* queued records wait for rmaProgress */
+  uint64_t deferred_ns;                /* when the oldest of them was queued */
+  uint64_t ops_added, ops_seen;        /* ops deferred so far; as of the previous rmaProgress */
+  pthread_mutex_t rlock;               /* held by whichever thread advances the reader below */
+  pthread_cond_t rcond;                /* the reader thread rests on it while rmaProgress reads */
+  struct mpr_rd in;                    /* the reader: where it is in the incoming stream */
+  int rd_over;                         /* atomic: the reader has stopped (a BYE, a failure, a close) */
+  struct mpr_stage stage;              /* the reader's GPU staging; the writer has its own */
+  char *rbuf;                          /* the reader's receive buffer: [rpos, rlen) not yet taken */
+  size_t rpos, rlen;
+  struct mpr_stage wstage;
+  struct mpr_stage istage;             /* GPU data of a record sent at once (wbusy holder only) */
+};
+
+struct mpr_ctxset {
+  struct mpr_group *g;
+  int ncontexts;
+  struct mpr_conn **conns; /* [context * nranks + peer], NULL: not connected */
+  struct mpr_conn **mirrors; /* [context]: the target side of this rank's ops to itself */
+  int has_error;           /* atomic: a connection failed or an op was refused */
+  int epfd;                /* every connection's socket, for rmaProgress to find the readable ones */
+  uint64_t progress_ns;    /* atomic: the last rmaProgress call (0: never) */
+};
+
+
+enum mpr_req_kind { MPR_K_PUT = 1, MPR_K_GET, MPR_K_ACK, MPR_K_GET_RESP, MPR_K_BYE,
+                    MPR_K_RAW /* the unsent tail of a record sent at once, for the writer to finish */ };
+
+struct mpr_req {
+  uint32_t magic;
+  int kind;
+  struct mpr_req *next;
+  struct mpr_conn *conn;
+  struct mpr_msg m;
+  struct mpr_win src;  /* put: where the bytes come from (local window, at m.off's counterpart) */
+  uint64_t src_off;
+  struct mpr_win dst;  /* get: where the answer lands */
+  uint64_t dst_off;
+  int done;            /* atomic */
+  uint64_t t0_ns;      /* queued at (monotonic): an answer later than the timeout fails the connection */
+  ncclResult_t result;
+  char *raw;           /* MPR_K_RAW: the bytes, owned */
+  size_t raw_len;
+  char why[320];
+};
+
+/* ---- socket_rma.c ---- */
+int mpr_timeout_ms(void);
+uint64_t mpr_now_ns(void);
+/* Window id -> a copy of its record; 0 if it is not registered. */
+int mpr_win_get(struct mpr_group *g, uint32_t id, struct mpr_win *out);
+int mpr_range_ok(const struct mpr_win *w, uint64_t off, uint64_t size);
+/* Copy between a window and host memory; GPU windows through the CUDA driver, synchronised. 0 ok. */
+int mpr_win_write(const struct mpr_win *w, uint64_t off, const void *src, size_t n);
+int mpr_win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n);
+
+/* ---- socket_rma_conn.c ---- */
+struct mpr_conn *mpr_conn_new(struct mpr_ctxset *s, int context, int peer, int fd);
+/* Watch it for rmaProgress and start its reader and writer threads. */
+ncclResult_t mpr_conn_start(struct mpr_conn *c);
+/* Say BYE, drain, join the threads (a peer that stopped reading is cut after the timeout), free. */
+void mpr_conn_destroy(struct mpr_conn *c);
+/* Send r (a request or a response) in order; ncclRemoteError if the connection has failed. */
+ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r);
+/* Fail everything queued or pending on c, once (abort: and cut the socket). */
+void mpr_conn_fail(struct mpr_conn *c, const char *why);
+void mpr_conn_abort(struct mpr_conn *c, const char *why);
+/* test() of a request still waiting: hands deferred records to the writer if rmaProgress stopped. */
+void mpr_conn_kick(struct mpr_conn *c);
+void mpr_req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+const char *mpr_kind_name(int kind);
+/* rmaProgress: serve every connection with bytes waiting, send what waits for it. */
+ncclResult_t mpr_progress(void *ctx);
+
+#endif
