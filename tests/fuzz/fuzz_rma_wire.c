@@ -1,0 +1,183 @@
+/* Fuzz target: what a peer can write on a one-sided (RMA) connection of the socket transport.
+ * The plugin's real record parser and target side (net/socket/socket_rma_conn.c) serve one
+ * connection of a context whose group has two registered host windows (a 4 KiB data window and a
+ * 256-byte signal window, each between guard bytes); each input is written to the peer's end of a
+ * socket pair, in pieces the input chooses, while rmaProgress is called (as NCCL's progress thread
+ * calls it), and the answers the plugin writes back are drained.
+ *
+ * Properties: no crash or sanitizer report; nothing outside the two windows is written (the guards
+ * keep their pattern); a window byte changes only where some record of the input was a put that
+ * covered it; the connection either keeps up (every whole record taken) or fails, within a bounded
+ * number of rmaProgress calls; tearing it down returns. FUZZ_TRACE=1 prints what became of each input.
+ *
+ * Input:
+ *   [0] bit 0: the records are built here from 8-byte descriptors (else the bytes are the wire
+ *       stream as they are); bits 1-3: piece size (0: 1 byte, calling rmaProgress after each; k:
+ *       up to 16^k/16 bytes); bit 4: close the peer's end after the last byte
+ *   descriptors: [type][window][signal window][signal op][off lo][off hi][size lo][size hi]
+ *       window / signal window: 0 data, 1 signal, 2 a window never registered, 3 none (MPR_NO_WIN);
+ *       size is capped at 8 KiB, its data follows as a pattern (a descriptor with type & 0x80: the
+ *       header says size bytes but only half follow, and the input ends there) */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fuzz_util.h"
+#include "net/socket/socket_rma.h"
+
+#define GUARD 256
+#define DATA_SIZE 4096
+#define SIG_SIZE 256
+#define GUARD_BYTE 0x5a
+#define MAX_STREAM (128u << 10)
+
+static char data_mem[GUARD + DATA_SIZE + GUARD], sig_mem[GUARD + SIG_SIZE + GUARD];
+static unsigned char may_change[DATA_SIZE + SIG_SIZE]; /* 1 where a put of this input could land */
+static struct mpr_win wins[2];
+static struct mpr_group group;
+static int tracing;
+
+static void setup_once(void) {
+  static int done;
+  if (done) return;
+  done = 1;
+  tracing = getenv("FUZZ_TRACE") != NULL;
+  group = (struct mpr_group){.rank = 0, .nranks = 2, .wins = wins, .nwins = 2, .cap = 2};
+  pthread_mutex_init(&group.win_lock, NULL);
+  wins[0] = (struct mpr_win){.id = 0, .live = 1, .base = data_mem + GUARD, .size = DATA_SIZE, .gpu = -1};
+  wins[1] = (struct mpr_win){.id = 1, .live = 1, .base = sig_mem + GUARD, .size = SIG_SIZE, .gpu = -1};
+}
+
+static void reset_memory(void) {
+  memset(data_mem, GUARD_BYTE, sizeof(data_mem));
+  memset(sig_mem, GUARD_BYTE, sizeof(sig_mem));
+  memset(data_mem + GUARD, 0, DATA_SIZE);
+  memset(sig_mem + GUARD, 0, SIG_SIZE);
+  memset(may_change, 0, sizeof(may_change));
+}
+
+static uint32_t win_of(uint8_t sel) { return sel == 3 ? 0xffffffffu : sel; }
+
+/* Which window bytes a header could change, if the target accepted it (over-approximated). */
+static void note_header(const struct mpr_msg *m) {
+  if (m->type == 1 /* put */ && m->size && m->win < 2) {
+    size_t limit = m->win == 0 ? DATA_SIZE : SIG_SIZE, base = m->win == 0 ? 0 : DATA_SIZE;
+    for (uint64_t o = m->off; o < limit && o - m->off < m->size; o++) may_change[base + o] = 1;
+  }
+  if (m->type == 1 && m->sig_win < 2) {
+    size_t limit = m->sig_win == 0 ? DATA_SIZE : SIG_SIZE, base = m->sig_win == 0 ? 0 : DATA_SIZE;
+    for (uint64_t o = m->sig_off; o < limit && o < m->sig_off + 8; o++) may_change[base + o] = 1;
+  }
+}
+
+/* The wire stream of an input: built from descriptors, or its raw bytes (headers in it noted). */
+static size_t build_stream(const uint8_t *in, size_t n, uint8_t *out, int built) {
+  size_t k = 0;
+  if (!built) {
+    if (n > MAX_STREAM) n = MAX_STREAM;
+    memcpy(out, in, n);
+    for (size_t at = 0; at + sizeof(struct mpr_msg) <= n; at++) { /* any offset may be a header */
+      struct mpr_msg m;
+      memcpy(&m, out + at, sizeof(m));
+      if (m.magic == MPR_MAGIC) note_header(&m);
+    }
+    return n;
+  }
+  for (size_t i = 0; i + 8 <= n && k + sizeof(struct mpr_msg) + 8192 <= MAX_STREAM; i += 8) {
+    const uint8_t *d = in + i;
+    struct mpr_msg m = {.magic = MPR_MAGIC, .type = (uint16_t)(d[0] & 0x7f), .win = win_of(d[1] & 3),
+                        .sig_win = win_of(d[2] & 3), .sig_op = d[3] & 3,
+                        .off = (uint64_t)d[4] | (uint64_t)d[5] << 8, .size = ((uint64_t)d[6] | (uint64_t)d[7] << 8) & 0x1fff,
+                        .sig_off = (uint64_t)d[4] & 0xf8, .sig_val = 1, .id = i / 8 + 1};
+    note_header(&m);
+    memcpy(out + k, &m, sizeof(m));
+    k += sizeof(m);
+    size_t data = m.type == 1 ? m.size : 0;
+    int truncated = d[0] & 0x80;
+    if (truncated) data /= 2;
+    for (size_t b = 0; b < data; b++) out[k++] = (uint8_t)(i + b * 7 + 1);
+    if (truncated) break;
+  }
+  return k;
+}
+
+static void drain(int fd) {
+  char buf[65536];
+  while (recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+  }
+}
+
+static void check_memory(void) {
+  for (size_t i = 0; i < GUARD; i++) {
+    FUZZ_REQUIRE(data_mem[i] == GUARD_BYTE && data_mem[GUARD + DATA_SIZE + i] == GUARD_BYTE,
+                 "a guard byte of the data window changed (%zu)", i);
+    FUZZ_REQUIRE(sig_mem[i] == GUARD_BYTE && sig_mem[GUARD + SIG_SIZE + i] == GUARD_BYTE,
+                 "a guard byte of the signal window changed (%zu)", i);
+  }
+  for (size_t i = 0; i < DATA_SIZE; i++)
+    FUZZ_REQUIRE(data_mem[GUARD + i] == 0 || may_change[i], "data window byte %zu changed, no put covered it", i);
+  for (size_t i = 0; i < SIG_SIZE; i++)
+    FUZZ_REQUIRE(sig_mem[GUARD + i] == 0 || may_change[DATA_SIZE + i], "signal window byte %zu changed, no put covered it", i);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *in, size_t n) {
+  setup_once();
+  if (n < 1) return 0;
+  static uint8_t stream[MAX_STREAM];
+  reset_memory();
+  size_t len = build_stream(in + 1, n - 1, stream, in[0] & 1);
+  size_t piece = ((in[0] >> 1) & 7) == 0 ? 1 : (size_t)1 << (4 * ((in[0] >> 1) & 7) - 4);
+  if (piece == 0) piece = 1;
+
+  struct mpr_conn *conns[2] = {0};
+  struct mpr_ctxset s = {.g = &group, .ncontexts = 1, .conns = conns, .mirrors = NULL, .epfd = epoll_create1(0)};
+  struct mpr_conn *mirrors[1] = {0};
+  s.mirrors = mirrors;
+  int sv[2];
+  FUZZ_REQUIRE(s.epfd >= 0 && socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "epoll / socketpair: %s", strerror(errno));
+  fcntl(sv[1], F_SETFL, O_NONBLOCK);
+  struct mpr_conn *c = mpr_conn_new(&s, 0, 1, sv[0]);
+  FUZZ_REQUIRE(c != NULL, "no connection");
+  conns[1] = c;
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+  FUZZ_REQUIRE(epoll_ctl(s.epfd, EPOLL_CTL_ADD, sv[0], &ev) == 0, "epoll_ctl: %s", strerror(errno));
+
+  size_t sent = 0;
+  int calls = 0;
+  while (sent < len && !__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE) && calls < 20000) {
+    size_t k = len - sent < piece ? len - sent : piece;
+    ssize_t w = send(sv[1], stream + sent, k, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w > 0) sent += (size_t)w;
+    mpr_progress(&s);
+    drain(sv[1]);
+    calls++;
+  }
+  if (in[0] & 0x10) shutdown(sv[1], SHUT_WR);
+  /* Everything written is taken within a bounded number of calls (the parser never waits for a
+   * byte that has arrived). */
+  for (int i = 0; i < 64; i++) {
+    mpr_progress(&s);
+    drain(sv[1]);
+  }
+  char probe;
+  int pending = recv(sv[0], &probe, 1, MSG_PEEK | MSG_DONTWAIT) > 0 && c->rpos == c->rlen;
+  int over = __atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE);
+  FUZZ_REQUIRE(over || !pending || c->in.phase == MPR_RD_DATA,
+               "bytes wait on the socket after 64 rmaProgress calls and the reader is not over");
+  if (tracing)
+    fprintf(stderr, "fuzz_rma_wire: %zu of %zu bytes written in pieces of %zu; reader %s, connection %s\n", sent, len,
+            piece, over ? "over" : "waiting", c->failed ? "failed" : "alive");
+  check_memory();
+  mpr_conn_destroy(c);
+  close(sv[1]);
+  close(s.epfd);
+  check_memory();
+  return 0;
+}
