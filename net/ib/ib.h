@@ -402,6 +402,10 @@ void mpib_stage_progress(struct mpib_send_comm *c);
 /* A staging slot's write completed. */
 void mpib_stage_slot_done(struct mpib_send_comm *c, unsigned slot);
 void mpib_stage_destroy(struct mpib_send_comm *c);
+struct mplane_relay_copier;
+/* A staging ring registered with device d (its dma-buf where the verbs take one), NULL with errno. */
+struct ibv_mr *mpib_stage_ring_register(struct mpib_dev *d, struct mplane_relay_copier *copier, void *mem,
+                                        size_t bytes);
 
 /* one-sided ops (ib_rma.c), net/transport.h's mplane_rma_ops */
 extern const struct mplane_rma_ops mpib_rma_ops;

@@ -127,6 +127,7 @@ struct ibr_carrier {
   struct mpib_dev *d;
   int plane;
   struct ibv_mr *scratch_mr; /* the atomics' fetched values, registered on this device */
+  char near_gpu[16];         /* PCI bus id of the GPU beside it (where staging lives), "" unknown */
 };
 
 struct ibr_group {
@@ -153,6 +154,7 @@ struct ibr_cx { /* one context on one carrier: its CQ, its QPs */
   struct mpib_comm_base b; /* dev, CQ, SL and GID for the QP helpers of ib_conn.c */
   pthread_mutex_t lock;
   int outstanding, cq_depth;
+  struct ibr_stage *stage; /* relay carriers: the staging ring of the relaying rank's GPU windows */
 };
 
 struct ibr_conn {
@@ -160,6 +162,7 @@ struct ibr_conn {
   int peer, car;
   struct ibv_qp *qp, *mirror; /* mirror: the other end of a rank's QP to itself */
   int outstanding;
+  int nqueued; /* its ops in its context's queue (later ones queue behind them) */
   int failed;
   char why[160];
 };
@@ -172,6 +175,17 @@ struct ibr_ctxset {
   int has_error;            /* atomic */
 };
 
+/* One op as work requests: the data in pieces of at most IBR_WR_MAX bytes, then, with a signal, the
+ * atomic add on the signal word (same QP: after the data). */
+struct ibr_op {
+  int opcode; /* IBV_WR_RDMA_WRITE or IBV_WR_RDMA_READ */
+  uint64_t laddr, raddr, size;
+  uint32_t lkey, rkey;
+  int sig;
+  uint64_t saddr, add;
+  uint32_t srkey;
+};
+
 struct ibr_req {
   uint32_t magic;
   struct ibr_conn *conn;
@@ -182,7 +196,26 @@ struct ibr_req {
   uint32_t win;
   uint64_t off, size;
   char why[384];
+  struct ibr_op op;     /* kept for when it leaves its context's queue */
+  /* staging (a local GPU window on a relay device) and the queue behind it */
+  int staged, queued;   /* queued: in its context's queue, not all posted yet */
+  int copies;           /* a staged get's pieces read but not yet copied into the window */
+  uint64_t started, posted; /* bytes given slots, bytes posted */
+  char *lbase;          /* the local window, its index and the op's offset in it */
+  uint32_t lwin;
+  uint64_t loff;
+  double queued_at;
+  struct ibr_req *next;
 };
+
+struct ibr_stage;
+struct ibr_slot;
+static void conn_fail(struct ibr_conn *c, const char *why);
+static void stage_progress(struct ibr_cx *x);
+static void stage_destroy(struct ibr_cx *x);
+static void stage_wr_done(struct ibr_slot *sl, int ok);
+static void stage_deadline(struct ibr_req *r);
+static struct ibr_slot *wrid_slot(uint64_t id);
 
 static double now_s(void) {
   struct timespec ts;
@@ -448,6 +481,7 @@ static ncclResult_t rma_route(void *group, const struct mplane_rma_route *r) {
       int k = -1;
       if (mplane_relay_pick(r->devs, r->ndev, g->dev, pl, r->relay_mode, &via) == ncclSuccess)
         MP_CHECK(carrier_add(g, via.dev, pl, &k));
+      if (k > 0) snprintf(g->car[k].near_gpu, sizeof(g->car[k].near_gpu), "%s", r->devs[via.dev].near_gpu);
       by_plane[pl] = k;
     }
     g->car_of[p] = by_plane[pl];
@@ -624,6 +658,8 @@ static ncclResult_t rma_destroy_context(void *ctx) {
   struct ibr_ctxset *s = ctx;
   if (!s) return ncclSuccess;
   for (int i = 0; s->conns && i < s->ncontexts * s->g->nranks; i++) conn_free(s->conns[i]);
+  /* The QPs are gone (no work request reads or fills a slot now); copies may still run. */
+  for (int c = 0; s->cx && c < s->ncontexts * s->ncar; c++) stage_destroy(&s->cx[c]);
   for (int c = 0; s->cx && c < s->ncontexts * s->ncar; c++) {
     if (s->cx[c].b.cq) mpib_v.destroy_cq(s->cx[c].b.cq);
     if (s->cx[c].set) pthread_mutex_destroy(&s->cx[c].lock);
@@ -912,53 +948,35 @@ static int post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr) {
   return rc;
 }
 
-/* The keys an op on connection c uses (k: the local and remote windows' keys for c's devices). */
-struct ibr_keys {
-  uint32_t lkey, rkey, srkey;
-};
+static int op_nwr(const struct ibr_op *op) { return (int)((op->size + IBR_WR_MAX - 1) / IBR_WR_MAX) + (op->sig ? 1 : 0); }
 
-/* The data part of a put or get as work requests of at most IBR_WR_MAX bytes each; with a signal,
- * the atomic last. */
-static ncclResult_t post_op(struct ibr_conn *c, struct ibr_req *r, int opcode, struct ibr_win *lw, uint64_t loff,
-                            const struct ibr_win_rec *rw, uint64_t roff, uint64_t size,
-                            const struct ibr_win_rec *sw, uint64_t soff, uint64_t add, const struct ibr_keys *k) {
-  int nwr = (int)((size + IBR_WR_MAX - 1) / IBR_WR_MAX) + (sw ? 1 : 0);
-  struct ibr_cx *x = c->cx;
-  struct ibr_group *g = x->set->g;
-  pthread_mutex_lock(&x->lock);
-  if (!room(c, nwr)) {
-    pthread_mutex_unlock(&x->lock);
-    MP_WARN("RMA %s to rank %d (context %d): %d work requests in flight on its QP, %d on the context: more than the "
-            "queues hold (%d, %d)", r->what, c->peer, x->index, c->outstanding, x->outstanding, IBR_SQ, x->cq_depth);
-    free(r);
-    return ncclInternalError;
-  }
+/* Post op whole on c (caller holds the context's lock and checked room). A failed post fails r. */
+static ncclResult_t post_op_locked(struct ibr_conn *c, struct ibr_req *r, const struct ibr_op *op) {
+  int nwr = op_nwr(op);
+  struct ibr_group *g = c->cx->set->g;
   struct ibv_send_wr wrs[8], *wrv = nwr <= 8 ? wrs : calloc((size_t)nwr, sizeof(*wrv));
   struct ibv_sge sges[8], *sgv = nwr <= 8 ? sges : calloc((size_t)nwr, sizeof(*sgv));
   if (!wrv || !sgv) {
-    pthread_mutex_unlock(&x->lock);
     if (wrv != wrs) free(wrv);
     if (sgv != sges) free(sgv);
-    free(r);
     return ncclSystemError;
   }
   memset(wrv, 0, sizeof(*wrv) * (size_t)nwr);
   int i = 0;
-  for (uint64_t done = 0; done < size; done += IBR_WR_MAX, i++) {
-    uint64_t len = size - done < IBR_WR_MAX ? size - done : IBR_WR_MAX;
-    sgv[i] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)lw->base + loff + done, .length = (uint32_t)len,
-                              .lkey = k->lkey};
-    wrv[i].opcode = (enum ibv_wr_opcode)opcode;
-    wrv[i].wr.rdma.remote_addr = rw->addr + roff + done;
-    wrv[i].wr.rdma.rkey = k->rkey;
+  for (uint64_t done = 0; done < op->size; done += IBR_WR_MAX, i++) {
+    uint64_t len = op->size - done < IBR_WR_MAX ? op->size - done : IBR_WR_MAX;
+    sgv[i] = (struct ibv_sge){.addr = op->laddr + done, .length = (uint32_t)len, .lkey = op->lkey};
+    wrv[i].opcode = (enum ibv_wr_opcode)op->opcode;
+    wrv[i].wr.rdma.remote_addr = op->raddr + done;
+    wrv[i].wr.rdma.rkey = op->rkey;
   }
-  if (sw) {
+  if (op->sig) {
     sgv[i] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)g->scratch, .length = 8,
                               .lkey = g->car[c->car].scratch_mr->lkey};
     wrv[i].opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-    wrv[i].wr.atomic.remote_addr = sw->addr + soff;
-    wrv[i].wr.atomic.rkey = k->srkey;
-    wrv[i].wr.atomic.compare_add = add;
+    wrv[i].wr.atomic.remote_addr = op->saddr;
+    wrv[i].wr.atomic.rkey = op->srkey;
+    wrv[i].wr.atomic.compare_add = op->add;
   }
   for (int k = 0; k < nwr; k++) {
     wrv[k].wr_id = (uint64_t)(uintptr_t)r;
@@ -968,10 +986,355 @@ static ncclResult_t post_op(struct ibr_conn *c, struct ibr_req *r, int opcode, s
     wrv[k].next = k + 1 < nwr ? &wrv[k + 1] : NULL;
   }
   post(c, r, wrv);
-  pthread_mutex_unlock(&x->lock);
   if (wrv != wrs) free(wrv);
   if (sgv != sges) free(sgv);
   return ncclSuccess;
+}
+
+/* ---- staging: GPU windows of the relaying rank ----
+ * The relay device is not the NIC beside the window's GPU, so it must not read or write that GPU's
+ * memory across the root complex. As a relayed two-sided send does (ib_stage.c), the relay's copier
+ * (net/relay.h: the CUDA copy engine, its CPU stand-in in tests) moves the bytes over NVLink between
+ * the window and a ring of slots on the GPU beside the relay NIC, registered with it:
+ *   put   copy a piece of the source into a slot, RDMA WRITE the slot to the peer's window; the
+ *         slot is free again once the write completed; the signal's atomic after the last piece
+ *   get   RDMA READ a piece into a slot, then copy the slot into the window; the slot is free, and
+ *         the piece done, once the copy ended
+ * Large ops go in slot-sized pieces, pipelined: piece j is copied while j - 1 is on the wire. Each
+ * context on a relay device has its ring (made at its first staged op) and a queue: the staged ops
+ * and, behind them, any op of a connection that has queued ones, so every op of a connection is
+ * posted in the order it was made and a signal never passes the data of an earlier op. The queue is
+ * moved on by test and rmaProgress. */
+enum { SLOT_FREE, SLOT_COPY_IN, SLOT_TO_READ, SLOT_WRITING, SLOT_READING, SLOT_READ_DONE, SLOT_COPY_OUT };
+
+struct ibr_slot {
+  int state;
+  uint64_t ticket;       /* the copier's, in SLOT_COPY_IN and SLOT_COPY_OUT */
+  struct ibr_req *r;
+  uint64_t off, len;     /* the piece: [off, off + len) of r's range */
+};
+
+struct ibr_stage {
+  struct mplane_relay_copier *copier;
+  char *mem;
+  struct ibv_mr *mr;
+  size_t slot_bytes;
+  struct ibr_slot s[MPIB_STAGE_SLOTS];
+  uint64_t fill, post;          /* next slot to fill, next to post (monotonic; slot j is s[j % N]) */
+  struct ibr_req *head, *tail;  /* the queue, oldest first */
+  struct ibr_req *filling;      /* the oldest queued op with pieces not yet given a slot */
+};
+
+static char *slot_mem(struct ibr_stage *st, const struct ibr_slot *sl) {
+  return st->mem + (size_t)(sl - st->s) * st->slot_bytes;
+}
+
+/* Staged work requests carry their slot (low bit set: requests are at least 8-byte aligned). */
+static uint64_t slot_wrid(struct ibr_slot *sl) { return (uint64_t)(uintptr_t)sl | 1u; }
+static struct ibr_slot *wrid_slot(uint64_t id) { return id & 1u ? (struct ibr_slot *)(uintptr_t)(id & ~1ull) : NULL; }
+
+/* "window 3 ... (rank 0 on plane 0 relays its connection with rank 1 on plane 1 through mlx5_1)". */
+static void stage_where(const struct ibr_req *r, char *buf, size_t len) {
+  const struct ibr_conn *c = r->conn;
+  const struct ibr_group *g = c->cx->set->g;
+  snprintf(buf, len, "window %u [%llu, +%llu) of rank %d on plane %d, relayed to rank %d on plane %d through %s "
+           "(plane %d)", r->lwin, (unsigned long long)r->loff, (unsigned long long)r->size, g->rank,
+           g->plane[g->rank], c->peer, g->plane[c->peer], g->car[c->car].d->props.name, g->car[c->car].plane);
+}
+
+/* A copy that failed (or could not start) fails its op and the connection: nothing after it on the
+ * QP may be posted (a later signal would claim data that never came). */
+static void stage_fault(struct ibr_req *r, ncclResult_t res, const char *what) {
+  char where[256], why[160];
+  stage_where(r, where, sizeof(where));
+  req_fail(r, res == ncclSuccess ? ncclSystemError : res, "RMA %s %s rank %d (context %d): %s the staging slot "
+           "failed: %s; the op is not complete", r->what, strcmp(r->what, "get") ? "to" : "from", r->conn->peer,
+           r->conn->cx->index, what, where);
+  snprintf(why, sizeof(why), "a copy through the staging ring of %s failed", r->conn->cx->b.dev->props.name);
+  conn_fail(r->conn, why);
+}
+
+static ncclResult_t stage_create(struct ibr_cx *x, struct ibr_req *r, const void *window) {
+  struct ibr_group *g = x->set->g;
+  struct ibr_stage *st = calloc(1, sizeof(*st));
+  if (!st) return ncclSystemError;
+  char where[256];
+  stage_where(r, where, sizeof(where));
+  ncclResult_t res = mplane_relay_copier_create(window, g->car[x->car].near_gpu, &st->copier);
+  if (res != ncclSuccess) {
+    free(st);
+    req_fail(r, res, "RMA %s: no copier for the staging ring of %s", r->what, where);
+    return res;
+  }
+  st->slot_bytes = mplane_relay_test_slot_bytes(MPIB_STAGE_SLOT_BYTES);
+  size_t bytes = st->slot_bytes * MPIB_STAGE_SLOTS;
+  st->mem = mplane_relay_copier_alloc(st->copier, bytes);
+  errno = 0;
+  if (st->mem && !mplane_relay_test_fail_reg()) st->mr = mpib_stage_ring_register(x->b.dev, st->copier, st->mem, bytes);
+  else if (st->mem) errno = EFAULT; /* MPLANE_TEST_RELAY_FAIL=reg */
+  if (!st->mr) {
+    int e = errno;
+    mplane_relay_copier_destroy(st->copier, st->mem);
+    free(st);
+    req_fail(r, ncclSystemError, "RMA %s: %s the %zu-byte staging ring for %s failed: %s", r->what,
+             e || !bytes ? "registering" : "allocating", bytes, where, e ? strerror(e) : "out of memory");
+    return ncclSystemError;
+  }
+  x->stage = st;
+  return ncclSuccess;
+}
+
+static void queue_push(struct ibr_stage *st, struct ibr_req *r) {
+  r->queued = 1;
+  r->next = NULL;
+  if (st->tail) st->tail->next = r;
+  else st->head = r;
+  st->tail = r;
+  if (!st->filling) st->filling = r;
+  r->conn->nqueued++;
+}
+
+static void queue_pop(struct ibr_stage *st) {
+  struct ibr_req *r = st->head;
+  st->head = r->next;
+  if (!st->head) st->tail = NULL;
+  if (st->filling == r) st->filling = r->next;
+  r->queued = 0;
+  r->conn->nqueued--;
+}
+
+/* Give the queued ops' next pieces free slots, in ring order: a put's piece starts its copy in. */
+static void stage_fill(struct ibr_stage *st) {
+  while (st->filling) {
+    struct ibr_req *r = st->filling;
+    if (!r->staged || r->started == r->size || r->failed || r->conn->failed) {
+      st->filling = r->next;
+      continue;
+    }
+    struct ibr_slot *sl = &st->s[st->fill % MPIB_STAGE_SLOTS];
+    if (sl->state != SLOT_FREE) return;
+    uint64_t len = r->size - r->started < st->slot_bytes ? r->size - r->started : st->slot_bytes;
+    int state = SLOT_TO_READ;
+    uint64_t ticket = 0;
+    if (r->op.opcode == IBV_WR_RDMA_WRITE) {
+      ncclResult_t res = mplane_relay_copier_start(st->copier, slot_mem(st, sl), r->lbase + r->loff + r->started,
+                                                   len, &ticket);
+      if (res != ncclSuccess) {
+        stage_fault(r, res, "starting the copy of the source into");
+        continue;
+      }
+      if (!ticket) return; /* the copier is full: later */
+      state = SLOT_COPY_IN;
+    }
+    *sl = (struct ibr_slot){.state = state, .ticket = ticket, .r = r, .off = r->started, .len = len};
+    r->started += len;
+    st->fill++;
+  }
+}
+
+/* Post the slot at the post cursor (its copy in landed, or a get's): 0 posted, 1 not yet. */
+static int stage_post_slot(struct ibr_stage *st, struct ibr_req *r, struct ibr_slot *sl) {
+  struct ibr_conn *c = r->conn;
+  if (sl->state == SLOT_COPY_IN) {
+    int done = 0;
+    ncclResult_t res = mplane_relay_copier_poll(st->copier, sl->ticket, &done);
+    if (res != ncclSuccess) {
+      sl->state = SLOT_FREE; /* the copy is over, failed */
+      stage_fault(r, res, "copying the source into");
+      return 1;
+    }
+    if (!done) return 1;
+  }
+  if (!room(c, 1)) return 1;
+  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)slot_mem(st, sl), .length = (uint32_t)sl->len,
+                        .lkey = st->mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = slot_wrid(sl), .sg_list = &sge, .num_sge = 1,
+                           .opcode = (enum ibv_wr_opcode)r->op.opcode, .send_flags = IBV_SEND_SIGNALED};
+  wr.wr.rdma.remote_addr = r->op.raddr + sl->off;
+  wr.wr.rdma.rkey = r->op.rkey;
+  int get = r->op.opcode == IBV_WR_RDMA_READ;
+  sl->state = get ? SLOT_READING : SLOT_WRITING;
+  if (get) r->copies++; /* its copy out is still to come */
+  if (post(c, r, &wr) != 0) {
+    sl->state = SLOT_FREE;
+    if (get) r->copies--;
+    conn_fail(c, "ibv_post_send failed on a staged op");
+  }
+  st->post++;
+  r->posted += sl->len;
+  return 0;
+}
+
+/* The head op failed (or its connection did): release the slots it was given, once their copies in
+ * are over (they read its source), and take it off the queue. 0 done, 1 wait. */
+static int stage_drop_head(struct ibr_stage *st, struct ibr_req *r) {
+  while (st->post < st->fill && st->s[st->post % MPIB_STAGE_SLOTS].r == r) {
+    struct ibr_slot *sl = &st->s[st->post % MPIB_STAGE_SLOTS];
+    if (sl->state == SLOT_COPY_IN) {
+      int done = 0;
+      if (mplane_relay_copier_poll(st->copier, sl->ticket, &done) == ncclSuccess && !done) return 1;
+    }
+    sl->state = SLOT_FREE;
+    st->post++;
+  }
+  if (!r->failed)
+    req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
+             strcmp(r->what, "get") ? "to" : "from", r->conn->peer, r->conn->cx->index, r->win,
+             (unsigned long long)r->off, (unsigned long long)r->size, r->conn->why);
+  queue_pop(st);
+  return 0;
+}
+
+/* Post from the head of the queue: a staged op's pieces in ring order, then its signal; an op queued
+ * behind staged ones whole. Stops at the first that must wait. */
+static void stage_post(struct ibr_stage *st) {
+  while (st->head) {
+    struct ibr_req *r = st->head;
+    struct ibr_conn *c = r->conn;
+    if (r->failed || c->failed) {
+      if (stage_drop_head(st, r)) return;
+      continue;
+    }
+    if (!r->staged) {
+      if (!room(c, op_nwr(&r->op))) return;
+      if (post_op_locked(c, r, &r->op) != ncclSuccess) req_fail(r, ncclSystemError, "RMA %s: out of memory", r->what);
+      queue_pop(st);
+      continue;
+    }
+    if (r->posted < r->size) {
+      if (st->post == st->fill || stage_post_slot(st, r, &st->s[st->post % MPIB_STAGE_SLOTS])) return;
+      continue;
+    }
+    if (r->op.sig) { /* the signal, after every piece of its data on the QP */
+      if (!room(c, 1)) return;
+      struct ibr_op sig = r->op;
+      sig.size = 0;
+      post_op_locked(c, r, &sig);
+    }
+    queue_pop(st);
+  }
+}
+
+/* Gets' pieces whose READ completed: copy them out of the slot into the window; a copy that ended
+ * frees its slot. */
+static void stage_copy_out(struct ibr_stage *st) {
+  for (int i = 0; i < MPIB_STAGE_SLOTS; i++) {
+    struct ibr_slot *sl = &st->s[i];
+    struct ibr_req *r = sl->r;
+    if (sl->state == SLOT_READ_DONE) {
+      uint64_t ticket = 0;
+      ncclResult_t res =
+          mplane_relay_copier_start(st->copier, r->lbase + r->loff + sl->off, slot_mem(st, sl), sl->len, &ticket);
+      if (res != ncclSuccess) {
+        sl->state = SLOT_FREE;
+        r->copies--;
+        stage_fault(r, res, "starting the copy into the window from");
+        continue;
+      }
+      if (!ticket) return;
+      sl->ticket = ticket;
+      sl->state = SLOT_COPY_OUT;
+    }
+    if (sl->state == SLOT_COPY_OUT) {
+      int done = 0;
+      ncclResult_t res = mplane_relay_copier_poll(st->copier, sl->ticket, &done);
+      if (res != ncclSuccess || done) {
+        sl->state = SLOT_FREE;
+        r->copies--;
+      }
+      if (res != ncclSuccess) stage_fault(r, res, "copying into the window from");
+    }
+  }
+}
+
+/* A staged work request completed: a write's slot is free, a get's piece goes on to its copy out. */
+static void stage_wr_done(struct ibr_slot *sl, int ok) {
+  if (sl->state == SLOT_READING && ok) {
+    sl->state = SLOT_READ_DONE;
+    return;
+  }
+  if (sl->state == SLOT_READING) sl->r->copies--; /* nothing to copy: the READ failed */
+  sl->state = SLOT_FREE;
+}
+
+/* Move the context's ring on (caller holds its lock). */
+static void stage_progress(struct ibr_cx *x) {
+  struct ibr_stage *st = x->stage;
+  if (!st) return;
+  stage_copy_out(st);
+  stage_post(st);
+  stage_fill(st);
+  stage_post(st); /* the stand-in may be done already */
+}
+
+/* Copies still under way read sources or write windows: wait for them (bounded) before the ring,
+ * the copier and what they touch are freed. */
+#define IBR_STAGE_DRAIN_S 10.0
+static void stage_destroy(struct ibr_cx *x) {
+  struct ibr_stage *st = x->stage;
+  if (!st) return;
+  double t0 = now_s();
+  for (int i = 0; i < MPIB_STAGE_SLOTS; i++) {
+    struct ibr_slot *sl = &st->s[i];
+    int done = sl->state != SLOT_COPY_IN && sl->state != SLOT_COPY_OUT;
+    while (!done && mplane_relay_copier_poll(st->copier, sl->ticket, &done) == ncclSuccess && !done) {
+      if (now_s() - t0 > IBR_STAGE_DRAIN_S) {
+        MP_WARN("RMA destroyContext: copies through the staging ring of %s (context %d) did not end within %.0f s",
+                x->b.dev->props.name, x->index, IBR_STAGE_DRAIN_S);
+        break;
+      }
+      sched_yield();
+    }
+  }
+  if (st->mr) mpib_v.dereg_mr(st->mr);
+  mplane_relay_copier_destroy(st->copier, st->mem); /* ends a copy still under way first */
+  free(st);
+  x->stage = NULL;
+}
+
+/* Queue r (its op filled) on its context's ring: staged, or behind its connection's queued ops. */
+static ncclResult_t stage_queue(struct ibr_conn *c, struct ibr_req *r, int staged) {
+  struct ibr_cx *x = c->cx;
+  if (staged && !x->stage && stage_create(x, r, r->lbase) != ncclSuccess) return ncclSuccess; /* r failed */
+  r->staged = staged;
+  r->queued_at = now_s();
+  queue_push(x->stage, r);
+  stage_progress(x);
+  return ncclSuccess;
+}
+
+/* An op waits in the queue (for a slot, for the ops before it) at most MPLANE_CONNECT_TIMEOUT; then it
+ * fails the connection, so that nothing queued behind it waits for ever. */
+static void stage_deadline(struct ibr_req *r) {
+  double waited = now_s() - r->queued_at;
+  if (waited * 1000.0 < (double)timeout_ms()) return;
+  char where[256], why[160];
+  stage_where(r, where, sizeof(where));
+  req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d): waited %.0f s (MPLANE_CONNECT_TIMEOUT) in the queue "
+           "of the staging ring for %s", r->what, strcmp(r->what, "get") ? "to" : "from", r->conn->peer,
+           r->conn->cx->index, waited, where);
+  snprintf(why, sizeof(why), "an op waited past MPLANE_CONNECT_TIMEOUT for the staging ring of %s",
+           r->conn->cx->b.dev->props.name);
+  conn_fail(r->conn, why);
+}
+
+/* Start r: at once, or queued behind staging. */
+static ncclResult_t start_op(struct ibr_conn *c, struct ibr_req *r, int staged) {
+  struct ibr_cx *x = c->cx;
+  pthread_mutex_lock(&x->lock);
+  ncclResult_t res = ncclSuccess;
+  if (staged || c->nqueued) {
+    res = stage_queue(c, r, staged);
+  } else if (!room(c, op_nwr(&r->op))) {
+    MP_WARN("RMA %s to rank %d (context %d): %d work requests in flight on its QP, %d on the context: more than the "
+            "queues hold (%d, %d)", r->what, c->peer, x->index, c->outstanding, x->outstanding, IBR_SQ, x->cq_depth);
+    res = ncclInternalError;
+  } else {
+    res = post_op_locked(c, r, &r->op);
+  }
+  pthread_mutex_unlock(&x->lock);
+  if (res != ncclSuccess) free(r);
+  return res;
 }
 
 /* A window's key on c's device: the local one's lkey, or the peer's rkey on the device its end of c is
@@ -995,17 +1358,23 @@ static int remote_key(const struct ibr_group *g, const struct ibr_win_rec *rec, 
   return -1;
 }
 
-/* An op that would need a GPU window on a relay device: refused, naming the window and the planes. */
-static ncclResult_t refuse_gpu_relay(struct ibr_req *r, struct ibr_conn *c, uint32_t win, int remote,
-                                     void **request) {
+/* A local window this connection's device does not reach (GPU memory on a relay device): its bytes go
+ * through the staging ring. */
+static int staged_window(const struct ibr_conn *c, const struct ibr_win *w) {
+  return !w->mr[c->car] && w->type == NCCL_PTR_CUDA && c->car != 0;
+}
+
+/* An op that would need the peer's GPU window on its relay device: refused, naming the window and the
+ * planes (the target is passive: nobody there could stage the bytes). */
+static ncclResult_t refuse_gpu_relay(struct ibr_req *r, struct ibr_conn *c, uint32_t win, void **request) {
   struct ibr_group *g = c->cx->set->g;
-  int p = c->peer, lower = p < g->rank ? p : g->rank;
-  req_fail(r, ncclInvalidUsage, "RMA %s %s rank %d (context %d): %s window %u is GPU memory, and this connection "
+  int p = c->peer;
+  req_fail(r, ncclInvalidUsage, "RMA %s %s rank %d (context %d): its window %u is GPU memory, and this connection "
            "crosses planes (rank %d on plane %d, rank %d on plane %d; rank %d relays it through its device on plane "
-           "%d): GPU windows are not carried across planes by the IB transport (docs/gin.md, Limits); nothing was %s",
-           r->what, strcmp(r->what, "get") ? "to" : "from", p, c->cx->index, remote ? "its" : "the local", win,
-           g->rank, g->plane[g->rank], p, g->plane[p], lower, g->plane[lower == p ? g->rank : p],
-           strcmp(r->what, "get") ? "written" : "read");
+           "%d): the IB transport carries a relaying rank's GPU windows only in its own ops (through its staging "
+           "ring), never as the target of a peer's (docs/gin.md, Limits); nothing was %s",
+           r->what, strcmp(r->what, "get") ? "to" : "from", p, c->cx->index, win, g->rank, g->plane[g->rank], p,
+           g->plane[p], p, g->plane[g->rank], strcmp(r->what, "get") ? "written" : "read");
   return refuse(r, request);
 }
 
@@ -1054,15 +1423,26 @@ static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src
              sig->off % 8 ? "is not 8-byte aligned in" : "lies outside", sw->id, (unsigned long long)srec->size);
     return refuse(r, request);
   }
-  struct ibr_keys k = {0};
-  if (rw && local_key(c, src, &k.lkey) != 0) return refuse_gpu_relay(r, c, src->id, 0, request);
-  if (rw && remote_key(s->g, rw, (int)rank, &k.rkey) != 0) return refuse_gpu_relay(r, c, dst->id, 1, request);
-  if (srec && remote_key(s->g, srec, (int)rank, &k.srkey) != 0) return refuse_gpu_relay(r, c, sw->id, 1, request);
+  struct ibr_op *op = &r->op;
+  int staged = rw && staged_window(c, src);
+  if (rw && !staged && local_key(c, src, &op->lkey) != 0) return refuse_gpu_relay(r, c, src->id, request);
+  if (rw && remote_key(s->g, rw, (int)rank, &op->rkey) != 0) return refuse_gpu_relay(r, c, dst->id, request);
+  if (srec && remote_key(s->g, srec, (int)rank, &op->srkey) != 0) return refuse_gpu_relay(r, c, sw->id, request);
   *request = r;
   if (size == 0 && !sig) return ncclSuccess; /* nothing to move: done at the first test */
-  uint64_t add = sig ? (sig->op == NCCL_NET_SIGNAL_OP_INC ? 1 : sig->value) : 0;
-  ncclResult_t res =
-      post_op(c, r, IBV_WR_RDMA_WRITE, src, src_off, rw, dst_off, size, srec, sig ? sig->off : 0, add, &k);
+  op->opcode = IBV_WR_RDMA_WRITE;
+  op->size = size;
+  op->laddr = src ? (uint64_t)(uintptr_t)src->base + src_off : 0;
+  op->raddr = rw ? rw->addr + dst_off : 0;
+  op->sig = sig != NULL;
+  op->saddr = srec ? srec->addr + sig->off : 0;
+  op->add = sig ? (sig->op == NCCL_NET_SIGNAL_OP_INC ? 1 : sig->value) : 0;
+  if (src) {
+    r->lbase = src->base;
+    r->lwin = src->id;
+    r->loff = src_off;
+  }
+  ncclResult_t res = start_op(c, r, staged);
   if (res != ncclSuccess) *request = NULL;
   return res;
 }
@@ -1088,16 +1468,21 @@ static ncclResult_t rma_iget(void *ctx, int context, uint64_t remote_off, void *
              (unsigned long long)rw->size);
     return refuse(r, request);
   }
-  struct ibr_keys k = {0};
-  if (size > 0 && local_key(c, dst, &k.lkey) != 0) return refuse_gpu_relay(r, c, dst->id, 0, request);
-  if (size > 0 && remote_key(s->g, rw, (int)rank, &k.rkey) != 0) return refuse_gpu_relay(r, c, rwin->id, 1, request);
+  struct ibr_op *op = &r->op;
+  int staged = size > 0 && staged_window(c, dst);
+  if (size > 0 && !staged && local_key(c, dst, &op->lkey) != 0) return refuse_gpu_relay(r, c, dst->id, request);
+  if (size > 0 && remote_key(s->g, rw, (int)rank, &op->rkey) != 0) return refuse_gpu_relay(r, c, rwin->id, request);
   *request = r;
   if (size == 0) return ncclSuccess;
-  ncclResult_t res = post_op(c, r, IBV_WR_RDMA_READ, dst, local_off, rw, remote_off, size, NULL, 0, 0, &k);
+  *op = (struct ibr_op){.opcode = IBV_WR_RDMA_READ, .size = size, .laddr = (uint64_t)(uintptr_t)dst->base + local_off,
+                        .lkey = op->lkey, .raddr = rw->addr + remote_off, .rkey = op->rkey};
+  r->lbase = dst->base;
+  r->lwin = dst->id;
+  r->loff = local_off;
+  ncclResult_t res = start_op(c, r, staged);
   if (res != ncclSuccess) *request = NULL;
   return res;
 }
-
 /* A get completes only once its READ's bytes are in host memory, so there is nothing to flush. */
 static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t rank, void **request) {
   struct ibr_ctxset *s = ctx;
@@ -1132,8 +1517,10 @@ static void poll_cx(struct ibr_cx *x) {
       return;
     }
     for (int i = 0; i < n; i++) {
-      struct ibr_req *r = (struct ibr_req *)(uintptr_t)wc[i].wr_id;
+      struct ibr_slot *sl = wrid_slot(wc[i].wr_id);
+      struct ibr_req *r = sl ? sl->r : (struct ibr_req *)(uintptr_t)wc[i].wr_id;
       struct ibr_conn *c = r->conn;
+      if (sl) stage_wr_done(sl, wc[i].status == IBV_WC_SUCCESS);
       r->pending--;
       c->outstanding--;
       x->outstanding--;
@@ -1180,13 +1567,20 @@ static ncclResult_t rma_test(void *group, void *request, int *done) {
   }
   struct ibr_cx *x = r->conn->cx;
   pthread_mutex_lock(&x->lock);
-  if (r->pending) poll_cx(x);
-  if (r->pending && !r->failed) check_peer(g, r->conn);
-  if (r->pending && r->conn->failed && !r->failed)
+  int busy = r->pending || r->queued || r->copies;
+  if (busy) poll_cx(x);
+  if (x->stage) {
+    stage_progress(x);
+    if (r->queued && !r->failed) stage_deadline(r);
+  }
+  busy = r->pending || r->queued || r->copies;
+  if (busy && !r->failed) check_peer(g, r->conn);
+  if (busy && r->conn->failed && !r->failed)
     req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
              strcmp(r->what, "get") ? "to" : "from", r->conn->peer, x->index, r->win, (unsigned long long)r->off,
              (unsigned long long)r->size, r->conn->why);
-  int pending = r->pending;
+  if (busy && x->stage) stage_progress(x); /* a failed connection's queue is dropped */
+  int pending = r->pending || r->queued || r->copies;
   pthread_mutex_unlock(&x->lock);
   if (pending) return ncclSuccess; /* a failed request is released once its flushed work requests are back */
   ncclResult_t res = r->failed ? r->result : ncclSuccess;
@@ -1195,6 +1589,21 @@ static ncclResult_t rma_test(void *group, void *request, int *done) {
   free(r);
   *done = 1;
   return res;
+}
+
+/* rmaProgress: NCCL's GIN progress thread moves every context's staging ring on (test moves only
+ * its request's). */
+static ncclResult_t rma_progress(void *ctx) {
+  struct ibr_ctxset *s = ctx;
+  for (int i = 0; s && i < s->ncontexts * s->ncar; i++) {
+    struct ibr_cx *x = &s->cx[i];
+    if (!x->set || !__atomic_load_n(&x->stage, __ATOMIC_ACQUIRE)) continue;
+    pthread_mutex_lock(&x->lock);
+    poll_cx(x);
+    stage_progress(x);
+    pthread_mutex_unlock(&x->lock);
+  }
+  return ncclSuccess;
 }
 
 static ncclResult_t rma_query_last_error(void *ctx, int *has_error) {
@@ -1217,7 +1626,7 @@ const struct mplane_rma_ops mpib_rma_ops = {
     .iget = rma_iget,
     .iflush = rma_iflush,
     .test = rma_test,
-    .progress = NULL,
+    .progress = rma_progress,
     .query_last_error = rma_query_last_error,
     .route = rma_route,
     .carrier = rma_carrier,

@@ -40,8 +40,18 @@
  *   noroute  createContext must fail, within seconds (ranks on planes no device of theirs can
  *            connect: MPLANE_RELAY=off, or no NIC on the peer's plane), with the WARN asked for
  *   gpurelay 2 ranks on different planes, a window registered as GPU memory (a memfd as its
- *            dma-buf): ops that would reach rank 0's (the relaying rank's) through its relay NIC are
- *            refused naming it, nothing is written; rank 1's and each rank's own are reached
+ *            dma-buf): rank 0 (the relaying rank) puts from it and gets into it through its staging
+ *            ring; rank 1's ops on rank 0's GPU window are refused naming it, nothing is written;
+ *            rank 1's GPU window is reached by its own NIC
+ *   staged   (--big --gpu-dmabuf, 2 ranks on two planes) rank 0 puts 64 MiB from its GPU window (then
+ *            a signal alone, which must not pass it) and gets 64 MiB into one, through its staging
+ *            ring, and an odd-sized put with its signal; every byte checked
+ *   stagefault (--gpu-dmabuf, MPLANE_TEST_RELAY_FAIL=copy:N) rank 0's staged put and get lose a copy:
+ *            errors from test and queryLastError, no signal, nothing outside their ranges, no wrong byte
+ *
+ * --gpu-dmabuf makes the source and big windows memfd dma-bufs registered as NCCL_PTR_CUDA (the
+ * plugin takes them for GPU memory; no GPU needed: the CPU copier and the verbs double reach them).
+ * --target R: the rank the order scenario streams to (0 by default).
  *
  * MPLANE_RMA_EXPECT_WARN=<text>: a WARN containing text must appear in every rank
  * (MPLANE_RMA_EXPECT_WARN_<r>: in rank r, instead).
@@ -85,6 +95,8 @@ struct shared {
 
 static struct shared *shm;
 static int g_rank, g_n, g_big, g_gpu;
+static int g_gpu_dmabuf; /* --gpu-dmabuf: the source and big windows are "GPU" memfd dma-bufs (no GPU needed) */
+static int g_target;     /* --target R: the rank the order scenario streams to */
 static int g_no_progress; /* --no-progress: never call rmaProgress (the plugin's own threads serve) */
 static void *g_ctx;       /* the context rmaProgress is called on while waiting, as NCCL's GIN proxy does */
 static uint64_t g_src_size; /* the pattern window: BIG with --big, else 4 MiB */
@@ -251,6 +263,21 @@ static void gpu_fetch(void *host, const void *dev, size_t n) {
   if (cu.dtoh(host, (cu_ptr)(uintptr_t)dev, n) != 0) die("cuMemcpyDtoH of %zu bytes failed", n);
 }
 
+/* --gpu-dmabuf: a window that the plugin takes for GPU memory, without a GPU: a memfd mapped here and
+ * registered through regMrSymDmaBuf as NCCL_PTR_CUDA (its fd closed at once, as NCCL's proxy does).
+ * The plugin's CPU copier (MPLANE_TEST_RELAY_COPIER=cpu) and the verbs double both reach it, so
+ * its bytes can be checked in place. */
+static void *fake_gpu_window(void *cc, size_t size, const void *init, void **mh) {
+  int fd = memfd_create("mplane-rma-fake-gpu", 0);
+  if (fd < 0 || ftruncate(fd, (off_t)size) != 0) die("memfd: %s", strerror(errno));
+  char *win = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (win == MAP_FAILED) die("mmap of the memfd: %s", strerror(errno));
+  if (init) memcpy(win, init, size);
+  CHECK(rma->regMrSymDmaBuf(cc, win, size, NCCL_PTR_CUDA, 0, fd, 0, mh));
+  close(fd);
+  return win;
+}
+
 struct env {
   void *ctx, *cc, *rc;
   char *recv, *src, *getw, *big;
@@ -323,13 +350,23 @@ static void setup(struct env *e, int stride) {
     e->d_sig = gpu_alloc_copy(e->sig, 64 * sizeof(uint64_t));
   }
   CHECK(rma->regMrSym(e->cc, g_gpu ? e->d_recv : e->recv, e->recv_size, type, 0, &e->mh_recv));
-  CHECK(rma->regMrSym(e->cc, g_gpu ? e->d_src : e->src, g_src_size, type, 0, &e->mh_src));
+  if (g_gpu_dmabuf) {
+    char *w = fake_gpu_window(e->cc, g_src_size, e->src, &e->mh_src);
+    free(e->src);
+    e->src = w;
+  } else {
+    CHECK(rma->regMrSym(e->cc, g_gpu ? e->d_src : e->src, g_src_size, type, 0, &e->mh_src));
+  }
   CHECK(rma->regMrSym(e->cc, e->getw, e->getw_size, NCCL_PTR_HOST, 0, &e->mh_getw));
   CHECK(rma->regMrSym(e->cc, g_gpu ? (void *)e->d_sig : (void *)e->sig, 32 * sizeof(uint64_t), type,
                       NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &e->mh_sig));
   if (g_big) {
-    if (!(e->big = calloc(1, BIG))) die("out of memory");
-    CHECK(rma->regMrSym(e->cc, e->big, BIG, NCCL_PTR_HOST, 0, &e->mh_big));
+    if (g_gpu_dmabuf) {
+      e->big = fake_gpu_window(e->cc, BIG, NULL, &e->mh_big);
+    } else {
+      if (!(e->big = calloc(1, BIG))) die("out of memory");
+      CHECK(rma->regMrSym(e->cc, e->big, BIG, NCCL_PTR_HOST, 0, &e->mh_big));
+    }
   }
   barrier(1);
 }
@@ -479,13 +516,13 @@ static void scenario_data(void) {
 static void scenario_order(void) {
   struct env e = {0};
   setup(&e, 1);
-  /* Rank 0 is the target; every other rank streams ORDER_N puts at it on context 0, each followed by
+  /* Rank g_target (0 unless --target) is the target; every other rank streams ORDER_N puts at it on context 0, each followed by
    * its signal, into its own part of the window. */
-  if (g_rank != 0) {
+  if (g_rank != g_target) {
     void *reqs[ORDER_N];
     for (int j = 0; j < ORDER_N; j++) {
       uint64_t doff = ((uint64_t)g_rank * ORDER_N + (uint64_t)j) * ORDER_SUB;
-      CHECK(rma->iputSignal(e.rc, 0, (uint64_t)j * 4096, e.mh_src, ORDER_SUB, doff, e.mh_recv, 0,
+      CHECK(rma->iputSignal(e.rc, 0, (uint64_t)j * 4096, e.mh_src, ORDER_SUB, doff, e.mh_recv, (uint32_t)g_target,
                             (uint64_t)g_rank * 8, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, &reqs[j]));
     }
     wait_reqs(e.cc, reqs, ORDER_N, 0);
@@ -494,7 +531,8 @@ static void scenario_order(void) {
     int observations = 0;
     double t0 = now_s();
     for (int left = g_n - 1; left > 0;) {
-      for (int p = 1; p < g_n; p++) {
+      for (int p = 0; p < g_n; p++) {
+        if (p == g_target) continue;
         uint64_t v = sig_read(&e, p);
         if (v == seen[p]) continue;
         if (v > ORDER_N) die("signal of rank %d is %llu, past %d puts", p, (unsigned long long)v, ORDER_N);
@@ -999,58 +1037,171 @@ static void scenario_noroute(void) {
   CHECK(rma->finalize(e.ctx));
 }
 
-/* ---- gpurelay: a GPU window on a cross-plane connection is refused, never half-carried ---- */
+/* ---- gpurelay: GPU windows across planes. Rank 0 (plane 0) relays the pair through its NIC on plane
+ * 1, rank 1's end is its own NIC. Rank 0's own ops on its GPU window go through its staging ring
+ * (put from it, get into it); rank 1's GPU window is reached by rank 1's NIC as ever; rank 1's ops on
+ * rank 0's GPU window would need rank 0's relay NIC to touch that GPU: refused, nothing written. ---- */
 static void scenario_gpurelay(void) {
   if (g_n != 2) die("gpurelay runs 2 ranks");
   struct env e = {0};
   setup(&e, 1);
-  const size_t blk = 64u << 10, size = 2 * blk;
-  int fd = memfd_create("mplane-rma-gpu", 0);
-  if (fd < 0 || ftruncate(fd, (off_t)size) != 0) die("memfd: %s", strerror(errno));
-  char *win = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (win == MAP_FAILED) die("mmap of the memfd: %s", strerror(errno));
+  const size_t blk = 64u << 10;
   void *mh = NULL;
-  CHECK(rma->regMrSymDmaBuf(e.cc, win, size, NCCL_PTR_CUDA, 0, fd, 0, &mh));
-  close(fd);
+  char *win = fake_gpu_window(e.cc, 3 * blk, NULL, &mh);
+  for (uint64_t o = 0; o < blk; o++) win[o] = (char)pat(g_rank, o); /* [0, blk): this rank's source */
   barrier(2);
-  /* Rank 0 (plane 0) relays the pair through its NIC on plane 1; rank 1's end is its own NIC. So
-   * rank 1's GPU window is reached as ever, rank 0's would need the relay NIC: refused, both ways. */
   int p = 1 - g_rank;
   void *r = NULL;
   if (g_rank == 0) {
     CHECK(rma->iputSignal(e.rc, 1, 0, mh, blk, 0, e.mh_recv, (uint32_t)p, 0, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD,
                           true, &r));
-    expect_refused(e.cc, r, "put from its GPU window across planes, through the relay NIC");
+    wait_reqs(e.cc, &r, 1, 0); /* from its GPU window, staged */
     CHECK(rma->iget(e.rc, 2, 0, e.mh_src, blk, blk, mh, (uint32_t)p, &r));
-    expect_refused(e.cc, r, "get into its GPU window across planes, through the relay NIC");
-    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, 0, mh, (uint32_t)p, &r));
+    wait_reqs(e.cc, &r, 1, 0); /* into its GPU window, staged */
+    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, blk, mh, (uint32_t)p, &r));
     wait_reqs(e.cc, &r, 1, 0); /* into rank 1's GPU window, which its own NIC reaches */
   } else {
-    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, blk, mh, (uint32_t)p, &r));
+    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, 2 * blk, mh, (uint32_t)p, &r));
     expect_refused(e.cc, r, "put into the peer's GPU window across planes, through its relay NIC");
     CHECK(rma->iget(e.rc, 2, 0, mh, blk, 0, e.mh_getw, (uint32_t)p, &r));
     expect_refused(e.cc, r, "get from the peer's GPU window across planes, through its relay NIC");
+    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, 2 * blk, mh, (uint32_t)g_rank, &r));
+    wait_reqs(e.cc, &r, 1, 0); /* its own GPU window, its own NIC */
   }
   check_expected_warn();
   bool err = false;
   CHECK(rma->queryLastError(e.rc, &err));
-  if (!err) die("queryLastError reports no error after refused ops");
-  /* Each rank reaches its own GPU window (its own NIC). */
-  CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, (uint64_t)g_rank * blk, mh, (uint32_t)g_rank, &r));
-  wait_reqs(e.cc, &r, 1, 0);
+  if (err != (g_rank == 1)) die("queryLastError reports %s", err ? "an error, though every op of this rank carried"
+                                                                 : "no error after refused ops");
   barrier(3);
-  check_bytes(win + (size_t)g_rank * blk, blk, g_rank, 0, "put into its own GPU window");
-  if (g_rank == 1) check_bytes(win, blk, 0, 0, "put into rank 1's GPU window from plane 0");
-  else check_zero(win, blk, 2 * blk, "rank 0's GPU window where a refused put and get were aimed");
-  check_zero(e.recv, 0, e.recv_size, "window after a refused put");
-  if (e.sig[0]) die("signal word 0 is %llu after a refused put with signal", (unsigned long long)e.sig[0]);
-  check_zero(e.getw, 0, blk, "get window after a refused get");
-  printf("rank %d: ops on the relaying rank's GPU window refused, nothing written; the others carried\n", g_rank);
+  if (g_rank == 0) {
+    check_bytes(win + blk, blk, 1, 0, "get into rank 0's GPU window through its staging ring");
+    check_zero(win, 2 * blk, 3 * blk, "rank 0's GPU window where a refused put was aimed");
+  } else {
+    wait_signal(&e, 0, 1);
+    check_bytes(recv_at(&e, 0, blk), blk, 0, 0, "put from rank 0's GPU window through its staging ring");
+    check_zero(e.recv, blk, e.recv_size, "window past the staged put");
+    check_bytes(win + blk, blk, 0, 0, "put into rank 1's GPU window from plane 0");
+    check_bytes(win + 2 * blk, blk, 1, 0, "put into its own GPU window");
+    check_zero(e.getw, 0, blk, "get window after a refused get");
+  }
+  printf("rank %d: rank 0's GPU window carried both ways through its staging ring; rank 1's ops on it refused\n",
+         g_rank);
   barrier(4);
   CHECK(rma->deregMrSym(e.cc, mh));
-  munmap(win, size);
   g_ctx = NULL;
   CHECK(rma->destroyContext(e.rc));
+  CHECK(rma->closeColl(e.cc));
+  CHECK(rma->finalize(e.ctx));
+}
+
+/* SOFTVERBS_RECORD, when set: this process registered a buffer of `length` bytes through its dma-buf. */
+static void expect_dmabuf_reg(size_t length, const char *what) {
+  const char *rec = getenv("SOFTVERBS_RECORD");
+  if (!rec || !*rec) return;
+  char want[128], line[1024];
+  snprintf(want, sizeof(want), "event=reg_mr pid=%d length=%zu dmabuf=1", (int)getpid(), length);
+  FILE *f = fopen(rec, "r");
+  int found = 0;
+  while (f && !found && fgets(line, sizeof(line), f)) found = strstr(line, want) != NULL;
+  if (f) fclose(f);
+  if (!found) die("%s has no '%s': %s was not registered through its dma-buf", rec, want, what);
+}
+
+/* ---- staged (--big --gpu-dmabuf, 2 ranks on two planes): rank 0, which relays, puts 64 MiB from its
+ * GPU window and gets 64 MiB into one, through its staging ring; every byte checked ---- */
+static void scenario_staged(void) {
+  if (g_n != 2 || !g_big || !g_gpu_dmabuf) die("staged runs 2 ranks with --big --gpu-dmabuf");
+  struct env e = {0};
+  setup(&e, 1);
+  void *r = NULL;
+  const uint64_t odd = 100003, odd_src = 4097, odd_dst = 3;
+  if (g_rank == 0) {
+    /* The put, then a signal alone on the same context, as GIN kernels often signal: the signal must
+     * wait for the staged data before it. */
+    double t0 = now_s();
+    void *rs[2];
+    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, BIG, 0, e.mh_big, 1, &rs[0]));
+    CHECK(rma->iputSignal(e.rc, 0, 0, NULL, 0, 0, NULL, 1, 24 * 8, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_INC, true, &rs[1]));
+    wait_reqs(e.cc, rs, 2, 0);
+    printf("64 MiB staged put and its signal: %.1f ms\n", (now_s() - t0) * 1e3);
+    CHECK(rma->iputSignal(e.rc, 2, odd_src, e.mh_src, odd, odd_dst, e.mh_recv, 1, 25 * 8, e.mh_sig, 1,
+                          NCCL_NET_SIGNAL_OP_ADD, true, &r));
+    wait_reqs(e.cc, &r, 1, 0);
+  } else {
+    wait_signal(&e, 24, 1);
+    check_bytes(e.big, BIG, 0, 0, "64 MiB put from rank 0's GPU window through its staging ring");
+    wait_signal(&e, 25, 1);
+    check_zero(e.recv, 0, odd_dst, "before an odd-sized staged put");
+    check_bytes(e.recv + odd_dst, odd, 0, odd_src, "odd-sized staged put");
+    check_zero(e.recv, odd_dst + odd, e.recv_size, "after an odd-sized staged put");
+    check_guard(&e);
+  }
+  barrier(2);
+  if (g_rank == 0) {
+    double t0 = now_s();
+    CHECK(rma->iget(e.rc, 1, 0, e.mh_src, BIG, 0, e.mh_big, 1, &r));
+    wait_reqs(e.cc, &r, 1, 0);
+    printf("64 MiB staged get: %.1f ms\n", (now_s() - t0) * 1e3);
+    check_bytes(e.big, BIG, 1, 0, "64 MiB get into rank 0's GPU window through its staging ring");
+    const char *sb = getenv("MPLANE_TEST_RELAY_SLOT_BYTES");
+    expect_dmabuf_reg((sb ? strtoull(sb, NULL, 0) : (4u << 20)) * 4, "the staging ring");
+  }
+  barrier(3);
+  teardown(&e);
+}
+
+/* ---- stagefault (--gpu-dmabuf, MPLANE_TEST_RELAY_FAIL=copy:2, 64 KiB slots): rank 0's staged put
+ * (context 0) and staged get (context 1) each lose their second copy: both end in an error from test
+ * and queryLastError, within the deadline; the signal never comes; nothing lands outside their
+ * ranges, and inside them only the right bytes (or none) ---- */
+static void check_partial(const char *buf, uint64_t n, int owner, uint64_t src_off, const char *what) {
+  for (uint64_t o = 0; o < n; o++)
+    if (buf[o] && (uint8_t)buf[o] != pat(owner, src_off + o))
+      die("%s: byte %llu is 0x%02x, neither untouched nor the source's 0x%02x", what, (unsigned long long)o,
+          (uint8_t)buf[o], pat(owner, src_off + o));
+}
+
+static void scenario_stagefault(void) {
+  if (g_n != 2 || !g_gpu_dmabuf) die("stagefault runs 2 ranks with --gpu-dmabuf");
+  struct env e = {0};
+  setup(&e, 1);
+  const uint64_t len = 4 * (64u << 10), at = 64u << 10, gsize = 512u << 10;
+  void *gmh = NULL;
+  char *gw = fake_gpu_window(e.cc, gsize, NULL, &gmh);
+  barrier(2);
+  if (g_rank == 0) {
+    void *r = NULL;
+    double t0 = now_s();
+    CHECK(rma->iputSignal(e.rc, 0, 0, e.mh_src, len, SUB, e.mh_recv, 1, 0, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD, true,
+                          &r));
+    expect_refused(e.cc, r, "staged put whose second copy fails");
+    CHECK(rma->iget(e.rc, 1, 0, e.mh_src, len, at, gmh, 1, &r));
+    expect_refused(e.cc, r, "staged get whose second copy fails");
+    bool err = false;
+    CHECK(rma->queryLastError(e.rc, &err));
+    if (!err) die("queryLastError reports no error after failed copies");
+    check_expected_warn();
+    printf("rank 0: the staged put and get failed with their copies after %.2f s\n", now_s() - t0);
+    check_zero(gw, 0, at, "GPU window before the failed get's range");
+    check_partial(gw + at, len, 1, 0, "GPU window inside the failed get's range");
+    check_zero(gw, at + len, gsize, "GPU window past the failed get's range");
+  }
+  barrier(3);
+  if (g_rank == 1) {
+    usleep(200 * 1000); /* a signal that should never come has had time to */
+    if (sig_read(&e, 0)) die("the failed put's signal arrived (%llu)", (unsigned long long)sig_read(&e, 0));
+    check_zero(e.recv, 0, SUB, "window before the failed put's range");
+    check_partial(e.recv + SUB, len, 0, 0, "window inside the failed put's range");
+    check_zero(e.recv, SUB + len, e.recv_size, "window past the failed put's range");
+    check_guard(&e);
+  }
+  barrier(4);
+  CHECK(rma->deregMrSym(e.cc, gmh));
+  g_ctx = NULL;
+  double t0 = now_s();
+  CHECK(rma->destroyContext(e.rc));
+  if (now_s() - t0 > 15) die("destroyContext took %.1f s after failed copies", now_s() - t0);
   CHECK(rma->closeColl(e.cc));
   CHECK(rma->finalize(e.ctx));
 }
@@ -1094,10 +1245,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--big")) g_big = 1;
     else if (!strcmp(argv[i], "--gpu")) g_gpu = 1;
     else if (!strcmp(argv[i], "--no-progress")) g_no_progress = 1;
+    else if (!strcmp(argv[i], "--gpu-dmabuf")) g_gpu_dmabuf = 1;
+    else if (!strcmp(argv[i], "--target") && i + 1 < argc) g_target = atoi(argv[++i]);
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf|noroute|gpurelay\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf|noroute|gpurelay|staged|stagefault\n",
             MAX_RANKS);
     return 2;
   }
@@ -1110,8 +1263,14 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "dmabuf") ? scenario_dmabuf
                      : !strcmp(scenario, "noroute") ? scenario_noroute
                      : !strcmp(scenario, "gpurelay") ? scenario_gpurelay
+                     : !strcmp(scenario, "staged") ? scenario_staged
+                     : !strcmp(scenario, "stagefault") ? scenario_stagefault
                      : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);
+  if (g_target < 0 || g_target >= g_n) {
+    fprintf(stderr, "--target %d is not a rank of %d\n", g_target, g_n);
+    return 2;
+  }
   if (g_gpu && fn != scenario_alltoall && fn != scenario_order) {
     fprintf(stderr, "--gpu runs the alltoall and order scenarios\n");
     return 2;
