@@ -32,7 +32,9 @@
  * is carried by the higher rank's plane: the lower rank's QPs for it are on its node's device on
  * that plane (net/relay.h's choice), each context has a CQ per device it uses, host windows are
  * registered on every such device and the exchange carries each key. GPU windows stay on the own
- * device; an op that would need one on a relay device is refused, naming it and the planes. */
+ * device: the relaying rank's own ops on them go through a staging ring beside the relay device
+ * (below: "staging"); a peer's op on one (the target is passive) is refused, naming it and the
+ * planes. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/tcp.h>
@@ -545,8 +547,8 @@ static ncclResult_t win_register_on(struct mpib_dev *d, void *data, size_t size,
 
 /* On the group's own device, and host memory also on each relay device (one MR per device: a peer
  * whose QP ends on a relay device names the window by that device's key). GPU memory is not
- * registered on relay devices: the relay NIC is not the one beside its GPU, and the staging path
- * is not built for one-sided ops, so ops that would need it are refused (local_key, remote_key). */
+ * registered on relay devices: the relay NIC is not the one beside its GPU, so this rank's ops on
+ * it are staged (staged_window) and peers' ops on it refused (remote_key). */
 static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
                                  struct ibr_win *w) {
   MP_CHECK(win_register_on(g->d, data, size, type, offset, fd, &w->mr[0]));
