@@ -83,8 +83,8 @@ static void report_cross_plane(void *handles[], int nranks, int rank, int dev, i
   }
   if (other && relays)
     MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d's device is on plane %d; %d of its %d peers listen on other planes "
-            "(rank %d on plane %d first): a connection with one of them is carried by one plane, through the relay "
-            "(the lower rank's device on the higher rank's plane; MPLANE_RELAY)",
+            "(rank %d on plane %d first): each rank's ops to one of them leave from its node's device on that peer's "
+            "plane, through the relay (MPLANE_RELAY), and land on the peer's own device",
             rank, mine, other, nranks - 1, first, plane_tag_get(handles[first]));
   else if (other)
     MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d's device is on plane %d; %d of its %d peers listen on other planes "

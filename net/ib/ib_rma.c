@@ -29,12 +29,14 @@
  * query_last_error reports it; later ops to that peer in that context fail at once.
  *
  * Planes. The plugin gives the group its ranks' planes (route). A pair of ranks on different planes
- * is carried by the higher rank's plane: the lower rank's QPs for it are on its node's device on
- * that plane (net/relay.h's choice), each context has a CQ per device it uses, host windows are
- * registered on every such device and the exchange carries each key. GPU windows stay on the own
- * device: the relaying rank's own ops on them go through a staging ring beside the relay device
- * (below: "staging"); a peer's op on one (the target is passive) is refused, naming it and the
- * planes. */
+ * has one QP per direction and context, as NCCL's PXN sends: a rank's own ops to the peer leave
+ * from its node's device on the peer's plane (net/relay.h's choice, the relay device) and land on
+ * the peer's own device, through a target QP there that is never posted on. So the target end of
+ * every op is the target's own NIC, the one beside its GPU: its GPU windows are reached as on one
+ * plane, and the exchange carries only own-device keys. Each context has a CQ per device it uses;
+ * host windows are also registered on each relay device (as sources, and as get destinations). A
+ * rank's own GPU windows are not: its ops from or into them go through a staging ring beside the
+ * relay device (below: "staging"). A same-plane pair keeps one QP shared by both directions. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/tcp.h>
@@ -56,7 +58,7 @@
 #include "ib.h"
 
 #define IBR_MAGIC 0x49425241u /* "IBRA" */
-#define IBR_VERSION 2 /* 2: per-peer addresses and relay keys in the records */
+#define IBR_VERSION 3 /* 3: a cross-plane pair has a QP per direction; only own-device keys */
 #define IBR_REQ_MAGIC 0x49425251u
 #define IBR_SQ 1024            /* work requests in flight per QP */
 #define IBR_CQ_MAX (1 << 16)   /* per context; bounds what may be in flight on one context */
@@ -82,17 +84,11 @@ struct ibr_hello {
   int32_t rank, nranks;
 };
 
-struct ibr_key { /* a window's key on one of its rank's relay devices */
-  int32_t plane;  /* the relay device's plane; -1: unused entry */
-  uint32_t rkey;
-};
-
 struct ibr_win_rec { /* one rank's view of a window, allgathered at regMrSym */
   uint64_t addr, size;
-  uint32_t rkey, id; /* rkey: on the rank's own device */
+  uint32_t rkey, id; /* rkey: on the rank's own device, where every peer's op on it lands */
   uint32_t gpu;      /* GPU memory: registered on the own device only */
   uint32_t reserved;
-  struct ibr_key relay[IBR_CAR_MAX - 1];
 };
 
 struct ibr_peer_addr { /* where one rank's end of its connections with one peer is */
@@ -104,8 +100,10 @@ struct ibr_peer_addr { /* where one rank's end of its connections with one peer 
 struct ibr_addr_rec { /* one rank's QP addresses, allgathered at createContext */
   uint32_t magic;     /* 0: this rank could not make its connections (its WARN says why) */
   int32_t plane;
-  /* then struct ibr_peer_addr addr[nranks]: its end for each peer (the device that carries it),
-   * then uint32_t qpn[ncontexts][nranks]: the QP of (context, peer) that the peer connects to */
+  struct ibr_peer_addr own; /* its own device: where its target QPs of cross-plane pairs are */
+  /* then struct ibr_peer_addr addr[nranks]: its initiating end for each peer (the device its own
+   * ops to that peer leave from), then uint32_t qpn[ncontexts][nranks]: that end's QP of (context,
+   * peer), then uint32_t tqpn[ncontexts][nranks]: its target QP of (context, peer), 0 on one plane */
 };
 
 /* ---- local state ---- */
@@ -156,13 +154,14 @@ struct ibr_cx { /* one context on one carrier: its CQ, its QPs */
   struct mpib_comm_base b; /* dev, CQ, SL and GID for the QP helpers of ib_conn.c */
   pthread_mutex_t lock;
   int outstanding, cq_depth;
-  struct ibr_stage *stage; /* relay carriers: the staging ring of the relaying rank's GPU windows */
+  struct ibr_stage *stage; /* relay carriers: the staging ring of this rank's GPU windows */
 };
 
 struct ibr_conn {
   struct ibr_cx *cx;
   int peer, car;
   struct ibv_qp *qp, *mirror; /* mirror: the other end of a rank's QP to itself */
+  struct ibv_qp *target;      /* a cross-plane peer's: on the own device, where its ops land (never posted on) */
   int outstanding;
   int nqueued; /* its ops in its context's queue (later ones queue behind them) */
   int failed;
@@ -452,13 +451,8 @@ static int crosses(const struct ibr_group *g, int p) {
   return p != g->rank && a >= 0 && b >= 0 && a != b;
 }
 
-/* A pair of ranks on different planes shares one QP per context, carried by one plane: the higher
- * rank's. The lower rank (the one that dials the control mesh) relays: its end is its device on
- * that plane, the higher rank's end stays on its own device, as a two-sided connect goes out of the
- * relay NIC to the listener's own NIC. So the peer's end of the pair is on its relay device when
- * the peer is the lower rank. */
-static int peer_relays(const struct ibr_group *g, int p) { return crosses(g, p) && p < g->rank; }
-
+/* Every rank's own ops to a peer on another plane leave from its node's device on that plane (the
+ * relay device, once per plane), as PXN does; they land on the peer's own device. */
 static ncclResult_t rma_route(void *group, const struct mplane_rma_route *r) {
   struct ibr_group *g = group;
   if (!g || !r || r->dev != g->dev || !r->devs || r->dev < 0 || r->dev >= r->ndev) {
@@ -472,7 +466,7 @@ static ncclResult_t rma_route(void *group, const struct mplane_rma_route *r) {
   for (int i = 0; i < MPLANE_STATS_MAX_PLANES; i++) by_plane[i] = -2;
   for (int p = 0; p < g->nranks; p++) {
     g->car_of[p] = 0;
-    if (!crosses(g, p) || peer_relays(g, p)) continue;
+    if (!crosses(g, p)) continue; /* this rank's ops to p leave from its device on p's plane */
     int pl = g->plane[p];
     if (pl >= MPLANE_STATS_MAX_PLANES) {
       g->car_of[p] = -1;
@@ -545,10 +539,10 @@ static ncclResult_t win_register_on(struct mpib_dev *d, void *data, size_t size,
   return ncclSuccess;
 }
 
-/* On the group's own device, and host memory also on each relay device (one MR per device: a peer
- * whose QP ends on a relay device names the window by that device's key). GPU memory is not
- * registered on relay devices: the relay NIC is not the one beside its GPU, so this rank's ops on
- * it are staged (staged_window) and peers' ops on it refused (remote_key). */
+/* On the group's own device, where every peer's op lands, and host memory also on each relay device
+ * (this rank's own ops to cross-plane peers read from it or read into it there). GPU memory is not
+ * registered on relay devices: the relay NIC is not the one beside its GPU, so this rank's ops from
+ * or into it are staged (staged_window). */
 static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
                                  struct ibr_win *w) {
   MP_CHECK(win_register_on(g->d, data, size, type, offset, fd, &w->mr[0]));
@@ -594,9 +588,6 @@ static ncclResult_t reg_window(struct ibr_group *g, void *data, size_t size, int
   struct ibr_win_rec mine = {.addr = (uint64_t)(uintptr_t)data, .size = res == ncclSuccess ? size : 0,
                              .rkey = w->mr[0] ? w->mr[0]->rkey : 0, .id = res == ncclSuccess ? w->id : UINT32_MAX,
                              .gpu = type == NCCL_PTR_CUDA};
-  for (int k = 1; k < IBR_CAR_MAX; k++)
-    mine.relay[k - 1] = (struct ibr_key){.plane = k < g->ncar && w->mr[k] ? g->car[k].plane : -1,
-                                         .rkey = k < g->ncar && w->mr[k] ? w->mr[k]->rkey : 0};
   ncclResult_t xres = ctrl_allgather(g, &mine, w->peers, sizeof(mine), "regMrSym");
   if (res == ncclSuccess) res = xres;
   for (int p = 0; res == ncclSuccess && p < g->nranks; p++)
@@ -653,6 +644,7 @@ static void conn_free(struct ibr_conn *c) {
   if (!c) return;
   if (c->qp) mpib_v.destroy_qp(c->qp);
   if (c->mirror) mpib_v.destroy_qp(c->mirror);
+  if (c->target) mpib_v.destroy_qp(c->target);
   free(c);
 }
 
@@ -673,13 +665,15 @@ static ncclResult_t rma_destroy_context(void *ctx) {
 }
 
 
-/* Context c's CQ and QPs on carrier k (for the connected peers that carrier takes; none: nothing). */
+/* Context c's CQ and QPs on carrier k: the initiating QPs of the connected peers that carrier takes
+ * and, on the own device (k 0, opened first), the target QPs of cross-plane peers; none: nothing. */
 static ncclResult_t cx_open(struct ibr_ctxset *s, int c, int k, const struct mplane_rma_ctx_opts *o) {
   struct ibr_group *g = s->g;
   struct ibr_cx *x = &s->cx[c * s->ncar + k];
   struct mpib_dev *d = g->car[k].d;
   int nconn = 0;
-  for (int p = 0; p < g->nranks; p++) nconn += is_connected_peer(g, s->stride, p) && g->car_of[p] == k;
+  for (int p = 0; p < g->nranks; p++)
+    nconn += is_connected_peer(g, s->stride, p) && (g->car_of[p] == k || (k == 0 && crosses(g, p)));
   if (nconn == 0) return ncclSuccess;
   x->set = s;
   x->index = c;
@@ -717,6 +711,7 @@ static ncclResult_t cx_open(struct ibr_ctxset *s, int c, int k, const struct mpl
     cn->car = k;
     MP_CHECK(mpib_create_qp(&x->b, IBR_ACCESS, IBR_SQ, 0, 0, &cn->qp));
     if (p == g->rank) MP_CHECK(mpib_create_qp(&x->b, IBR_ACCESS, 1, 0, 0, &cn->mirror));
+    if (crosses(g, p)) MP_CHECK(mpib_create_qp(&s->cx[c * s->ncar].b, IBR_ACCESS, 1, 0, 0, &cn->target));
   }
   return ncclSuccess;
 }
@@ -742,6 +737,30 @@ static const uint32_t *rec_qpn(const char *all, size_t reclen, int rank, int nra
   return (const uint32_t *)(const void *)rec_addr(all, reclen, rank, nranks);
 }
 
+/* The record's target QPs: after the initiating ones. */
+static const uint32_t *rec_tqpn(const char *all, size_t reclen, int rank, int nranks, int ncontexts) {
+  return rec_qpn(all, reclen, rank, nranks) + (size_t)ncontexts * (size_t)nranks;
+}
+
+/* A cross-plane pair: this rank's initiating QP (on its relay device) to the peer's target QP on
+ * the peer's own device, and this rank's target QP (own device) to the peer's initiating QP on the
+ * peer's relay device. */
+static ncclResult_t connect_cross(struct ibr_ctxset *s, struct ibr_conn *cn, int c, const struct ibr_addr_rec *r,
+                                  const struct ibr_peer_addr *a, uint32_t qpn, uint32_t tqpn) {
+  struct ibr_group *g = s->g;
+  struct ibr_cx *x0 = &s->cx[c * s->ncar];
+  if (tqpn == 0 || r->own.link_layer != cn->cx->b.dev->link_layer || r->own.mtu < IBV_MTU_256 ||
+      r->own.mtu > IBV_MTU_4096) {
+    MP_WARN("RMA createContext: rank %d (plane %d) has no valid target QP for rank %d (plane %d), context %d: is it "
+            "the same mplane build, on the same fabric?", cn->peer, g->plane[cn->peer], g->rank, g->plane[g->rank], c);
+    return ncclInvalidUsage;
+  }
+  snprintf(x0->b.peer, sizeof(x0->b.peer), "rank %d", cn->peer);
+  MP_CHECK(mpib_qp_connect(&cn->cx->b, cn->qp, tqpn, r->own.lid, r->own.gid, (int)r->own.mtu));
+  MP_CHECK(mpib_qp_connect(&x0->b, cn->target, qpn, a->lid, a->gid, (int)a->mtu));
+  return ncclSuccess;
+}
+
 /* Connect every QP to its peer's QP for this rank, from the allgathered records. */
 static ncclResult_t connect_all(struct ibr_ctxset *s, const char *all, size_t reclen) {
   struct ibr_group *g = s->g;
@@ -758,6 +777,7 @@ static ncclResult_t connect_all(struct ibr_ctxset *s, const char *all, size_t re
       }
       const struct ibr_peer_addr *a = rec_addr(all, reclen, p, g->rank);
       const uint32_t *qpn = rec_qpn(all, reclen, p, g->nranks);
+      const uint32_t *tqpn = rec_tqpn(all, reclen, p, g->nranks, s->ncontexts);
       if (r->magic != IBR_MAGIC || a->link_layer != x->b.dev->link_layer || a->mtu < IBV_MTU_256 ||
           a->mtu > IBV_MTU_4096 || qpn[c * g->nranks + g->rank] == 0) {
         MP_WARN("RMA createContext: rank %d's QP record for rank %d, context %d is not valid (link layer %d, MTU %u): "
@@ -765,7 +785,9 @@ static ncclResult_t connect_all(struct ibr_ctxset *s, const char *all, size_t re
         return ncclInvalidUsage;
       }
       snprintf(x->b.peer, sizeof(x->b.peer), "rank %d", p);
-      if (p == g->rank) { /* to itself: the QP and its mirror, each the other's peer */
+      if (cn->target) {
+        MP_CHECK(connect_cross(s, cn, c, r, a, qpn[c * g->nranks + g->rank], tqpn[c * g->nranks + g->rank]));
+      } else if (p == g->rank) { /* to itself: the QP and its mirror, each the other's peer */
         MP_CHECK(mpib_qp_connect(&x->b, cn->qp, cn->mirror->qp_num, a->lid, a->gid, (int)a->mtu));
         MP_CHECK(mpib_qp_connect(&x->b, cn->mirror, cn->qp->qp_num, a->lid, a->gid, (int)a->mtu));
       } else {
@@ -775,12 +797,18 @@ static ncclResult_t connect_all(struct ibr_ctxset *s, const char *all, size_t re
   return ncclSuccess;
 }
 
-/* This rank's record: per peer the address of its end (the carrier's port), per (context, peer) its QP. */
+/* This rank's record: its own device's address, per peer the address of its initiating end (the
+ * carrier's port), per (context, peer) that end's QP and, across planes, its target QP. */
 static void fill_record(const struct ibr_ctxset *s, char *mine) {
   const struct ibr_group *g = s->g;
   struct ibr_addr_rec *r = (void *)mine;
   r->magic = IBR_MAGIC;
   r->plane = g->plane[g->rank];
+  if (s->cx[0].b.cq) { /* the own device's port (contexts share it) */
+    const struct mpib_dev *d = g->car[0].d;
+    r->own = (struct ibr_peer_addr){.link_layer = d->link_layer, .lid = d->lid, .mtu = d->mtu};
+    memcpy(r->own.gid, s->cx[0].b.gid.raw, 16);
+  }
   struct ibr_peer_addr *a = (struct ibr_peer_addr *)(r + 1);
   for (int p = 0; p < g->nranks; p++) {
     int k = g->car_of[p];
@@ -790,7 +818,11 @@ static void fill_record(const struct ibr_ctxset *s, char *mine) {
     memcpy(a[p].gid, s->cx[k].b.gid.raw, 16);
   }
   uint32_t *qpn = (uint32_t *)(a + g->nranks);
-  for (int i = 0; i < s->ncontexts * g->nranks; i++) qpn[i] = s->conns[i] ? s->conns[i]->qp->qp_num : 0;
+  uint32_t *tqpn = qpn + s->ncontexts * g->nranks;
+  for (int i = 0; i < s->ncontexts * g->nranks; i++) {
+    qpn[i] = s->conns[i] ? s->conns[i]->qp->qp_num : 0;
+    tqpn[i] = s->conns[i] && s->conns[i]->target ? s->conns[i]->target->qp_num : 0;
+  }
 }
 
 static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_opts *o, void **out) {
@@ -822,7 +854,7 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   /* One record per rank: its end's address per peer and, per (context, peer), the QP that peer
    * connects to. A failed rank still sends one (magic 0), so no peer waits for it. */
   size_t reclen = sizeof(struct ibr_addr_rec) + (size_t)g->nranks * sizeof(struct ibr_peer_addr) +
-                  nconn * sizeof(uint32_t);
+                  2 * nconn * sizeof(uint32_t);
   char *mine = calloc(1, reclen), *all = calloc((size_t)g->nranks, reclen);
   if (!mine || !all) res = ncclSystemError;
   if (mine) ((struct ibr_addr_rec *)(void *)mine)->plane = g->plane[g->rank];
@@ -993,7 +1025,7 @@ static ncclResult_t post_op_locked(struct ibr_conn *c, struct ibr_req *r, const 
   return ncclSuccess;
 }
 
-/* ---- staging: GPU windows of the relaying rank ----
+/* ---- staging: this rank's GPU windows in its ops to cross-plane peers ----
  * The relay device is not the NIC beside the window's GPU, so it must not read or write that GPU's
  * memory across the root complex. As a relayed two-sided send does (ib_stage.c), the relay's copier
  * (net/relay.h: the CUDA copy engine, its CPU stand-in in tests) moves the bytes over NVLink between
@@ -1339,44 +1371,25 @@ static ncclResult_t start_op(struct ibr_conn *c, struct ibr_req *r, int staged) 
   return res;
 }
 
-/* A window's key on c's device: the local one's lkey, or the peer's rkey on the device its end of c is
- * on (its relay device when the peer relays the pair). -1: not registered there (GPU memory). */
-static int local_key(const struct ibr_conn *c, const struct ibr_win *w, uint32_t *lkey) {
-  if (!w->mr[c->car]) return -1;
-  *lkey = w->mr[c->car]->lkey;
-  return 0;
-}
-
-static int remote_key(const struct ibr_group *g, const struct ibr_win_rec *rec, int peer, uint32_t *rkey) {
-  if (!peer_relays(g, peer)) {
-    *rkey = rec->rkey;
-    return 0;
-  }
-  for (int i = 0; i < IBR_CAR_MAX - 1; i++)
-    if (rec->relay[i].plane == g->plane[g->rank]) {
-      *rkey = rec->relay[i].rkey;
-      return 0;
-    }
-  return -1;
-}
-
 /* A local window this connection's device does not reach (GPU memory on a relay device): its bytes go
  * through the staging ring. */
 static int staged_window(const struct ibr_conn *c, const struct ibr_win *w) {
   return !w->mr[c->car] && w->type == NCCL_PTR_CUDA && c->car != 0;
 }
 
-/* An op that would need the peer's GPU window on its relay device: refused, naming the window and the
- * planes (the target is passive: nobody there could stage the bytes). */
-static ncclResult_t refuse_gpu_relay(struct ibr_req *r, struct ibr_conn *c, uint32_t win, void **request) {
-  struct ibr_group *g = c->cx->set->g;
-  int p = c->peer;
-  req_fail(r, ncclInvalidUsage, "RMA %s %s rank %d (context %d): its window %u is GPU memory, and this connection "
-           "crosses planes (rank %d on plane %d, rank %d on plane %d; rank %d relays it through its device on plane "
-           "%d): the IB transport carries a relaying rank's GPU windows only in its own ops (through its staging "
-           "ring), never as the target of a peer's (docs/gin.md, Limits); nothing was %s",
-           r->what, strcmp(r->what, "get") ? "to" : "from", p, c->cx->index, win, g->rank, g->plane[g->rank], p,
-           g->plane[p], p, g->plane[g->rank], strcmp(r->what, "get") ? "written" : "read");
+/* A local window's key on c's device. A window it does not reach is staged (staged_window), so a
+ * missing key is a registration that went wrong: the op fails, naming the window and the device. */
+static ncclResult_t local_key(struct ibr_req *r, const struct ibr_win *w, uint32_t *lkey, void **request) {
+  const struct ibr_conn *c = r->conn;
+  if (w->mr[c->car]) {
+    *lkey = w->mr[c->car]->lkey;
+    return ncclSuccess;
+  }
+  const struct ibr_group *g = c->cx->set->g;
+  req_fail(r, ncclInternalError, "RMA %s %s rank %d (context %d): local window %u is not registered on %s (plane %d), "
+           "which carries this rank's ops to rank %d (plane %d); nothing was %s", r->what,
+           strcmp(r->what, "get") ? "to" : "from", c->peer, c->cx->index, w->id, g->car[c->car].d->props.name,
+           g->car[c->car].plane, c->peer, g->plane[c->peer], strcmp(r->what, "get") ? "written" : "read");
   return refuse(r, request);
 }
 
@@ -1427,9 +1440,10 @@ static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src
   }
   struct ibr_op *op = &r->op;
   int staged = rw && staged_window(c, src);
-  if (rw && !staged && local_key(c, src, &op->lkey) != 0) return refuse_gpu_relay(r, c, src->id, request);
-  if (rw && remote_key(s->g, rw, (int)rank, &op->rkey) != 0) return refuse_gpu_relay(r, c, dst->id, request);
-  if (srec && remote_key(s->g, srec, (int)rank, &op->srkey) != 0) return refuse_gpu_relay(r, c, sw->id, request);
+  if (rw && !staged && local_key(r, src, &op->lkey, request) != ncclSuccess) return ncclSuccess; /* r failed */
+  /* The peer's windows by their own-device keys: this rank's ops land on the peer's own NIC. */
+  op->rkey = rw ? rw->rkey : 0;
+  op->srkey = srec ? srec->rkey : 0;
   *request = r;
   if (size == 0 && !sig) return ncclSuccess; /* nothing to move: done at the first test */
   op->opcode = IBV_WR_RDMA_WRITE;
@@ -1472,8 +1486,8 @@ static ncclResult_t rma_iget(void *ctx, int context, uint64_t remote_off, void *
   }
   struct ibr_op *op = &r->op;
   int staged = size > 0 && staged_window(c, dst);
-  if (size > 0 && !staged && local_key(c, dst, &op->lkey) != 0) return refuse_gpu_relay(r, c, dst->id, request);
-  if (size > 0 && remote_key(s->g, rw, (int)rank, &op->rkey) != 0) return refuse_gpu_relay(r, c, rwin->id, request);
+  if (size > 0 && !staged && local_key(r, dst, &op->lkey, request) != ncclSuccess) return ncclSuccess; /* r failed */
+  op->rkey = rw->rkey; /* the peer's own-device key: the read is answered by the peer's own NIC */
   *request = r;
   if (size == 0) return ncclSuccess;
   *op = (struct ibr_op){.opcode = IBV_WR_RDMA_READ, .size = size, .laddr = (uint64_t)(uintptr_t)dst->base + local_off,

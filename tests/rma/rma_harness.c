@@ -39,25 +39,26 @@
  *            an error from test and queryLastError within the deadline, never a hang
  *   noroute  createContext must fail, within seconds (ranks on planes no device of theirs can
  *            connect: MPLANE_RELAY=off, or no NIC on the peer's plane), with the WARN asked for
- *   gpurelay 2 ranks on different planes, a window registered as GPU memory (a memfd as its
- *            dma-buf): rank 0 (the relaying rank) puts from it and gets into it through its staging
- *            ring; rank 1's ops on rank 0's GPU window are refused naming it, nothing is written;
- *            rank 1's GPU window is reached by its own NIC
+ *   gpurelay 2 ranks on different planes, each with a window and a signal window registered as GPU
+ *            memory (memfds as their dma-bufs): both ranks at once put (with signals on the peer's
+ *            GPU signal window) from their GPU window and from host memory into the peer's GPU
+ *            window, and get from it into their GPU window and into host memory; every byte checked
  *   staged   (--big --gpu-dmabuf, 2 ranks on two planes) rank 0 puts 64 MiB from its GPU window (then
  *            a signal alone, which must not pass it) and gets 64 MiB into one, through its staging
  *            ring, and an odd-sized put with its signal; every byte checked
  *   stagefault (--gpu-dmabuf, MPLANE_TEST_RELAY_FAIL=copy:N) rank 0's staged put and get lose a copy:
  *            errors from test and queryLastError, no signal, nothing outside their ranges, no wrong byte
  *
- * --gpu-dmabuf makes the source and big windows memfd dma-bufs registered as NCCL_PTR_CUDA (the
- * plugin takes them for GPU memory; no GPU needed: the CPU copier and the verbs double reach them).
+ * --gpu-dmabuf makes the receive, source, signal and big windows memfd dma-bufs registered as
+ * NCCL_PTR_CUDA (the plugin takes them for GPU memory; no GPU needed: the CPU copier and the verbs
+ * double reach them), so every rank's ops land in its peers' GPU windows.
  * --target R: the rank the order scenario streams to (0 by default).
  *
  * MPLANE_RMA_EXPECT_WARN=<text>: a WARN containing text must appear in every rank
  * (MPLANE_RMA_EXPECT_WARN_<r>: in rank r, instead).
  * MPLANE_RMA_EXPECT_RANK_PLANES=p0,p1,...: the ranks' planes; with MPLANE_STATS_FILE, alltoall checks
- * that each plane's record holds exactly the bytes put on connections it carries (a pair of ranks
- * on different planes is carried by the higher rank's plane; the lower rank's bytes on it relayed). */
+ * that each plane's record holds exactly the bytes put on connections it carries (a rank's puts to a
+ * peer on another plane leave from its NIC on the peer's plane: that plane's record, relayed). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -267,15 +268,19 @@ static void gpu_fetch(void *host, const void *dev, size_t n) {
  * registered through regMrSymDmaBuf as NCCL_PTR_CUDA (its fd closed at once, as NCCL's proxy does).
  * The plugin's CPU copier (MPLANE_TEST_RELAY_COPIER=cpu) and the verbs double both reach it, so
  * its bytes can be checked in place. */
-static void *fake_gpu_window(void *cc, size_t size, const void *init, void **mh) {
+static void *fake_gpu_window_in(void *cc, size_t size, size_t mapped, const void *init, uint64_t flags, void **mh) {
   int fd = memfd_create("mplane-rma-fake-gpu", 0);
-  if (fd < 0 || ftruncate(fd, (off_t)size) != 0) die("memfd: %s", strerror(errno));
-  char *win = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fd < 0 || ftruncate(fd, (off_t)mapped) != 0) die("memfd: %s", strerror(errno));
+  char *win = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (win == MAP_FAILED) die("mmap of the memfd: %s", strerror(errno));
-  if (init) memcpy(win, init, size);
-  CHECK(rma->regMrSymDmaBuf(cc, win, size, NCCL_PTR_CUDA, 0, fd, 0, mh));
+  if (init) memcpy(win, init, mapped);
+  CHECK(rma->regMrSymDmaBuf(cc, win, size, NCCL_PTR_CUDA, 0, fd, flags, mh));
   close(fd);
   return win;
+}
+
+static void *fake_gpu_window(void *cc, size_t size, const void *init, void **mh) {
+  return fake_gpu_window_in(cc, size, size, init, 0, mh);
 }
 
 struct env {
@@ -349,7 +354,13 @@ static void setup(struct env *e, int stride) {
     e->d_src = gpu_alloc_copy(e->src, g_src_size);
     e->d_sig = gpu_alloc_copy(e->sig, 64 * sizeof(uint64_t));
   }
-  CHECK(rma->regMrSym(e->cc, g_gpu ? e->d_recv : e->recv, e->recv_size, type, 0, &e->mh_recv));
+  if (g_gpu_dmabuf) { /* the guard past the window is mapped, not registered */
+    char *w = fake_gpu_window_in(e->cc, e->recv_size, e->recv_size + GUARD, e->recv, 0, &e->mh_recv);
+    free(e->recv);
+    e->recv = w;
+  } else {
+    CHECK(rma->regMrSym(e->cc, g_gpu ? e->d_recv : e->recv, e->recv_size, type, 0, &e->mh_recv));
+  }
   if (g_gpu_dmabuf) {
     char *w = fake_gpu_window(e->cc, g_src_size, e->src, &e->mh_src);
     free(e->src);
@@ -358,8 +369,15 @@ static void setup(struct env *e, int stride) {
     CHECK(rma->regMrSym(e->cc, g_gpu ? e->d_src : e->src, g_src_size, type, 0, &e->mh_src));
   }
   CHECK(rma->regMrSym(e->cc, e->getw, e->getw_size, NCCL_PTR_HOST, 0, &e->mh_getw));
-  CHECK(rma->regMrSym(e->cc, g_gpu ? (void *)e->d_sig : (void *)e->sig, 32 * sizeof(uint64_t), type,
-                      NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &e->mh_sig));
+  if (g_gpu_dmabuf) { /* NCCL keeps its GIN signals in GPU memory */
+    uint64_t *w = fake_gpu_window_in(e->cc, 32 * sizeof(uint64_t), 64 * sizeof(uint64_t), e->sig,
+                                     NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &e->mh_sig);
+    free(e->sig);
+    e->sig = w;
+  } else {
+    CHECK(rma->regMrSym(e->cc, g_gpu ? (void *)e->d_sig : (void *)e->sig, 32 * sizeof(uint64_t), type,
+                        NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &e->mh_sig));
+  }
   if (g_big) {
     if (g_gpu_dmabuf) {
       e->big = fake_gpu_window(e->cc, BIG, NULL, &e->mh_big);
@@ -579,7 +597,8 @@ static const char *read_stats(char *path, size_t pathlen) {
 }
 
 /* MPLANE_RMA_EXPECT_RANK_PLANES: every plane's record holds the bytes put on the connections that
- * plane carries (to_rank[r]: bytes this rank put to rank r), and relayed bytes where this rank relays. */
+ * plane carries (to_rank[r]: bytes this rank put to rank r): a peer on another plane is reached from
+ * this node's NIC on the peer's plane, and those bytes are counted as relayed. */
 static void check_plane_stats(const uint64_t *to_rank) {
   const char *v = getenv("MPLANE_RMA_EXPECT_RANK_PLANES");
   char path[512];
@@ -591,9 +610,9 @@ static void check_plane_stats(const uint64_t *to_rank) {
   if (n != g_n) die("MPLANE_RMA_EXPECT_RANK_PLANES='%s' names %d ranks, the group has %d", v, n, g_n);
   uint64_t tx[64] = {0}, rel[64] = {0};
   for (int r = 0; r < g_n; r++) {
-    int cross = plane[r] != plane[g_rank], carrier = cross && g_rank < r ? plane[r] : plane[g_rank];
+    int cross = plane[r] != plane[g_rank], carrier = cross ? plane[r] : plane[g_rank];
     tx[carrier] += to_rank[r];
-    if (cross && g_rank < r) rel[carrier] += to_rank[r];
+    if (cross) rel[carrier] += to_rank[r];
   }
   const char *at = strstr(json, "\"planes\": [");
   for (int pl = 0; pl < 64; pl++) {
@@ -1037,57 +1056,57 @@ static void scenario_noroute(void) {
   CHECK(rma->finalize(e.ctx));
 }
 
-/* ---- gpurelay: GPU windows across planes. Rank 0 (plane 0) relays the pair through its NIC on plane
- * 1, rank 1's end is its own NIC. Rank 0's own ops on its GPU window go through its staging ring
- * (put from it, get into it); rank 1's GPU window is reached by rank 1's NIC as ever; rank 1's ops on
- * rank 0's GPU window would need rank 0's relay NIC to touch that GPU: refused, nothing written. ---- */
+/* ---- gpurelay: GPU windows across planes, both ways. Each rank's ops to the other leave from its
+ * NIC on the peer's plane and land on the peer's own NIC, the one beside its GPU. Window w (GPU):
+ * [0, blk) this rank's pattern, [blk, 2 blk) the peer's staged putSignal from its GPU window,
+ * [2 blk, 3 blk) this rank's staged get of the peer's [0, blk), [3 blk, 4 blk) the peer's
+ * putSignal from host memory; both signals land on the GPU signal window gs; a get of the peer's
+ * [0, blk) into host memory. ---- */
+static void wait_word(volatile uint64_t *word, uint64_t want, const char *what) {
+  double t0 = now_s();
+  while (__atomic_load_n(word, __ATOMIC_ACQUIRE) < want) {
+    if (now_s() - t0 > DEADLINE_S) die("%s is %llu after %d s, expected %llu", what,
+                                       (unsigned long long)*word, DEADLINE_S, (unsigned long long)want);
+    progress();
+    sched_yield();
+  }
+  if (*word != want) die("%s is %llu, expected exactly %llu", what, (unsigned long long)*word,
+                         (unsigned long long)want);
+}
+
 static void scenario_gpurelay(void) {
   if (g_n != 2) die("gpurelay runs 2 ranks");
   struct env e = {0};
   setup(&e, 1);
   const size_t blk = 64u << 10;
-  void *mh = NULL;
-  char *win = fake_gpu_window(e.cc, 3 * blk, NULL, &mh);
-  for (uint64_t o = 0; o < blk; o++) win[o] = (char)pat(g_rank, o); /* [0, blk): this rank's source */
+  void *mh = NULL, *smh = NULL;
+  char *win = fake_gpu_window(e.cc, 4 * blk, NULL, &mh);
+  uint64_t *gs = fake_gpu_window(e.cc, 8 * sizeof(uint64_t), NULL, &smh);
+  for (uint64_t o = 0; o < blk; o++) win[o] = (char)pat(g_rank, o);
   barrier(2);
-  int p = 1 - g_rank;
-  void *r = NULL;
-  if (g_rank == 0) {
-    CHECK(rma->iputSignal(e.rc, 1, 0, mh, blk, 0, e.mh_recv, (uint32_t)p, 0, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD,
-                          true, &r));
-    wait_reqs(e.cc, &r, 1, 0); /* from its GPU window, staged */
-    CHECK(rma->iget(e.rc, 2, 0, e.mh_src, blk, blk, mh, (uint32_t)p, &r));
-    wait_reqs(e.cc, &r, 1, 0); /* into its GPU window, staged */
-    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, blk, mh, (uint32_t)p, &r));
-    wait_reqs(e.cc, &r, 1, 0); /* into rank 1's GPU window, which its own NIC reaches */
-  } else {
-    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, 2 * blk, mh, (uint32_t)p, &r));
-    expect_refused(e.cc, r, "put into the peer's GPU window across planes, through its relay NIC");
-    CHECK(rma->iget(e.rc, 2, 0, mh, blk, 0, e.mh_getw, (uint32_t)p, &r));
-    expect_refused(e.cc, r, "get from the peer's GPU window across planes, through its relay NIC");
-    CHECK(rma->iput(e.rc, 0, 0, e.mh_src, blk, 2 * blk, mh, (uint32_t)g_rank, &r));
-    wait_reqs(e.cc, &r, 1, 0); /* its own GPU window, its own NIC */
-  }
-  check_expected_warn();
-  bool err = false;
+  uint32_t p = (uint32_t)(1 - g_rank);
+  void *r[4];
+  CHECK(rma->iputSignal(e.rc, 1, 0, mh, blk, blk, mh, p, 0, smh, 1, NCCL_NET_SIGNAL_OP_ADD, true, &r[0]));
+  CHECK(rma->iputSignal(e.rc, 0, 0, e.mh_src, blk, 3 * blk, mh, p, 8, smh, 0, NCCL_NET_SIGNAL_OP_INC, true, &r[1]));
+  CHECK(rma->iget(e.rc, 2, 0, mh, blk, 2 * blk, mh, p, &r[2]));
+  CHECK(rma->iget(e.rc, 0, 0, mh, blk, 0, e.mh_getw, p, &r[3]));
+  wait_reqs(e.cc, r, 4, 0);
+  wait_word(&gs[0], 1, "the GPU signal word of the staged put");
+  wait_word(&gs[1], 1, "the GPU signal word of the put from host memory");
+  check_bytes(win + blk, blk, (int)p, 0, "put from the peer's GPU window into this rank's");
+  check_bytes(win + 2 * blk, blk, (int)p, 0, "get of the peer's GPU window into this rank's");
+  check_bytes(win + 3 * blk, blk, (int)p, 0, "put from the peer's host window into this rank's GPU window");
+  check_bytes(e.getw, blk, (int)p, 0, "get of the peer's GPU window into host memory");
+  check_zero(e.getw, blk, e.getw_size, "host get window past the get");
+  for (int w = 2; w < 8; w++)
+    if (gs[w]) die("GPU signal word %d is %llu, no op aimed at it", w, (unsigned long long)gs[w]);
+  bool err = true;
   CHECK(rma->queryLastError(e.rc, &err));
-  if (err != (g_rank == 1)) die("queryLastError reports %s", err ? "an error, though every op of this rank carried"
-                                                                 : "no error after refused ops");
-  barrier(3);
-  if (g_rank == 0) {
-    check_bytes(win + blk, blk, 1, 0, "get into rank 0's GPU window through its staging ring");
-    check_zero(win, 2 * blk, 3 * blk, "rank 0's GPU window where a refused put was aimed");
-  } else {
-    wait_signal(&e, 0, 1);
-    check_bytes(recv_at(&e, 0, blk), blk, 0, 0, "put from rank 0's GPU window through its staging ring");
-    check_zero(e.recv, blk, e.recv_size, "window past the staged put");
-    check_bytes(win + blk, blk, 0, 0, "put into rank 1's GPU window from plane 0");
-    check_bytes(win + 2 * blk, blk, 1, 0, "put into its own GPU window");
-    check_zero(e.getw, 0, blk, "get window after a refused get");
-  }
-  printf("rank %d: rank 0's GPU window carried both ways through its staging ring; rank 1's ops on it refused\n",
+  if (err) die("queryLastError reports an error, though every op carried");
+  printf("rank %d: puts, signals and gets into the peer's GPU windows across planes carried, every byte checked\n",
          g_rank);
-  barrier(4);
+  barrier(3);
+  CHECK(rma->deregMrSym(e.cc, smh));
   CHECK(rma->deregMrSym(e.cc, mh));
   g_ctx = NULL;
   CHECK(rma->destroyContext(e.rc));
