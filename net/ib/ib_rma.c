@@ -56,169 +56,9 @@
 #include "../rma_ctrl.h"
 #include "../tc.h"
 #include "ib.h"
+#include "ib_rma.h"
 
-#define IBR_MAGIC 0x49425241u /* "IBRA" */
-#define IBR_VERSION 3 /* 3: a cross-plane pair has a QP per direction; only own-device keys */
-#define IBR_REQ_MAGIC 0x49425251u
-#define IBR_SQ 1024            /* work requests in flight per QP */
-#define IBR_CQ_MAX (1 << 16)   /* per context; bounds what may be in flight on one context */
-#define IBR_WR_MAX MPIB_MAX_MSG /* the longest work request (max_msg_sz); longer puts and gets are split */
-#define IBR_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
-#define IBR_PEEK_EVERY_S 0.001 /* how often test looks at a silent peer's control socket */
-#define IBR_CAR_MAX 8 /* devices a group's connections leave from: its own, then relay devices */
-
-/* ---- wire ---- */
-struct ibr_handle {
-  uint32_t magic;
-  uint16_t version, addrlen;
-  union {
-    struct sockaddr sa;
-    struct sockaddr_in sin;
-    struct sockaddr_in6 sin6;
-  } addr;
-};
-_Static_assert(sizeof(struct ibr_handle) <= MPLANE_RMA_HANDLE_MAX, "RMA handle fits NCCL's handle");
-
-struct ibr_hello {
-  uint32_t magic, version;
-  int32_t rank, nranks;
-};
-
-struct ibr_win_rec { /* one rank's view of a window, allgathered at regMrSym */
-  uint64_t addr, size;
-  uint32_t rkey, id; /* rkey: on the rank's own device, where every peer's op on it lands */
-  uint32_t gpu;      /* GPU memory: registered on the own device only */
-  uint32_t reserved;
-};
-
-struct ibr_peer_addr { /* where one rank's end of its connections with one peer is */
-  int32_t link_layer;
-  uint32_t lid, mtu;
-  uint8_t gid[16];
-};
-
-struct ibr_addr_rec { /* one rank's QP addresses, allgathered at createContext */
-  uint32_t magic;     /* 0: this rank could not make its connections (its WARN says why) */
-  int32_t plane;
-  struct ibr_peer_addr own; /* its own device: where its target QPs of cross-plane pairs are */
-  /* then struct ibr_peer_addr addr[nranks]: its initiating end for each peer (the device its own
-   * ops to that peer leave from), then uint32_t qpn[ncontexts][nranks]: that end's QP of (context,
-   * peer), then uint32_t tqpn[ncontexts][nranks]: its target QP of (context, peer), 0 on one plane */
-};
-
-/* ---- local state ---- */
-struct ibr_win {
-  uint32_t id;
-  char *base;
-  size_t size;
-  int type;
-  struct ibv_mr *mr[IBR_CAR_MAX]; /* per carrier of the group; NULL where not registered (GPU memory on a relay device) */
-  struct ibr_win_rec *peers; /* [nranks] */
-};
-
-struct ibr_listen {
-  int fd, dev;
-};
-
-/* A device the group's connections leave from: car[0] is the group's own, the others carry its
- * connections to ranks on other planes (net/relay.h). */
-struct ibr_carrier {
-  int dev;
-  struct mpib_dev *d;
-  int plane;
-  struct ibv_mr *scratch_mr; /* the atomics' fetched values, registered on this device */
-  char near_gpu[16];         /* PCI bus id of the GPU beside it (where staging lives), "" unknown */
-};
-
-struct ibr_group {
-  int rank, nranks, dev;
-  struct mpib_dev *d;
-  struct ibr_carrier car[IBR_CAR_MAX];
-  int ncar;
-  int *plane;       /* [nranks] plane of each rank's device, -1 unknown (route) */
-  int *car_of;      /* [nranks] the carrier of this rank's connections, -1: none can carry them */
-  int *ctrl;        /* control socket per peer, -1 for itself */
-  int *gone;        /* atomic: the peer's control socket closed */
-  double *peeked;   /* when test last looked at a peer's socket */
-  pthread_mutex_t lock;
-  struct ibr_win **wins;
-  uint32_t nwins, cap;
-  uint64_t *scratch; /* the atomics' fetched values land here (never read) */
-};
-
-struct ibr_ctxset;
-
-struct ibr_cx { /* one context on one carrier: its CQ, its QPs */
-  struct ibr_ctxset *set;
-  int index, car;
-  struct mpib_comm_base b; /* dev, CQ, SL and GID for the QP helpers of ib_conn.c */
-  pthread_mutex_t lock;
-  int outstanding, cq_depth;
-  struct ibr_stage *stage; /* relay carriers: the staging ring of this rank's GPU windows */
-};
-
-struct ibr_conn {
-  struct ibr_cx *cx;
-  int peer, car;
-  struct ibv_qp *qp, *mirror; /* mirror: the other end of a rank's QP to itself */
-  struct ibv_qp *target;      /* a cross-plane peer's: on the own device, where its ops land (never posted on) */
-  int outstanding;
-  int nqueued; /* its ops in its context's queue (later ones queue behind them) */
-  int failed;
-  char why[160];
-};
-
-struct ibr_ctxset {
-  struct ibr_group *g;
-  int ncontexts, stride, ncar;
-  struct ibr_cx *cx;        /* [context * ncar + carrier]; no CQ where the carrier has no peer */
-  struct ibr_conn **conns;  /* [context * nranks + peer], NULL: not connected */
-  int has_error;            /* atomic */
-};
-
-/* One op as work requests: the data in pieces of at most IBR_WR_MAX bytes, then, with a signal, the
- * atomic add on the signal word (same QP: after the data). */
-struct ibr_op {
-  int opcode; /* IBV_WR_RDMA_WRITE or IBV_WR_RDMA_READ */
-  uint64_t laddr, raddr, size;
-  uint32_t lkey, rkey;
-  int sig;
-  uint64_t saddr, add;
-  uint32_t srkey;
-};
-
-struct ibr_req {
-  uint32_t magic;
-  struct ibr_conn *conn;
-  int pending;  /* work requests not yet completed */
-  int failed;
-  ncclResult_t result;
-  char what[16];
-  uint32_t win;
-  uint64_t off, size;
-  char why[384];
-  struct ibr_op op;     /* kept for when it leaves its context's queue */
-  /* staging (a local GPU window on a relay device) and the queue behind it */
-  int staged, queued;   /* queued: in its context's queue, not all posted yet */
-  int copies;           /* a staged get's pieces read but not yet copied into the window */
-  uint64_t started, posted; /* bytes given slots, bytes posted */
-  char *lbase;          /* the local window, its index and the op's offset in it */
-  uint32_t lwin;
-  uint64_t loff;
-  double queued_at;
-  struct ibr_req *next;
-};
-
-struct ibr_stage;
-struct ibr_slot;
-static void conn_fail(struct ibr_conn *c, const char *why);
-static void stage_progress(struct ibr_cx *x);
-static void stage_destroy(struct ibr_cx *x);
-static void stage_wr_done(struct ibr_slot *sl, int ok);
-static void stage_deadline(struct ibr_req *r);
-static struct ibr_slot *wrid_slot(uint64_t id);
-
-static double now_s(void) {
+double ibr_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -227,11 +67,11 @@ static double now_s(void) {
 
 
 
-static int timeout_ms(void) { return mplane_rma_timeout_ms(mpib_config()); }
+int ibr_timeout_ms(void) { return mplane_rma_timeout_ms(mpib_config()); }
 
 /* The group's all-gather and its peers of a context (net/rma_ctrl.h). */
 static ncclResult_t ctrl_allgather(struct ibr_group *g, const void *mine, void *all, size_t len, const char *what) {
-  return mplane_rma_allgather(g->ctrl, g->rank, g->nranks, mine, all, len, timeout_ms(), what);
+  return mplane_rma_allgather(g->ctrl, g->rank, g->nranks, mine, all, len, ibr_timeout_ms(), what);
 }
 
 static int is_connected_peer(const struct ibr_group *g, int stride, int p) {
@@ -239,7 +79,7 @@ static int is_connected_peer(const struct ibr_group *g, int stride, int p) {
 }
 
 static void set_timeouts(int fd) {
-  mplane_rma_set_timeouts(fd, timeout_ms());
+  mplane_rma_set_timeouts(fd, ibr_timeout_ms());
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
@@ -329,7 +169,7 @@ static int dial(const struct ibr_handle *h, const struct ibr_hello *hello) {
 static int take(int lfd, struct ibr_hello *hello) {
   struct pollfd p = {.fd = lfd, .events = POLLIN};
   int r;
-  do r = poll(&p, 1, timeout_ms()); while (r < 0 && errno == EINTR);
+  do r = poll(&p, 1, ibr_timeout_ms()); while (r < 0 && errno == EINTR);
   if (r <= 0) return -1;
   int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
   if (fd < 0) return -1;
@@ -426,7 +266,7 @@ static ncclResult_t rma_connect(void *handles[], int nranks, int rank, void *lis
     int fd = take(l->fd, &ph);
     if (fd < 0 || ph.nranks != nranks || ph.rank <= rank || ph.rank >= nranks || g->ctrl[ph.rank] >= 0) {
       MP_WARN("RMA connect: rank %d of %d: no valid peer of rank %d and up connected within MPLANE_CONNECT_TIMEOUT "
-              "(%d s)", rank, nranks, rank + 1, timeout_ms() / 1000);
+              "(%d s)", rank, nranks, rank + 1, ibr_timeout_ms() / 1000);
       if (fd >= 0) close(fd);
       group_free(g);
       return ncclRemoteError;
@@ -653,7 +493,7 @@ static ncclResult_t rma_destroy_context(void *ctx) {
   if (!s) return ncclSuccess;
   for (int i = 0; s->conns && i < s->ncontexts * s->g->nranks; i++) conn_free(s->conns[i]);
   /* The QPs are gone (no work request reads or fills a slot now); copies may still run. */
-  for (int c = 0; s->cx && c < s->ncontexts * s->ncar; c++) stage_destroy(&s->cx[c]);
+  for (int c = 0; s->cx && c < s->ncontexts * s->ncar; c++) ibr_stage_destroy(&s->cx[c]);
   for (int c = 0; s->cx && c < s->ncontexts * s->ncar; c++) {
     if (s->cx[c].b.cq) mpib_v.destroy_cq(s->cx[c].b.cq);
     if (s->cx[c].set) pthread_mutex_destroy(&s->cx[c].lock);
@@ -906,8 +746,8 @@ static struct ibr_req *req_new(struct ibr_conn *c, const char *what, uint32_t wi
   return r;
 }
 
-static void req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) {
+void ibr_req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void ibr_req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) {
   __atomic_store_n(&r->conn->cx->set->has_error, 1, __ATOMIC_RELEASE);
   if (r->failed) return;
   r->failed = 1;
@@ -919,7 +759,7 @@ static void req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) 
 }
 
 /* A refused op: a request that fails from test, nothing posted. */
-static ncclResult_t refuse(struct ibr_req *r, void **request) {
+ncclResult_t ibr_refuse(struct ibr_req *r, void **request) {
   *request = r;
   return ncclSuccess;
 }
@@ -960,11 +800,11 @@ static ncclResult_t local_win(struct ibr_ctxset *s, void *mh, uint64_t off, uint
 }
 
 /* Room for n more work requests on c's QP and its context's CQ (caller holds the context's lock). */
-static int room(struct ibr_conn *c, int n) {
+int ibr_room(struct ibr_conn *c, int n) {
   return c->outstanding + n <= IBR_SQ && c->cx->outstanding + n <= c->cx->cq_depth;
 }
 
-static int post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr) {
+int ibr_post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr) {
   struct ibv_send_wr *bad = NULL;
   int n = 0;
   for (struct ibv_send_wr *w = wr; w; w = w->next) n++;
@@ -973,7 +813,7 @@ static int post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr) {
     int posted = 0;
     for (struct ibv_send_wr *w = wr; w && w != bad; w = w->next) posted++;
     n = posted;
-    req_fail(r, ncclSystemError, "RMA %s to rank %d (context %d): ibv_post_send failed: %s", r->what, c->peer,
+    ibr_req_fail(r, ncclSystemError, "RMA %s to rank %d (context %d): ibv_post_send failed: %s", r->what, c->peer,
              c->cx->index, strerror(rc));
   }
   r->pending += n;
@@ -982,11 +822,11 @@ static int post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr) {
   return rc;
 }
 
-static int op_nwr(const struct ibr_op *op) { return (int)((op->size + IBR_WR_MAX - 1) / IBR_WR_MAX) + (op->sig ? 1 : 0); }
+int ibr_op_nwr(const struct ibr_op *op) { return (int)((op->size + IBR_WR_MAX - 1) / IBR_WR_MAX) + (op->sig ? 1 : 0); }
 
 /* Post op whole on c (caller holds the context's lock and checked room). A failed post fails r. */
-static ncclResult_t post_op_locked(struct ibr_conn *c, struct ibr_req *r, const struct ibr_op *op) {
-  int nwr = op_nwr(op);
+ncclResult_t ibr_post_op_locked(struct ibr_conn *c, struct ibr_req *r, const struct ibr_op *op) {
+  int nwr = ibr_op_nwr(op);
   struct ibr_group *g = c->cx->set->g;
   struct ibv_send_wr wrs[8], *wrv = nwr <= 8 ? wrs : calloc((size_t)nwr, sizeof(*wrv));
   struct ibv_sge sges[8], *sgv = nwr <= 8 ? sges : calloc((size_t)nwr, sizeof(*sgv));
@@ -1019,378 +859,10 @@ static ncclResult_t post_op_locked(struct ibr_conn *c, struct ibr_req *r, const 
     wrv[k].send_flags = IBV_SEND_SIGNALED;
     wrv[k].next = k + 1 < nwr ? &wrv[k + 1] : NULL;
   }
-  post(c, r, wrv);
+  ibr_post(c, r, wrv);
   if (wrv != wrs) free(wrv);
   if (sgv != sges) free(sgv);
   return ncclSuccess;
-}
-
-/* ---- staging: this rank's GPU windows in its ops to cross-plane peers ----
- * The relay device is not the NIC beside the window's GPU, so it must not read or write that GPU's
- * memory across the root complex. As a relayed two-sided send does (ib_stage.c), the relay's copier
- * (net/relay.h: the CUDA copy engine, its CPU stand-in in tests) moves the bytes over NVLink between
- * the window and a ring of slots on the GPU beside the relay NIC, registered with it:
- *   put   copy a piece of the source into a slot, RDMA WRITE the slot to the peer's window; the
- *         slot is free again once the write completed; the signal's atomic after the last piece
- *   get   RDMA READ a piece into a slot, then copy the slot into the window; the slot is free, and
- *         the piece done, once the copy ended
- * Large ops go in slot-sized pieces, pipelined: piece j is copied while j - 1 is on the wire. Each
- * context on a relay device has its ring (made at its first staged op) and a queue: the staged ops
- * and, behind them, any op of a connection that has queued ones, so every op of a connection is
- * posted in the order it was made and a signal never passes the data of an earlier op. The queue is
- * moved on by test and rmaProgress. */
-enum { SLOT_FREE, SLOT_COPY_IN, SLOT_TO_READ, SLOT_WRITING, SLOT_READING, SLOT_READ_DONE, SLOT_COPY_OUT };
-
-struct ibr_slot {
-  int state;
-  uint64_t ticket;       /* the copier's, in SLOT_COPY_IN and SLOT_COPY_OUT */
-  struct ibr_req *r;
-  uint64_t off, len;     /* the piece: [off, off + len) of r's range */
-};
-
-struct ibr_stage {
-  struct mplane_relay_copier *copier;
-  char *mem;
-  struct ibv_mr *mr;
-  size_t slot_bytes;
-  struct ibr_slot s[MPIB_STAGE_SLOTS];
-  uint64_t fill, post;          /* next slot to fill, next to post (monotonic; slot j is s[j % N]) */
-  struct ibr_req *head, *tail;  /* the queue, oldest first */
-  struct ibr_req *filling;      /* the oldest queued op with pieces not yet given a slot */
-};
-
-static char *slot_mem(struct ibr_stage *st, const struct ibr_slot *sl) {
-  return st->mem + (size_t)(sl - st->s) * st->slot_bytes;
-}
-
-/* Staged work requests carry their slot (low bit set: requests are at least 8-byte aligned). */
-static uint64_t slot_wrid(struct ibr_slot *sl) { return (uint64_t)(uintptr_t)sl | 1u; }
-static struct ibr_slot *wrid_slot(uint64_t id) { return id & 1u ? (struct ibr_slot *)(uintptr_t)(id & ~1ull) : NULL; }
-
-/* "window 3 ... (rank 0 on plane 0 relays its connection with rank 1 on plane 1 through mlx5_1)". */
-static void stage_where(const struct ibr_req *r, char *buf, size_t len) {
-  const struct ibr_conn *c = r->conn;
-  const struct ibr_group *g = c->cx->set->g;
-  snprintf(buf, len, "window %u [%llu, +%llu) of rank %d on plane %d, relayed to rank %d on plane %d through %s "
-           "(plane %d)", r->lwin, (unsigned long long)r->loff, (unsigned long long)r->size, g->rank,
-           g->plane[g->rank], c->peer, g->plane[c->peer], g->car[c->car].d->props.name, g->car[c->car].plane);
-}
-
-/* A copy that failed (or could not start) fails its op and the connection: nothing after it on the
- * QP may be posted (a later signal would claim data that never came). */
-static void stage_fault(struct ibr_req *r, ncclResult_t res, const char *what) {
-  char where[256], why[160];
-  stage_where(r, where, sizeof(where));
-  req_fail(r, res == ncclSuccess ? ncclSystemError : res, "RMA %s %s rank %d (context %d): %s the staging slot "
-           "failed: %s; the op is not complete", r->what, strcmp(r->what, "get") ? "to" : "from", r->conn->peer,
-           r->conn->cx->index, what, where);
-  snprintf(why, sizeof(why), "a copy through the staging ring of %s failed", r->conn->cx->b.dev->props.name);
-  conn_fail(r->conn, why);
-}
-
-static ncclResult_t stage_create(struct ibr_cx *x, struct ibr_req *r, const void *window) {
-  struct ibr_group *g = x->set->g;
-  struct ibr_stage *st = calloc(1, sizeof(*st));
-  if (!st) return ncclSystemError;
-  char where[256];
-  stage_where(r, where, sizeof(where));
-  ncclResult_t res = mplane_relay_copier_create(window, g->car[x->car].near_gpu, &st->copier);
-  if (res != ncclSuccess) {
-    free(st);
-    req_fail(r, res, "RMA %s: no copier for the staging ring of %s", r->what, where);
-    return res;
-  }
-  st->slot_bytes = mplane_relay_test_slot_bytes(MPIB_STAGE_SLOT_BYTES);
-  size_t bytes = st->slot_bytes * MPIB_STAGE_SLOTS;
-  st->mem = mplane_relay_copier_alloc(st->copier, bytes);
-  errno = 0;
-  if (st->mem && !mplane_relay_test_fail_reg()) st->mr = mpib_stage_ring_register(x->b.dev, st->copier, st->mem, bytes);
-  else if (st->mem) errno = EFAULT; /* MPLANE_TEST_RELAY_FAIL=reg */
-  if (!st->mr) {
-    int e = errno;
-    mplane_relay_copier_destroy(st->copier, st->mem);
-    free(st);
-    req_fail(r, ncclSystemError, "RMA %s: %s the %zu-byte staging ring for %s failed: %s", r->what,
-             e || !bytes ? "registering" : "allocating", bytes, where, e ? strerror(e) : "out of memory");
-    return ncclSystemError;
-  }
-  x->stage = st;
-  return ncclSuccess;
-}
-
-static void queue_push(struct ibr_stage *st, struct ibr_req *r) {
-  r->queued = 1;
-  r->next = NULL;
-  if (st->tail) st->tail->next = r;
-  else st->head = r;
-  st->tail = r;
-  if (!st->filling) st->filling = r;
-  r->conn->nqueued++;
-}
-
-static void queue_pop(struct ibr_stage *st) {
-  struct ibr_req *r = st->head;
-  st->head = r->next;
-  if (!st->head) st->tail = NULL;
-  if (st->filling == r) st->filling = r->next;
-  r->queued = 0;
-  r->conn->nqueued--;
-}
-
-/* Give the queued ops' next pieces free slots, in ring order: a put's piece starts its copy in. */
-static void stage_fill(struct ibr_stage *st) {
-  while (st->filling) {
-    struct ibr_req *r = st->filling;
-    if (!r->staged || r->started == r->size || r->failed || r->conn->failed) {
-      st->filling = r->next;
-      continue;
-    }
-    struct ibr_slot *sl = &st->s[st->fill % MPIB_STAGE_SLOTS];
-    if (sl->state != SLOT_FREE) return;
-    uint64_t len = r->size - r->started < st->slot_bytes ? r->size - r->started : st->slot_bytes;
-    int state = SLOT_TO_READ;
-    uint64_t ticket = 0;
-    if (r->op.opcode == IBV_WR_RDMA_WRITE) {
-      ncclResult_t res = mplane_relay_copier_start(st->copier, slot_mem(st, sl), r->lbase + r->loff + r->started,
-                                                   len, &ticket);
-      if (res != ncclSuccess) {
-        stage_fault(r, res, "starting the copy of the source into");
-        continue;
-      }
-      if (!ticket) return; /* the copier is full: later */
-      state = SLOT_COPY_IN;
-    }
-    *sl = (struct ibr_slot){.state = state, .ticket = ticket, .r = r, .off = r->started, .len = len};
-    r->started += len;
-    st->fill++;
-  }
-}
-
-/* Post the slot at the post cursor (its copy in landed, or a get's): 0 posted, 1 not yet. */
-static int stage_post_slot(struct ibr_stage *st, struct ibr_req *r, struct ibr_slot *sl) {
-  struct ibr_conn *c = r->conn;
-  if (sl->state == SLOT_COPY_IN) {
-    int done = 0;
-    ncclResult_t res = mplane_relay_copier_poll(st->copier, sl->ticket, &done);
-    if (res != ncclSuccess) {
-      sl->state = SLOT_FREE; /* the copy is over, failed */
-      stage_fault(r, res, "copying the source into");
-      return 1;
-    }
-    if (!done) return 1;
-  }
-  if (!room(c, 1)) return 1;
-  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)slot_mem(st, sl), .length = (uint32_t)sl->len,
-                        .lkey = st->mr->lkey};
-  struct ibv_send_wr wr = {.wr_id = slot_wrid(sl), .sg_list = &sge, .num_sge = 1,
-                           .opcode = (enum ibv_wr_opcode)r->op.opcode, .send_flags = IBV_SEND_SIGNALED};
-  wr.wr.rdma.remote_addr = r->op.raddr + sl->off;
-  wr.wr.rdma.rkey = r->op.rkey;
-  int get = r->op.opcode == IBV_WR_RDMA_READ;
-  sl->state = get ? SLOT_READING : SLOT_WRITING;
-  if (get) r->copies++; /* its copy out is still to come */
-  if (post(c, r, &wr) != 0) {
-    sl->state = SLOT_FREE;
-    if (get) r->copies--;
-    conn_fail(c, "ibv_post_send failed on a staged op");
-  }
-  st->post++;
-  r->posted += sl->len;
-  return 0;
-}
-
-/* The head op failed (or its connection did): release the slots it was given, once their copies in
- * are over (they read its source), and take it off the queue. 0 done, 1 wait. */
-static int stage_drop_head(struct ibr_stage *st, struct ibr_req *r) {
-  while (st->post < st->fill && st->s[st->post % MPIB_STAGE_SLOTS].r == r) {
-    struct ibr_slot *sl = &st->s[st->post % MPIB_STAGE_SLOTS];
-    if (sl->state == SLOT_COPY_IN) {
-      int done = 0;
-      if (mplane_relay_copier_poll(st->copier, sl->ticket, &done) == ncclSuccess && !done) return 1;
-    }
-    sl->state = SLOT_FREE;
-    st->post++;
-  }
-  if (!r->failed)
-    req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
-             strcmp(r->what, "get") ? "to" : "from", r->conn->peer, r->conn->cx->index, r->win,
-             (unsigned long long)r->off, (unsigned long long)r->size, r->conn->why);
-  queue_pop(st);
-  return 0;
-}
-
-/* Post from the head of the queue: a staged op's pieces in ring order, then its signal; an op queued
- * behind staged ones whole. Stops at the first that must wait. */
-static void stage_post(struct ibr_stage *st) {
-  while (st->head) {
-    struct ibr_req *r = st->head;
-    struct ibr_conn *c = r->conn;
-    if (r->failed || c->failed) {
-      if (stage_drop_head(st, r)) return;
-      continue;
-    }
-    if (!r->staged) {
-      if (!room(c, op_nwr(&r->op))) return;
-      if (post_op_locked(c, r, &r->op) != ncclSuccess) req_fail(r, ncclSystemError, "RMA %s: out of memory", r->what);
-      queue_pop(st);
-      continue;
-    }
-    if (r->posted < r->size) {
-      if (st->post == st->fill || stage_post_slot(st, r, &st->s[st->post % MPIB_STAGE_SLOTS])) return;
-      continue;
-    }
-    if (r->op.sig) { /* the signal, after every piece of its data on the QP */
-      if (!room(c, 1)) return;
-      struct ibr_op sig = r->op;
-      sig.size = 0;
-      post_op_locked(c, r, &sig);
-    }
-    queue_pop(st);
-  }
-}
-
-/* Gets' pieces whose READ completed: copy them out of the slot into the window; a copy that ended
- * frees its slot. */
-static void stage_copy_out(struct ibr_stage *st) {
-  for (int i = 0; i < MPIB_STAGE_SLOTS; i++) {
-    struct ibr_slot *sl = &st->s[i];
-    struct ibr_req *r = sl->r;
-    if (sl->state == SLOT_READ_DONE) {
-      uint64_t ticket = 0;
-      ncclResult_t res =
-          mplane_relay_copier_start(st->copier, r->lbase + r->loff + sl->off, slot_mem(st, sl), sl->len, &ticket);
-      if (res != ncclSuccess) {
-        sl->state = SLOT_FREE;
-        r->copies--;
-        stage_fault(r, res, "starting the copy into the window from");
-        continue;
-      }
-      if (!ticket) return;
-      sl->ticket = ticket;
-      sl->state = SLOT_COPY_OUT;
-    }
-    if (sl->state == SLOT_COPY_OUT) {
-      int done = 0;
-      ncclResult_t res = mplane_relay_copier_poll(st->copier, sl->ticket, &done);
-      if (res != ncclSuccess || done) {
-        sl->state = SLOT_FREE;
-        r->copies--;
-      }
-      if (res != ncclSuccess) stage_fault(r, res, "copying into the window from");
-    }
-  }
-}
-
-/* A staged work request completed: a write's slot is free, a get's piece goes on to its copy out. */
-static void stage_wr_done(struct ibr_slot *sl, int ok) {
-  if (sl->state == SLOT_READING && ok) {
-    sl->state = SLOT_READ_DONE;
-    return;
-  }
-  if (sl->state == SLOT_READING) sl->r->copies--; /* nothing to copy: the READ failed */
-  sl->state = SLOT_FREE;
-}
-
-/* Move the context's ring on (caller holds its lock). */
-static void stage_progress(struct ibr_cx *x) {
-  struct ibr_stage *st = x->stage;
-  if (!st) return;
-  stage_copy_out(st);
-  stage_post(st);
-  stage_fill(st);
-  stage_post(st); /* the stand-in may be done already */
-}
-
-/* Copies still under way read sources or write windows: wait for them (bounded) before the ring,
- * the copier and what they touch are freed. */
-#define IBR_STAGE_DRAIN_S 10.0
-static void stage_destroy(struct ibr_cx *x) {
-  struct ibr_stage *st = x->stage;
-  if (!st) return;
-  double t0 = now_s();
-  for (int i = 0; i < MPIB_STAGE_SLOTS; i++) {
-    struct ibr_slot *sl = &st->s[i];
-    int done = sl->state != SLOT_COPY_IN && sl->state != SLOT_COPY_OUT;
-    while (!done && mplane_relay_copier_poll(st->copier, sl->ticket, &done) == ncclSuccess && !done) {
-      if (now_s() - t0 > IBR_STAGE_DRAIN_S) {
-        MP_WARN("RMA destroyContext: copies through the staging ring of %s (context %d) did not end within %.0f s",
-                x->b.dev->props.name, x->index, IBR_STAGE_DRAIN_S);
-        break;
-      }
-      sched_yield();
-    }
-  }
-  if (st->mr) mpib_v.dereg_mr(st->mr);
-  mplane_relay_copier_destroy(st->copier, st->mem); /* ends a copy still under way first */
-  free(st);
-  x->stage = NULL;
-}
-
-/* Queue r (its op filled) on its context's ring: staged, or behind its connection's queued ops. */
-static ncclResult_t stage_queue(struct ibr_conn *c, struct ibr_req *r, int staged) {
-  struct ibr_cx *x = c->cx;
-  if (staged && !x->stage && stage_create(x, r, r->lbase) != ncclSuccess) return ncclSuccess; /* r failed */
-  r->staged = staged;
-  r->queued_at = now_s();
-  queue_push(x->stage, r);
-  stage_progress(x);
-  return ncclSuccess;
-}
-
-/* An op waits in the queue (for a slot, for the ops before it) at most MPLANE_CONNECT_TIMEOUT; then it
- * fails the connection, so that nothing queued behind it waits for ever. */
-static void stage_deadline(struct ibr_req *r) {
-  double waited = now_s() - r->queued_at;
-  if (waited * 1000.0 < (double)timeout_ms()) return;
-  char where[256], why[160];
-  stage_where(r, where, sizeof(where));
-  req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d): waited %.0f s (MPLANE_CONNECT_TIMEOUT) in the queue "
-           "of the staging ring for %s", r->what, strcmp(r->what, "get") ? "to" : "from", r->conn->peer,
-           r->conn->cx->index, waited, where);
-  snprintf(why, sizeof(why), "an op waited past MPLANE_CONNECT_TIMEOUT for the staging ring of %s",
-           r->conn->cx->b.dev->props.name);
-  conn_fail(r->conn, why);
-}
-
-/* Start r: at once, or queued behind staging. */
-static ncclResult_t start_op(struct ibr_conn *c, struct ibr_req *r, int staged) {
-  struct ibr_cx *x = c->cx;
-  pthread_mutex_lock(&x->lock);
-  ncclResult_t res = ncclSuccess;
-  if (staged || c->nqueued) {
-    res = stage_queue(c, r, staged);
-  } else if (!room(c, op_nwr(&r->op))) {
-    MP_WARN("RMA %s to rank %d (context %d): %d work requests in flight on its QP, %d on the context: more than the "
-            "queues hold (%d, %d)", r->what, c->peer, x->index, c->outstanding, x->outstanding, IBR_SQ, x->cq_depth);
-    res = ncclInternalError;
-  } else {
-    res = post_op_locked(c, r, &r->op);
-  }
-  pthread_mutex_unlock(&x->lock);
-  if (res != ncclSuccess) free(r);
-  return res;
-}
-
-/* A local window this connection's device does not reach (GPU memory on a relay device): its bytes go
- * through the staging ring. */
-static int staged_window(const struct ibr_conn *c, const struct ibr_win *w) {
-  return !w->mr[c->car] && w->type == NCCL_PTR_CUDA && c->car != 0;
-}
-
-/* A local window's key on c's device. A window it does not reach is staged (staged_window), so a
- * missing key is a registration that went wrong: the op fails, naming the window and the device. */
-static ncclResult_t local_key(struct ibr_req *r, const struct ibr_win *w, uint32_t *lkey, void **request) {
-  const struct ibr_conn *c = r->conn;
-  if (w->mr[c->car]) {
-    *lkey = w->mr[c->car]->lkey;
-    return ncclSuccess;
-  }
-  const struct ibr_group *g = c->cx->set->g;
-  req_fail(r, ncclInternalError, "RMA %s %s rank %d (context %d): local window %u is not registered on %s (plane %d), "
-           "which carries this rank's ops to rank %d (plane %d); nothing was %s", r->what,
-           strcmp(r->what, "get") ? "to" : "from", c->peer, c->cx->index, w->id, g->car[c->car].d->props.name,
-           g->car[c->car].plane, c->peer, g->plane[c->peer], strcmp(r->what, "get") ? "written" : "read");
-  return refuse(r, request);
 }
 
 static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src_mh, size_t size, uint64_t dst_off,
@@ -1426,21 +898,21 @@ static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src
   /* The target's windows as it registered them: a range outside is refused before anything moves. */
   const struct ibr_win_rec *rw = size > 0 ? &dst->peers[rank] : NULL;
   if (rw && !range_ok(dst_off, size, rw->size)) {
-    req_fail(r, ncclInvalidUsage, "RMA %s to rank %u (context %d): offset %llu + size %zu lies outside its window %u "
+    ibr_req_fail(r, ncclInvalidUsage, "RMA %s to rank %u (context %d): offset %llu + size %zu lies outside its window %u "
              "(%llu bytes); nothing was written", what, rank, context, (unsigned long long)dst_off, size, dst->id,
              (unsigned long long)rw->size);
-    return refuse(r, request);
+    return ibr_refuse(r, request);
   }
   const struct ibr_win_rec *srec = sig ? &sw->peers[rank] : NULL;
   if (srec && (sig->off % 8 != 0 || !range_ok(sig->off, 8, srec->size))) {
-    req_fail(r, ncclInvalidUsage, "RMA putSignal to rank %u (context %d): signal word at offset %llu %s its signal "
+    ibr_req_fail(r, ncclInvalidUsage, "RMA putSignal to rank %u (context %d): signal word at offset %llu %s its signal "
              "window %u (%llu bytes); nothing was written", rank, context, (unsigned long long)sig->off,
              sig->off % 8 ? "is not 8-byte aligned in" : "lies outside", sw->id, (unsigned long long)srec->size);
-    return refuse(r, request);
+    return ibr_refuse(r, request);
   }
   struct ibr_op *op = &r->op;
-  int staged = rw && staged_window(c, src);
-  if (rw && !staged && local_key(r, src, &op->lkey, request) != ncclSuccess) return ncclSuccess; /* r failed */
+  int staged = rw && ibr_staged_window(c, src);
+  if (rw && !staged && ibr_local_key(r, src, &op->lkey, request) != ncclSuccess) return ncclSuccess; /* r failed */
   /* The peer's windows by their own-device keys: this rank's ops land on the peer's own NIC. */
   op->rkey = rw ? rw->rkey : 0;
   op->srkey = srec ? srec->rkey : 0;
@@ -1458,7 +930,7 @@ static ncclResult_t rma_iput(void *ctx, int context, uint64_t src_off, void *src
     r->lwin = src->id;
     r->loff = src_off;
   }
-  ncclResult_t res = start_op(c, r, staged);
+  ncclResult_t res = ibr_start_op(c, r, staged);
   if (res != ncclSuccess) *request = NULL;
   return res;
 }
@@ -1479,14 +951,14 @@ static ncclResult_t rma_iget(void *ctx, int context, uint64_t remote_off, void *
   if (!r) return ncclSystemError;
   const struct ibr_win_rec *rw = &rwin->peers[rank];
   if (!range_ok(remote_off, size, rw->size)) {
-    req_fail(r, ncclInvalidUsage, "RMA get from rank %u (context %d): offset %llu + size %zu lies outside its window "
+    ibr_req_fail(r, ncclInvalidUsage, "RMA get from rank %u (context %d): offset %llu + size %zu lies outside its window "
              "%u (%llu bytes); nothing was read", rank, context, (unsigned long long)remote_off, size, rwin->id,
              (unsigned long long)rw->size);
-    return refuse(r, request);
+    return ibr_refuse(r, request);
   }
   struct ibr_op *op = &r->op;
-  int staged = size > 0 && staged_window(c, dst);
-  if (size > 0 && !staged && local_key(r, dst, &op->lkey, request) != ncclSuccess) return ncclSuccess; /* r failed */
+  int staged = size > 0 && ibr_staged_window(c, dst);
+  if (size > 0 && !staged && ibr_local_key(r, dst, &op->lkey, request) != ncclSuccess) return ncclSuccess; /* r failed */
   op->rkey = rw->rkey; /* the peer's own-device key: the read is answered by the peer's own NIC */
   *request = r;
   if (size == 0) return ncclSuccess;
@@ -1495,7 +967,7 @@ static ncclResult_t rma_iget(void *ctx, int context, uint64_t remote_off, void *
   r->lbase = dst->base;
   r->lwin = dst->id;
   r->loff = local_off;
-  ncclResult_t res = start_op(c, r, staged);
+  ncclResult_t res = ibr_start_op(c, r, staged);
   if (res != ncclSuccess) *request = NULL;
   return res;
 }
@@ -1514,7 +986,7 @@ static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t r
 }
 
 /* ---- completions ---- */
-static void conn_fail(struct ibr_conn *c, const char *why) {
+void ibr_conn_fail(struct ibr_conn *c, const char *why) {
   if (__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE)) return;
   snprintf(c->why, sizeof(c->why), "%s", why);
   __atomic_store_n(&c->failed, 1, __ATOMIC_RELEASE);
@@ -1533,10 +1005,10 @@ static void poll_cx(struct ibr_cx *x) {
       return;
     }
     for (int i = 0; i < n; i++) {
-      struct ibr_slot *sl = wrid_slot(wc[i].wr_id);
-      struct ibr_req *r = sl ? sl->r : (struct ibr_req *)(uintptr_t)wc[i].wr_id;
+      struct ibr_slot *sl = ibr_wrid_slot(wc[i].wr_id);
+      struct ibr_req *r = sl ? ibr_slot_req(sl) : (struct ibr_req *)(uintptr_t)wc[i].wr_id;
       struct ibr_conn *c = r->conn;
-      if (sl) stage_wr_done(sl, wc[i].status == IBV_WC_SUCCESS);
+      if (sl) ibr_stage_wr_done(sl, wc[i].status == IBV_WC_SUCCESS);
       r->pending--;
       c->outstanding--;
       x->outstanding--;
@@ -1544,10 +1016,10 @@ static void poll_cx(struct ibr_cx *x) {
         char why[160];
         snprintf(why, sizeof(why), "a completion in error: %s (status %d)", mpib_wc_status_str(wc[i].status),
                  wc[i].status);
-        req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
+        ibr_req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
                  strcmp(r->what, "get") ? "to" : "from", c->peer, x->index, r->win, (unsigned long long)r->off,
                  (unsigned long long)r->size, c->failed ? c->why : why);
-        conn_fail(c, why);
+        ibr_conn_fail(c, why);
       }
     }
     if (n < 16) return;
@@ -1559,17 +1031,17 @@ static void poll_cx(struct ibr_cx *x) {
 static void check_peer(struct ibr_group *g, struct ibr_conn *c) {
   int p = c->peer;
   if (p == g->rank || __atomic_load_n(&g->gone[p], __ATOMIC_ACQUIRE)) {
-    if (p != g->rank && !c->failed) conn_fail(c, "the peer is gone (its control socket closed)");
+    if (p != g->rank && !c->failed) ibr_conn_fail(c, "the peer is gone (its control socket closed)");
     return;
   }
-  double t = now_s();
+  double t = ibr_now_s();
   if (t - g->peeked[p] < IBR_PEEK_EVERY_S) return;
   g->peeked[p] = t;
   char b;
   ssize_t r = recv(g->ctrl[p], &b, 1, MSG_PEEK | MSG_DONTWAIT);
   if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
     __atomic_store_n(&g->gone[p], 1, __ATOMIC_RELEASE);
-    conn_fail(c, "the peer is gone (its control socket closed: is the process alive?)");
+    ibr_conn_fail(c, "the peer is gone (its control socket closed: is the process alive?)");
   }
 }
 
@@ -1586,16 +1058,16 @@ static ncclResult_t rma_test(void *group, void *request, int *done) {
   int busy = r->pending || r->queued || r->copies;
   if (busy) poll_cx(x);
   if (x->stage) {
-    stage_progress(x);
-    if (r->queued && !r->failed) stage_deadline(r);
+    ibr_stage_progress(x);
+    if (r->queued && !r->failed) ibr_stage_deadline(r);
   }
   busy = r->pending || r->queued || r->copies;
   if (busy && !r->failed) check_peer(g, r->conn);
   if (busy && r->conn->failed && !r->failed)
-    req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
+    ibr_req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
              strcmp(r->what, "get") ? "to" : "from", r->conn->peer, x->index, r->win, (unsigned long long)r->off,
              (unsigned long long)r->size, r->conn->why);
-  if (busy && x->stage) stage_progress(x); /* a failed connection's queue is dropped */
+  if (busy && x->stage) ibr_stage_progress(x); /* a failed connection's queue is dropped */
   int pending = r->pending || r->queued || r->copies;
   pthread_mutex_unlock(&x->lock);
   if (pending) return ncclSuccess; /* a failed request is released once its flushed work requests are back */
@@ -1616,7 +1088,7 @@ static ncclResult_t rma_progress(void *ctx) {
     if (!x->set || !__atomic_load_n(&x->stage, __ATOMIC_ACQUIRE)) continue;
     pthread_mutex_lock(&x->lock);
     poll_cx(x);
-    stage_progress(x);
+    ibr_stage_progress(x);
     pthread_mutex_unlock(&x->lock);
   }
   return ncclSuccess;
