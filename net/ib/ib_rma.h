@@ -1,6 +1,7 @@
 /* mplane: one-sided ops over InfiniBand / RoCE verbs, shared by the two halves of the IB RMA
- * backend (private to net/ib/): ib_rma.c (groups, windows, contexts, ops and completions) and
- * ib_rma_stage.c (the staging ring for this rank's GPU windows in ops to cross-plane peers). */
+ * backend (private to net/ib/): ib_rma.c (groups, windows, contexts, ops and completions) over
+ * ib_rma_stage.c (the staging ring for this rank's GPU windows in ops to cross-plane peers) over
+ * ib_rma_req.c (failing requests and connections, posting work requests). */
 #ifndef MPLANE_NET_IB_RMA_H
 #define MPLANE_NET_IB_RMA_H
 
@@ -167,7 +168,7 @@ struct ibr_req {
 struct ibr_stage;
 struct ibr_slot;
 
-/* ---- ib_rma.c ---- */
+/* ---- ib_rma_req.c ---- */
 double ibr_now_s(void);
 int ibr_timeout_ms(void);
 /* Fail every op queued or in flight on c, once. */

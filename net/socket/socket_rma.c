@@ -32,14 +32,6 @@
 #include "socket.h"
 #include "socket_rma.h"
 
-int mpr_timeout_ms(void) { return mplane_rma_timeout_ms(mps_config()); }
-
-uint64_t mpr_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* The group's all-gather and its peers of a context (net/rma_ctrl.h). */
 static ncclResult_t ctrl_allgather(struct mpr_group *g, const void *mine, void *all, size_t len, const char *what) {
   return mplane_rma_allgather(g->ctrl, g->rank, g->nranks, mine, all, len, mpr_timeout_ms(), what);
@@ -332,46 +324,6 @@ static ncclResult_t rma_dereg_mr_sym(void *group, void *mhandle) {
   pthread_mutex_unlock(&g->win_lock);
   free(id);
   return ncclSuccess;
-}
-
-int mpr_win_get(struct mpr_group *g, uint32_t id, struct mpr_win *out) {
-  int ok = 0;
-  pthread_mutex_lock(&g->win_lock);
-  if (id < g->nwins && g->wins[id].live) {
-    *out = g->wins[id];
-    ok = 1;
-  }
-  pthread_mutex_unlock(&g->win_lock);
-  return ok;
-}
-
-int mpr_range_ok(const struct mpr_win *w, uint64_t off, uint64_t size) {
-  return off <= w->size && size <= w->size - off;
-}
-
-/* Copy between a window and host memory; GPU windows through the CUDA driver. */
-int mpr_win_write(const struct mpr_win *w, uint64_t off, const void *src, size_t n) {
-  if (n == 0) return 0;
-  if (w->gpu < 0) {
-    memcpy(w->base + off, src, n);
-    return 0;
-  }
-  uint64_t t0 = mpr_now_ns();
-  int rc = mplane_cuda_memcpy_htod_nb(w->gpu, w->base + off, src, n);
-  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes into GPU window %u: %.1f us", n, w->id, (double)(mpr_now_ns() - t0) / 1e3);
-  return rc;
-}
-
-int mpr_win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) {
-  if (n == 0) return 0;
-  if (w->gpu < 0) {
-    memcpy(dst, w->base + off, n);
-    return 0;
-  }
-  uint64_t t0 = mpr_now_ns();
-  int rc = mplane_cuda_memcpy_dtoh_nb(w->gpu, dst, w->base + off, n);
-  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes out of GPU window %u: %.1f us", n, w->id, (double)(mpr_now_ns() - t0) / 1e3);
-  return rc;
 }
 
 /* ---- contexts ---- */

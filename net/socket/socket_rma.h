@@ -1,5 +1,5 @@
 /* mplane: one-sided ops over TCP, shared by the two halves of the socket RMA backend (private to
- * net/socket/): socket_rma.c (groups, windows, contexts and the ops NCCL calls) and
+ * net/socket/): socket_rma.c (groups, windows, contexts and the ops NCCL calls) over
  * socket_rma_conn.c (a connection's I/O: sending, the record parser that serves the peer, the
  * connection threads and rmaProgress). */
 #ifndef MPLANE_NET_SOCKET_RMA_H
@@ -174,7 +174,7 @@ struct mpr_req {
   char why[320];
 };
 
-/* ---- socket_rma.c ---- */
+/* ---- socket_rma_conn.c: windows and time ---- */
 int mpr_timeout_ms(void);
 uint64_t mpr_now_ns(void);
 /* Window id -> a copy of its record; 0 if it is not registered. */
@@ -184,7 +184,7 @@ int mpr_range_ok(const struct mpr_win *w, uint64_t off, uint64_t size);
 int mpr_win_write(const struct mpr_win *w, uint64_t off, const void *src, size_t n);
 int mpr_win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n);
 
-/* ---- socket_rma_conn.c ---- */
+/* ---- socket_rma_conn.c: connections ---- */
 struct mpr_conn *mpr_conn_new(struct mpr_ctxset *s, int context, int peer, int fd);
 /* Watch it for rmaProgress and start its reader and writer threads. */
 ncclResult_t mpr_conn_start(struct mpr_conn *c);
