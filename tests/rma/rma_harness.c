@@ -990,6 +990,19 @@ static void scenario_rate(void) {
   teardown(&e);
 }
 
+/* SOFTVERBS_RECORD, when set: this process registered a buffer of `length` bytes through its dma-buf. */
+static void expect_dmabuf_reg(size_t length, const char *what) {
+  const char *rec = getenv("SOFTVERBS_RECORD");
+  if (!rec || !*rec) return;
+  char want[128], line[1024];
+  snprintf(want, sizeof(want), "event=reg_mr pid=%d length=%zu dmabuf=1", (int)getpid(), length);
+  FILE *f = fopen(rec, "r");
+  int found = 0;
+  while (f && !found && fgets(line, sizeof(line), f)) found = strstr(line, want) != NULL;
+  if (f) fclose(f);
+  if (!found) die("%s has no '%s': %s was not registered through its dma-buf", rec, want, what);
+}
+
 /* ---- dmabuf: a window registered through regMrSymDmaBuf (a memfd stands in for the dma-buf of GPU
  * memory; the fd is closed right after, as NCCL's proxy does): puts with signals land in it ---- */
 static void scenario_dmabuf(void) {
@@ -1006,16 +1019,7 @@ static void scenario_dmabuf(void) {
   CHECK(rma->regMrSymDmaBuf(e.cc, win, size, NCCL_PTR_HOST, 0, fd, 0, &mh));
   close(fd);
   /* On the verbs double (SOFTVERBS_RECORD): the window was registered through the dma-buf itself. */
-  const char *rec = getenv("SOFTVERBS_RECORD");
-  if (rec && *rec) {
-    char want[128], line[1024];
-    snprintf(want, sizeof(want), "event=reg_mr pid=%d length=%zu dmabuf=1", (int)getpid(), size);
-    FILE *f = fopen(rec, "r");
-    int found = 0;
-    while (f && !found && fgets(line, sizeof(line), f)) found = strstr(line, want) != NULL;
-    if (f) fclose(f);
-    if (!found) die("%s has no '%s': the window was not registered through its dma-buf", rec, want);
-  }
+  expect_dmabuf_reg(size, "the window");
   barrier(2);
   void *reqs[MAX_RANKS];
   for (int r = 0; r < g_n; r++)
@@ -1114,18 +1118,6 @@ static void scenario_gpurelay(void) {
   CHECK(rma->finalize(e.ctx));
 }
 
-/* SOFTVERBS_RECORD, when set: this process registered a buffer of `length` bytes through its dma-buf. */
-static void expect_dmabuf_reg(size_t length, const char *what) {
-  const char *rec = getenv("SOFTVERBS_RECORD");
-  if (!rec || !*rec) return;
-  char want[128], line[1024];
-  snprintf(want, sizeof(want), "event=reg_mr pid=%d length=%zu dmabuf=1", (int)getpid(), length);
-  FILE *f = fopen(rec, "r");
-  int found = 0;
-  while (f && !found && fgets(line, sizeof(line), f)) found = strstr(line, want) != NULL;
-  if (f) fclose(f);
-  if (!found) die("%s has no '%s': %s was not registered through its dma-buf", rec, want, what);
-}
 
 /* ---- staged (--big --gpu-dmabuf, 2 ranks on two planes): rank 0, which relays, puts 64 MiB from its
  * GPU window and gets 64 MiB into one, through its staging ring; every byte checked ---- */
