@@ -3,8 +3,9 @@
  * and gets and takes its answers, the connection threads, and rmaProgress.
  *
  * Who moves the bytes: NCCL's GIN progress thread spins and calls rmaProgress in its loop, so that
- * is where the I/O happens, with no thread hand-off per op. Ops it posts wait in their connection's
- * queue and rmaProgress sends a queue in one non-blocking sendmsg once a burst is over; rmaProgress
+ * is where the I/O happens, with no thread hand-off per op. Ops with host data that it posts, and
+ * its answers, wait in their connection's queue and rmaProgress sends a queue in one non-blocking
+ * sendmsg once a burst is over (signals alone and GPU data go at once: mpr_conn_send); rmaProgress
  * reads every connection with bytes waiting (epoll) through a record parser that takes records in
  * pieces (struct mpr_rd), serving puts and gets and taking answers. Each connection also has a
  * writer thread (large records, the tail of a send the socket did not take, callers that never call
@@ -202,12 +203,29 @@ struct mpr_out {
   size_t raw_len;
 };
 
-static int has_data(const struct mpr_out *o) {
-  return o->kind == MPR_K_PUT || (o->kind == MPR_K_GET_RESP && o->m.status == MPR_OK);
+/* Does a record of this kind carry data after its header (a put, a get's answer that was not a
+ * refusal), and is that data in GPU memory (copied out through staging)? */
+static int carries_data(int kind, const struct mpr_msg *m) {
+  return kind == MPR_K_PUT || (kind == MPR_K_GET_RESP && m->status == MPR_OK);
 }
 
-static int has_data_req(const struct mpr_req *r) {
-  return r->kind == MPR_K_PUT || (r->kind == MPR_K_GET_RESP && r->m.status == MPR_OK);
+static int gpu_data(int kind, const struct mpr_msg *m, const struct mpr_win *src) {
+  return carries_data(kind, m) && m->size && src->gpu >= 0;
+}
+
+/* Where a record's data sits in its source window (host memory); NULL for a record without data. */
+static void *host_data(const struct mpr_out *o) {
+  return o->kind != MPR_K_RAW && carries_data(o->kind, &o->m) && o->m.size ? o->src.base + o->src_off : NULL;
+}
+
+/* Append a record's bytes to an iov: a raw tail as it is, else the header and its data at `data`. */
+static void iov_add(struct iovec *iov, int *k, const struct mpr_out *o, void *data) {
+  if (o->kind == MPR_K_RAW) {
+    iov[(*k)++] = (struct iovec){.iov_base = o->raw, .iov_len = o->raw_len};
+    return;
+  }
+  iov[(*k)++] = (struct iovec){.iov_base = (void *)&o->m, .iov_len = sizeof(o->m)};
+  if (carries_data(o->kind, &o->m) && o->m.size) iov[(*k)++] = (struct iovec){.iov_base = data, .iov_len = o->m.size};
 }
 
 /* Copy out what writing r needs; a request becomes pending before a byte moves (its response may
@@ -231,12 +249,7 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
   struct iovec iov[2 * MPR_BATCH];
   int k = 0;
   for (int i = 0; i < n; i++) {
-    if (o[i].kind == MPR_K_RAW) {
-      iov[k++] = (struct iovec){.iov_base = o[i].raw, .iov_len = o[i].raw_len};
-      continue;
-    }
-    int gpu_data = has_data(&o[i]) && o[i].m.size && o[i].src.gpu >= 0;
-    if (gpu_data) {
+    if (o[i].kind != MPR_K_RAW && gpu_data(o[i].kind, &o[i].m, &o[i].src)) {
       if (k && mps_sendv_all(c->fd, iov, k) != 0) return -1;
       k = 0;
       if (mplane_rma_write_all(c->fd, &o[i].m, sizeof(o[i].m)) != 0) return -1;
@@ -244,9 +257,7 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
       if (rc != 0) return rc;
       continue;
     }
-    iov[k++] = (struct iovec){.iov_base = (void *)&o[i].m, .iov_len = sizeof(o[i].m)};
-    if (has_data(&o[i]) && o[i].m.size)
-      iov[k++] = (struct iovec){.iov_base = o[i].src.base + o[i].src_off, .iov_len = o[i].m.size};
+    iov_add(iov, &k, &o[i], host_data(&o[i]));
   }
   return k ? mps_sendv_all(c->fd, iov, k) : 0;
 }
@@ -257,7 +268,7 @@ static int take_batch(struct mpr_conn *c, struct mpr_out *out, int gpu_last) {
   int n = 0;
   while (c->q_head && n < MPR_BATCH) {
     struct mpr_req *r = c->q_head;
-    if (gpu_last && n && has_data_req(r) && r->m.size && r->src.gpu >= 0) break;
+    if (gpu_last && n && gpu_data(r->kind, &r->m, &r->src)) break;
     c->q_head = r->next;
     if (!c->q_head) c->q_tail = NULL;
     if (take_locked(c, r, &out[n++])) break;
@@ -330,18 +341,12 @@ static void *writer_main(void *arg) {
 static int records_iov(struct mpr_conn *c, const struct mpr_out *o, int n, struct iovec *iov, int *k) {
   *k = 0;
   for (int i = 0; i < n; i++) {
-    if (o[i].kind == MPR_K_RAW) {
-      iov[(*k)++] = (struct iovec){.iov_base = o[i].raw, .iov_len = o[i].raw_len};
-      continue;
-    }
-    iov[(*k)++] = (struct iovec){.iov_base = (void *)&o[i].m, .iov_len = sizeof(o[i].m)};
-    if (!has_data(&o[i]) || o[i].m.size == 0) continue;
-    void *p = o[i].src.base + o[i].src_off;
-    if (o[i].src.gpu >= 0) {
+    void *p = host_data(&o[i]);
+    if (o[i].kind != MPR_K_RAW && gpu_data(o[i].kind, &o[i].m, &o[i].src)) {
       if (!(p = stage_get(&c->istage, MPR_SEND_NOW_MAX, o[i].src.gpu))) return -2;
       if (mpr_win_read(&o[i].src, o[i].src_off, p, o[i].m.size) != 0) return -2;
     }
-    iov[(*k)++] = (struct iovec){.iov_base = p, .iov_len = o[i].m.size};
+    iov_add(iov, k, &o[i], p);
   }
   return 0;
 }
@@ -401,12 +406,13 @@ static int queued_locked(const struct mpr_conn *c) {
 
 static void send_queued_locked(struct mpr_conn *c);
 
-/* Send r: at once from this thread when it is small and nothing is queued or being written before it
- * (NCCL's progress thread spins anyway, so no thread has to wake for it), else through the writer.
+/* Send r without a thread hand-off where it can: big records, and any while the writer is at work
+ * or has records queued, go through the writer thread; from a thread that calls rmaProgress a
+ * small record with host data, or an answer, waits in the queue for rmaProgress to send it with the
+ * rest (the deferred records); otherwise it goes at once from this thread, deferred ones before it.
  * A socket failure fails the connection (r included); the caller's request stays valid for test(). */
 ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
-  int small = !(r->kind == MPR_K_PUT || (r->kind == MPR_K_GET_RESP && r->m.status == MPR_OK)) ||
-              r->m.size <= MPR_SEND_NOW_MAX;
+  int small = !carries_data(r->kind, &r->m) || r->m.size <= MPR_SEND_NOW_MAX;
   pthread_mutex_lock(&c->lock);
   /* Another thread is sending one record at once (microseconds): wait for it rather than hand this
    * one to the writer thread, whose wake-up can take a millisecond on a host full of spinning threads. */
@@ -427,7 +433,9 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
     pthread_mutex_unlock(&c->lock);
     return ncclSuccess;
   }
-  if (mpr_progress_thread && !(has_data_req(r) && r->src.gpu >= 0)) { /* rmaProgress sends it with the rest */
+  /* Not deferred: records whose source window is GPU memory, and puts without data, whose source is
+   * left zeroed (device 0) by iput: a barrier's signals go at once, each (as measured). */
+  if (mpr_progress_thread && !(carries_data(r->kind, &r->m) && r->src.gpu >= 0)) { /* rmaProgress sends it */
     if (!c->deferred) c->deferred_ns = mpr_now_ns();
     c->deferred = 1;
     if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) c->ops_added++;
