@@ -412,11 +412,16 @@ static struct cu_signal_lane *lane_of(int gpu) {
   return gpu >= 0 && gpu < 64 && cu_use(gpu) == 0 ? signal_lane(gpu) : NULL;
 }
 
+/* Lanes holding writes not yet given to the driver: flush, called after every pass of a reader,
+ * returns at once while there are none (host windows only, or nothing new). */
+static int lanes_pending;
+
 /* Give the lane's pending writes to the driver in one call, in order (lock held). */
 static int lane_submit(struct cu_signal_lane *l) {
   int n = l->npending;
   if (n == 0) return 0;
   __atomic_store_n(&l->npending, 0, __ATOMIC_RELAXED);
+  __atomic_sub_fetch(&lanes_pending, 1, __ATOMIC_RELAXED);
   return cu.cuStreamBatchMemOp(l->stream, (unsigned)n, l->pending, 0) == CUDA_SUCCESS ? 0 : -1;
 }
 
@@ -443,9 +448,12 @@ int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t
   int rc = 0;
   if (l->fast && cu.cuStreamBatchMemOp) {
     if (l->npending == LANE_BATCH) rc = lane_submit(l);
-    l->pending[l->npending] = (struct cu_write_op){.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64,
-                                                   .address = (CUdeviceptr)(uintptr_t)word, .value = *now};
-    __atomic_store_n(&l->npending, l->npending + 1, __ATOMIC_RELAXED);
+    if (rc == 0) { /* a write the driver refused must not leave this one pending beyond the shadow */
+      if (l->npending == 0) __atomic_add_fetch(&lanes_pending, 1, __ATOMIC_RELAXED);
+      l->pending[l->npending] = (struct cu_write_op){.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64,
+                                                     .address = (CUdeviceptr)(uintptr_t)word, .value = *now};
+      __atomic_store_n(&l->npending, l->npending + 1, __ATOMIC_RELAXED);
+    }
   } else rc = lane_write(l, (CUdeviceptr)(uintptr_t)word, *now);
   if (rc == 0) *shadow = *now;
   pthread_mutex_unlock(&l->lock);
@@ -454,6 +462,7 @@ int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t
 
 int mplane_cuda_signal_flush(void) {
   int rc = 0;
+  if (!__atomic_load_n(&lanes_pending, __ATOMIC_RELAXED)) return 0;
   for (int g = 0; g < 64; g++) {
     struct cu_signal_lane *l = &signal_lanes[g];
     if (!__atomic_load_n(&l->ready, __ATOMIC_ACQUIRE) || !__atomic_load_n(&l->npending, __ATOMIC_RELAXED)) continue;
