@@ -35,7 +35,16 @@
  * too big to go eagerly, the bound reached, a tag no group it has read offers) says so once with a
  * WANT_CTS chunk on a data stream, where the receiver's helper threads read it even while its proxy
  * thread calls nothing; that thread then writes what the receiver holds (cts_lock), and each CTS
- * goes at once until messages arrive eagerly again. */
+ * goes at once until messages arrive eagerly again.
+ *
+ * Filler: a control-socket chunk whose header and payload are shorter than MPLANE_SOCKET_PAD_BYTES
+ * (544) is followed by zero bytes up to that size, their count in the header's flag bits above
+ * MPS_CHUNK_FLAG_BITS; the receiver reads and drops them. Why: Linux takes a segment shorter than
+ * its estimate of the peer's MSS (536 bytes at first) as a small "pushed" one and, from the second
+ * such segment on, sends a bare ACK from inside the reader's recv(), which on the critical path of
+ * every small message costs about 1 us each way (mplane-netbench --pingpong, docs/benchmarks.md).
+ * Segments of at least 536 bytes and one size become that estimate, and are ACKed every second
+ * segment from the receive softirq or ride the CTS records. */
 #ifndef MPLANE_NET_SOCKET_H
 #define MPLANE_NET_SOCKET_H
 
@@ -97,6 +106,9 @@ struct mps_ctrl {
 #define MPS_CHUNK_TRUNCATED 0x1 /* sender's message does not fit: no payload follows */
 #define MPS_CHUNK_EAGER 0x2     /* a whole message sent before its CTS (control socket only) */
 #define MPS_CHUNK_WANT_CTS 0x4  /* no payload: the sender waits for a CTS the receiver holds back */
+#define MPS_CHUNK_FLAG_BITS 0xffffu /* the flags proper; on the control socket the bits above count */
+#define MPS_CHUNK_PAD_SHIFT 16      /* ... the filler bytes that follow the payload (socket.h, top) */
+#define MPS_PAD_MAX 4096            /* the most filler one chunk carries */
 
 /* Header of every data chunk; payload of `len` bytes follows. */
 struct mps_chunk {
@@ -236,8 +248,10 @@ struct mps_send_comm {
     struct mps_send_req *req;      /* NULL: the control socket is idle */
     struct mps_chunk hdr;
     const char *data;
-    size_t done;                   /* bytes of hdr + data written so far */
+    size_t pad;                    /* filler bytes after the data */
+    size_t done;                   /* bytes of hdr + data + filler written so far */
   } inl;
+  uint32_t pad_to;                 /* control-socket chunks shorter than this are padded to it */
 };
 
 /* ---- receive side ---- */
@@ -306,6 +320,7 @@ struct mps_recv_comm {
     struct mps_eager_held *held; /* ... or is held, or with neither is dropped (a message too big) */
     char *dst;                   /* where the payload's next byte goes (NULL: dropped) */
     uint64_t rem;                /* payload bytes left */
+    uint32_t pad;                /* filler bytes after this payload, dropped */
     int closed;                  /* the peer closed it at a chunk boundary */
     uint64_t empty_ns;           /* when test() last read it */
     char stage[MPS_CTRL_STAGE];

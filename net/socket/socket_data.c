@@ -172,6 +172,7 @@ static void *send_thread(void *argp) {
 ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg) {
   c->split_bytes = (size_t)cfg->socket_split_bytes;
   c->inline_bytes = (size_t)cfg->socket_inline_bytes;
+  c->pad_to = (uint32_t)cfg->socket_pad_bytes;
   c->inline_busy = cfg->socket_inline_busy;
   c->spin_ns = mps_spin_ns(cfg);
   /* connect finished when our hellos were written, not when the acceptor answered: a listener that
@@ -352,15 +353,19 @@ static int g_sends_inflight; /* atomic */
 
 /* Write what the control socket takes of the inline chunk in progress; never blocks. The request
  * completes once its last byte is in the kernel, as a helper thread's would. */
+static const char mps_filler[MPS_PAD_MAX];
+
 static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
   for (;;) {
     if (!c->inl.req) return ncclSuccess;
-    size_t hlen = sizeof(c->inl.hdr), total = hlen + c->inl.hdr.len, done = c->inl.done;
-    struct iovec iov[2];
+    size_t hlen = sizeof(c->inl.hdr), dlen = c->inl.hdr.len, total = hlen + dlen + c->inl.pad, done = c->inl.done;
+    struct iovec iov[3];
     int n = 0;
     if (done < hlen) iov[n++] = (struct iovec){(char *)&c->inl.hdr + done, hlen - done};
     size_t doff = done < hlen ? 0 : done - hlen;
-    if (doff < c->inl.hdr.len) iov[n++] = (struct iovec){(char *)c->inl.data + doff, c->inl.hdr.len - doff};
+    if (doff < dlen) iov[n++] = (struct iovec){(char *)c->inl.data + doff, dlen - doff};
+    size_t poff = done < hlen + dlen ? 0 : done - hlen - dlen;
+    if (poff < c->inl.pad) iov[n++] = (struct iovec){(char *)mps_filler, c->inl.pad - poff};
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t w = sendmsg(c->ctrl_fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0) {
@@ -397,6 +402,12 @@ static ncclResult_t send_inline(struct mps_send_comm *c, struct mps_send_req *re
   c->inl.hdr = *hdr;
   c->inl.data = data;
   c->inl.done = 0;
+  c->inl.pad = 0;
+  size_t wire = sizeof(*hdr) + hdr->len;
+  if (wire < c->pad_to) {
+    c->inl.pad = c->pad_to - wire;
+    c->inl.hdr.flags |= (uint32_t)c->inl.pad << MPS_CHUNK_PAD_SHIFT;
+  }
   *request = req;
   return send_flush_inline(c);
 }
@@ -699,9 +710,9 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
     recv_want_cts(c);
     return 0;
   }
-  if (h.flags & (MPS_CHUNK_EAGER | MPS_CHUNK_WANT_CTS)) {
+  if (h.flags & ~(uint32_t)MPS_CHUNK_TRUNCATED) {
     mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad record on a data stream (flags 0x%x: an eager "
-                  "message, or a WANT_CTS with a payload)", c->peer, h.flags);
+                  "message, filler, or a WANT_CTS with a payload)", c->peer, h.flags);
     return -1;
   }
   struct mps_slot *s = NULL;
@@ -994,6 +1005,12 @@ static ncclResult_t rx_payload_end(struct mps_recv_comm *c) {
   x->in_payload = 0;
   if (x->slot) chunk_end(x->slot, &x->h);
   x->slot = NULL;
+  if (x->pad) { /* the filler is read and dropped like a payload nobody takes */
+    x->in_payload = 1;
+    x->dst = NULL;
+    x->rem = x->pad;
+    x->pad = 0;
+  }
   if (x->held) {
     x->held->whole = 1;
     x->held = NULL;
@@ -1005,6 +1022,13 @@ static ncclResult_t rx_payload_end(struct mps_recv_comm *c) {
 /* A chunk header from the control socket is whole: where does its payload go? */
 static ncclResult_t rx_header(struct mps_recv_comm *c) {
   struct mps_ctrl_rx *x = &c->rx;
+  x->pad = x->h.flags >> MPS_CHUNK_PAD_SHIFT;
+  x->h.flags &= MPS_CHUNK_FLAG_BITS;
+  if (x->pad > MPS_PAD_MAX) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a chunk with %u filler bytes (at most %d)", c->peer,
+                  x->pad, MPS_PAD_MAX);
+    return rx_failed(c);
+  }
   uint32_t own = x->h.flags & (MPS_CHUNK_EAGER | MPS_CHUNK_WANT_CTS);
   if (own && x->h.flags != own) {
     mps_error_set(&c->err, ncclRemoteError, "peer %s sent a chunk with flags 0x%x (eager and WANT_CTS records "

@@ -10,11 +10,19 @@
  *                receive fails with ncclInvalidUsage and nothing written past the buffer, and the
  *                sender's comm fails within a bounded number of later calls
  *   eager-then-big  after an eager message, a 1 MiB send gets its CTS while the receiver calls nothing
+ *   filler       small messages go padded to MPLANE_SOCKET_PAD_BYTES on the control socket (the
+ *                receiving socket counts the bytes) and land intact between unpadded ones; with
+ *                the variable at 0, nothing is padded
  *
  * Rank 0 sends, rank 1 receives. */
+#include <dirent.h>
+#include <stddef.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "abi_harness.h"
@@ -390,5 +398,81 @@ int sc_eager_then_big(void) {
     eg_wait(&nd, req, NULL, "the 1 MiB send");
   }
   eg_free(&nd, comm, buf, mh, 2);
+  return eg_down(&pp, rank, &nd, &l);
+}
+
+/* The most bytes any TCP socket of this process has received (the control socket's count). */
+static unsigned long long eg_tcp_max_received(void) {
+  unsigned long long most = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) abi_fail("cannot list /proc/self/fd");
+  for (struct dirent *e; (e = readdir(d));) {
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    memset(&ti, 0, sizeof(ti));
+    int fd = atoi(e->d_name);
+    if (e->d_name[0] == '.' || fd == dirfd(d)) continue;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) continue; /* not a TCP socket */
+    if (len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof(ti.tcpi_bytes_received))
+      abi_fail("TCP_INFO has no tcpi_bytes_received on this kernel (%u bytes)", len);
+    if (ti.tcpi_bytes_received > most) most = ti.tcpi_bytes_received;
+  }
+  closedir(d);
+  return most;
+}
+
+int sc_filler(void) {
+  /* below, at and above the padding point (544 bytes of header + data, header 32) */
+  static const size_t sizes[] = {8, 0, 3, 100, 511, 512, 600, 8, 1000, 8, 200, 1};
+  enum { N = sizeof(sizes) / sizeof(sizes[0]), ROUNDS = 12, HDR = 32 };
+  const char *env = getenv("MPLANE_SOCKET_PAD_BYTES");
+  size_t pad = env ? (size_t)atol(env) : 544;
+  struct pair pp;
+  struct node nd;
+  struct link l;
+  int rank;
+  if (!eg_up(&pp, &rank, &nd, &l)) return pair_finish(&pp, rank);
+  void *buf[N], *mh[N], *req[N];
+  size_t cap = 4096;
+  void *comm = rank == 0 ? l.sc : l.rc;
+  for (int i = 0; i < N; i++) {
+    buf[i] = alloc_buf(cap, EG_GUARD);
+    reg(&nd, comm, buf[i], cap, &mh[i]);
+  }
+  unsigned long long padded = 0, bare = 0;
+  for (int r = 0; r < ROUNDS; r++) {
+    char c = 'p';
+    if (rank == 1) {
+      int tag = 9;
+      for (int i = 0; i < N; i++) req[i] = eg_recv(&nd, l.rc, 1, &buf[i], &cap, &tag, &mh[i]);
+      chan_send(pp.fd, &c, 1);
+      for (int i = 0; i < N; i++) {
+        int got = -1;
+        eg_wait(&nd, req[i], &got, "a small receive");
+        eg_check(buf[i], got, sizes[i], cap, (uint32_t)(r * N + i), "a message among padded ones");
+      }
+    } else {
+      chan_recv(pp.fd, &c, 1);
+      for (int i = 0; i < N; i++) {
+        fill(buf[i], sizes[i], msg_id(0, (uint32_t)(r * N + i)));
+        req[i] = eg_send(&nd, l.sc, buf[i], sizes[i], 9, mh[i], "its receive is posted");
+      }
+      for (int i = 0; i < N; i++) eg_wait(&nd, req[i], NULL, "a small send");
+    }
+    for (int i = 0; i < N; i++) {
+      bare += HDR + sizes[i];
+      padded += HDR + sizes[i] < pad ? pad : HDR + sizes[i];
+    }
+  }
+  if (rank == 1) {
+    unsigned long long got = eg_tcp_max_received();
+    if (pad > 0 && got < padded)
+      abi_fail("the control socket received %llu bytes; padded to %zu the messages are %llu", got, pad, padded);
+    if (pad == 0 && got >= bare + 4096)
+      abi_fail("MPLANE_SOCKET_PAD_BYTES=0, yet the control socket received %llu bytes for %llu of messages", got, bare);
+    abi_note("%d messages of 0 B .. 1000 B intact; the control socket received %llu bytes (padded to %zu: %llu, "
+             "unpadded: %llu)", ROUNDS * N, got, pad, padded, bare);
+  }
+  eg_free(&nd, comm, buf, mh, N);
   return eg_down(&pp, rank, &nd, &l);
 }

@@ -1456,6 +1456,12 @@ static int sc_fake_chunks(void) {
   fake_chunks_case(&nd, lc, &ss, sl, 100, eager_big, 1, 1, "an eager message of 64 KiB + 1", "bigger than we offered");
   const struct fake_chunk eager_base[1] = {{5, 10, 10, MPS_CHUNK_EAGER}};
   fake_chunks_case(&nd, lc, &ss, sl, 100, eager_base, 1, 1, "an eager message after group 5 of 1", "never posted");
+  /* filler after a payload: control socket only, and at most MPS_PAD_MAX bytes of it */
+  const struct fake_chunk filler_stream[1] = {{0, 10, 10, 100u << MPS_CHUNK_PAD_SHIFT}};
+  fake_chunks_case(&nd, lc, &ss, sl, 100, filler_stream, 1, 0, "a data-stream chunk with filler", "filler");
+  const struct fake_chunk filler_big[1] = {{0, 10, 10, (uint32_t)(MPS_PAD_MAX + 1) << MPS_CHUNK_PAD_SHIFT}};
+  fake_chunks_case(&nd, lc, &ss, sl, 100, filler_big, 1, 1, "a chunk with more filler than a chunk may carry",
+                   "filler bytes");
   abi_close_listen(&nd.net, lc);
   node_down(&nd);
   return 0;
@@ -2483,6 +2489,7 @@ static const struct {
     {"eager-bound", sc_eager_bound, "8 small sends complete with nothing posted, the 9th and a bigger one wait for their receives (socket only)"},
     {"eager-short", sc_eager_short, "a small send completed before a shorter receive: ncclInvalidUsage, nothing written, the sender fails soon (socket only)"},
     {"eager-then-big", sc_eager_then_big, "after an eager message, a 1 MiB send gets its CTS while the receiver calls nothing (socket only)"},
+    {"filler", sc_filler, "small messages padded to MPLANE_SOCKET_PAD_BYTES on the control socket land intact; 0 pads nothing (socket only)"},
     {"shared-comms", sc_shared_comms, "shared comm as NCCL drives it: k=2,4,8 tags, each its own sender and pace, 1000 steps"},
     {"reload", sc_reload, "3 x (dlopen, init, data both ways, finalize, dlclose), as NCCL 2.28 reloads its net plugin"},
     {"reconnect", sc_reconnect, "50 x (init, connect/accept both ways, data, close, finalize); no fd/thread leak"},
