@@ -88,7 +88,7 @@ static const struct row rows[] = {
     {"MPLANE_SOCKET_EAGER_BYTES", K_SIZE, OFF(socket_eager_bytes), 0, "64K", 0, 1L << 20, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1M",
      "inline messages up to this big may be sent before the receiver posts its receive; it holds at "
-     "most 8 of them per connection"},
+     "most 32 of them, 512 KiB together, per connection"},
     {"MPLANE_SOCKET_PAD_BYTES", K_SIZE, OFF(socket_pad_bytes), 0, "544", 0, 4096, NULL,
      "a size in bytes, K suffix allowed, from 0 (never) to 4096",
      "control-socket messages shorter than this are padded to it, so the receiving kernel takes them as "

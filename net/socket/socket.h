@@ -20,18 +20,20 @@
  * Eager messages (up to the size the receiver's ACK names, MPLANE_SOCKET_EAGER_BYTES) do not wait
  * for a CTS: when every receive group the sender has read is already taken, it writes the message
  * on the control socket with its tag instead of a slot, and the number of groups it had read
- * (`base`). At most MPS_EAGER_MAX such messages are unmatched at a time: the sender counts the
- * ones whose group it has not read yet, and beyond that waits for a CTS as before. Both ends match
+ * (`base`). At most MPS_EAGER_MAX such messages, of MPS_EAGER_HOLD bytes together, are unmatched
+ * at a time: the sender counts the ones whose group it has not read yet, and beyond that waits
+ * for a CTS as before. Both ends match
  * an eager message the same way, so the sender's later sends know which buffers are taken: to the
  * first entry of its tag, in groups numbered `base` or later, that no earlier eager message took;
  * the sender does this when it reads each CTS, the receiver when the message arrives (or, if that
- * group is not posted yet, holds the message, at most MPS_EAGER_MAX of them, and matches it when
+ * group is not posted yet, holds the message, within the same bounds, and matches it when
  * irecv posts one). A message that does not fit its buffer lands nowhere and fails both sides with
  * ncclInvalidUsage, as a too-big CTS-driven send does.
  *
  * While messages arrive eagerly their CTS records are mostly not needed, so the receiver holds them
- * back and writes them in batches (after MPS_EAGER_MAX / 2 eager messages, which keeps the sender's
- * count of unmatched ones below the bound). A sender that cannot go on without a CTS (a message
+ * back and writes them in batches (after MPS_EAGER_MAX / 2 eager messages or MPS_EAGER_HOLD / 2
+ * bytes of them, which keeps the sender below the bounds: a CTS record write per 16 small messages,
+ * where one per message costs about as much as the message's own write). A sender that cannot go on without a CTS (a message
  * too big to go eagerly, the bound reached, a tag no group it has read offers) says so once with a
  * WANT_CTS chunk on a data stream, where the receiver's helper threads read it even while its proxy
  * thread calls nothing; that thread then writes what the receiver holds (cts_lock), and each CTS
@@ -69,7 +71,8 @@
 #define MPS_INLINE_ALWAYS 16384 /* inline up to this size even while other sends are in flight */
 #define MPS_CTRL_POLL_NS 1000 /* test() reads the control socket at most this often */
 #define MPS_CTRL_GRACE_NS 1000000000ull /* streams all closed, control open: a receive waits this long */
-#define MPS_EAGER_MAX 8 /* eager messages a receiver holds unmatched per comm (NCCL's steps per channel) */
+#define MPS_EAGER_MAX 32 /* eager messages a receiver holds unmatched per comm ... */
+#define MPS_EAGER_HOLD (512u << 10) /* ... and their bytes at most (8 of the largest, 64K) */
 
 /* ---- wire formats (little endian; both ends are x86-64/arm64 little endian hosts) ---- */
 enum mps_msg_type { MPS_HELLO = 1, MPS_ACK = 2, MPS_NACK = 3, MPS_CTS = 4 };
@@ -95,7 +98,10 @@ struct mps_ctrl {
   uint16_t type;         /* MPS_ACK, MPS_NACK, MPS_CTS */
   uint32_t n;            /* CTS: entries used; ACK: eager messages the receiver holds (0: none) */
   uint32_t eager_bytes;  /* ACK: the largest eager message */
-  uint64_t seq;          /* CTS: receive sequence number */
+  union {
+    uint64_t seq;        /* CTS: receive sequence number */
+    uint64_t hold;       /* ACK: bytes of unmatched eager messages the receiver holds at most */
+  };
   struct {
     uint32_t slot;
     int32_t tag;
@@ -221,7 +227,7 @@ struct mps_send_comm {
   unsigned rr;                     /* stream of the next unsplit message */
   struct mps_cts_group cts[MPS_MAX_GROUPS];
   uint64_t cts_head, cts_tail;     /* ring of offered receive groups; cts_tail: groups read so far */
-  char ctrl_buf[4 * sizeof(struct mps_ctrl)]; /* control records read, not yet whole */
+  char ctrl_buf[MPS_MAX_GROUPS * sizeof(struct mps_ctrl)]; /* control records read, not yet whole */
   size_t ctrl_have;
   struct mps_send_req reqs[MPS_MAX_SLOTS];
   struct mps_send_req trunc_req; /* owner of "does not fit" notices: never handed to NCCL or reused */
@@ -241,6 +247,8 @@ struct mps_send_comm {
     uint64_t size;
   } eager[MPS_EAGER_MAX];
   unsigned neager;
+  uint64_t eager_hold;             /* from the ACK: their bytes at most */
+  uint64_t eager_unmatched;        /* bytes of the eager[] messages */
   int nudged;                      /* a WANT_CTS chunk went since the last CTS */
   int nudges;                      /* WANT_CTS chunks pushed (one in a queue at a time) */
   struct mps_send_req nudge_req;   /* owner of WANT_CTS chunks: never handed to NCCL */
@@ -307,8 +315,10 @@ struct mps_recv_comm {
     int whole;                   /* its payload has all arrived */
   } held[MPS_EAGER_MAX];
   int nheld;
+  uint64_t held_bytes;           /* their sizes */
   int cts_defer;                 /* messages come eagerly: CTS records wait for a batch (or WANT_CTS) */
   unsigned eager_since_flush;    /* eager messages since CTS records were last written */
+  uint64_t eager_bytes_since_flush; /* ... and their bytes */
   int cts_wanted;                /* a WANT_CTS came: the next CTS record goes at once */
   pthread_mutex_t cts_lock;      /* out_buf, out_len and the three above: proxy and helper threads */
   struct mps_ctrl_rx { /* the control socket's incoming chunks (inline messages); proxy thread only */

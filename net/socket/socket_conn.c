@@ -298,6 +298,7 @@ static void send_ctrl_now(int fd, uint16_t type) {
   if (type == MPS_ACK && eager > 0) {
     m.n = MPS_EAGER_MAX;
     m.eager_bytes = (uint32_t)eager;
+    m.hold = MPS_EAGER_HOLD;
   }
   /* Tiny and first on a fresh socket: fits in the send buffer, so this never blocks. */
   if (send(fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(m))

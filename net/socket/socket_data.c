@@ -232,6 +232,7 @@ static ncclResult_t eager_assign(struct mps_send_comm *c, struct mps_cts_group *
     }
     g->e[k].taken = 1;
     g->used++;
+    c->eager_unmatched -= c->eager[j].size;
     if (c->eager[j].size > g->e[k].size) {
       mps_error_set(&c->err, ncclInvalidUsage, "send of %llu bytes (tag %d) to peer %s, but its receive buffer "
                     "holds %llu bytes (sent before the receive was posted; nothing was written)",
@@ -267,6 +268,7 @@ static ncclResult_t send_ctrl_record(struct mps_send_comm *c, const struct mps_c
      * (they ride the control socket). */
     c->eager_max = m->n < MPS_EAGER_MAX ? m->n : MPS_EAGER_MAX;
     c->eager_bytes = m->eager_bytes < c->inline_bytes ? m->eager_bytes : c->inline_bytes;
+    c->eager_hold = m->hold;
     return ncclSuccess;
   }
   if (m->type != MPS_CTS || m->n < 1 || m->n > MPS_MAX_RECVS || c->cts_tail - c->cts_head >= MPS_MAX_GROUPS ||
@@ -387,7 +389,8 @@ static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
  * group we have read is taken (an open one would be the message's, and it may be waiting for
  * another tag's send: a shared comm's order, kept as it was). */
 static int eager_ok(const struct mps_send_comm *c, size_t size) {
-  return c->neager < c->eager_max && size <= c->eager_bytes && !c->inl.req && c->cts_head == c->cts_tail &&
+  return c->neager < c->eager_max && size <= c->eager_bytes && c->eager_unmatched + size <= c->eager_hold &&
+         !c->inl.req && c->cts_head == c->cts_tail &&
          (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy);
 }
 
@@ -421,6 +424,7 @@ static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size,
   c->eager[c->neager].tag = tag;
   c->eager[c->neager].size = size;
   c->neager++;
+  c->eager_unmatched += size;
   struct mps_chunk h = {.tag = tag, .flags = MPS_CHUNK_EAGER, .base = c->cts_tail, .len = size, .total = size};
   return send_inline(c, req, &h, data, request);
 }
@@ -788,9 +792,11 @@ ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c) {
  * cts_lock held: a helper thread that read a WANT_CTS writes them too. */
 static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c);
 static ncclResult_t recv_cts_maybe_locked(struct mps_recv_comm *c) {
-  if (c->out_len == 0 || (c->cts_defer && !c->cts_wanted && c->eager_since_flush < MPS_EAGER_MAX / 2))
+  if (c->out_len == 0 || (c->cts_defer && !c->cts_wanted && c->eager_since_flush < MPS_EAGER_MAX / 2 &&
+                          c->eager_bytes_since_flush < MPS_EAGER_HOLD / 2))
     return ncclSuccess;
   c->eager_since_flush = 0;
+  c->eager_bytes_since_flush = 0;
   c->cts_wanted = 0;
   return recv_flush_ctrl(c);
 }
@@ -943,6 +949,7 @@ static ncclResult_t eager_match_held(struct mps_recv_comm *c) {
     }
     free(e.data);
     c->held[k].data = NULL;
+    c->held_bytes -= e.size;
     if (b < 0) res = rx_failed(c);
   }
   c->nheld = keep;
@@ -962,10 +969,12 @@ static int eager_begin(struct mps_recv_comm *c) {
   struct mps_recv_req *r = NULL;
   int i = bad ? -1 : eager_find(c, h.tag, h.base, &r);
   if (!bad && i < 0 && c->nheld == MPS_EAGER_MAX) bad = "more unmatched eager messages than we hold";
+  if (!bad && i < 0 && c->held_bytes + h.len > MPS_EAGER_HOLD) bad = "more unmatched eager bytes than we hold";
   if (bad) {
     mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad eager message (%llu bytes, tag %d, after group "
-                  "%llu; we offer up to %d of at most %llu bytes): %s", c->peer, (unsigned long long)h.len, h.tag,
-                  (unsigned long long)h.base, MPS_EAGER_MAX, (unsigned long long)c->eager_bytes, bad);
+                  "%llu; we hold up to %d of at most %llu bytes, %u bytes together): %s", c->peer,
+                  (unsigned long long)h.len, h.tag, (unsigned long long)h.base, MPS_EAGER_MAX,
+                  (unsigned long long)c->eager_bytes, MPS_EAGER_HOLD, bad);
     return -1;
   }
   x->slot = NULL;
@@ -975,6 +984,7 @@ static int eager_begin(struct mps_recv_comm *c) {
   pthread_mutex_lock(&c->cts_lock);
   c->cts_defer = 1; /* the sender is ahead of our CTS records: they may wait for a batch */
   c->eager_since_flush++;
+  c->eager_bytes_since_flush += h.len;
   pthread_mutex_unlock(&c->cts_lock);
   if (i >= 0) {
     struct mps_slot *s = NULL;
@@ -993,6 +1003,7 @@ static int eager_begin(struct mps_recv_comm *c) {
       return -1;
     }
     c->nheld++;
+    c->held_bytes += h.len;
     x->held = e;
     x->dst = e->data;
   }

@@ -4,8 +4,9 @@
  *   eager-early  6 small sends of two tags (0 B .. the eager limit) all complete before the
  *                receiver posts anything; then groups {A,B} x 3 each hold the sends of their turn,
  *                and ordinary traffic (1 B .. 1 MiB, receives posted first) still lands intact
- *   eager-bound  8 small sends complete with nothing posted, the 9th waits (NULL) until the
- *                receiver posts, and a message above the eager limit waits as well; all land in order
+ *   eager-bound  32 small sends complete with nothing posted, the 33rd waits (NULL) until the
+ *                receiver posts; so do 8 of 64 KiB (512 KiB held) and then an 8-byte one; a
+ *                message above the eager limit waits as well; all land in order
  *   eager-short  a small send completes, then its receive is posted with a shorter buffer: the
  *                receive fails with ncclInvalidUsage and nothing written past the buffer, and the
  *                sender's comm fails within a bounded number of later calls
@@ -28,7 +29,8 @@
 #include "abi_harness.h"
 
 #define EG_LIMIT (64 << 10) /* MPLANE_SOCKET_EAGER_BYTES set below */
-#define EG_HELD 8           /* eager messages a receiver holds unmatched (MPS_EAGER_MAX) */
+#define EG_HELD 32          /* eager messages a receiver holds unmatched (MPS_EAGER_MAX) */
+#define EG_HOLD (512 << 10) /* ... and their bytes at most (MPS_EAGER_HOLD) */
 #define EG_GUARD 4096
 #define EG_WAIT_S 5.0
 
@@ -212,6 +214,63 @@ int sc_eager_early(void) {
   return eg_down(&pp, rank, &nd, &l);
 }
 
+/* Receive n messages of tag in order, at most as many receives posted as the comm takes (a NULL
+ * irecv waits for the oldest to land); each is checked against msg_id(0, id0 + i). */
+static void eg_recv_all(struct node *nd, struct link *l, void **buf, void **mh, const size_t *size, size_t cap,
+                        int n, int tag, uint32_t id0, const char *what) {
+  void **req = calloc((size_t)n, sizeof(void *));
+  int oldest = 0;
+  for (int i = 0; i <= n; i++) {
+    while (oldest < i && (i == n || !req[i])) {
+      if (i < n && abi_irecv(&nd->net, l->rc, 1, &buf[i], &cap, &tag, &mh[i], &req[i]) != ncclSuccess)
+        abi_fail("irecv failed");
+      if (i < n && req[i]) break;
+      int got = -1;
+      char w[96];
+      snprintf(w, sizeof(w), "%s, receive %d of tag %d", what, oldest, tag);
+      eg_wait(nd, req[oldest], &got, w);
+      eg_check(buf[oldest], got, size[oldest], cap, id0 + (uint32_t)oldest, w);
+      oldest++;
+    }
+    if (i < n && !req[i]) req[i] = eg_recv(nd, l->rc, 1, &buf[i], &cap, &tag, &mh[i]);
+  }
+  free(req);
+}
+
+/* Rank 0: sends 0..held-1 complete with nothing posted, send `held` waits (NULL) until rank 1 posts;
+ * rank 1 then receives all held + 1 in order. */
+static void eg_bound(struct node *nd, struct link *l, struct pair *pp, int rank, void **buf, void **mh,
+                     const size_t *size, size_t cap, int held, int tag, uint32_t id0, const char *bound) {
+  char c = 'b';
+  if (rank == 1) {
+    for (int i = 0; i <= held; i++) memset(buf[i], GUARD_BYTE, cap + EG_GUARD); /* the previous bound's bytes */
+    chan_recv(pp->fd, &c, 1);
+    eg_recv_all(nd, l, buf, mh, size, cap, held + 1, tag, id0, bound);
+    abi_note("%s: %d receives posted late (%d held, 1 past the bound): all in order", bound, held + 1, held);
+    return;
+  }
+  void **req = calloc((size_t)held + 1, sizeof(void *));
+  for (int i = 0; i < held; i++) {
+    fill(buf[i], size[i], msg_id(0, id0 + (uint32_t)i));
+    req[i] = eg_send(nd, l->sc, buf[i], size[i], tag, mh[i], "a small send must not wait for its receive (eager)");
+    eg_wait(nd, req[i], NULL, "a small send with no receive posted (eager)");
+  }
+  /* the bound: the receiver holds `held` unmatched messages, the next one waits for a receive */
+  fill(buf[held], size[held], msg_id(0, id0 + (uint32_t)held));
+  long nulls = 0;
+  for (double until = abi_now() + 0.3; abi_now() < until; nulls++) {
+    if (abi_isend(&nd->net, l->sc, buf[held], size[held], tag, mh[held], &req[held]) != ncclSuccess)
+      abi_fail("%s: isend past the eager bound failed: it must wait (NULL), not fail", bound);
+    if (req[held]) abi_fail("%s: send %d went with %d unmatched eager messages held", bound, held + 1, held);
+  }
+  abi_note("%s: %d sends done with nothing posted; send %d waited (NULL) %ld times in 0.3 s", bound, held, held + 1,
+           nulls);
+  chan_send(pp->fd, &c, 1);
+  req[held] = eg_send(nd, l->sc, buf[held], size[held], tag, mh[held], "its receive is posted now");
+  for (int i = 0; i <= held; i++) eg_wait(nd, req[i], NULL, "a send");
+  free(req);
+}
+
 int sc_eager_bound(void) {
   eg_env();
   struct pair pp;
@@ -221,53 +280,23 @@ int sc_eager_bound(void) {
   if (!eg_up(&pp, &rank, &nd, &l)) return pair_finish(&pp, rank), 77;
   enum { N = EG_HELD + 1, TAG = 6 };
   const size_t big = EG_LIMIT + 1, cap = EG_LIMIT + 1;
-  void *buf[N + 1], *mh[N + 1];
+  void *buf[N], *mh[N];
   void *comm = rank == 0 ? l.sc : l.rc;
-  for (int i = 0; i <= N; i++) {
+  for (int i = 0; i < N; i++) {
     buf[i] = alloc_buf(cap, EG_GUARD);
     reg(&nd, comm, buf[i], cap, &mh[i]);
   }
-  size_t size[N + 1];
+  /* the count: EG_HELD small ones (well inside the byte bound) */
+  size_t size[N];
   for (int i = 0; i < N; i++) size[i] = (size_t)(i * 997) % 5000;
-  size[N] = big;
-  char c = 'b';
-  if (rank == 0) {
-    void *req[N + 1] = {0};
-    for (int i = 0; i < EG_HELD; i++) {
-      fill(buf[i], size[i], msg_id(0, (uint32_t)i));
-      req[i] = eg_send(&nd, l.sc, buf[i], size[i], TAG, mh[i], "a small send must not wait for its receive (eager)");
-      eg_wait(&nd, req[i], NULL, "a small send with no receive posted (eager)");
-    }
-    /* the bound: the receiver holds EG_HELD unmatched messages, the next one waits for a receive */
-    fill(buf[EG_HELD], size[EG_HELD], msg_id(0, EG_HELD));
-    long nulls = 0;
-    for (double until = abi_now() + 0.3; abi_now() < until; nulls++) {
-      if (abi_isend(&nd.net, l.sc, buf[EG_HELD], size[EG_HELD], TAG, mh[EG_HELD], &req[EG_HELD]) != ncclSuccess)
-        abi_fail("isend past the eager bound failed: it must wait (NULL), not fail");
-      if (req[EG_HELD]) abi_fail("send %d went with %d unmatched eager messages held (the bound is %d)", EG_HELD + 1, EG_HELD, EG_HELD);
-    }
-    abi_note("%d sends done with nothing posted; send %d waited (NULL) %ld times in 0.3 s", EG_HELD, EG_HELD + 1, nulls);
-    chan_send(pp.fd, &c, 1);
-    req[EG_HELD] = eg_send(&nd, l.sc, buf[EG_HELD], size[EG_HELD], TAG, mh[EG_HELD], "its receive is posted now");
-    fill(buf[N], big, msg_id(0, N));
-    req[N] = eg_send(&nd, l.sc, buf[N], big, TAG, mh[N], "its receive is posted now");
-    for (int i = 0; i <= N; i++) eg_wait(&nd, req[i], NULL, "a send");
-  } else {
-    chan_recv(pp.fd, &c, 1);
-    void *req[N + 1];
-    int tag = TAG;
-    size_t caps = cap;
-    for (int i = 0; i <= N; i++) req[i] = eg_recv(&nd, l.rc, 1, &buf[i], &caps, &tag, &mh[i]);
-    for (int i = 0; i <= N; i++) {
-      int got = -1;
-      eg_wait(&nd, req[i], &got, "a receive");
-      char what[64];
-      snprintf(what, sizeof(what), "receive %d of tag %d", i, TAG);
-      eg_check(buf[i], got, size[i], cap, (uint32_t)i, what);
-    }
-    abi_note("%d receives posted late (%d held, 1 past the bound, 1 above the eager limit): all in order", N + 1, EG_HELD);
-  }
+  eg_bound(&nd, &l, &pp, rank, buf, mh, size, cap, EG_HELD, TAG, 0, "count bound");
+  /* the bytes: EG_HOLD / EG_LIMIT of the largest, then even a small one waits */
+  int held = EG_HOLD / EG_LIMIT;
+  for (int i = 0; i < held; i++) size[i] = EG_LIMIT;
+  size[held] = 8;
+  eg_bound(&nd, &l, &pp, rank, buf, mh, size, cap, held, TAG, 100, "byte bound");
   /* a message above the eager limit waits for its receive as before */
+  char c = 'b';
   if (rank == 0) {
     void *req = NULL;
     fill(buf[0], big, msg_id(0, 50));
@@ -287,7 +316,7 @@ int sc_eager_bound(void) {
     eg_wait(&nd, req, &got, "the receive of a message above the eager limit");
     eg_check(buf[0], got, big, cap, 50, "a message above the eager limit");
   }
-  eg_free(&nd, comm, buf, mh, N + 1);
+  eg_free(&nd, comm, buf, mh, N);
   return eg_down(&pp, rank, &nd, &l);
 }
 

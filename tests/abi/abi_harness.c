@@ -1349,6 +1349,38 @@ struct fake_chunk {
   uint32_t flags; /* MPS_CHUNK_TRUNCATED: a "does not fit" notice, no payload */
 };
 
+#define FAKE_PAYLOAD (64 << 10) /* payload bytes a fake chunk carries; past that the socket shuts */
+
+/* The fake sender's writes, from a thread of their own: the plugin reads what the control socket
+ * carries only while the main thread calls test(). */
+struct fake_writer {
+  int fd;
+  uint32_t slot;
+  const struct fake_chunk *ch;
+  int nch;
+};
+
+static void *fake_write(void *arg) {
+  const struct fake_writer *w = arg;
+  static char payload[FAKE_PAYLOAD];
+  memset(payload, 0x5a, sizeof(payload));
+  for (int i = 0; i < w->nch; i++) {
+    const struct fake_chunk *ch = &w->ch[i];
+    struct mps_chunk h = {.slot = w->slot, .flags = ch->flags, .offset = ch->offset, .len = ch->len, .total = ch->total};
+    if (h.flags & MPS_CHUNK_EAGER) h.tag = 2; /* the posted receive offers tag 1 only; offset is the base */
+    size_t n = ch->len < sizeof(payload) ? ch->len : sizeof(payload);
+    /* the plugin may refuse a chunk and close: later writes then fail, which is what it should do */
+    if (send(w->fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h) ||
+        (n && send(w->fd, payload, n, MSG_NOSIGNAL) != (ssize_t)n))
+      return NULL;
+    if (n < ch->len) {
+      shutdown(w->fd, SHUT_WR); /* the rest of the chunk never comes */
+      return NULL;
+    }
+  }
+  return NULL;
+}
+
 /* One connection from a fake sender (control + one data stream) into a posted receive of cap bytes;
  * the chunks go out as given, on the data stream or (ctrl) on the control socket, where the plugin's
  * own sender puts small messages. The receive must fail within 5 s with a WARN containing warn,
@@ -1384,23 +1416,17 @@ static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_st
   while (!req)
     if (abi_irecv(&nd->net, rc, 1, &buf, &cap, &tag, &mh, &req) != ncclSuccess) abi_fail("%s: irecv failed", what);
   fake_read_ctrl(fds[0], &m, MPS_CTS);
-  char payload[512];
-  memset(payload, 0x5a, sizeof(payload));
-  for (int i = 0; i < nch; i++) {
-    struct mps_chunk h = {.slot = m.e[0].slot, .flags = ch[i].flags, .offset = ch[i].offset, .len = ch[i].len,
-                          .total = ch[i].total};
-    if (h.flags & MPS_CHUNK_EAGER) h.tag = 2; /* the posted receive offers tag 1 only; offset is the base */
-    if (send(fds[ctrl ? 0 : 1], &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) abi_fail("fake sender: send");
-    size_t n = ch[i].len < sizeof(payload) ? ch[i].len : sizeof(payload);
-    if (send(fds[ctrl ? 0 : 1], payload, n, MSG_NOSIGNAL) != (ssize_t)n) abi_fail("fake sender: send");
-    if (n < ch[i].len) shutdown(fds[ctrl ? 0 : 1], SHUT_WR); /* the rest of the chunk never comes */
-  }
   size_t mark = abi_log_mark();
+  struct fake_writer w = {.fd = fds[ctrl ? 0 : 1], .slot = m.e[0].slot, .ch = ch, .nch = nch};
+  pthread_t wt;
+  if (pthread_create(&wt, NULL, fake_write, &w) != 0) abi_fail("fake sender: cannot start its writer");
   ncclResult_t res = ncclSuccess;
   int done = 0;
   for (double t0 = abi_now(); res == ncclSuccess && !done && abi_now() - t0 < 5;) res = abi_test(&nd->net, req, &done, NULL);
   if (done) abi_fail("%s: the receive completed", what);
   if (res == ncclSuccess) abi_fail("%s: the receive neither completed nor failed in 5 s", what);
+  shutdown(w.fd, SHUT_RDWR); /* a writer the plugin no longer reads from returns */
+  pthread_join(wt, NULL);
   if (!abi_log_warn_has(mark, warn, NULL)) {
     abi_log_dump(mark, what);
     abi_fail("%s: the receive failed (%d) without a WARN saying '%s'", what, res, warn);
@@ -1443,15 +1469,22 @@ static int sc_fake_chunks(void) {
     fake_chunks_case(&nd, lc, &ss, sl, 200, too_big, 1, ctrl, "a 300-byte message into 200 bytes, sent anyway",
                      "bigger than");
     /* an honest first chunk, then the rest of the message never comes: the control socket closes mid-chunk */
-    const struct fake_chunk cut[1] = {{0, 600, 600}};
-    if (ctrl) fake_chunks_case(&nd, lc, &ss, sl, 1000, cut, 1, ctrl, "a control socket closed inside a chunk", "mid-message");
+    const struct fake_chunk cut[1] = {{0, FAKE_PAYLOAD + 600, FAKE_PAYLOAD + 600}};
+    if (ctrl)
+      fake_chunks_case(&nd, lc, &ss, sl, FAKE_PAYLOAD + 1000, cut, 1, ctrl, "a control socket closed inside a chunk",
+                       "mid-message");
   }
   /* eager messages (control socket only) that break what the receiver offered: one more unmatched
    * than it holds, one bigger than it takes, one after groups it never posted */
   struct fake_chunk held[MPS_EAGER_MAX + 1];
   for (int i = 0; i <= MPS_EAGER_MAX; i++) held[i] = (struct fake_chunk){0, 10, 10, MPS_CHUNK_EAGER};
-  fake_chunks_case(&nd, lc, &ss, sl, 100, held, MPS_EAGER_MAX + 1, 1, "9 eager messages of a tag no receive offers",
+  fake_chunks_case(&nd, lc, &ss, sl, 100, held, MPS_EAGER_MAX + 1, 1, "33 eager messages of a tag no receive offers",
                    "more unmatched eager messages than we hold");
+  struct fake_chunk held_bytes[MPS_EAGER_HOLD / (64 << 10) + 1];
+  for (int i = 0; i < (int)(sizeof(held_bytes) / sizeof(held_bytes[0])); i++)
+    held_bytes[i] = (struct fake_chunk){0, 64 << 10, 64 << 10, MPS_CHUNK_EAGER};
+  fake_chunks_case(&nd, lc, &ss, sl, 100, held_bytes, (int)(sizeof(held_bytes) / sizeof(held_bytes[0])), 1,
+                   "9 eager messages of 64 KiB of a tag no receive offers", "more unmatched eager bytes than we hold");
   const struct fake_chunk eager_big[1] = {{0, 65537, 65537, MPS_CHUNK_EAGER}};
   fake_chunks_case(&nd, lc, &ss, sl, 100, eager_big, 1, 1, "an eager message of 64 KiB + 1", "bigger than we offered");
   const struct fake_chunk eager_base[1] = {{5, 10, 10, MPS_CHUNK_EAGER}};
@@ -2486,7 +2519,7 @@ static const struct {
     {"shared-order", sc_shared_order, "shared comm: groups {1,2},{1,2}, tag 1 sent twice before tag 2: a wait, never an error"},
     {"shared-wait", sc_shared_wait, "shared comm: a tag no posted group offers waits (NULL, never an error), one WARN names it"},
     {"eager-early", sc_eager_early, "small sends of two tags complete before any receive is posted; late groups hold them in turn (socket only)"},
-    {"eager-bound", sc_eager_bound, "8 small sends complete with nothing posted, the 9th and a bigger one wait for their receives (socket only)"},
+    {"eager-bound", sc_eager_bound, "32 small sends (or 512 KiB) complete with nothing posted, the next and a bigger one wait for their receives (socket only)"},
     {"eager-short", sc_eager_short, "a small send completed before a shorter receive: ncclInvalidUsage, nothing written, the sender fails soon (socket only)"},
     {"eager-then-big", sc_eager_then_big, "after an eager message, a 1 MiB send gets its CTS while the receiver calls nothing (socket only)"},
     {"filler", sc_filler, "small messages padded to MPLANE_SOCKET_PAD_BYTES on the control socket land intact; 0 pads nothing (socket only)"},
