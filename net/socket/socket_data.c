@@ -1035,9 +1035,9 @@ static ncclResult_t rx_header(struct mps_recv_comm *c) {
   struct mps_ctrl_rx *x = &c->rx;
   x->pad = x->h.flags >> MPS_CHUNK_PAD_SHIFT;
   x->h.flags &= MPS_CHUNK_FLAG_BITS;
-  if (x->pad > MPS_PAD_MAX) {
-    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a chunk with %u filler bytes (at most %d)", c->peer,
-                  x->pad, MPS_PAD_MAX);
+  if (x->pad > MPS_PAD_MAX || (x->pad && (x->h.flags & MPS_CHUNK_TRUNCATED))) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a chunk with %u filler bytes (at most %d, and none after "
+                  "a 'does not fit' notice)", c->peer, x->pad, MPS_PAD_MAX);
     return rx_failed(c);
   }
   uint32_t own = x->h.flags & (MPS_CHUNK_EAGER | MPS_CHUNK_WANT_CTS);

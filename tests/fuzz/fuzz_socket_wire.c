@@ -30,7 +30,8 @@
  *       bit 5: the header's slot indexes the CTS entries; bit 6: offset, length and total are
  *       reduced into the entry's size; bit 7: the payload is generated, not taken from the input.
  *       A payload follows unless the header says MPS_CHUNK_TRUNCATED; one the input cannot fill
- *       ends what is written on its socket. */
+ *       ends what is written on its socket. On the control socket the filler the header's flag
+ *       bits count (up to MPS_PAD_MAX) follows the payload, zeros, as the plugin's sender writes it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -181,7 +182,7 @@ static void check_completed(uint32_t slot, int tag, const uint8_t *buf, size_t c
   int named = 0;
   for (int i = 0; i < nch; i++) {
     const struct chunk *c = &ch[i];
-    int eager = c->h.flags == MPS_CHUNK_EAGER && c->sock == ctrl_sock;
+    int eager = (c->h.flags & MPS_CHUNK_FLAG_BITS) == MPS_CHUNK_EAGER && c->sock == ctrl_sock;
     uint64_t off = eager ? 0 : c->h.offset;
     if ((eager ? c->h.tag != tag || c->h.len != c->h.total : c->h.slot != slot) ||
         (c->h.flags & MPS_CHUNK_TRUNCATED) || c->h.total != sz || off > sz || c->h.len > sz - off ||
@@ -215,7 +216,10 @@ static int honest(const struct chunk *ch, int nch, const struct sock *socks, int
     int e = -1;
     for (int k = 0; k < nent; k++)
       if (ent_slot[k] == h->slot) e = k;
-    if (e < 0 || (h->flags & MPS_CHUNK_TRUNCATED) || h->flags || h->total > ent_cap[e] || h->offset > h->total ||
+    /* filler after the payload is the sender's on the control socket (socket.h) */
+    uint32_t pad = h->flags >> MPS_CHUNK_PAD_SHIFT;
+    int bad_flags = (h->flags & MPS_CHUNK_FLAG_BITS) || (pad && (ch[i].sock != ctrl_sock || pad > MPS_PAD_MAX));
+    if (e < 0 || bad_flags || h->total > ent_cap[e] || h->offset > h->total ||
         h->len > h->total - h->offset || (h->len == 0 && h->total != 0) || ch[i].end == SIZE_MAX)
       return 0;
     used[e]++;
@@ -492,8 +496,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (uint64_t j = 0; j < plen; j++) genbuf[j] = gen_byte(k->idx, j);
         queue(s, genbuf, plen);
       }
-      k->end = whole ? s->len : SIZE_MAX;
+      k->end = whole ? s->len : SIZE_MAX; /* the payload's end: a receive may complete before the filler */
       if (!whole) s->cut = 1;
+      /* the filler the header counts, as the plugin's sender writes it (control socket only; more
+       * than MPS_PAD_MAX is refused at the header) */
+      uint32_t pad = h.flags >> MPS_CHUNK_PAD_SHIFT;
+      if (whole && sock == ctrl_sock && pad && pad <= MPS_PAD_MAX && !(h.flags & MPS_CHUNK_TRUNCATED)) {
+        static const uint8_t zeros[MPS_PAD_MAX];
+        queue(s, zeros, pad);
+      }
       nch++;
     }
 
