@@ -22,6 +22,7 @@
  * same way (non-blocking calls, sched_yield when nothing moved). Prints median and p99 round trip of
  * both and the ratio of the medians. Every message is checked (a sequence stamp at both ends and in
  * the middle; the whole body at the end of each batch).
+ * Sizes take K/M/G suffixes (x1024); an option whose number does not read is refused (exit 2).
  * Exit status is non-zero on any error or wrong byte. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -243,6 +244,29 @@ static void usage(void) {
   exit(2);
 }
 
+/* A whole number for option `opt`, with a K/M/G suffix (x1024) where `suffixes`; anything else is
+ * an error naming the option and the text (a silent "1M" -> 1 would measure the wrong thing). */
+static unsigned long long parse_num(const char *opt, const char *text, int suffixes) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(text, &end, 10);
+  int bad = errno != 0 || end == text || text[0] == '-';
+  if (!bad && suffixes && *end) {
+    const char *units = "KMG";
+    const char *u = strchr(units, *end >= 'a' ? *end - 32 : *end);
+    if (u && *u && end[1] == 0) {
+      for (int i = 0; i <= (int)(u - units); i++) v <<= 10;
+      end++;
+    }
+  }
+  if (bad || *end) {
+    fprintf(stderr, "mplane-netbench: %s '%s': expected a whole number%s\n", opt, text,
+            suffixes ? " of bytes, K/M/G suffixes allowed" : "");
+    exit(2);
+  }
+  return v;
+}
+
 static void parse(int argc, char **argv, struct opts *o) {
   static const struct option longopts[] = {{"plugin", 1, 0, 'p'},      {"size", 1, 0, 's'},
                                            {"window", 1, 0, 'w'},      {"seconds", 1, 0, 't'},
@@ -255,21 +279,23 @@ static void parse(int argc, char **argv, struct opts *o) {
   while ((c = getopt_long(argc, argv, "p:s:w:t:r:dn:e:h", longopts, NULL)) != -1) {
     switch (c) {
       case 'p': o->plugin = optarg; break;
-      case 's': o->size = strtoull(optarg, NULL, 0); break;
-      case 'w': o->window = atoi(optarg); break;
+      case 's': o->size = parse_num("--size", optarg, 1); break;
+      case 'w': o->window = (int)parse_num("--window", optarg, 0); break;
       case 't': o->seconds = atof(optarg); break;
-      case 'r': o->raw_streams = atoi(optarg); break;
+      case 'r': o->raw_streams = (int)parse_num("--raw-streams", optarg, 0); break;
       case 'd': o->devices_only = 1; break;
-      case 'n': o->rounds = atol(optarg); break;
+      case 'n': o->rounds = (long)parse_num("--rounds", optarg, 0); break;
       case 'e': o->sender_env = optarg; break;
       case 'P': o->pingpong = 1; break;
-      case 'a': o->min_size = strtoull(optarg, NULL, 0); break;
-      case 'b': o->max_size = strtoull(optarg, NULL, 0); break;
-      case 'i': o->iters = atol(optarg); break;
+      case 'a': o->min_size = parse_num("--min-size", optarg, 1); break;
+      case 'b': o->max_size = parse_num("--max-size", optarg, 1); break;
+      case 'i': o->iters = (long)parse_num("--iters", optarg, 0); break;
       default: usage();
     }
   }
   if (o->window < 1 || o->window > 32) die("--window must be 1..32");
+  if (o->size > (1u << 30)) die("--size must be at most 1G");
+  if (o->raw_streams < 0 || o->raw_streams > 64) die("--raw-streams must be 0..64");
   if (o->rounds < 0 || o->rounds > 10000000) die("--rounds must be 1..10000000");
   if (o->iters < 0 || o->iters > 10000000) die("--iters must be 1..10000000");
   if (o->min_size < 1 || o->max_size < o->min_size || o->max_size > (1u << 30)) die("--min-size/--max-size: 1 <= min <= max <= 1G");
