@@ -281,7 +281,16 @@ static void parse(int argc, char **argv, struct opts *o) {
       case 'p': o->plugin = optarg; break;
       case 's': o->size = parse_num("--size", optarg, 1); break;
       case 'w': o->window = (int)parse_num("--window", optarg, 0); break;
-      case 't': o->seconds = atof(optarg); break;
+      case 't': {
+        char *end = NULL;
+        o->seconds = strtod(optarg, &end);
+        if (end == optarg || *end || !(o->seconds > 0 && o->seconds <= 3600)) {
+          fprintf(stderr, "mplane-netbench: --seconds '%s': expected a number of seconds, more than 0, at most 3600\n",
+                  optarg);
+          exit(2);
+        }
+        break;
+      }
       case 'r': o->raw_streams = (int)parse_num("--raw-streams", optarg, 0); break;
       case 'd': o->devices_only = 1; break;
       case 'n': o->rounds = (long)parse_num("--rounds", optarg, 0); break;
