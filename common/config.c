@@ -207,8 +207,7 @@ int mplane_parse_long(const char *s, long lo, long hi, long *out) {
   return 0;
 }
 
-/* Digits (as mplane_parse_long reads them, no sign) and an optional K, M or G (x1024). */
-static int parse_size(const char *s, long lo, long hi, long *out) {
+int mplane_parse_size(const char *s, long lo, long hi, long *out) {
   if (!s || !*s) return -1;
   const char *end;
   unsigned long v;
@@ -255,7 +254,7 @@ static int parse_row(const struct row *r, const char *value, struct mplane_confi
       *(int *)field = (int)v;
       return 0;
     case K_SIZE:
-      if (parse_size(value, r->lo, r->hi, &v)) return -1;
+      if (mplane_parse_size(value, r->lo, r->hi, &v)) return -1;
       *(long *)field = v;
       return 0;
     case K_BOOL:

@@ -70,6 +70,9 @@ void mplane_config_describe(FILE *out, int markdown);
  * zero ("0" itself excepted); a '-' before the digits only for a negative value ("-1", never
  * "-0"). Returns 0 on success (and stores *out), -1 otherwise (*out untouched). */
 int mplane_parse_long(const char *s, long lo, long hi, long *out);
+/* A byte count as the MPLANE_* size variables take it: digits as mplane_parse_long reads them (no
+ * sign), an optional K, M or G (x1024), the result within [lo, hi]. 0 on success, -1 otherwise. */
+int mplane_parse_size(const char *s, long lo, long hi, long *out);
 
 /* MPLANE_PLANES, the one parser of its grammar (plugin init, topo/ and mplane-config --check all
  * use it): "NIC=plane" entries, comma separated, e.g. "mlx5_0=0,mlx5_1=1" or "eth0=0,eth1=1".

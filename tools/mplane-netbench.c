@@ -28,6 +28,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -42,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/nccl/net.h"
 
 struct opts {
@@ -244,27 +246,17 @@ static void usage(void) {
   exit(2);
 }
 
-/* A whole number for option `opt`, with a K/M/G suffix (x1024) where `suffixes`; anything else is
- * an error naming the option and the text (a silent "1M" -> 1 would measure the wrong thing). */
+/* A whole number for option `opt`, with a K/M/G suffix (x1024) where `suffixes`, read as the
+ * MPLANE_* variables are (common/config.h); anything else is an error naming the option and the
+ * text (a silent "1M" -> 1 would measure the wrong thing). The ranges are checked after parsing. */
 static unsigned long long parse_num(const char *opt, const char *text, int suffixes) {
-  char *end = NULL;
-  errno = 0;
-  unsigned long long v = strtoull(text, &end, 10);
-  int bad = errno != 0 || end == text || text[0] == '-';
-  if (!bad && suffixes && *end) {
-    const char *units = "KMG";
-    const char *u = strchr(units, *end >= 'a' ? *end - 32 : *end);
-    if (u && *u && end[1] == 0) {
-      for (int i = 0; i <= (int)(u - units); i++) v <<= 10;
-      end++;
-    }
-  }
-  if (bad || *end) {
+  long v = 0;
+  if ((suffixes ? mplane_parse_size(text, 0, LONG_MAX, &v) : mplane_parse_long(text, 0, LONG_MAX, &v)) != 0) {
     fprintf(stderr, "mplane-netbench: %s '%s': expected a whole number%s\n", opt, text,
             suffixes ? " of bytes, K/M/G suffixes allowed" : "");
     exit(2);
   }
-  return v;
+  return (unsigned long long)v;
 }
 
 static void parse(int argc, char **argv, struct opts *o) {
