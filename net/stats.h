@@ -71,7 +71,8 @@ void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes);
  * configured. Safe on NULL and on a comm that is not open. */
 void mplane_stats_comm_close(struct mplane_stats_comm *s);
 /* One-sided ops (the RMA backend): a put counts its bytes as sent (and relayed, on a relayed
- * record), a get its bytes as received, when the op is posted. Called only from the thread that posts (NCCL's GIN progress thread). */
+ * record), a get its bytes as received, when the op is posted. Called only from the thread that
+ * posts (NCCL's GIN progress thread). */
 void mplane_stats_rma(struct mplane_stats_comm *s, uint64_t bytes, int is_get);
 
 /* Remember which device and class a listen comm has, for the comms it accepts. */

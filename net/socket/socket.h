@@ -22,19 +22,18 @@
  * on the control socket with its tag instead of a slot, and the number of groups it had read
  * (`base`). At most MPS_EAGER_MAX such messages, of MPS_EAGER_HOLD bytes together, are unmatched
  * at a time: the sender counts the ones whose group it has not read yet, and beyond that waits
- * for a CTS as before. Both ends match
- * an eager message the same way, so the sender's later sends know which buffers are taken: to the
- * first entry of its tag, in groups numbered `base` or later, that no earlier eager message took;
- * the sender does this when it reads each CTS, the receiver when the message arrives (or, if that
- * group is not posted yet, holds the message, within the same bounds, and matches it when
- * irecv posts one). A message that does not fit its buffer lands nowhere and fails both sides with
+ * for a CTS as before. Both ends match an eager message the same way, so the sender's later
+ * sends know which buffers are taken: to the first entry of its tag, in groups numbered `base` or
+ * later, that no earlier eager message took; the sender does this when it reads each CTS, the
+ * receiver when the message arrives (or, if that group is not posted yet, holds the message,
+ * within the same bounds, and matches it when irecv posts one). A message that does not fit its buffer lands nowhere and fails both sides with
  * ncclInvalidUsage, as a too-big CTS-driven send does.
  *
  * While messages arrive eagerly their CTS records are mostly not needed, so the receiver holds them
  * back and writes them in batches (after MPS_EAGER_MAX / 2 eager messages or MPS_EAGER_HOLD / 2
  * bytes of them, which keeps the sender below the bounds: a CTS record write per 16 small messages,
- * where one per message costs about as much as the message's own write). A sender that cannot go on without a CTS (a message
- * too big to go eagerly, the bound reached, a tag no group it has read offers) says so once with a
+ * where one per message costs about as much as the message's own write). A sender that cannot go
+ * on without a CTS (a message too big to go eagerly, the bound reached, a tag no group it has read offers) says so once with a
  * WANT_CTS chunk on a data stream, where the receiver's helper threads read it even while its proxy
  * thread calls nothing; that thread then writes what the receiver holds (cts_lock), and each CTS
  * goes at once until messages arrive eagerly again.
@@ -71,7 +70,7 @@
 #define MPS_INLINE_ALWAYS 16384 /* inline up to this size even while other sends are in flight */
 #define MPS_CTRL_POLL_NS 1000 /* test() reads the control socket at most this often */
 #define MPS_CTRL_GRACE_NS 1000000000ull /* streams all closed, control open: a receive waits this long */
-#define MPS_EAGER_MAX 32 /* eager messages a receiver holds unmatched per comm ... */
+#define MPS_EAGER_MAX 32 /* eager messages a receiver holds unmatched per comm, ... */
 #define MPS_EAGER_HOLD (512u << 10) /* ... and their bytes at most (8 of the largest, 64K) */
 
 /* ---- wire formats (little endian; both ends are x86-64/arm64 little endian hosts) ---- */

@@ -353,10 +353,10 @@ static void send_warn_wait(struct mps_send_comm *c, const struct mps_cts_group *
  * copies in parallel, while the proxy thread would copy one message after another. */
 static int g_sends_inflight; /* atomic */
 
+static const char mps_filler[MPS_PAD_MAX]; /* the zeros a small chunk is padded with (socket.h) */
+
 /* Write what the control socket takes of the inline chunk in progress; never blocks. The request
  * completes once its last byte is in the kernel, as a helper thread's would. */
-static const char mps_filler[MPS_PAD_MAX];
-
 static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
   for (;;) {
     if (!c->inl.req) return ncclSuccess;
@@ -390,8 +390,7 @@ static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
  * another tag's send: a shared comm's order, kept as it was). */
 static int eager_ok(const struct mps_send_comm *c, size_t size) {
   return c->neager < c->eager_max && size <= c->eager_bytes && c->eager_unmatched + size <= c->eager_hold &&
-         !c->inl.req && c->cts_head == c->cts_tail &&
-         (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy);
+         !c->inl.req && c->cts_head == c->cts_tail && (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy);
 }
 
 /* Start writing an inline chunk on the control socket: the proxy thread writes it now, no thread
