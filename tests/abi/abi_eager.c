@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "abi_harness.h"
+#include "net/socket/socket.h" /* the chunk header's size, for the filler's byte count */
 
 #define EG_LIMIT (64 << 10) /* MPLANE_SOCKET_EAGER_BYTES set below */
 #define EG_HELD 32          /* eager messages a receiver holds unmatched (MPS_EAGER_MAX) */
@@ -214,26 +215,30 @@ int sc_eager_early(void) {
   return eg_down(&pp, rank, &nd, &l);
 }
 
+/* Wait for receive i of eg_recv_all and check it. */
+static void eg_land(struct node *nd, void **req, void **buf, const size_t *size, size_t cap, int i, int tag,
+                    uint32_t id0, const char *what) {
+  int got = -1;
+  char w[96];
+  snprintf(w, sizeof(w), "%s, receive %d of tag %d", what, i, tag);
+  eg_wait(nd, req[i], &got, w);
+  eg_check(buf[i], got, size[i], cap, id0 + (uint32_t)i, w);
+}
+
 /* Receive n messages of tag in order, at most as many receives posted as the comm takes (a NULL
  * irecv waits for the oldest to land); each is checked against msg_id(0, id0 + i). */
 static void eg_recv_all(struct node *nd, struct link *l, void **buf, void **mh, const size_t *size, size_t cap,
                         int n, int tag, uint32_t id0, const char *what) {
   void **req = calloc((size_t)n, sizeof(void *));
   int oldest = 0;
-  for (int i = 0; i <= n; i++) {
-    while (oldest < i && (i == n || !req[i])) {
-      if (i < n && abi_irecv(&nd->net, l->rc, 1, &buf[i], &cap, &tag, &mh[i], &req[i]) != ncclSuccess)
-        abi_fail("irecv failed");
-      if (i < n && req[i]) break;
-      int got = -1;
-      char w[96];
-      snprintf(w, sizeof(w), "%s, receive %d of tag %d", what, oldest, tag);
-      eg_wait(nd, req[oldest], &got, w);
-      eg_check(buf[oldest], got, size[oldest], cap, id0 + (uint32_t)oldest, w);
-      oldest++;
+  for (int i = 0; i < n; i++) {
+    while (oldest < i && !req[i]) {
+      if (abi_irecv(&nd->net, l->rc, 1, &buf[i], &cap, &tag, &mh[i], &req[i]) != ncclSuccess) abi_fail("irecv failed");
+      if (!req[i]) eg_land(nd, req, buf, size, cap, oldest++, tag, id0, what);
     }
-    if (i < n && !req[i]) req[i] = eg_recv(nd, l->rc, 1, &buf[i], &cap, &tag, &mh[i]);
+    if (!req[i]) req[i] = eg_recv(nd, l->rc, 1, &buf[i], &cap, &tag, &mh[i]);
   }
+  while (oldest < n) eg_land(nd, req, buf, size, cap, oldest++, tag, id0, what);
   free(req);
 }
 
@@ -453,7 +458,7 @@ static unsigned long long eg_tcp_max_received(void) {
 int sc_filler(void) {
   /* below, at and above the padding point (544 bytes of header + data, header 32) */
   static const size_t sizes[] = {8, 0, 3, 100, 511, 512, 600, 8, 1000, 8, 200, 1};
-  enum { N = sizeof(sizes) / sizeof(sizes[0]), ROUNDS = 12, HDR = 32 };
+  enum { N = sizeof(sizes) / sizeof(sizes[0]), ROUNDS = 12, HDR = sizeof(struct mps_chunk) };
   const char *env = getenv("MPLANE_SOCKET_PAD_BYTES");
   size_t pad = env ? (size_t)atol(env) : 544;
   struct pair pp;
