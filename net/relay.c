@@ -310,16 +310,6 @@ int mplane_cuda_memcpy_dtoh(int gpu, void *dst, const void *src, size_t bytes) {
   return cu_use(gpu) == 0 && cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes) == CUDA_SUCCESS ? 0 : -1;
 }
 
-/* The lane: one non-blocking stream per GPU for the whole process, for every copy and signal the
- * socket RMA target makes into GPU memory. Non-blocking: a copy never waits for a kernel on the
- * legacy stream's implicit barrier, so a kernel spinning on a signal cannot hold up the copy that
- * sets it. One stream, not one per thread: the driver spreads streams over a few hardware queues
- * (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), and a stream that shares its queue with the
- * application's can sit behind a kernel launch queued after the very kernel that waits for this
- * copy; every extra stream makes that likelier.
- * Signals: the read of the word is ordered after the previous add's write on the lane, so adds from
- * any thread never lose one another (one lock); the write is left in flight
- * (cuStreamWriteValue64), and the caller's data, synchronised before it asks, lands first. */
 /* One 64-bit write of a cuStreamBatchMemOp (the driver's CUstreamBatchMemOpParams, 48 bytes:
  * operation, address, value, flags, alias). */
 struct cu_write_op {
@@ -336,6 +326,16 @@ _Static_assert(sizeof(struct cu_write_op) == 48, "CUstreamBatchMemOpParams is 48
 #define CU_STREAM_MEM_OP_WRITE_VALUE_64 5
 #define LANE_BATCH 128
 
+/* The lane: one non-blocking stream per GPU for the whole process, for every copy and signal the
+ * socket RMA target makes into GPU memory. Non-blocking: a copy never waits for a kernel on the
+ * legacy stream's implicit barrier, so a kernel spinning on a signal cannot hold up the copy that
+ * sets it. One stream, not one per thread: the driver spreads streams over a few hardware queues
+ * (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), and a stream that shares its queue with the
+ * application's can sit behind a kernel launch queued after the very kernel that waits for this
+ * copy; every extra stream makes that likelier.
+ * Signals: the read of the word is ordered after the previous add's write on the lane, so adds from
+ * any thread never lose one another (one lock); the write is left in flight
+ * (cuStreamWriteValue64), and the caller's data, synchronised before it asks, lands first. */
 struct cu_signal_lane {
   pthread_mutex_t lock;
   CUstream stream;
