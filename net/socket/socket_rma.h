@@ -152,7 +152,6 @@ struct mpr_ctxset {
   uint64_t progress_ns;    /* atomic: the last rmaProgress call (0: never) */
 };
 
-
 enum mpr_req_kind { MPR_K_PUT = 1, MPR_K_GET, MPR_K_ACK, MPR_K_GET_RESP, MPR_K_BYE,
                     MPR_K_RAW /* the unsent tail of a record sent at once, for the writer to finish */ };
 
@@ -198,6 +197,7 @@ void mpr_conn_abort(struct mpr_conn *c, const char *why);
 /* test() of a request still waiting: hands deferred records to the writer if rmaProgress stopped. */
 void mpr_conn_kick(struct mpr_conn *c);
 void mpr_req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* "put", "get", "ack", "bye", "get answer", "rest of a record": a request kind for the log. */
 const char *mpr_kind_name(int kind);
 /* rmaProgress: serve every connection with bytes waiting, send what waits for it. */
 ncclResult_t mpr_progress(void *ctx);

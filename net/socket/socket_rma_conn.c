@@ -117,7 +117,6 @@ static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, 
 }
 
 /* ---- requests and connection failure ---- */
-void mpr_req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void mpr_req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) {
   r->result = res;
   if (fmt) {
@@ -130,7 +129,16 @@ void mpr_req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) {
   __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
 }
 
-const char *mpr_kind_name(int kind) { return kind == MPR_K_GET ? "get" : "put"; }
+const char *mpr_kind_name(int kind) {
+  switch (kind) {
+  case MPR_K_PUT: return "put";
+  case MPR_K_GET: return "get";
+  case MPR_K_ACK: return "ack";
+  case MPR_K_BYE: return "bye";
+  case MPR_K_RAW: return "rest of a record";
+  default: return "get answer";
+  }
+}
 
 /* Fail everything queued or pending on c, once; responses owned by the queue are dropped. */
 void mpr_conn_fail(struct mpr_conn *c, const char *why) {
@@ -276,21 +284,17 @@ static int take_batch(struct mpr_conn *c, struct mpr_out *out, int gpu_last) {
   return n;
 }
 
-static const char *out_name(int kind) {
-  switch (kind) {
-  case MPR_K_PUT: return "put";
-  case MPR_K_GET: return "get";
-  case MPR_K_ACK: return "ack";
-  case MPR_K_BYE: return "bye";
-  case MPR_K_RAW: return "rest of a record";
-  default: return "get answer";
-  }
-}
-
 static void trace_wrote(const struct mpr_conn *c, const struct mpr_out *o, int n, const char *how) {
   for (int i = 0; i < n; i++)
-    MP_TRACE(NCCL_NET, "RMA wrote %s #%llu to %s (context %d)%s", out_name(o[i].kind), (unsigned long long)o[i].m.id,
+    MP_TRACE(NCCL_NET, "RMA wrote %s #%llu to %s (context %d)%s", mpr_kind_name(o[i].kind), (unsigned long long)o[i].m.id,
              c->peer_str, c->context, how);
+}
+
+/* A write of records failed (write_batch's or write_now's rc): the connection fails, saying why. */
+static void write_failed(struct mpr_conn *c, int rc) {
+  char why[160];
+  snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
+  mpr_conn_fail(c, why);
 }
 
 static void write_done(struct mpr_conn *c) {
@@ -322,9 +326,7 @@ static void *writer_main(void *arg) {
     for (int i = 0; i < n; i++) free(out[i].raw);
     write_done(c);
     if (rc != 0) {
-      char why[160];
-      snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
-      mpr_conn_fail(c, why);
+      write_failed(c, rc);
       break;
     }
     trace_wrote(c, out, n, "");
@@ -460,11 +462,7 @@ static void send_queued_locked(struct mpr_conn *c) {
   for (int i = 0; i < n; i++) free(o[i].raw);
   write_done(c); /* and wakes the writer for anything left behind the batch */
   if (rc == 0) trace_wrote(c, o, n, " at once");
-  else {
-    char why[160];
-    snprintf(why, sizeof(why), rc == -2 ? "a copy out of GPU memory failed" : "send: %s", strerror(errno));
-    mpr_conn_fail(c, why);
-  }
+  else write_failed(c, rc);
 }
 
 /* rmaProgress's half of deferred sending: a connection's deferred records go once no op joined them
