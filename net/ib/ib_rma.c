@@ -910,9 +910,7 @@ static void poll_cx(struct ibr_cx *x) {
         char why[160];
         snprintf(why, sizeof(why), "a completion in error: %s (status %d)", mpib_wc_status_str(wc[i].status),
                  wc[i].status);
-        ibr_req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
-                 strcmp(r->what, "get") ? "to" : "from", c->peer, x->index, r->win, (unsigned long long)r->off,
-                 (unsigned long long)r->size, c->failed ? c->why : why);
+        ibr_req_fail_conn(r, c->failed ? c->why : why);
         ibr_conn_fail(c, why);
       }
     }
@@ -958,9 +956,7 @@ static ncclResult_t rma_test(void *group, void *request, int *done) {
   busy = r->pending || r->queued || r->copies;
   if (busy && !r->failed) check_peer(g, r->conn);
   if (busy && r->conn->failed && !r->failed)
-    ibr_req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
-             strcmp(r->what, "get") ? "to" : "from", r->conn->peer, x->index, r->win, (unsigned long long)r->off,
-             (unsigned long long)r->size, r->conn->why);
+    ibr_req_fail_conn(r, r->conn->why);
   if (busy && x->stage) ibr_stage_progress(x); /* a failed connection's queue is dropped */
   int pending = r->pending || r->queued || r->copies;
   pthread_mutex_unlock(&x->lock);

@@ -174,6 +174,10 @@ int ibr_timeout_ms(void);
 /* Fail every op queued or in flight on c, once. */
 void ibr_conn_fail(struct ibr_conn *c, const char *why);
 void ibr_req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Fail r because its connection failed (or is failing): the op, its rank and range, and why. */
+void ibr_req_fail_conn(struct ibr_req *r, const char *why);
+/* "to" for a put, "from" for a get: how r's message names its peer. */
+const char *ibr_to_from(const struct ibr_req *r);
 /* Finish r as refused at once (the error is in r): *request is r, test reports it. */
 ncclResult_t ibr_refuse(struct ibr_req *r, void **request);
 /* Work requests an op takes; whether c's QP has room for n more; post one (0 ok). */

@@ -30,6 +30,14 @@ void ibr_req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) {
   va_end(ap);
 }
 
+const char *ibr_to_from(const struct ibr_req *r) { return strcmp(r->what, "get") ? "to" : "from"; }
+
+void ibr_req_fail_conn(struct ibr_req *r, const char *why) {
+  ibr_req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
+               ibr_to_from(r), r->conn->peer, r->conn->cx->index, r->win, (unsigned long long)r->off,
+               (unsigned long long)r->size, why);
+}
+
 /* A refused op: a request that fails from test, nothing posted. */
 ncclResult_t ibr_refuse(struct ibr_req *r, void **request) {
   *request = r;

@@ -66,7 +66,7 @@ static void stage_fault(struct ibr_req *r, ncclResult_t res, const char *what) {
   char where[256], why[160];
   stage_where(r, where, sizeof(where));
   ibr_req_fail(r, res == ncclSuccess ? ncclSystemError : res, "RMA %s %s rank %d (context %d): %s the staging slot "
-           "failed: %s; the op is not complete", r->what, strcmp(r->what, "get") ? "to" : "from", r->conn->peer,
+           "failed: %s; the op is not complete", r->what, ibr_to_from(r), r->conn->peer,
            r->conn->cx->index, what, where);
   snprintf(why, sizeof(why), "a copy through the staging ring of %s failed", r->conn->cx->b.dev->props.name);
   ibr_conn_fail(r->conn, why);
@@ -195,10 +195,7 @@ static int stage_drop_head(struct ibr_stage *st, struct ibr_req *r) {
     sl->state = SLOT_FREE;
     st->post++;
   }
-  if (!r->failed)
-    ibr_req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d, window %u, offset %llu, size %llu): %s", r->what,
-             strcmp(r->what, "get") ? "to" : "from", r->conn->peer, r->conn->cx->index, r->win,
-             (unsigned long long)r->off, (unsigned long long)r->size, r->conn->why);
+  if (!r->failed) ibr_req_fail_conn(r, r->conn->why);
   queue_pop(st);
   return 0;
 }
@@ -329,7 +326,7 @@ void ibr_stage_deadline(struct ibr_req *r) {
   char where[256], why[160];
   stage_where(r, where, sizeof(where));
   ibr_req_fail(r, ncclRemoteError, "RMA %s %s rank %d (context %d): waited %.0f s (MPLANE_CONNECT_TIMEOUT) in the queue "
-           "of the staging ring for %s", r->what, strcmp(r->what, "get") ? "to" : "from", r->conn->peer,
+           "of the staging ring for %s", r->what, ibr_to_from(r), r->conn->peer,
            r->conn->cx->index, waited, where);
   snprintf(why, sizeof(why), "an op waited past MPLANE_CONNECT_TIMEOUT for the staging ring of %s",
            r->conn->cx->b.dev->props.name);
@@ -372,7 +369,7 @@ ncclResult_t ibr_local_key(struct ibr_req *r, const struct ibr_win *w, uint32_t 
   const struct ibr_group *g = c->cx->set->g;
   ibr_req_fail(r, ncclInternalError, "RMA %s %s rank %d (context %d): local window %u is not registered on %s (plane %d), "
            "which carries this rank's ops to rank %d (plane %d); nothing was %s", r->what,
-           strcmp(r->what, "get") ? "to" : "from", c->peer, c->cx->index, w->id, g->car[c->car].d->props.name,
+           ibr_to_from(r), c->peer, c->cx->index, w->id, g->car[c->car].d->props.name,
            g->car[c->car].plane, c->peer, g->plane[c->peer], strcmp(r->what, "get") ? "written" : "read");
   return ibr_refuse(r, request);
 }
