@@ -115,6 +115,13 @@ static int read_full_spin(int fd, void *buf, size_t len, uint64_t spin_ns) {
   return r;
 }
 
+/* Helper threads carry a name (top -H, perf, gdb): which of a process's threads move which bytes. */
+static void name_thread(const char *what, int index) {
+  char name[16];
+  snprintf(name, sizeof(name), "%s%d", what, index);
+  pthread_setname_np(pthread_self(), name);
+}
+
 static void set_blocking(int fd) {
   int fl = fcntl(fd, F_GETFL);
   if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
@@ -147,6 +154,7 @@ static void *send_thread(void *argp) {
   free(argp);
   struct mps_send_comm *c = arg.comm;
   struct mps_queue *q = &c->queues[arg.index];
+  name_thread("mplane-snd", arg.index);
   for (;;) {
     /* Poll a moment before sleeping: a futex wake-up costs more than a message on a fast link. */
     spin_until_work(q, &c->stop, c->spin_ns);
@@ -735,6 +743,7 @@ static void *recv_thread(void *argp) {
   struct recv_thread_arg arg = *(struct recv_thread_arg *)argp;
   free(argp);
   struct mps_recv_comm *c = arg.comm;
+  name_thread("mplane-rcv", arg.index);
   struct pollfd pfds[MPS_MAX_STREAMS];
   int n = 0;
   for (int s = arg.index; s < c->nstreams; s += c->nthreads) pfds[n++] = (struct pollfd){.fd = c->fds[s], .events = POLLIN};
