@@ -74,13 +74,22 @@ static const struct row rows[] = {
      "suffix is ignored, as NCCL ignores it",
      "interfaces the socket transport uses (default: every up, non-loopback interface)", NULL,
      ifname_drop_ports},
-    {"MPLANE_SOCKET_STREAMS", K_INT, OFF(socket_streams), 0, "4", 1, 16, NULL, "an integer from 1 to 16",
-     "TCP data streams per connection"},
-    {"MPLANE_SOCKET_THREADS", K_INT, OFF(socket_threads), 0, "4", 1, 16, NULL, "an integer from 1 to 16",
-     "helper threads per connection that move the data streams"},
+    {"MPLANE_SOCKET_STREAMS", K_INT, OFF(socket_streams), 0, "0", 0, 16, NULL,
+     "0 (automatic) or an integer from 1 to 16",
+     "TCP data streams per connection (automatic: 8 on links of 100 Gb/s or more, loopback included, "
+     "else 4)"},
+    {"MPLANE_SOCKET_THREADS", K_INT, OFF(socket_threads), 0, "0", 0, 16, NULL,
+     "0 (one per stream) or an integer from 1 to 16",
+     "helper threads per connection and direction that move the data streams; fewer than the streams "
+     "share them (a thread per stream moves the most)"},
     {"MPLANE_SOCKET_SPLIT_BYTES", K_SIZE, OFF(socket_split_bytes), 0, "256K", 1, 1L << 30, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 1 to 1G",
      "messages at least this big are split across the streams; smaller ones ride one stream"},
+    {"MPLANE_SOCKET_CHUNK_BYTES", K_SIZE, OFF(socket_chunk_bytes), 0, "512K", 4096, 1L << 30, NULL,
+     "a size in bytes, K/M/G suffixes allowed, from 4K to 1G",
+     "a split message's chunks are at least this big: it takes as many streams as that allows (each "
+     "chunk costs a hand-off and a wake-up at both ends; NCCL keeps the other streams busy with its "
+     "other steps)"},
     {"MPLANE_SOCKET_INLINE_BYTES", K_SIZE, OFF(socket_inline_bytes), 0, "128K", 0, 1L << 20, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1M",
      "messages up to this big are written and read by NCCL's proxy thread on the control socket, "

@@ -20,9 +20,10 @@ enum mplane_relay_mode { MPLANE_RELAY_AUTO = 0, MPLANE_RELAY_NVLINK, MPLANE_RELA
 struct mplane_config {
   int transport;                             /* enum mplane_transport_choice */
   char socket_ifname[MPLANE_CONFIG_STR];     /* NCCL_SOCKET_IFNAME grammar; "" = automatic */
-  int socket_streams;                        /* TCP data streams per connection */
-  int socket_threads;                        /* helper threads per connection */
+  int socket_streams;                        /* TCP data streams per connection; 0 by link speed */
+  int socket_threads;                        /* helper threads per connection; 0 one per stream */
   long socket_split_bytes;                   /* messages at least this big are split across streams */
+  long socket_chunk_bytes;                   /* ... into chunks at least this big (so onto fewer streams) */
   long socket_inline_bytes;                  /* messages up to this big ride the control socket */
   long socket_eager_bytes;                   /* messages up to this big may go before the receiver's CTS */
   long socket_pad_bytes;                     /* control-socket messages shorter than this are padded */

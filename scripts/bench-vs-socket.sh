@@ -57,7 +57,7 @@ for t in sendrecv all_reduce; do
   sbig=$1
   mbest=0; mdef=0
   for cfg in "default" "MPLANE_NCCL_DEFAULTS=0" "MPLANE_SOCKET_SPIN_US=0" \
-             "MPLANE_SOCKET_STREAMS=8 MPLANE_SOCKET_THREADS=8" ${MPLANE_BENCH_VARIANTS:-}; do
+             "MPLANE_SOCKET_STREAMS=4 MPLANE_SOCKET_CHUNK_BYTES=64K" ${MPLANE_BENCH_VARIANTS:-}; do
     if [ "$cfg" = default ]; then r=$(run $t "${mplane_env[@]}")
     else r=$(run $t "${mplane_env[@]}" $cfg); fi
     set -- $r

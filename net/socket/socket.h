@@ -7,7 +7,10 @@
  * A send takes the first untaken entry of its tag in the oldest offered group, or waits (a NULL
  * request) when that group has none: a later group's send on a shared comm (net/tag_wait.h).
  * Data travels in self-describing chunks (slot, offset, length, total) on any stream, written
- * straight into the posted buffer by the receiver's helper threads.
+ * straight into the posted buffer by the receiver's helper threads. A connection has 8 streams on
+ * links of 100 Gb/s or more, else 4 (MPLANE_SOCKET_STREAMS), each with a helper thread at both
+ * ends; a message of MPLANE_SOCKET_SPLIT_BYTES or more is cut into as many chunks as there are
+ * streams, none under MPLANE_SOCKET_CHUNK_BYTES (chunk_size in socket_data.c).
  *
  * Small messages (MPLANE_SOCKET_INLINE_BYTES; above MPS_INLINE_ALWAYS only while the process has
  * fewer than MPLANE_SOCKET_INLINE_BUSY sends in flight) skip the helper threads at both ends: the sender's proxy thread writes the
@@ -151,6 +154,12 @@ const struct mplane_config *mps_config(void);
 /* sendmsg until every byte of iov[0..n) is out (the array is consumed): 0 ok, -1 error. */
 int mps_sendv_all(int fd, struct iovec *iov, int n);
 
+/* Data streams of a connection over a link of speed_mbps (MPLANE_SOCKET_STREAMS, 0: by speed), and
+ * helper threads per direction for nstreams streams (MPLANE_SOCKET_THREADS, 0: one per stream). */
+int mps_streams_for(const struct mplane_config *cfg, int speed_mbps);
+int mps_threads_for(const struct mplane_config *cfg, int nstreams);
+#define MPS_FAST_LINK_MBPS 100000 /* links this fast get 8 streams: one TCP stream per core falls short */
+
 /* Helper-thread spin time from MPLANE_SOCKET_SPIN_US. */
 uint64_t mps_spin_ns(const struct mplane_config *cfg);
 /* 1 if ifname is selected by an NCCL_SOCKET_IFNAME-style spec ("" = automatic choice). */
@@ -222,6 +231,7 @@ struct mps_send_comm {
   int acked;                       /* the acceptor's ACK (or a CTS, which follows it) has arrived */
   uint64_t ack_deadline_ns;        /* isend fails if no ACK by then (MPLANE_CONNECT_TIMEOUT after connect) */
   size_t split_bytes;
+  size_t chunk_bytes;              /* a split message's chunks are at least this big */
   uint64_t spin_ns;                /* helper threads poll this long before sleeping */
   unsigned rr;                     /* stream of the next unsplit message */
   struct mps_cts_group cts[MPS_MAX_GROUPS];

@@ -138,6 +138,11 @@ static void stage_free(struct mps_connect_stage *st) {
   free(st);
 }
 
+int mps_streams_for(const struct mplane_config *cfg, int speed_mbps) {
+  if (cfg->socket_streams > 0) return cfg->socket_streams;
+  return speed_mbps >= MPS_FAST_LINK_MBPS ? 8 : 4;
+}
+
 static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, const struct mplane_handle *h,
                                struct mps_connect_stage **out) {
   const struct mplane_config *cfg = mps_config();
@@ -160,11 +165,12 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   }
   uint64_t nonce = 0;
   if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = (uint64_t)now_s() ^ (uint64_t)(uintptr_t)st;
-  st->nsock = cfg->socket_streams + 1;
+  int nstreams = mps_streams_for(cfg, d->props.speed_mbps);
+  st->nsock = nstreams + 1;
   st->deadline = now_s() + cfg->connect_timeout_s;
   st->hello = (struct mps_hello){.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION,
                                  .type = MPS_HELLO, .node_id = mplane_node_id(), .nonce = nonce,
-                                 .plane = d->props.plane, .nstreams = (uint16_t)cfg->socket_streams,
+                                 .plane = d->props.plane, .nstreams = (uint16_t)nstreams,
                                  .sl = (uint32_t)opts->service_level};
   for (int i = 0; i < st->nsock; i++) st->fds[i] = -1;
   for (int i = 0; i < st->nsock; i++) {

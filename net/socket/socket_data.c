@@ -136,6 +136,10 @@ static void queue_init(struct mps_queue *q, unsigned cap) {
   q->tasks = calloc(cap, sizeof(*q->tasks));
 }
 
+int mps_threads_for(const struct mplane_config *cfg, int nstreams) {
+  return cfg->socket_threads > 0 && cfg->socket_threads < nstreams ? cfg->socket_threads : nstreams;
+}
+
 uint64_t mps_spin_ns(const struct mplane_config *cfg) { return (uint64_t)cfg->socket_spin_us * 1000u; }
 
 static void spin_until_work(struct mps_queue *q, const int *stop, uint64_t spin_ns) {
@@ -179,6 +183,7 @@ static void *send_thread(void *argp) {
 
 ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg) {
   c->split_bytes = (size_t)cfg->socket_split_bytes;
+  c->chunk_bytes = (size_t)cfg->socket_chunk_bytes;
   c->inline_bytes = (size_t)cfg->socket_inline_bytes;
   c->pad_to = (uint32_t)cfg->socket_pad_bytes;
   c->inline_busy = cfg->socket_inline_busy;
@@ -186,7 +191,7 @@ ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_co
   /* connect finished when our hellos were written, not when the acceptor answered: a listener that
    * is not mplane (accepts TCP, stays silent) is only noticed by the missing ACK */
   c->ack_deadline_ns = now_ns() + (uint64_t)cfg->connect_timeout_s * 1000000000ull;
-  c->nthreads = cfg->socket_threads < c->nstreams ? cfg->socket_threads : c->nstreams;
+  c->nthreads = mps_threads_for(cfg, c->nstreams);
   for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
   /* Worst case per thread: every slot's message split over all streams, all on this thread. */
   unsigned per_thread = (unsigned)(MPS_MAX_SLOTS * ((c->nstreams + c->nthreads - 1) / c->nthreads));
@@ -436,6 +441,18 @@ static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size,
   return send_inline(c, req, &h, data, request);
 }
 
+/* The chunk size of a message split across the streams: as many chunks as there are streams, but
+ * none below MPLANE_SOCKET_CHUNK_BYTES, in 4 KiB multiples so receivers copy aligned pages. Each
+ * chunk costs a hand-off to a helper thread and a wake-up at both ends; NCCL keeps several steps in
+ * flight per channel, so the streams a message leaves idle carry the next one (docs/benchmarks.md). */
+static size_t chunk_size(const struct mps_send_comm *c, size_t size) {
+  size_t n = size / c->chunk_bytes;
+  if (n < 1) n = 1;
+  if (n > (size_t)c->nstreams) n = (size_t)c->nstreams;
+  size_t per = (size + n - 1) / n;
+  return (per + 4095) & ~(size_t)4095;
+}
+
 /* The untaken entry of `tag` in the oldest open group we have read, or -1. */
 static int head_entry(const struct mps_send_comm *c, int tag) {
   if (c->cts_head == c->cts_tail) return -1;
@@ -525,12 +542,11 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
     t.data = data;
     push_task(c, s, &t);
   } else {
-    /* Split evenly over all streams, in 4 KiB multiples so receivers copy aligned pages. */
-    size_t per = (size + (size_t)c->nstreams - 1) / (size_t)c->nstreams;
-    per = (per + 4095) & ~(size_t)4095;
+    size_t per = chunk_size(c, size);
     int n = (int)((size + per - 1) / per);
     req->nchunks = n;
-    unsigned first = c->rr++;
+    unsigned first = c->rr;
+    c->rr += (unsigned)n; /* the next message starts on the streams this one left idle */
     for (int i = 0; i < n; i++) {
       int s = (int)((first + (unsigned)i) % (unsigned)c->nstreams);
       size_t off = (size_t)i * per;
@@ -770,7 +786,7 @@ static void *recv_thread(void *argp) {
 
 ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c) {
   const struct mplane_config *cfg = mps_config();
-  c->nthreads = cfg->socket_threads < c->nstreams ? cfg->socket_threads : c->nstreams;
+  c->nthreads = mps_threads_for(cfg, c->nstreams);
   c->spin_ns = mps_spin_ns(cfg);
   c->eager_bytes = (uint64_t)cfg->socket_eager_bytes; /* what accept's ACK offered */
   pthread_mutex_init(&c->cts_lock, NULL); /* before the helper threads, which take it */

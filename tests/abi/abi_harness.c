@@ -1558,9 +1558,10 @@ static int sc_bad_config(void) {
   const struct {
     const char *var, *value, *form, *extra_var, *extra_value;
   } cases[] = {
-      {"MPLANE_SOCKET_STREAMS", "abc", "an integer from 1 to 16", NULL, NULL},
-      {"MPLANE_SOCKET_STREAMS", "17", "an integer from 1 to 16", NULL, NULL},
-      {"MPLANE_SOCKET_THREADS", "0", "an integer from 1 to 16", NULL, NULL},
+      {"MPLANE_SOCKET_STREAMS", "abc", "0 (automatic) or an integer from 1 to 16", NULL, NULL},
+      {"MPLANE_SOCKET_STREAMS", "17", "0 (automatic) or an integer from 1 to 16", NULL, NULL},
+      {"MPLANE_SOCKET_THREADS", "-1", "0 (one per stream) or an integer from 1 to 16", NULL, NULL},
+      {"MPLANE_SOCKET_CHUNK_BYTES", "1K", "from 4K to 1G", NULL, NULL},
       {"MPLANE_SOCKET_SPLIT_BYTES", "1T", "K/M/G", NULL, NULL},
       {"MPLANE_TRANSPORT", "tcp", "auto, ib or socket", NULL, NULL},
       {"MPLANE_CONNECT_TIMEOUT", "-5", "1 to 3600", NULL, NULL},

@@ -1,0 +1,271 @@
+/* How a real sender cuts its messages: the number of data streams a connection opens (by link
+ * speed, MPLANE_SOCKET_STREAMS), the helper threads that move them, and the chunks a message is
+ * split into (MPLANE_SOCKET_SPLIT_BYTES, MPLANE_SOCKET_CHUNK_BYTES). A raw TCP peer plays the
+ * receiver over loopback, speaking the wire format of net/socket/socket.h: it offers one buffer per
+ * message and reads every chunk header off the streams, so each chunk is seen exactly.
+ *
+ * The expectations follow the environment the test runs in (tests/unit/meson.build registers it
+ * twice): the defaults (loopback counts as a fast link: 8 streams, chunks of at least 512 KiB), or
+ * MPLANE_SOCKET_SPEED=10000 with MPLANE_SOCKET_CHUNK_BYTES=64K (4 streams, the cut of a slower
+ * link). */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "net/handle.h"
+#include "net/socket/socket.h"
+#include "plugin/net_core.h"
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void write_all(int fd, const void *p, size_t n) {
+  while (n) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    assert_true(w > 0);
+    p = (const char *)p + w;
+    n -= (size_t)w;
+  }
+}
+
+static void read_all(int fd, void *p, size_t n) {
+  while (n) {
+    ssize_t r = recv(fd, p, n, 0);
+    assert_true(r > 0);
+    p = (char *)p + r;
+    n -= (size_t)r;
+  }
+}
+
+/* The raw receiver: its control socket and data streams, by stream index. */
+struct peer {
+  int ctrl;
+  int nstreams;
+  int fds[MPS_MAX_STREAMS];
+  void *sc;
+  uint64_t groups; /* CTS groups offered so far */
+};
+
+/* Threads of this process whose name starts with `prefix` (the sender's helpers name themselves). */
+static int threads_named(const char *prefix) {
+  DIR *d = opendir("/proc/self/task");
+  assert_non_null(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char path[64], name[32] = "";
+    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    if (fgets(name, sizeof(name), f) && strncmp(name, prefix, strlen(prefix)) == 0) n++;
+    fclose(f);
+  }
+  closedir(d);
+  return n;
+}
+
+/* A handle that names our own listening socket: a real listener's handle (its plane and node),
+ * with the address swapped. The plugin then connects to us. */
+static void peer_up(struct peer *p) {
+  memset(p, 0, sizeof(*p));
+  char real[NCCL_NET_HANDLE_MAXSIZE];
+  void *lc = NULL;
+  assert_int_equal(mplane_net_listen(mplane_net_default_ctx(), 0, real, &lc), ncclSuccess);
+  struct mplane_handle h;
+  char why[256];
+  assert_int_equal(mplane_handle_decode(real, &h, why, sizeof(why)), ncclSuccess);
+  mplane_net_close_listen(lc);
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t alen = sizeof(a);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&a, alen), 0);
+  assert_int_equal(listen(lfd, MPS_MAX_STREAMS + 1), 0);
+  assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+  assert_true(h.payload_len == sizeof(a));
+  memcpy(h.payload, &a, sizeof(a));
+  char handle[NCCL_NET_HANDLE_MAXSIZE] = {0};
+  assert_int_equal(mplane_handle_encode(&h, handle), ncclSuccess);
+  /* the kernel completes the TCP handshakes before we accept, so connect finishes on its own */
+  double deadline = now() + 10;
+  while (!p->sc) {
+    assert_int_equal(mplane_net_connect(mplane_net_default_ctx(), 0, 0, handle, &p->sc), ncclSuccess);
+    assert_true(now() < deadline);
+  }
+  int expected = -1;
+  for (int got = 0; expected < 0 || got < expected + 1; got++) {
+    int fd = accept(lfd, NULL, NULL);
+    assert_true(fd >= 0);
+    struct mps_hello hello;
+    read_all(fd, &hello, sizeof(hello));
+    assert_int_equal(hello.type, MPS_HELLO);
+    assert_true(hello.nstreams >= 1 && hello.nstreams <= MPS_MAX_STREAMS && hello.stream <= hello.nstreams);
+    expected = hello.nstreams;
+    if (hello.stream == 0) p->ctrl = fd;
+    else p->fds[hello.stream - 1] = fd;
+  }
+  p->nstreams = expected;
+  close(lfd);
+  /* the acceptor's ACK: no eager messages, so every send waits for its CTS */
+  struct mps_ctrl ack = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = MPS_ACK};
+  write_all(p->ctrl, &ack, sizeof(ack));
+}
+
+static void peer_down(struct peer *p) {
+  assert_int_equal(mplane_net_close_send(p->sc), ncclSuccess);
+  close(p->ctrl);
+  for (int i = 0; i < p->nstreams; i++) close(p->fds[i]);
+}
+
+struct cut {
+  int nchunks;
+  uint64_t off[MPS_MAX_STREAMS], len[MPS_MAX_STREAMS];
+  int stream[MPS_MAX_STREAMS];
+};
+
+/* Offer a buffer of `size` bytes, send `size` bytes through the plugin, and read every chunk header
+ * off the data streams (payloads checked against the pattern sent). */
+static void send_one(struct peer *p, size_t size, struct cut *cut) {
+  memset(cut, 0, sizeof(*cut));
+  struct mps_ctrl cts = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = MPS_CTS,
+                         .n = 1, .seq = p->groups++};
+  cts.e[0].slot = 5;
+  cts.e[0].tag = 3;
+  cts.e[0].size = size;
+  write_all(p->ctrl, &cts, sizeof(cts));
+  unsigned char *buf = malloc(size), *got = malloc(size);
+  assert_non_null(buf);
+  assert_non_null(got);
+  for (size_t i = 0; i < size; i++) buf[i] = (unsigned char)(i * 7 + size);
+  void *req = NULL;
+  double deadline = now() + 10;
+  while (!req) {
+    assert_int_equal(mplane_net_isend(p->sc, buf, size, 3, NULL, &req), ncclSuccess);
+    assert_true(now() < deadline);
+  }
+  uint64_t have = 0;
+  while (have < size) {
+    struct pollfd pf[MPS_MAX_STREAMS];
+    for (int i = 0; i < p->nstreams; i++) pf[i] = (struct pollfd){.fd = p->fds[i], .events = POLLIN};
+    assert_true(poll(pf, (nfds_t)p->nstreams, 10000) > 0);
+    for (int i = 0; i < p->nstreams; i++) {
+      if (!(pf[i].revents & POLLIN)) continue;
+      struct mps_chunk h;
+      read_all(p->fds[i], &h, sizeof(h));
+      assert_int_equal(h.flags, 0);
+      assert_int_equal(h.slot, 5);
+      assert_int_equal(h.total, size);
+      assert_true(h.offset + h.len <= size);
+      assert_true(cut->nchunks < MPS_MAX_STREAMS);
+      cut->off[cut->nchunks] = h.offset;
+      cut->len[cut->nchunks] = h.len;
+      cut->stream[cut->nchunks] = i;
+      cut->nchunks++;
+      read_all(p->fds[i], got + h.offset, h.len);
+      have += h.len;
+    }
+  }
+  assert_int_equal(have, size);
+  assert_memory_equal(got, buf, size);
+  int done = 0, sent = 0;
+  while (!done) {
+    assert_int_equal(mplane_net_test(req, &done, &sent), ncclSuccess);
+    assert_true(now() < deadline);
+  }
+  assert_int_equal(sent, (int)size);
+  free(buf);
+  free(got);
+}
+
+/* The chunks tile the message, each on a stream of its own, all but the last of one size, a 4 KiB
+ * multiple. */
+static void check_tiling(const struct cut *c, size_t size) {
+  uint64_t per = 0;
+  for (int i = 0; i < c->nchunks; i++) per = c->len[i] > per ? c->len[i] : per;
+  if (c->nchunks > 1) assert_int_equal(per % 4096, 0);
+  for (int i = 0; i < c->nchunks; i++) {
+    assert_true(c->off[i] % per == 0);
+    assert_true(c->len[i] == per || c->off[i] + c->len[i] == size);
+    for (int j = 0; j < i; j++) {
+      assert_true(c->off[i] != c->off[j]);
+      assert_true(c->stream[i] != c->stream[j]);
+    }
+  }
+}
+
+static int fast_link(void) { return getenv("MPLANE_SOCKET_SPEED") == NULL; }
+
+/* Loopback has no link speed; the plugin reports it as 400 Gb/s, a fast link: 8 streams, a helper
+ * thread for each. Reported at 10 Gb/s: 4. */
+static void test_streams_by_speed(void **state) {
+  (void)state;
+  struct peer p;
+  peer_up(&p);
+  int want = fast_link() ? 8 : 4;
+  assert_int_equal(p.nstreams, want);
+  /* the helpers name themselves once they run: give them a moment, then the count must be exact */
+  double deadline = now() + 5;
+  while (threads_named("mplane-snd") < want && now() < deadline) usleep(1000);
+  usleep(20000);
+  assert_int_equal(threads_named("mplane-snd"), want);
+  peer_down(&p);
+}
+
+static void test_chunk_sizes(void **state) {
+  (void)state;
+  struct peer p;
+  peer_up(&p);
+  /* size -> chunks; below 256 KiB (MPLANE_SOCKET_SPLIT_BYTES) a message is never split */
+  const struct {
+    size_t size;
+    int fast, slow; /* chunks with the defaults (8 streams, 512K), and at 4 streams with 64K */
+  } cases[] = {
+      {200 << 10, 1, 1},              /* under the split size */
+      {256 << 10, 1, 4},              /* split, but one 512 KiB chunk holds it */
+      {(1 << 20) - 4096, 1, 4},       /* just under two chunks' worth */
+      {1 << 20, 2, 4},
+      {(1 << 20) + 4096, 2, 4},       /* the last chunk shorter */
+      {4 << 20, 8, 4},
+      {(16 << 20) + 12345, 8, 4},     /* every stream, big chunks, an odd tail */
+  };
+  for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+    struct cut c;
+    send_one(&p, cases[k].size, &c);
+    int want = fast_link() ? cases[k].fast : cases[k].slow;
+    if (c.nchunks != want) fail_msg("%zu bytes: %d chunks, expected %d", cases[k].size, c.nchunks, want);
+    check_tiling(&c, cases[k].size);
+    if (c.nchunks > 1) {
+      size_t least = fast_link() ? 512u << 10 : 64u << 10;
+      for (int i = 0; i + 1 < c.nchunks; i++) assert_true(c.len[i] >= least);
+    }
+  }
+  peer_down(&p);
+}
+
+int main(void) {
+  setenv("MPLANE_TRANSPORT", "socket", 1);
+  setenv("MPLANE_SOCKET_IFNAME", "lo", 1);
+  if (mplane_net_global_init(NULL) != ncclSuccess) return 1;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_streams_by_speed),
+      cmocka_unit_test(test_chunk_sizes),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
