@@ -77,7 +77,7 @@ static const struct row rows[] = {
     {"MPLANE_SOCKET_STREAMS", K_INT, OFF(socket_streams), 0, "0", 0, 16, NULL,
      "0 (automatic) or an integer from 1 to 16",
      "TCP data streams per connection (automatic: 8 on links of 100 Gb/s or more, loopback included, "
-     "else 4)"},
+     "when the process may run on 16 CPUs or more; else 4)"},
     {"MPLANE_SOCKET_THREADS", K_INT, OFF(socket_threads), 0, "0", 0, 16, NULL,
      "0 (one per stream) or an integer from 1 to 16",
      "helper threads per connection and direction that move the data streams; fewer than the streams "

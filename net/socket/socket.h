@@ -8,8 +8,8 @@
  * request) when that group has none: a later group's send on a shared comm (net/tag_wait.h).
  * Data travels in self-describing chunks (slot, offset, length, total) on any stream, written
  * straight into the posted buffer by the receiver's helper threads. A connection has 8 streams on
- * links of 100 Gb/s or more, else 4 (MPLANE_SOCKET_STREAMS), each with a helper thread at both
- * ends; a message of MPLANE_SOCKET_SPLIT_BYTES or more is cut into as many chunks as there are
+ * links of 100 Gb/s or more in a process with 16 CPUs or more, else 4 (MPLANE_SOCKET_STREAMS),
+ * each with a helper thread at both ends; a message of MPLANE_SOCKET_SPLIT_BYTES or more is cut into as many chunks as there are
  * streams, none under MPLANE_SOCKET_CHUNK_BYTES (chunk_size in socket_data.c).
  *
  * Small messages (MPLANE_SOCKET_INLINE_BYTES; above MPS_INLINE_ALWAYS only while the process has
@@ -154,9 +154,11 @@ const struct mplane_config *mps_config(void);
 /* sendmsg until every byte of iov[0..n) is out (the array is consumed): 0 ok, -1 error. */
 int mps_sendv_all(int fd, struct iovec *iov, int n);
 
-/* Data streams of a connection over a link of speed_mbps (MPLANE_SOCKET_STREAMS, 0: by speed), and
- * helper threads per direction for nstreams streams (MPLANE_SOCKET_THREADS, 0: one per stream). */
-int mps_streams_for(const struct mplane_config *cfg, int speed_mbps);
+/* Data streams of a connection over a link of speed_mbps from a process that may run on ncpus CPUs
+ * (MPLANE_SOCKET_STREAMS; 0: 8 on a fast link with at least 16 CPUs, else 4: every stream has a
+ * helper thread at each end, and threads beyond the cores only contend), and helper threads per
+ * direction for nstreams streams (MPLANE_SOCKET_THREADS, 0: one per stream). */
+int mps_streams_for(const struct mplane_config *cfg, int speed_mbps, int ncpus);
 int mps_threads_for(const struct mplane_config *cfg, int nstreams);
 #define MPS_FAST_LINK_MBPS 100000 /* links this fast get 8 streams: one TCP stream per core falls short */
 

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,9 +139,16 @@ static void stage_free(struct mps_connect_stage *st) {
   free(st);
 }
 
-int mps_streams_for(const struct mplane_config *cfg, int speed_mbps) {
+int mps_streams_for(const struct mplane_config *cfg, int speed_mbps, int ncpus) {
   if (cfg->socket_streams > 0) return cfg->socket_streams;
-  return speed_mbps >= MPS_FAST_LINK_MBPS ? 8 : 4;
+  return speed_mbps >= MPS_FAST_LINK_MBPS && ncpus >= 2 * 8 ? 8 : 4;
+}
+
+/* The CPUs this process may run on (its affinity mask), where the helper threads will run. */
+static int usable_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
 }
 
 static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, const struct mplane_handle *h,
@@ -165,7 +173,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   }
   uint64_t nonce = 0;
   if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = (uint64_t)now_s() ^ (uint64_t)(uintptr_t)st;
-  int nstreams = mps_streams_for(cfg, d->props.speed_mbps);
+  int nstreams = mps_streams_for(cfg, d->props.speed_mbps, usable_cpus());
   st->nsock = nstreams + 1;
   st->deadline = now_s() + cfg->connect_timeout_s;
   st->hello = (struct mps_hello){.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION,

@@ -5,13 +5,15 @@
  * message and reads every chunk header off the streams, so each chunk is seen exactly.
  *
  * The expectations follow the environment the test runs in (tests/unit/meson.build registers it
- * twice): the defaults (loopback counts as a fast link: 8 streams, chunks of at least 512 KiB), or
- * MPLANE_SOCKET_SPEED=10000 with MPLANE_SOCKET_CHUNK_BYTES=64K (4 streams, the cut of a slower
- * link). */
+ * three times): the defaults (loopback counts as a fast link: 8 streams where the process has 16
+ * CPUs or more, else 4; chunks of at least 512 KiB), MPLANE_SOCKET_STREAMS=8 (8 streams whatever
+ * the CPUs), and MPLANE_SOCKET_SPEED=10000 with MPLANE_SOCKET_CHUNK_BYTES=64K (4 streams, the cut
+ * of a slower link). */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -210,15 +212,23 @@ static void check_tiling(const struct cut *c, size_t size) {
   }
 }
 
-static int fast_link(void) { return getenv("MPLANE_SOCKET_SPEED") == NULL; }
+/* The streams this environment must give on loopback (reported at 400 Gb/s, a fast link, unless
+ * MPLANE_SOCKET_SPEED says otherwise). */
+static int streams_expected(void) {
+  const char *forced = getenv("MPLANE_SOCKET_STREAMS");
+  if (forced) return atoi(forced);
+  cpu_set_t set;
+  assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
+  return getenv("MPLANE_SOCKET_SPEED") == NULL && CPU_COUNT(&set) >= 16 ? 8 : 4;
+}
 
-/* Loopback has no link speed; the plugin reports it as 400 Gb/s, a fast link: 8 streams, a helper
- * thread for each. Reported at 10 Gb/s: 4. */
-static void test_streams_by_speed(void **state) {
+static size_t chunk_floor(void) { return getenv("MPLANE_SOCKET_CHUNK_BYTES") ? 64u << 10 : 512u << 10; }
+
+static void test_streams_and_threads(void **state) {
   (void)state;
   struct peer p;
   peer_up(&p);
-  int want = fast_link() ? 8 : 4;
+  int want = streams_expected();
   assert_int_equal(p.nstreams, want);
   /* the helpers name themselves once they run: give them a moment, then the count must be exact */
   double deadline = now() + 5;
@@ -228,6 +238,26 @@ static void test_streams_by_speed(void **state) {
   peer_down(&p);
 }
 
+/* The automatic stream count, on hosts of every size (this one has only the CPUs it has). */
+static void test_stream_rule(void **state) {
+  (void)state;
+  struct mplane_config cfg = *mps_config();
+  cfg.socket_streams = 0;
+  assert_int_equal(mps_streams_for(&cfg, 400000, 16), 8);  /* loopback, a 16-core host */
+  assert_int_equal(mps_streams_for(&cfg, 100000, 128), 8); /* a 100 Gb/s NIC */
+  assert_int_equal(mps_streams_for(&cfg, 400000, 15), 4);  /* too few CPUs for 16 helper threads */
+  assert_int_equal(mps_streams_for(&cfg, 99999, 128), 4);  /* a slower link */
+  assert_int_equal(mps_streams_for(&cfg, 0, 128), 4);      /* speed unknown */
+  cfg.socket_streams = 6;
+  assert_int_equal(mps_streams_for(&cfg, 400000, 2), 6);   /* what the user set, always */
+  cfg.socket_threads = 0;
+  assert_int_equal(mps_threads_for(&cfg, 6), 6);
+  cfg.socket_threads = 2;
+  assert_int_equal(mps_threads_for(&cfg, 6), 2);
+  cfg.socket_threads = 9;
+  assert_int_equal(mps_threads_for(&cfg, 6), 6);           /* never more threads than streams */
+}
+
 static void test_chunk_sizes(void **state) {
   (void)state;
   struct peer p;
@@ -235,26 +265,25 @@ static void test_chunk_sizes(void **state) {
   /* size -> chunks; below 256 KiB (MPLANE_SOCKET_SPLIT_BYTES) a message is never split */
   const struct {
     size_t size;
-    int fast, slow; /* chunks with the defaults (8 streams, 512K), and at 4 streams with 64K */
+    int s8, s4, s4_64k; /* chunks: 8 streams, chunks >= 512K; 4 streams, >= 512K; 4 streams, >= 64K */
   } cases[] = {
-      {200 << 10, 1, 1},              /* under the split size */
-      {256 << 10, 1, 4},              /* split, but one 512 KiB chunk holds it */
-      {(1 << 20) - 4096, 1, 4},       /* just under two chunks' worth */
-      {1 << 20, 2, 4},
-      {(1 << 20) + 4096, 2, 4},       /* the last chunk shorter */
-      {4 << 20, 8, 4},
-      {(16 << 20) + 12345, 8, 4},     /* every stream, big chunks, an odd tail */
+      {200 << 10, 1, 1, 1},          /* under the split size */
+      {256 << 10, 1, 1, 4},          /* split, but one 512 KiB chunk holds it */
+      {(1 << 20) - 4096, 1, 1, 4},   /* just under two chunks' worth */
+      {1 << 20, 2, 2, 4},
+      {(1 << 20) + 4096, 2, 2, 4},   /* the last chunk shorter */
+      {4 << 20, 8, 4, 4},
+      {(16 << 20) + 12345, 8, 4, 4}, /* every stream, big chunks, an odd tail */
   };
+  size_t least = chunk_floor();
   for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
     struct cut c;
     send_one(&p, cases[k].size, &c);
-    int want = fast_link() ? cases[k].fast : cases[k].slow;
-    if (c.nchunks != want) fail_msg("%zu bytes: %d chunks, expected %d", cases[k].size, c.nchunks, want);
+    int want = p.nstreams == 8 ? cases[k].s8 : least == 512u << 10 ? cases[k].s4 : cases[k].s4_64k;
+    if (c.nchunks != want)
+      fail_msg("%zu bytes over %d streams: %d chunks, expected %d", cases[k].size, p.nstreams, c.nchunks, want);
     check_tiling(&c, cases[k].size);
-    if (c.nchunks > 1) {
-      size_t least = fast_link() ? 512u << 10 : 64u << 10;
-      for (int i = 0; i + 1 < c.nchunks; i++) assert_true(c.len[i] >= least);
-    }
+    for (int i = 0; c.nchunks > 1 && i + 1 < c.nchunks; i++) assert_true(c.len[i] >= least);
   }
   peer_down(&p);
 }
@@ -264,7 +293,8 @@ int main(void) {
   setenv("MPLANE_SOCKET_IFNAME", "lo", 1);
   if (mplane_net_global_init(NULL) != ncclSuccess) return 1;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_streams_by_speed),
+      cmocka_unit_test(test_stream_rule),
+      cmocka_unit_test(test_streams_and_threads),
       cmocka_unit_test(test_chunk_sizes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
