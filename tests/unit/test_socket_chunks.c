@@ -30,30 +30,7 @@
 #include "net/handle.h"
 #include "net/socket/socket.h"
 #include "plugin/net_core.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void write_all(int fd, const void *p, size_t n) {
-  while (n) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    assert_true(w > 0);
-    p = (const char *)p + w;
-    n -= (size_t)w;
-  }
-}
-
-static void read_all(int fd, void *p, size_t n) {
-  while (n) {
-    ssize_t r = recv(fd, p, n, 0);
-    assert_true(r > 0);
-    p = (char *)p + r;
-    n -= (size_t)r;
-  }
-}
+#include "raw_peer.h"
 
 /* The raw receiver: its control socket and data streams, by stream index. */
 struct peer {

@@ -20,12 +20,7 @@
 #include "net/handle.h"
 #include "net/socket/socket.h"
 #include "plugin/net_core.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "raw_peer.h"
 
 struct rig {
   void *lc, *rc;
@@ -34,24 +29,6 @@ struct rig {
   void *req;
   uint32_t slot;
 };
-
-static void write_all(int fd, const void *p, size_t n) {
-  while (n) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    assert_true(w > 0);
-    p = (const char *)p + w;
-    n -= (size_t)w;
-  }
-}
-
-static void read_all(int fd, void *p, size_t n) {
-  while (n) {
-    ssize_t r = recv(fd, p, n, 0);
-    assert_true(r > 0);
-    p = (char *)p + r;
-    n -= (size_t)r;
-  }
-}
 
 /* Listen through the plugin, connect 1 control + 2 data streams by hand, post one 8 KiB receive and
  * read its CTS (slot). */
