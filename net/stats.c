@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../common/config.h"
@@ -129,11 +130,48 @@ void mplane_stats_comm_open(struct mplane_stats_comm *s, const struct mplane_sta
   pthread_mutex_unlock(&lock);
 }
 
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no system call */
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Bucket 0: under 1 us; then 4 per doubling: bucket 1 + 4*e + f holds [2^e, 2^(e+1)) us, quarter f. */
+static int time_bucket(uint64_t ns) {
+  uint64_t us = ns / 1000;
+  if (us == 0) return 0;
+  int e = 63 - __builtin_clzll(us);
+  int f = e >= 2 ? (int)((us >> (e - 2)) & 3) : (int)((us << (2 - e)) & 3);
+  int b = 1 + 4 * e + f;
+  return b < MPLANE_STATS_TIME_BUCKETS ? b : MPLANE_STATS_TIME_BUCKETS - 1;
+}
+
+/* The upper edge of bucket b, in us. */
+static double bucket_top_us(int b) {
+  if (b == 0) return 1;
+  int e = (b - 1) / 4, f = (b - 1) % 4;
+  return (double)(1ull << e) * (1.0 + (f + 1) / 4.0);
+}
+
+double mplane_stats_time_quantile(const struct mplane_stats_comm *s, double q) {
+  uint64_t n = 0, seen = 0;
+  for (int b = 0; b < MPLANE_STATS_TIME_BUCKETS; b++) n += LOAD(&s->time_us[b]);
+  if (n == 0) return 0;
+  uint64_t want = (uint64_t)(q * (double)n + 0.999999);
+  if (want < 1) want = 1;
+  for (int b = 0; b < MPLANE_STATS_TIME_BUCKETS; b++) {
+    seen += LOAD(&s->time_us[b]);
+    if (seen >= want) return bucket_top_us(b);
+  }
+  return bucket_top_us(MPLANE_STATS_TIME_BUCKETS - 1);
+}
+
 void mplane_stats_request(struct mplane_stats_comm *s, struct mplane_stats_req *r, size_t send_bytes, int nrecv) {
   if (!r) return;
   r->comm = s && s->open ? s : NULL;
   r->send_bytes = send_bytes;
   r->nrecv = nrecv;
+  r->start_ns = r->comm ? now_ns() : 0;
 }
 
 void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes) {
@@ -141,6 +179,7 @@ void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes) {
   struct mplane_stats_comm *c = r->comm;
   r->comm = NULL;
   if (!c->open) return;
+  ADD(&c->time_us[time_bucket(now_ns() - r->start_ns)], 1);
   struct mplane_stats_counters *k = &c->c;
   if (c->info.is_send) {
     ADD(&k->tx_bytes, r->send_bytes);
@@ -206,10 +245,14 @@ void mplane_stats_comm_close(struct mplane_stats_comm *c) {
     human(k->relayed_bytes, rb, sizeof(rb));
     snprintf(rel, sizeof(rel), " (relayed from plane %d: %s)", c->info.from_plane, rb);
   }
-  MP_INFO(NCCL_NET, "stats: %s comm %s %s via %s plane %d class %s SL %d: %llu messages, %s%s",
+  char times[96] = "";
+  if (mplane_stats_time_quantile(c, 1) > 0)
+    snprintf(times, sizeof(times), "; %s to done: median <= %.0f us, p99 <= %.0f us",
+             c->info.is_send ? "isend" : "irecv", mplane_stats_time_quantile(c, 0.5), mplane_stats_time_quantile(c, 0.99));
+  MP_INFO(NCCL_NET, "stats: %s comm %s %s via %s plane %d class %s SL %d: %llu messages, %s%s%s",
           c->info.is_send ? "send" : "recv", c->info.is_send ? "to" : "from", c->peer[0] ? c->peer : "peer",
           c->dev_name, c->info.plane, mplane_tc_class_name(c->info.cls), c->info.sl,
-          (unsigned long long)(c->info.is_send ? k->tx_msgs : k->rx_msgs), bytes, rel);
+          (unsigned long long)(c->info.is_send ? k->tx_msgs : k->rx_msgs), bytes, rel, times);
   mplane_stats_flush();
 }
 

@@ -3,10 +3,13 @@
  * plugin/net_core.c tells this module about every comm it opens (plane, class, SL, relayed or not),
  * every request it starts, every request that completes and every comm it closes. Counters are
  * per process, by plane and by class: bytes and messages sent and received, and bytes sent through
- * a relay NIC (a cross-plane connection). Each comm's own totals go to one INFO line when it
- * closes; with MPLANE_STATS_FILE set, the process totals are (re)written there as JSON at every
- * close ("%p" in the path becomes the process id). Thread-safe: NCCL may run several proxy
- * threads; a request's path (start, done) touches only its comm's counters, with relaxed atomics. */
+ * a relay NIC (a cross-plane connection). Each comm also keeps how long its requests took, from
+ * isend/irecv to the test() that said done, as a histogram (4 buckets per doubling, so a quantile
+ * read from it is an upper bound within 25%). Each comm's own totals and its median and p99
+ * request time go to one INFO line when it closes; with MPLANE_STATS_FILE set, the process totals
+ * are (re)written there as JSON at every close ("%p" in the path becomes the process id).
+ * Thread-safe: NCCL may run several proxy threads; a request's path (start, done) touches only its
+ * comm's counters, with relaxed atomics. */
 #ifndef MPLANE_NET_STATS_H
 #define MPLANE_NET_STATS_H
 
@@ -15,6 +18,7 @@
 #include <stdio.h>
 
 #define MPLANE_STATS_MAX_PLANES 64
+#define MPLANE_STATS_TIME_BUCKETS 100 /* request times: < 1 us, then 4 per doubling up to ~2^24 us */
 
 struct mplane_stats_counters {
   uint64_t tx_bytes, tx_msgs, rx_bytes, rx_msgs, relayed_bytes;
@@ -49,6 +53,7 @@ struct mplane_stats_comm {
   char dev_name[64];
   char peer[96];
   struct mplane_stats_counters c;
+  uint32_t time_us[MPLANE_STATS_TIME_BUCKETS]; /* completed requests by time taken (stats.c) */
   int open;
   struct mplane_stats_comm *prev, *next; /* the live comms, under a lock taken at open/close/snapshot */
 };
@@ -58,6 +63,7 @@ struct mplane_stats_req {
   struct mplane_stats_comm *comm; /* NULL: nothing to count (not started, or counted already) */
   uint64_t send_bytes;
   int nrecv;
+  uint64_t start_ns; /* when isend/irecv returned it */
 };
 
 void mplane_stats_comm_open(struct mplane_stats_comm *s, const struct mplane_stats_comm_info *info);
@@ -67,6 +73,9 @@ void mplane_stats_request(struct mplane_stats_comm *s, struct mplane_stats_req *
 /* test() said done: for a receive, sizes holds the nrecv received sizes (NULL: counted as 0 bytes).
  * Counted once; nothing once the comm closed. No lock, no allocation. */
 void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes);
+/* The request time (us) that a fraction q (0..1) of the comm's completed requests stayed within:
+ * the upper edge of its histogram bucket. 0 when none completed. */
+double mplane_stats_time_quantile(const struct mplane_stats_comm *s, double q);
 /* INFO summary of the comm, its counters folded into the process totals, JSON file rewritten when
  * configured. Safe on NULL and on a comm that is not open. */
 void mplane_stats_comm_close(struct mplane_stats_comm *s);

@@ -197,6 +197,32 @@ static void test_stats_hot_path(void **state) {
   mplane_stats_comm_close(&rx);
 }
 
+/* Request times: the histogram's quantiles bracket what the requests took (a bucket's upper edge is
+ * at most 25% above any time in it; sleeping may overshoot, never undershoot). */
+static void test_stats_times(void **state) {
+  (void)state;
+  struct mplane_stats_comm tx;
+  struct mplane_stats_comm_info si = {.is_send = 1, .plane = 2, .from_plane = 2, .cls = MPLANE_TC_DEFAULT};
+  mplane_stats_comm_open(&tx, &si);
+  assert_true(mplane_stats_time_quantile(&tx, 0.5) == 0); /* nothing completed yet */
+  static struct mplane_stats_req reqs[100];
+  /* 2 requests of at least 3 ms, 98 that complete at once */
+  for (int i = 0; i < 2; i++) mplane_stats_request(&tx, &reqs[i], 8, 0);
+  usleep(3000);
+  for (int i = 0; i < 2; i++) mplane_stats_request_done(&reqs[i], NULL);
+  for (int i = 2; i < 100; i++) {
+    mplane_stats_request(&tx, &reqs[i], 8, 0);
+    mplane_stats_request_done(&reqs[i], NULL);
+  }
+  double med = mplane_stats_time_quantile(&tx, 0.5), p99 = mplane_stats_time_quantile(&tx, 0.99);
+  double all = mplane_stats_time_quantile(&tx, 1);
+  if (med > 100) fail_msg("median %.0f us of requests that completed at once", med);
+  if (p99 < 3000 || p99 > 3000 * 1.25 * 4) fail_msg("p99 %.0f us, the slow requests took >= 3000 us", p99);
+  assert_true(all >= p99);
+  assert_true(mplane_stats_time_quantile(&tx, 0.98) <= med * 4); /* the 98th of 100 is a fast one */
+  mplane_stats_comm_close(&tx);
+}
+
 int main(void) {
   setenv("MPLANE_TC_MAP", "default=0,collective=0,alltoall=3,lowlat=5,storage=1", 1);
   const struct CMUnitTest tests[] = {
@@ -204,6 +230,7 @@ int main(void) {
       cmocka_unit_test(test_stats_no_plane),
       cmocka_unit_test(test_stats_many),
       cmocka_unit_test(test_stats_hot_path),
+      cmocka_unit_test(test_stats_times),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
