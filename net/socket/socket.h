@@ -331,7 +331,8 @@ struct mps_recv_comm {
   unsigned eager_since_flush;    /* eager messages since CTS records were last written */
   uint64_t eager_bytes_since_flush; /* ... and their bytes */
   int cts_wanted;                /* a WANT_CTS came: the next CTS record goes at once */
-  pthread_mutex_t cts_lock;      /* out_buf, out_len and the three above: proxy and helper threads */
+  int ctrl_gone;                 /* the sender closed its control socket: CTS records are dropped */
+  pthread_mutex_t cts_lock;      /* out_buf, out_len and the four above: proxy and helper threads */
   struct mps_ctrl_rx { /* the control socket's incoming chunks (inline messages); proxy thread only */
     size_t have, pos;            /* stage[pos..have) read but not consumed */
     struct mps_chunk h;

@@ -843,12 +843,23 @@ static void recv_want_cts(struct mps_recv_comm *c) {
   pthread_mutex_unlock(&c->cts_lock);
 }
 
-/* Write queued CTS records; never blocks (the rest waits for the next call). */
+/* Write queued CTS records; never blocks (the rest waits for the next call). A sender may close its
+ * comm as soon as its sends are done, eager ones before any CTS: a receive posted after that writes
+ * its CTS record to a closed socket, which answers with a reset. That sender reads no more records
+ * and needs none for what it sent, so they are dropped, not an error. A receive whose message never
+ * comes fails once every stream has closed (recv_test), and a dead sender's streams fail the comm
+ * on their own reset. */
 static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c) {
+  if (c->ctrl_gone) STORE(&c->out_len, 0);
   while (c->out_len > 0) {
     ssize_t w = send(c->ctrl_fd, c->out_buf, c->out_len, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ncclSuccess;
+      if (errno == EPIPE || errno == ECONNRESET) {
+        c->ctrl_gone = 1;
+        STORE(&c->out_len, 0);
+        return ncclSuccess;
+      }
       mps_error_set(&c->err, ncclRemoteError, "peer %s closed the control connection: %s", c->peer,
                     strerror(errno));
       return mps_error_check(&c->err);

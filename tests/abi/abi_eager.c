@@ -11,6 +11,9 @@
  *                receive fails with ncclInvalidUsage and nothing written past the buffer, and the
  *                sender's comm fails within a bounded number of later calls
  *   eager-then-big  after an eager message, a 1 MiB send gets its CTS while the receiver calls nothing
+ *   eager-then-close  6 small sends complete eagerly and the sender closes its comm; only then does
+ *                the receiver post its receives, one at a time: all 6 land intact and no call fails
+ *                (their CTS records now go to a closed socket)
  *   filler       small messages go padded to MPLANE_SOCKET_PAD_BYTES on the control socket (the
  *                receiving socket counts the bytes) and land intact between unpadded ones; with
  *                the variable at 0, nothing is padded
@@ -432,6 +435,58 @@ int sc_eager_then_big(void) {
     eg_wait(&nd, req, NULL, "the 1 MiB send");
   }
   eg_free(&nd, comm, buf, mh, 2);
+  return eg_down(&pp, rank, &nd, &l);
+}
+
+int sc_eager_then_close(void) {
+  eg_env();
+  struct pair pp;
+  struct node nd;
+  struct link l;
+  int rank;
+  if (!eg_up(&pp, &rank, &nd, &l)) return pair_finish(&pp, rank), 77;
+  enum { N = 6 };
+  static const size_t sizes[N] = {8, 0, 4096, 100, EG_LIMIT, 1};
+  const size_t cap = EG_LIMIT;
+  void *comm = rank == 0 ? l.sc : l.rc;
+  void *buf[N], *mh[N];
+  for (int i = 0; i < N; i++) {
+    buf[i] = alloc_buf(cap, EG_GUARD);
+    reg(&nd, comm, buf[i], cap, &mh[i]);
+  }
+  char c = 'p';
+  int tag = 9;
+  if (rank == 0) {
+    for (int i = 0; i < N; i++) { /* one at a time: above 16K a send goes eagerly only when few are in flight */
+      fill(buf[i], sizes[i], msg_id(0, (uint32_t)i));
+      void *req = eg_send(&nd, l.sc, buf[i], sizes[i], tag, mh[i], "a small send must not wait for its receive (eager)");
+      eg_wait(&nd, req, NULL, "an eager send");
+    }
+    for (int i = 0; i < N; i++) dereg(&nd, l.sc, mh[i]);
+    if (abi_close_send(&nd.net, l.sc) != ncclSuccess) abi_fail("closeSend after the eager sends failed");
+    l.sc = NULL;
+    chan_send(pp.fd, &c, 1);
+    for (int i = 0; i < N; i++) free(buf[i]);
+  } else {
+    chan_recv(pp.fd, &c, 1); /* the sender's comm is closed */
+    usleep(100 * 1000);      /* ... and its close has reached this side */
+    /* All receives posted before any test: nothing of the eager messages is read yet, so each
+     * receive writes its CTS record at once. The first goes to the closed socket and brings back a
+     * reset; the next writes then fail. */
+    void *req[N];
+    for (int i = 0; i < N; i++) {
+      size_t bcap = cap;
+      req[i] = eg_recv(&nd, l.rc, 1, &buf[i], &bcap, &tag, &mh[i]);
+      if (i == 0) usleep(20 * 1000);
+    }
+    for (int i = 0; i < N; i++) {
+      int got = -1;
+      eg_wait(&nd, req[i], &got, "a receive posted after the sender closed");
+      eg_check(buf[i], got, sizes[i], cap, (uint32_t)i, "a message received after its sender closed");
+    }
+    eg_free(&nd, comm, buf, mh, N);
+    abi_note("%d eager messages received after their sender closed its comm: all intact, no error", N);
+  }
   return eg_down(&pp, rank, &nd, &l);
 }
 

@@ -31,7 +31,7 @@
  *   MPLANE_ABI_SHARED_STEPS  steps of the shared-comms scenario (default 1000)
  *
  * Scenarios (--list prints them with one line each): props, sizes, inflight, inflight-max, multirecv,
- * shared-order, shared-wait, shared-comms (abi_shared.c), eager-early, eager-bound, eager-short, eager-then-big (abi_eager.c), reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, ctrl-full, ctrl-big, close-early,
+ * shared-order, shared-wait, shared-comms (abi_shared.c), eager-early, eager-bound, eager-short, eager-then-big, eager-then-close (abi_eager.c), reconnect, kill-receiver, kill-sender, short-recv, bad-handle, bad-config, ctrl-full, ctrl-big, close-early,
  * stalled-close, abort, threads, dead-listener, v12, v10, v9, v8 drive any transport;
  * fake-peer, fake-version, connect-timeout, silent-listener and half-open speak TCP to the listen
  * address themselves and skip (77) on other transports.
@@ -2523,6 +2523,7 @@ static const struct {
     {"eager-bound", sc_eager_bound, "32 small sends (or 512 KiB) complete with nothing posted, the next and a bigger one wait for their receives (socket only)"},
     {"eager-short", sc_eager_short, "a small send completed before a shorter receive: ncclInvalidUsage, nothing written, the sender fails soon (socket only)"},
     {"eager-then-big", sc_eager_then_big, "after an eager message, a 1 MiB send gets its CTS while the receiver calls nothing (socket only)"},
+    {"eager-then-close", sc_eager_then_close, "eager messages are received intact after their sender closed its comm (socket only)"},
     {"filler", sc_filler, "small messages padded to MPLANE_SOCKET_PAD_BYTES on the control socket land intact; 0 pads nothing (socket only)"},
     {"shared-comms", sc_shared_comms, "shared comm as NCCL drives it: k=2,4,8 tags, each its own sender and pace, 1000 steps"},
     {"reload", sc_reload, "3 x (dlopen, init, data both ways, finalize, dlclose), as NCCL 2.28 reloads its net plugin"},

@@ -75,6 +75,7 @@ int sc_eager_early(void); /* abi_eager.c */
 int sc_eager_bound(void);
 int sc_eager_short(void);
 int sc_eager_then_big(void);
+int sc_eager_then_close(void);
 int sc_filler(void);
 int sc_shared_order(void); /* abi_shared.c */
 int sc_shared_wait(void);
