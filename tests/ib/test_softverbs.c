@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -461,17 +462,21 @@ static void test_max_msg(void **state) {
  * too (in address order it could see the first line alone). */
 static struct {
   volatile uint64_t *dst;
-  int stop, seen_first_only, seen;
+  int started, stop, seen_first_only, seen;
 } P;
 
+/* Reads while the writes land, and once more after the last (a busy host may run it late). */
 static void *placement_reader(void *arg) {
   (void)arg;
-  while (!__atomic_load_n(&P.stop, __ATOMIC_ACQUIRE)) {
+  __atomic_store_n(&P.started, 1, __ATOMIC_RELEASE);
+  int stop;
+  do {
+    stop = __atomic_load_n(&P.stop, __ATOMIC_ACQUIRE);
     uint64_t first = __atomic_load_n(&P.dst[0], __ATOMIC_ACQUIRE);
     uint64_t last = __atomic_load_n(&P.dst[4096 / 8 - 1], __ATOMIC_ACQUIRE);
     if (first && last < first) P.seen_first_only++;
     if (first) P.seen++;
-  }
+  } while (!stop);
   return NULL;
 }
 
@@ -487,6 +492,7 @@ static void test_placement(void **state) {
   P.dst = d;
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, placement_reader, NULL), 0);
+  while (!__atomic_load_n(&P.started, __ATOMIC_ACQUIRE)) sched_yield(); /* it reads while we write */
   for (uint64_t k = 1; k <= 200; k++) {
     for (int i = 0; i < 4096 / 8; i++) s[i] = k;
     assert_int_equal(post_write(a, IBV_WR_RDMA_WRITE, s, 4096, smr->lkey, (uintptr_t)d, dmr->rkey, 600 + k), 0);
