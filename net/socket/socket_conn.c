@@ -173,7 +173,13 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   }
   uint64_t nonce = 0;
   if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = (uint64_t)now_s() ^ (uint64_t)(uintptr_t)st;
-  int nstreams = mps_streams_for(cfg, d->props.speed_mbps, usable_cpus());
+  int ncpus = usable_cpus();
+  int nstreams = mps_streams_for(cfg, d->props.speed_mbps, ncpus);
+  static int said; /* once per process: what every connection of this kind opens */
+  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    MP_INFO(NCCL_INIT | NCCL_NET, "socket: %d data streams per connection, %d helper threads at each end (%s; %s "
+            "at %d Mb/s, %d CPUs usable)", nstreams, mps_threads_for(cfg, nstreams),
+            cfg->socket_streams ? "MPLANE_SOCKET_STREAMS" : "automatic", d->ifname, d->props.speed_mbps, ncpus);
   st->nsock = nstreams + 1;
   st->deadline = now_s() + cfg->connect_timeout_s;
   st->hello = (struct mps_hello){.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION,
