@@ -61,6 +61,14 @@ static int eg_down(struct pair *pp, int rank, struct node *nd, struct link *l) {
   return pair_finish(pp, rank);
 }
 
+/* n buffers of cap bytes (and a guard) registered with comm. */
+static void eg_alloc(struct node *nd, void *comm, void **buf, void **mh, int n, size_t cap) {
+  for (int i = 0; i < n; i++) {
+    buf[i] = alloc_buf(cap, EG_GUARD);
+    reg(nd, comm, buf[i], cap, &mh[i]);
+  }
+}
+
 /* Deregister and free n buffers of comm. */
 static void eg_free(struct node *nd, void *comm, void **buf, void **mh, int n) {
   for (int i = 0; i < n; i++) {
@@ -125,10 +133,7 @@ static void eg_after(struct node *nd, struct link *l, struct pair *pp, int rank)
   void *buf[N], *mh[N], *req[N];
   size_t cap = 1 << 20;
   void *comm = rank == 0 ? l->sc : l->rc;
-  for (int i = 0; i < N; i++) {
-    buf[i] = alloc_buf(cap, EG_GUARD);
-    reg(nd, comm, buf[i], cap, &mh[i]);
-  }
+  eg_alloc(nd, comm, buf, mh, N, cap);
   char c = 'p';
   if (rank == 1) {
     int tag = 5;
@@ -165,10 +170,7 @@ int sc_eager_early(void) {
   const size_t cap = EG_LIMIT + 1000;
   void *buf[N], *mh[N];
   void *comm = rank == 0 ? l.sc : l.rc;
-  for (int i = 0; i < N; i++) {
-    buf[i] = alloc_buf(cap, EG_GUARD);
-    reg(&nd, comm, buf[i], cap, &mh[i]);
-  }
+  eg_alloc(&nd, comm, buf, mh, N, cap);
   char c = 'd';
   if (rank == 0) {
     void *req[N];
@@ -290,10 +292,7 @@ int sc_eager_bound(void) {
   const size_t big = EG_LIMIT + 1, cap = EG_LIMIT + 1;
   void *buf[N], *mh[N];
   void *comm = rank == 0 ? l.sc : l.rc;
-  for (int i = 0; i < N; i++) {
-    buf[i] = alloc_buf(cap, EG_GUARD);
-    reg(&nd, comm, buf[i], cap, &mh[i]);
-  }
+  eg_alloc(&nd, comm, buf, mh, N, cap);
   /* the count: EG_HELD small ones (well inside the byte bound) */
   size_t size[N];
   for (int i = 0; i < N; i++) size[i] = (size_t)(i * 997) % 5000;
@@ -399,10 +398,7 @@ int sc_eager_then_big(void) {
   const size_t small = 100, big = 1 << 20;
   void *comm = rank == 0 ? l.sc : l.rc;
   void *buf[2], *mh[2];
-  for (int i = 0; i < 2; i++) {
-    buf[i] = alloc_buf(big, EG_GUARD);
-    reg(&nd, comm, buf[i], big, &mh[i]);
-  }
+  eg_alloc(&nd, comm, buf, mh, 2, big);
   char c = 'p';
   int tag = 5;
   size_t cap = big;
@@ -450,10 +446,7 @@ int sc_eager_then_close(void) {
   const size_t cap = EG_LIMIT;
   void *comm = rank == 0 ? l.sc : l.rc;
   void *buf[N], *mh[N];
-  for (int i = 0; i < N; i++) {
-    buf[i] = alloc_buf(cap, EG_GUARD);
-    reg(&nd, comm, buf[i], cap, &mh[i]);
-  }
+  eg_alloc(&nd, comm, buf, mh, N, cap);
   char c = 'p';
   int tag = 9;
   if (rank == 0) {
@@ -524,10 +517,7 @@ int sc_filler(void) {
   void *buf[N], *mh[N], *req[N];
   size_t cap = 4096;
   void *comm = rank == 0 ? l.sc : l.rc;
-  for (int i = 0; i < N; i++) {
-    buf[i] = alloc_buf(cap, EG_GUARD);
-    reg(&nd, comm, buf[i], cap, &mh[i]);
-  }
+  eg_alloc(&nd, comm, buf, mh, N, cap);
   unsigned long long padded = 0, bare = 0;
   for (int r = 0; r < ROUNDS; r++) {
     char c = 'p';
