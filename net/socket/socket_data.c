@@ -441,11 +441,13 @@ static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size,
   return send_inline(c, req, &h, data, request);
 }
 
-/* The chunk size of a message split across the streams: as many chunks as there are streams, but
- * none below MPLANE_SOCKET_CHUNK_BYTES, in 4 KiB multiples so receivers copy aligned pages. Each
- * chunk costs a hand-off to a helper thread and a wake-up at both ends; NCCL keeps several steps in
- * flight per channel, so the streams a message leaves idle carry the next one (docs/benchmarks.md). */
+/* The chunk size of a message on the data streams: the whole message below
+ * MPLANE_SOCKET_SPLIT_BYTES; above, as many chunks as there are streams, but none below
+ * MPLANE_SOCKET_CHUNK_BYTES, in 4 KiB multiples so receivers copy aligned pages. Each chunk costs
+ * a hand-off to a helper thread and a wake-up at both ends; NCCL keeps several steps in flight per
+ * channel, so the streams a message leaves idle carry the next one (docs/benchmarks.md). */
 static size_t chunk_size(const struct mps_send_comm *c, size_t size) {
+  if (size < c->split_bytes) return size;
   size_t n = size / c->chunk_bytes;
   if (n < 1) n = 1;
   if (n > (size_t)c->nstreams) n = (size_t)c->nstreams;
@@ -534,28 +536,19 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   }
   req->counted = 1;
   ADD(&g_sends_inflight, 1);
-  if (size < c->split_bytes || c->nstreams == 1) {
-    int s = (int)(c->rr++ % (unsigned)c->nstreams);
-    req->nchunks = 1;
+  size_t per = chunk_size(c, size);
+  int n = size > per ? (int)((size + per - 1) / per) : 1; /* an empty message is one empty chunk */
+  req->nchunks = n;
+  unsigned first = c->rr;
+  c->rr += (unsigned)n; /* the next message starts on the streams this one left idle */
+  for (int i = 0; i < n; i++) {
+    int s = (int)((first + (unsigned)i) % (unsigned)c->nstreams);
+    size_t off = (size_t)i * per;
     t.fd = c->fds[s];
-    t.hdr.len = size;
-    t.data = data;
+    t.hdr.offset = off;
+    t.hdr.len = size - off < per ? size - off : per;
+    t.data = (const char *)data + off;
     push_task(c, s, &t);
-  } else {
-    size_t per = chunk_size(c, size);
-    int n = (int)((size + per - 1) / per);
-    req->nchunks = n;
-    unsigned first = c->rr;
-    c->rr += (unsigned)n; /* the next message starts on the streams this one left idle */
-    for (int i = 0; i < n; i++) {
-      int s = (int)((first + (unsigned)i) % (unsigned)c->nstreams);
-      size_t off = (size_t)i * per;
-      t.fd = c->fds[s];
-      t.hdr.offset = off;
-      t.hdr.len = size - off < per ? size - off : per;
-      t.data = (const char *)data + off;
-      push_task(c, s, &t);
-    }
   }
   *request = req;
   return ncclSuccess;
