@@ -1,0 +1,75 @@
+/* mplane unit test: the NCCL variables the socket transport sets at init (MPLANE_NCCL_DEFAULTS).
+ * NCCL reads NCCL_BUFFSIZE and NCCL_P2P_NET_CHUNKSIZE after the net plugin's init, so init's values
+ * decide a TCP job's step sizes: 4 MiB buffers (8 MiB made a ring step wait for slices twice as big,
+ * docs/benchmarks.md) and 512 KiB p2p chunks. A value the user set stays, and
+ * MPLANE_NCCL_DEFAULTS=0 sets nothing. Each case runs init in a child of its own (init runs once a
+ * process). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "plugin/net_core.h"
+
+/* Exit codes of the child: 0 when every variable has its expected value (NULL: unset). */
+static int check_var(const char *name, const char *want) {
+  const char *got = getenv(name);
+  if (want == NULL && got == NULL) return 0;
+  if (want != NULL && got != NULL && strcmp(want, got) == 0) return 0;
+  fprintf(stderr, "%s is '%s', expected '%s'\n", name, got ? got : "(unset)", want ? want : "(unset)");
+  return 1;
+}
+
+/* Init the socket transport on loopback in a child with env applied; 0 when NCCL_BUFFSIZE and
+ * NCCL_P2P_NET_CHUNKSIZE then read buffsize and chunksize. */
+static int init_and_check(const char *const *env, const char *buffsize, const char *chunksize) {
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    unsetenv("NCCL_BUFFSIZE");
+    unsetenv("NCCL_P2P_NET_CHUNKSIZE");
+    unsetenv("MPLANE_NCCL_DEFAULTS");
+    setenv("MPLANE_TRANSPORT", "socket", 1);
+    setenv("MPLANE_SOCKET_IFNAME", "lo", 1);
+    for (const char *const *e = env; e && *e; e++) putenv((char *)*e);
+    if (mplane_net_global_init(NULL) != ncclSuccess) _exit(2);
+    _exit(check_var("NCCL_BUFFSIZE", buffsize) | check_var("NCCL_P2P_NET_CHUNKSIZE", chunksize));
+  }
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 100 + WTERMSIG(st);
+}
+
+static void test_socket_sets_step_sizes(void **state) {
+  (void)state;
+  assert_int_equal(init_and_check(NULL, "4194304", "524288"), 0);
+}
+
+static void test_user_value_stays(void **state) {
+  (void)state;
+  const char *const env[] = {"NCCL_BUFFSIZE=8388608", NULL};
+  assert_int_equal(init_and_check(env, "8388608", "524288"), 0);
+}
+
+static void test_defaults_off(void **state) {
+  (void)state;
+  const char *const env[] = {"MPLANE_NCCL_DEFAULTS=0", NULL};
+  assert_int_equal(init_and_check(env, NULL, NULL), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_socket_sets_step_sizes),
+      cmocka_unit_test(test_user_value_stays),
+      cmocka_unit_test(test_defaults_off),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
