@@ -90,16 +90,11 @@ static const char *const socket_nccl_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "
  * 1 MiB as LL on 4 channels: over TCP, LL's many half-full steps cost 1.2-1.7x NCCL Socket's time,
  * which at 10 Gb/s gets Simple on 2 channels from 64 KiB (nvidia-h200, two emulated nodes, nccl-tests
  * 2.19.6 all_reduce, docs/benchmarks.md). These rows give those sizes what the slower speed would,
- * and leave bigger ones the 4 channels that double all_reduce's bandwidth. From 16 MiB all_reduce
- * goes as Tree/Simple: a tree channel sends one 512 KiB step at a time with all 8 of a buffer's
- * steps in flight, where a ring channel waits for 1 MiB slices, 4 in flight; on the same two
- * emulated nodes Tree was 4% faster than Ring at 32 MiB and 9% at 128 MiB (medians of 8 runs over
- * 3 calls), and slower below 16 MiB. */
+ * and leave bigger ones the 4 channels that double all_reduce's bandwidth. */
 static const char socket_loopback_tuner[] =
     "collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks\n"
     "allreduce,32K,65535,-1,-1,2,-1,-1\n"
-    "allreduce,64K,2M,ring,simple,2,-1,-1\n"
-    "allreduce,16M,-1,tree,simple,-1,-1,-1\n";
+    "allreduce,64K,2M,ring,simple,2,-1,-1\n";
 
 static const char *socket_tuner_defaults(void) { return mps_loopback_auto_speed() ? socket_loopback_tuner : NULL; }
 
