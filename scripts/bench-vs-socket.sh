@@ -41,7 +41,7 @@ printf '%-10s %-44s %10s %7s %s\n' test config "busbw GB/s" wrong network
 mplane_env=(LD_LIBRARY_PATH="$here/build:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=mplane NCCL_NET=mplane)
 # mplane sets NCCL_BUFFSIZE / NCCL_P2P_NET_CHUNKSIZE for TCP (MPLANE_NCCL_DEFAULTS); give Socket the
 # same to show the gain is the transport's, not the chunk size's.
-big_chunks=(NCCL_BUFFSIZE=4194304 NCCL_P2P_NET_CHUNKSIZE=524288)
+big_chunks=(NCCL_BUFFSIZE=8388608 NCCL_P2P_NET_CHUNKSIZE=524288)
 for t in sendrecv all_reduce; do
   best=0; bestcfg=""
   for cfg in "default" "4x4" "8x2" "2x8" "8x8" "16x4"; do
@@ -53,7 +53,7 @@ for t in sendrecv all_reduce; do
   done
   r=$(run $t NCCL_NET_PLUGIN=none NCCL_NET=Socket NCCL_NSOCKS_PERTHREAD=${bestcfg%x*} NCCL_SOCKET_NTHREADS=${bestcfg#*x} "${big_chunks[@]}")
   set -- $r
-  printf '%-10s %-44s %10s %7s %s\n' $t "Socket $bestcfg + 4M buffers, 512K p2p chunks" "$1" "$2" "$3"
+  printf '%-10s %-44s %10s %7s %s\n' $t "Socket $bestcfg + 8M buffers, 512K p2p chunks" "$1" "$2" "$3"
   sbig=$1
   mbest=0; mdef=0
   for cfg in "default" "MPLANE_NCCL_DEFAULTS=0" "MPLANE_SOCKET_SPIN_US=0" \

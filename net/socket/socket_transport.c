@@ -77,14 +77,12 @@ static struct mplane_stats_req *socket_req_stats(void *request) {
   }
 }
 
-/* TCP moves each message through the kernel twice: bigger point-to-point steps amortise the
- * per-message cost, so p2p chunks are 512 KiB (what aws-ofi-nccl uses for software-driven
- * transports). Collective buffers stay at 4 MiB (NCCL's own default, pinned here): each channel
- * keeps its whole buffer in flight as 4 slices, so 8 MiB buffers doubled the slice a ring step
- * waits for before the next can start. On two emulated nodes of one H200 host, all_reduce at 32 MiB
- * ran 4-14% faster with 4 MiB than with 8 MiB (the same at 128 MiB, sendrecv and alltoall the
- * same or faster); 2 MiB was 15-25% slower (docs/benchmarks.md). */
-static const char *const socket_nccl_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "NCCL_BUFFSIZE=4194304", NULL};
+/* TCP moves each message through the kernel twice: bigger steps amortise the per-message cost.
+ * 512 KiB point-to-point chunks and 8 MiB buffers (1 MiB steps) are what NCCL's own guidance and
+ * aws-ofi-nccl use for software-driven transports. NCCL's own 4 MiB is not clearly better on two
+ * emulated nodes of one H200 host: all_reduce at 32 MiB 0-14% faster in four calls, but 128 MiB 1-9%
+ * and 8 MiB up to 13% slower; 2 MiB was 15-25% slower everywhere (docs/benchmarks.md). */
+static const char *const socket_nccl_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "NCCL_BUFFSIZE=8388608", NULL};
 
 /* Loopback at the automatic 400 Gb/s (socket_iface.c) makes NCCL run all_reduce from 32 KiB to
  * 1 MiB as LL on 4 channels: over TCP, LL's many half-full steps cost 1.2-1.7x NCCL Socket's time,

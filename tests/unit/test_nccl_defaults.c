@@ -1,9 +1,8 @@
 /* mplane unit test: the NCCL variables the socket transport sets at init (MPLANE_NCCL_DEFAULTS).
  * NCCL reads NCCL_BUFFSIZE and NCCL_P2P_NET_CHUNKSIZE after the net plugin's init, so init's values
- * decide a TCP job's step sizes: 4 MiB buffers (8 MiB made a ring step wait for slices twice as big,
- * docs/benchmarks.md) and 512 KiB p2p chunks. A value the user set stays, and
- * MPLANE_NCCL_DEFAULTS=0 sets nothing. Each case runs init in a child of its own (init runs once a
- * process). */
+ * decide a TCP job's step sizes: 8 MiB buffers and 512 KiB p2p chunks (net/socket/socket_transport.c
+ * says why). A value the user set stays, and MPLANE_NCCL_DEFAULTS=0 sets nothing. Each case runs
+ * init in a child of its own (init runs once a process). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -50,13 +49,13 @@ static int init_and_check(const char *const *env, const char *buffsize, const ch
 
 static void test_socket_sets_step_sizes(void **state) {
   (void)state;
-  assert_int_equal(init_and_check(NULL, "4194304", "524288"), 0);
+  assert_int_equal(init_and_check(NULL, "8388608", "524288"), 0);
 }
 
 static void test_user_value_stays(void **state) {
   (void)state;
-  const char *const env[] = {"NCCL_BUFFSIZE=8388608", NULL};
-  assert_int_equal(init_and_check(env, "8388608", "524288"), 0);
+  const char *const env[] = {"NCCL_BUFFSIZE=4194304", NULL};
+  assert_int_equal(init_and_check(env, "4194304", "524288"), 0);
 }
 
 static void test_defaults_off(void **state) {
