@@ -81,7 +81,7 @@ static struct mplane_stats_req *socket_req_stats(void *request) {
  * 512 KiB point-to-point chunks and 8 MiB buffers (1 MiB steps) are what NCCL's own guidance and
  * aws-ofi-nccl use for software-driven transports. NCCL's own 4 MiB is not clearly better on two
  * emulated nodes of one H200 host: all_reduce at 32 MiB 0-14% faster in four calls, but 128 MiB 1-9%
- * and 8 MiB up to 13% slower; 2 MiB was 15-25% slower everywhere (docs/benchmarks.md). */
+ * and 8 MiB up to 31% slower; 2 MiB was 15-25% slower everywhere (docs/benchmarks.md). */
 static const char *const socket_nccl_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "NCCL_BUFFSIZE=8388608", NULL};
 
 /* Loopback at the automatic 400 Gb/s (socket_iface.c) makes NCCL run all_reduce from 32 KiB to
