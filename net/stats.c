@@ -5,9 +5,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "../common/clock.h"
 #include "../common/config.h"
 #include "../common/log.h"
 #include "handle.h"
@@ -130,12 +130,6 @@ void mplane_stats_comm_open(struct mplane_stats_comm *s, const struct mplane_sta
   pthread_mutex_unlock(&lock);
 }
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no system call */
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Bucket 0: under 1 us; then 4 per doubling: bucket 1 + 4*e + f holds [2^e, 2^(e+1)) us, quarter f. */
 static int time_bucket(uint64_t ns) {
   uint64_t us = ns / 1000;
@@ -171,7 +165,7 @@ void mplane_stats_request(struct mplane_stats_comm *s, struct mplane_stats_req *
   r->comm = s && s->open ? s : NULL;
   r->send_bytes = send_bytes;
   r->nrecv = nrecv;
-  r->start_ns = r->comm ? now_ns() : 0;
+  r->start_ns = r->comm ? mplane_now_ns() : 0;
 }
 
 void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes) {
@@ -179,7 +173,7 @@ void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes) {
   struct mplane_stats_comm *c = r->comm;
   r->comm = NULL;
   if (!c->open) return;
-  ADD(&c->time_us[time_bucket(now_ns() - r->start_ns)], 1);
+  ADD(&c->time_us[time_bucket(mplane_now_ns() - r->start_ns)], 1);
   struct mplane_stats_counters *k = &c->c;
   if (c->info.is_send) {
     ADD(&k->tx_bytes, r->send_bytes);

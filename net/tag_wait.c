@@ -2,16 +2,10 @@
 #include "tag_wait.h"
 
 #include <stdio.h>
-#include <time.h>
 
+#include "../common/clock.h"
 #include "../common/config.h"
 #include "../common/log.h"
-
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 void mplane_tag_wait_clear(struct mplane_tag_wait *w, int tag) {
   for (int i = 0; i < MPLANE_TAG_WAIT_TAGS; i++)
@@ -38,7 +32,7 @@ static uint64_t *wait_since(struct mplane_tag_wait *w, int tag, uint64_t now) {
 
 int mplane_tag_wait_unmatched(struct mplane_tag_wait *w, int tag) {
   if (w->warned) return 0;
-  uint64_t now = mono_ns();
+  uint64_t now = mplane_now_ns();
   uint64_t *since = wait_since(w, tag, now);
   int limit_s = mplane_config_get()->connect_timeout_s;
   if (!since || now - *since < (uint64_t)limit_s * 1000000000ull) return 0;

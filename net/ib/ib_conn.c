@@ -17,9 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "../../common/clock.h"
 #include "../../common/log.h"
 #include "../stage_set.h"
 #include "../tc.h"
@@ -30,12 +30,6 @@
 #define MPIB_SILENT_TIMEOUT_S 10 /* an incoming side channel must send its first byte within this */
 #define MPIB_EVICT_SILENT_S 1.0  /* with the table full, a socket silent this long makes room */
 #define MPIB_READY 0x52
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void addr_str(const struct sockaddr *sa, char *buf, size_t len) {
   char ip[INET6_ADDRSTRLEN] = "?";
@@ -391,7 +385,7 @@ static ncclResult_t accept_build(struct mpib_listen_comm *lc, struct mpib_pendin
  * silent strangers cannot keep real peers out. 1 if one was dropped. */
 static int pending_evict_silent(struct mpib_listen_comm *lc) {
   int oldest = -1;
-  double now = now_s();
+  double now = mplane_now_s();
   for (int i = 0; i < lc->npending; i++)
     if (lc->pending[i].stage == 0 && lc->pending[i].done == 0 && now - lc->pending[i].since > MPIB_EVICT_SILENT_S &&
         (oldest < 0 || lc->pending[i].since < lc->pending[oldest].since))
@@ -421,7 +415,7 @@ ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
     struct mpib_pending *p = &lc->pending[lc->npending++];
     memset(p, 0, sizeof(*p));
     p->fd = fd;
-    p->since = now_s();
+    p->since = mplane_now_s();
     addr_str((struct sockaddr *)&from, p->peer, sizeof(p->peer));
   }
   const struct mplane_config *cfg = mpib_config();
@@ -475,12 +469,12 @@ ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
       pending_drop(lc, i);
       continue;
     }
-    if (p->stage == 0 && p->done == 0 && now_s() - p->since > MPIB_SILENT_TIMEOUT_S) {
+    if (p->stage == 0 && p->done == 0 && mplane_now_s() - p->since > MPIB_SILENT_TIMEOUT_S) {
       MP_WARN("NET/IB: connection from %s sent nothing in %d s; dropped", p->peer, MPIB_SILENT_TIMEOUT_S);
       pending_drop(lc, i);
       continue;
     }
-    if (now_s() - p->since > cfg->connect_timeout_s) {
+    if (mplane_now_s() - p->since > cfg->connect_timeout_s) {
       MP_WARN("NET/IB: connection from peer %s did not finish its setup within %d s (MPLANE_CONNECT_TIMEOUT); dropped",
               p->peer, cfg->connect_timeout_s);
       pending_drop(lc, i);
@@ -535,7 +529,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
     return ncclInvalidUsage;
   }
   addr_str((struct sockaddr *)&peer, c->b.peer, sizeof(c->b.peer));
-  st->deadline = now_s() + cfg->connect_timeout_s;
+  st->deadline = mplane_now_s() + cfg->connect_timeout_s;
   c->b.sl = opts->service_level;
   c->b.tc_class = opts->tc_class;
   c->b.ar = opts->adaptive_routing;
@@ -645,7 +639,7 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
   }
   int done = 0;
   ncclResult_t res = stage_progress(st, &done);
-  if (res == ncclSuccess && !done && now_s() > st->deadline) {
+  if (res == ncclSuccess && !done && mplane_now_s() > st->deadline) {
     MP_WARN("NET/IB: no connection to peer %s within %d s (MPLANE_CONNECT_TIMEOUT): is its side channel reachable?",
             st->comm->b.peer, mpib_config()->connect_timeout_s);
     res = ncclRemoteError;

@@ -926,7 +926,7 @@ static void check_peer(struct ibr_group *g, struct ibr_conn *c) {
     if (p != g->rank && !c->failed) ibr_conn_fail(c, "the peer is gone (its control socket closed)");
     return;
   }
-  double t = ibr_now_s();
+  double t = mplane_now_s();
   if (t - g->peeked[p] < IBR_PEEK_EVERY_S) return;
   g->peeked[p] = t;
   char b;

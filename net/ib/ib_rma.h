@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../../common/clock.h"
 #include "../../common/nccl/err.h"
 #include "../relay.h"
 #include "../transport.h"
@@ -169,7 +170,6 @@ struct ibr_stage;
 struct ibr_slot;
 
 /* ---- ib_rma_req.c ---- */
-double ibr_now_s(void);
 int ibr_timeout_ms(void);
 /* Fail every op queued or in flight on c, once. */
 void ibr_conn_fail(struct ibr_conn *c, const char *why);

@@ -4,18 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "../../common/clock.h"
 #include "../../common/log.h"
 #include "../rma_ctrl.h"
 #include "ib.h"
 #include "ib_rma.h"
-
-double ibr_now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int ibr_timeout_ms(void) { return mplane_rma_timeout_ms(mpib_config()); }
 

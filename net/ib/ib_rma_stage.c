@@ -288,12 +288,12 @@ void ibr_stage_progress(struct ibr_cx *x) {
 void ibr_stage_destroy(struct ibr_cx *x) {
   struct ibr_stage *st = x->stage;
   if (!st) return;
-  double t0 = ibr_now_s();
+  double t0 = mplane_now_s();
   for (int i = 0; i < MPIB_STAGE_SLOTS; i++) {
     struct ibr_slot *sl = &st->s[i];
     int done = sl->state != SLOT_COPY_IN && sl->state != SLOT_COPY_OUT;
     while (!done && mplane_relay_copier_poll(st->copier, sl->ticket, &done) == ncclSuccess && !done) {
-      if (ibr_now_s() - t0 > IBR_STAGE_DRAIN_S) {
+      if (mplane_now_s() - t0 > IBR_STAGE_DRAIN_S) {
         MP_WARN("RMA destroyContext: copies through the staging ring of %s (context %d) did not end within %.0f s",
                 x->b.dev->props.name, x->index, IBR_STAGE_DRAIN_S);
         break;
@@ -312,7 +312,7 @@ static ncclResult_t stage_queue(struct ibr_conn *c, struct ibr_req *r, int stage
   struct ibr_cx *x = c->cx;
   if (staged && !x->stage && stage_create(x, r, r->lbase) != ncclSuccess) return ncclSuccess; /* r failed */
   r->staged = staged;
-  r->queued_at = ibr_now_s();
+  r->queued_at = mplane_now_s();
   queue_push(x->stage, r);
   ibr_stage_progress(x);
   return ncclSuccess;
@@ -321,7 +321,7 @@ static ncclResult_t stage_queue(struct ibr_conn *c, struct ibr_req *r, int stage
 /* An op waits in the queue (for a slot, for the ops before it) at most MPLANE_CONNECT_TIMEOUT; then it
  * fails the connection, so that nothing queued behind it waits for ever. */
 void ibr_stage_deadline(struct ibr_req *r) {
-  double waited = ibr_now_s() - r->queued_at;
+  double waited = mplane_now_s() - r->queued_at;
   if (waited * 1000.0 < (double)ibr_timeout_ms()) return;
   char where[256], why[160];
   stage_where(r, where, sizeof(where));

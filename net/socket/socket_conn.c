@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "../../common/clock.h"
 #include "../../common/log.h"
 #include "../stage_set.h"
 #include "../tc.h"
@@ -22,12 +22,6 @@
 #define MPS_SILENT_TIMEOUT_S 10     /* ... and its first byte within this (a connector writes it at once) */
 #define MPS_EVICT_SILENT_S 1.0      /* with the table full, a socket silent this long makes room */
 #define MPS_STAGE_OFFSET 120        /* where connect keeps its state inside NCCL's handle buffer */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int set_nonblocking(int fd, int on) {
   int fl = fcntl(fd, F_GETFL);
@@ -172,7 +166,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
     return ncclInvalidUsage;
   }
   uint64_t nonce = 0;
-  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = (uint64_t)now_s() ^ (uint64_t)(uintptr_t)st;
+  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = (uint64_t)mplane_now_s() ^ (uint64_t)(uintptr_t)st;
   int ncpus = usable_cpus();
   int nstreams = mps_streams_for(cfg, d->props.speed_mbps, ncpus);
   static int said; /* once per process: what every connection of this kind opens */
@@ -181,7 +175,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
             "at %d Mb/s, %d CPUs usable)", nstreams, mps_threads_for(cfg, nstreams),
             cfg->socket_streams ? "MPLANE_SOCKET_STREAMS" : "automatic", d->ifname, d->props.speed_mbps, ncpus);
   st->nsock = nstreams + 1;
-  st->deadline = now_s() + cfg->connect_timeout_s;
+  st->deadline = mplane_now_s() + cfg->connect_timeout_s;
   st->hello = (struct mps_hello){.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION,
                                  .type = MPS_HELLO, .node_id = mplane_node_id(), .nonce = nonce,
                                  .plane = d->props.plane, .nstreams = (uint16_t)nstreams,
@@ -272,7 +266,7 @@ ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *han
   }
   int all_done = 0;
   ncclResult_t res = stage_progress(st, &all_done);
-  if (res == ncclSuccess && !all_done && now_s() > st->deadline) {
+  if (res == ncclSuccess && !all_done && mplane_now_s() > st->deadline) {
     MP_WARN("socket: no connection to peer %s within %d s (MPLANE_CONNECT_TIMEOUT): is it reachable from this "
             "interface, and on the same plane?", st->peer, mps_config()->connect_timeout_s);
     res = ncclRemoteError;
@@ -342,7 +336,7 @@ static int hello_refused(const struct mps_hello *h, char *why, size_t whylen) {
 
 /* Read what has arrived of each pending socket's hello; refuse strangers. */
 static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
-  double now = now_s();
+  double now = mplane_now_s();
   for (int i = 0; i < lc->npending;) {
     struct mps_pending *p = &lc->pending[i];
     if (p->have < sizeof(p->hello)) {
@@ -447,7 +441,7 @@ static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv
  * strangers cannot keep real peers out. 1 if one was dropped. */
 static int pending_evict_silent(struct mps_listen_comm *lc) {
   int oldest = -1;
-  double now = now_s();
+  double now = mplane_now_s();
   for (int i = 0; i < lc->npending; i++)
     if (lc->pending[i].have == 0 && now - lc->pending[i].since > MPS_EVICT_SILENT_S &&
         (oldest < 0 || lc->pending[i].since < lc->pending[oldest].since))
@@ -475,7 +469,7 @@ ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
     struct mps_pending *p = &lc->pending[lc->npending++];
     memset(p, 0, sizeof(*p));
     p->fd = fd;
-    p->since = now_s();
+    p->since = mplane_now_s();
     mps_addr_str(&from.sa, p->peer, sizeof(p->peer));
   }
   MP_CHECK(pending_progress(lc));

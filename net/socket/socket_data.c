@@ -10,11 +10,11 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 #include <linux/sockios.h>
 #include <sched.h>
 
+#include "../../common/clock.h"
 #include "../../common/log.h"
 #include "socket.h"
 
@@ -52,12 +52,6 @@ ncclResult_t mps_error_check(struct mps_error *e) {
 }
 
 /* ------------------------------------------------------------------ blocking I/O helpers */
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 int mps_sendv_all(int fd, struct iovec *iov, int n) {
   while (n > 0) {
@@ -102,8 +96,8 @@ static int read_full(int fd, void *buf, size_t len) {
  * arrives within microseconds, and sleeping in recv() then costs a wake-up per chunk. */
 static int read_full_spin(int fd, void *buf, size_t len, uint64_t spin_ns) {
   size_t have = 0;
-  uint64_t deadline = spin_ns ? now_ns() + spin_ns : 0;
-  while (have < len && spin_ns && now_ns() < deadline) {
+  uint64_t deadline = spin_ns ? mplane_now_ns() + spin_ns : 0;
+  while (have < len && spin_ns && mplane_now_ns() < deadline) {
     ssize_t r = recv(fd, (char *)buf + have, len - have, MSG_DONTWAIT);
     if (r > 0) have += (size_t)r;
     else if (r == 0) return have == 0 ? 0 : -1;
@@ -144,8 +138,8 @@ uint64_t mps_spin_ns(const struct mplane_config *cfg) { return (uint64_t)cfg->so
 
 static void spin_until_work(struct mps_queue *q, const int *stop, uint64_t spin_ns) {
   if (spin_ns == 0) return;
-  uint64_t deadline = now_ns() + spin_ns;
-  while (LOAD(&q->tail) == LOAD(&q->head) && !LOAD(stop) && now_ns() < deadline) __builtin_ia32_pause();
+  uint64_t deadline = mplane_now_ns() + spin_ns;
+  while (LOAD(&q->tail) == LOAD(&q->head) && !LOAD(stop) && mplane_now_ns() < deadline) __builtin_ia32_pause();
 }
 
 struct send_thread_arg {
@@ -190,7 +184,7 @@ ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_co
   c->spin_ns = mps_spin_ns(cfg);
   /* connect finished when our hellos were written, not when the acceptor answered: a listener that
    * is not mplane (accepts TCP, stays silent) is only noticed by the missing ACK */
-  c->ack_deadline_ns = now_ns() + (uint64_t)cfg->connect_timeout_s * 1000000000ull;
+  c->ack_deadline_ns = mplane_now_ns() + (uint64_t)cfg->connect_timeout_s * 1000000000ull;
   c->nthreads = mps_threads_for(cfg, c->nstreams);
   for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
   /* Worst case per thread: every slot's message split over all streams, all on this thread. */
@@ -478,7 +472,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   if (k < 0) {
     MP_CHECK(send_poll_ctrl(c));
     MP_CHECK(send_flush_inline(c));
-    if (!c->acked && now_ns() > c->ack_deadline_ns) {
+    if (!c->acked && mplane_now_ns() > c->ack_deadline_ns) {
       mps_error_set(&c->err, ncclRemoteError, "peer %s accepted TCP but sent no mplane handshake within %d s "
                     "(MPLANE_CONNECT_TIMEOUT): not an mplane rank, or one that never calls accept", c->peer,
                     mps_config()->connect_timeout_s);
@@ -580,13 +574,13 @@ static ncclResult_t send_test(struct mps_send_req *req, int *done, int *sizes) {
 static void ctrl_close_orderly(struct mps_send_comm *c) {
   char scratch[sizeof(struct mps_ctrl) * 4];
   shutdown(c->ctrl_fd, SHUT_WR);
-  uint64_t deadline = now_ns() + 1000000000ull;
+  uint64_t deadline = mplane_now_ns() + 1000000000ull;
   for (;;) {
     ssize_t r;
     while ((r = recv(c->ctrl_fd, scratch, sizeof(scratch), MSG_DONTWAIT)) > 0) {}
     if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break; /* peer gone */
     int unsent = 0;
-    if (ioctl(c->ctrl_fd, SIOCOUTQNSD, &unsent) != 0 || unsent == 0 || now_ns() > deadline) break;
+    if (ioctl(c->ctrl_fd, SIOCOUTQNSD, &unsent) != 0 || unsent == 0 || mplane_now_ns() > deadline) break;
     struct pollfd p = {.fd = c->ctrl_fd, .events = POLLIN};
     poll(&p, 1, 1);
   }
@@ -1175,7 +1169,7 @@ static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
   /* Callers test many requests back to back (NCCL's proxy, every channel): one look at the control
    * socket per MPS_CTRL_POLL_NS is enough, the rest would be system calls that find nothing. */
   if (unclaimed) {
-    uint64_t t = now_ns();
+    uint64_t t = mplane_now_ns();
     if (t - c->rx.empty_ns >= MPS_CTRL_POLL_NS) {
       MP_CHECK(recv_poll_ctrl(c));
       c->rx.empty_ns = t;
@@ -1200,7 +1194,7 @@ static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
      * sender writes its inline messages before it closes the data streams, a moment later (the
      * control socket's bytes may trail the streams' FINs on a real network). */
     if (closed == c->nstreams && !LOAD(&c->stop)) {
-      uint64_t t = now_ns();
+      uint64_t t = mplane_now_ns();
       if (!c->streams_closed_ns) c->streams_closed_ns = t;
       if (c->rx.closed || t - c->streams_closed_ns > MPS_CTRL_GRACE_NS)
         mps_error_set(&c->err, ncclRemoteError, "peer %s closed every data stream while a receive was still "

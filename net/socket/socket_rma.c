@@ -561,7 +561,7 @@ static ncclResult_t rma_test(void *group, void *request, int *done) {
   }
   if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
     mpr_conn_kick(r->conn);
-    uint64_t waited_ms = (mpr_now_ns() - r->t0_ns) / 1000000;
+    uint64_t waited_ms = (mplane_now_ns() - r->t0_ns) / 1000000;
     if (waited_ms <= (uint64_t)mpr_timeout_ms()) return ncclSuccess;
     char why[200];
     snprintf(why, sizeof(why), "no answer to %s #%llu (window %u, offset %llu, %llu bytes) within %llu ms "

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "../../common/clock.h"
 #include "../../common/nccl/err.h"
 #include "../transport.h"
 
@@ -173,9 +174,8 @@ struct mpr_req {
   char why[320];
 };
 
-/* ---- socket_rma_conn.c: windows and time ---- */
+/* ---- socket_rma_conn.c: windows and timeouts ---- */
 int mpr_timeout_ms(void);
-uint64_t mpr_now_ns(void);
 /* Window id -> a copy of its record; 0 if it is not registered. */
 int mpr_win_get(struct mpr_group *g, uint32_t id, struct mpr_win *out);
 int mpr_range_ok(const struct mpr_win *w, uint64_t off, uint64_t size);

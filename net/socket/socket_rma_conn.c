@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../common/clock.h"
 #include "../../common/log.h"
 #include "../../common/nccl/rma.h"
 #include "../relay.h"
@@ -40,12 +41,6 @@
 
 /* ---- windows and time, as the target side reads them ---- */
 int mpr_timeout_ms(void) { return mplane_rma_timeout_ms(mps_config()); }
-
-uint64_t mpr_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 int mpr_win_get(struct mpr_group *g, uint32_t id, struct mpr_win *out) {
   int ok = 0;
@@ -69,9 +64,9 @@ int mpr_win_write(const struct mpr_win *w, uint64_t off, const void *src, size_t
     memcpy(w->base + off, src, n);
     return 0;
   }
-  uint64_t t0 = mpr_now_ns();
+  uint64_t t0 = mplane_now_ns();
   int rc = mplane_cuda_memcpy_htod_nb(w->gpu, w->base + off, src, n);
-  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes into GPU window %u: %.1f us", n, w->id, (double)(mpr_now_ns() - t0) / 1e3);
+  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes into GPU window %u: %.1f us", n, w->id, (double)(mplane_now_ns() - t0) / 1e3);
   return rc;
 }
 
@@ -81,9 +76,9 @@ int mpr_win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) {
     memcpy(dst, w->base + off, n);
     return 0;
   }
-  uint64_t t0 = mpr_now_ns();
+  uint64_t t0 = mplane_now_ns();
   int rc = mplane_cuda_memcpy_dtoh_nb(w->gpu, dst, w->base + off, n);
-  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes out of GPU window %u: %.1f us", n, w->id, (double)(mpr_now_ns() - t0) / 1e3);
+  MP_TRACE(NCCL_NET, "RMA copy of %zu bytes out of GPU window %u: %.1f us", n, w->id, (double)(mplane_now_ns() - t0) / 1e3);
   return rc;
 }
 
@@ -176,7 +171,7 @@ void mpr_conn_abort(struct mpr_conn *c, const char *why) {
 static void number_locked(struct mpr_conn *c, struct mpr_req *r) {
   if (r->kind != MPR_K_PUT && r->kind != MPR_K_GET) return;
   r->m.id = ++c->next_id;
-  r->t0_ns = mpr_now_ns();
+  r->t0_ns = mplane_now_ns();
   MP_TRACE(NCCL_NET, "RMA %s #%llu to %s (context %d): %llu bytes, window %u offset %llu, signal window %u offset %llu op %u value %llu",
            mpr_kind_name(r->kind), (unsigned long long)r->m.id, c->peer_str, c->context, (unsigned long long)r->m.size,
            r->m.win, (unsigned long long)r->m.off, r->m.sig_win, (unsigned long long)r->m.sig_off, r->m.sig_op,
@@ -438,7 +433,7 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
   /* Not deferred: records whose source window is GPU memory, and puts without data, whose source is
    * left zeroed (device 0) by iput: a barrier's signals go at once, each (as measured). */
   if (mpr_progress_thread && !(carries_data(r->kind, &r->m) && r->src.gpu >= 0)) { /* rmaProgress sends it */
-    if (!c->deferred) c->deferred_ns = mpr_now_ns();
+    if (!c->deferred) c->deferred_ns = mplane_now_ns();
     c->deferred = 1;
     if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) c->ops_added++;
     append_locked(&c->q_head, &c->q_tail, r);
@@ -831,7 +826,7 @@ static int conn_pump_records(struct mpr_conn *c) {
 
 static int progress_live(const struct mpr_ctxset *s) {
   uint64_t last = __atomic_load_n(&s->progress_ns, __ATOMIC_RELAXED);
-  return last && mpr_now_ns() - last < MPR_PROGRESS_LIVE_NS;
+  return last && mplane_now_ns() - last < MPR_PROGRESS_LIVE_NS;
 }
 
 /* While NCCL's thread calls rmaProgress it reads every connection itself; the reader thread then
@@ -891,7 +886,7 @@ ncclResult_t mpr_progress(void *ctx) {
   struct mpr_ctxset *s = ctx;
   if (!s || s->epfd < 0) return ncclSuccess;
   mpr_progress_thread = 1;
-  uint64_t now = mpr_now_ns();
+  uint64_t now = mplane_now_ns();
   __atomic_store_n(&s->progress_ns, now, __ATOMIC_RELAXED);
   struct epoll_event ev[32];
   int n = epoll_wait(s->epfd, ev, 32, 0);
@@ -911,7 +906,7 @@ ncclResult_t mpr_progress(void *ctx) {
 /* A caller that stopped calling rmaProgress: its deferred records go through the writer thread. */
 void mpr_conn_kick(struct mpr_conn *c) {
   uint64_t last = __atomic_load_n(&c->set->progress_ns, __ATOMIC_RELAXED);
-  if (!__atomic_load_n(&c->deferred, __ATOMIC_RELAXED) || mpr_now_ns() - last < 1000000) return;
+  if (!__atomic_load_n(&c->deferred, __ATOMIC_RELAXED) || mplane_now_ns() - last < 1000000) return;
   pthread_mutex_lock(&c->lock);
   if (c->deferred) {
     c->deferred = 0;
