@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# Benchmark: mplane's TCP transport against NCCL's Socket transport between two emulated nodes on
+# one GPU, measured the way the TCP transport's targets are stated (docs/benchmarks.md).
+#
+#   NCCL_TESTS_DIR=/path/to/nccl-tests/build scripts/bench-emulated-nodes.sh [options]
+#
+#   --plugin PATH      the net plugin (default build/libnccl-net-mplane.so)
+#   --rounds N         runs of every configuration, interleaved round by round (default 3); the
+#                      tables give the median of the N runs
+#   --tests "A B"      which nccl-tests (default "sendrecv all_reduce alltoall")
+#   --time "ARGS"      nccl-tests arguments of the time sweep (default "-b 8 -e 1M -f 2 -w 10 -n 50"),
+#                      "" to skip it: mplane against NCCL Socket's defaults
+#   --bw "ARGS"        ... of the bandwidth sweep (default "-b 32M -e 128M -f 4 -w 5 -n 20"), "" to
+#                      skip it: mplane against NCCL Socket at NCCL_NSOCKS_PERTHREAD x
+#                      NCCL_SOCKET_NTHREADS points, the best point's median taken
+#   --grid best|full   those points: best = 1x1 and 1x2 (the best points of every grid measured so
+#                      far; the default), full = {1,2,4,8} x {1,2,4}
+#   --warmup "ARGS"    one mplane run of the first test before the rounds, not counted (default
+#                      "-b 32M -e 32M -w 5 -n 20"; a fresh machine's first runs are slow), "" to skip
+#   --env VAR=VALUE    added to every mplane run; repeatable (e.g. --env NCCL_MIN_NCHANNELS=8)
+#   --out DIR          rows.txt, summary.txt and each run's log (default build/bench-emulated-nodes)
+#   --no-mps           do not start the CUDA MPS daemon (one already runs, or time-slicing is wanted)
+#   --summarize FILE   only print the summary of an earlier rows.txt
+#
+# Both MPI ranks use GPU 0 (NCCL_TESTS_DEVICE=0) and each exports NCCL_HOSTID=node<rank>, so NCCL
+# sees two hosts and every byte goes through the network transport over loopback
+# (MPLANE_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo). MPS lets both ranks' kernels run at once; without
+# it they take turns on the GPU. NCCL_NVLS_ENABLE=0 always. Needs Open MPI's mpirun (MPIRUN, PATH, or
+# /usr/lib/x86_64-linux-gnu/openmpi/bin/mpirun) and nccl-tests built with MPI=1.
+#
+# Every run must exit 0, report 0 wrong values and name the intended network ("Using network
+# mplane" / "Using network Socket") in its log; otherwise it is reported with its log and the
+# script exits 1 after the other runs. Exit 77 without a GPU, 2 on bad arguments.
+set -uo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+plugin="$here/build/libnccl-net-mplane.so"
+rounds=3
+tests="sendrecv all_reduce alltoall"
+time_args="-b 8 -e 1M -f 2 -w 10 -n 50"
+bw_args="-b 32M -e 128M -f 4 -w 5 -n 20"
+warmup_args="-b 32M -e 32M -w 5 -n 20"
+grid=best
+out="$here/build/bench-emulated-nodes"
+mps=1
+summarize=""
+menv=()
+
+die() { echo "bench-emulated-nodes.sh: $*" >&2; exit 2; }
+need() { [ $# -ge 2 ] || die "$1 needs a value (see --help)"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --plugin) need "$@"; plugin="$2"; shift 2 ;;
+    --rounds) need "$@"; rounds="$2"; shift 2 ;;
+    --tests) need "$@"; tests="$2"; shift 2 ;;
+    --time) need "$@"; time_args="$2"; shift 2 ;;
+    --bw) need "$@"; bw_args="$2"; shift 2 ;;
+    --warmup) need "$@"; warmup_args="$2"; shift 2 ;;
+    --grid) need "$@"; grid="$2"; shift 2 ;;
+    --env) need "$@"; menv+=("$2"); shift 2 ;;
+    --out) need "$@"; out="$2"; shift 2 ;;
+    --no-mps) mps=0; shift ;;
+    --summarize) need "$@"; summarize="$2"; shift 2 ;;
+    -h|--help) sed -n 2,33p "$0"; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+
+# ---- the summary: medians per configuration, the time ratios and the bandwidth ratios ----
+summary() {
+  python3 - "$1" <<'PY'
+import collections, statistics, sys
+rows = collections.defaultdict(list)  # (sweep, config, test, size) -> [(time, busbw)]
+for line in open(sys.argv[1]):
+    p = line.split()
+    if len(p) < 8 or p[0] == "#":
+        continue
+    _, sweep, config, test, size, t, bw, _wrong = p[:8]
+    rows[(sweep, config, test, int(size))].append((float(t), float(bw)))
+
+def med(key, col):
+    v = [r[col] for r in rows.get(key, [])]
+    return statistics.median(v) if v else None
+
+def human(n):
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+tests = sorted({k[2] for k in rows}, key=lambda t: ["sendrecv", "all_reduce", "alltoall"].index(t)
+               if t in ("sendrecv", "all_reduce", "alltoall") else 9)
+runs = max((len(v) for v in rows.values()), default=0)
+worst, points, slower = None, 0, 0
+for test in tests:
+    sizes = sorted({k[3] for k in rows if k[0] == "time" and k[2] == test and k[3] > 0})
+    pairs = [(s, med(("time", "mplane", test, s), 0), med(("time", "socket", test, s), 0)) for s in sizes]
+    pairs = [p for p in pairs if p[1] is not None and p[2] is not None]
+    if not pairs:
+        continue
+    print(f"\n{test}: time in us, median of {runs} runs (sizes that move 0 bytes left out)")
+    print(f"{'size':>10} {'Socket':>10} {'mplane':>10} {'ratio':>7}")
+    for s, m, k in pairs:
+        r = m / k
+        points += 1
+        slower += r > 1.0
+        if worst is None or r > worst[0]:
+            worst = (r, test, s)
+        print(f"{human(s):>10} {k:10.1f} {m:10.1f} {r:6.2f}x")
+if points:
+    verdict = "met" if slower == 0 else f"NOT met at {slower} of {points} points"
+    print(f"\ntime <= NCCL Socket's default: {verdict} (highest ratio {worst[0]:.2f}x: {worst[1]} {human(worst[2])})")
+
+lines = []
+for test in tests:
+    sizes = sorted({k[3] for k in rows if k[0] == "bw" and k[2] == test})
+    for s in sizes:
+        m = med(("bw", "mplane", test, s), 1)
+        grid = {k[1]: med(k, 1) for k in rows if k[0] == "bw" and k[2] == test and k[3] == s and k[1] != "mplane"}
+        if m is None or not grid:
+            continue
+        best = max(grid, key=grid.get)
+        lines.append((test, s, m, best, grid[best], m / grid[best]))
+if lines:
+    npoints = len({k[1] for k in rows if k[0] == "bw" and k[1] != "mplane"})
+    print(f"\nbusbw in GB/s, median of {runs} runs; Socket: the best of {npoints} NSOCKS_PERTHREAD x SOCKET_NTHREADS points")
+    print(f"{'test':>10} {'size':>8} {'mplane':>8} {'Socket':>8} {'point':>12} {'ratio':>7}")
+    for test, s, m, best, b, r in lines:
+        print(f"{test:>10} {human(s):>8} {m:8.2f} {b:8.2f} {best:>12} {r:6.2f}x")
+    low = [l for l in lines if l[5] < 1.7]
+    verdict = "met" if not low else "NOT met: " + ", ".join(f"{t} {human(s)} {r:.2f}x" for t, s, _, _, _, r in low)
+    print(f"\nbusbw >= 1.7x NCCL Socket's best point: {verdict}")
+PY
+}
+
+if [ -n "$summarize" ]; then
+  [ -r "$summarize" ] || die "--summarize '$summarize': cannot read it"
+  summary "$summarize"
+  exit 0
+fi
+
+case "$rounds" in ''|*[!0-9]*|0) die "--rounds '$rounds': expected a whole number from 1" ;; esac
+case "$grid" in
+  best) points=(1x1 1x2) ;;
+  full) points=(); for t in 1 2 4; do for s in 1 2 4 8; do points+=("${s}x$t"); done; done ;;
+  *) die "--grid '$grid': expected best or full" ;;
+esac
+for kv in ${menv[@]+"${menv[@]}"}; do
+  case "$kv" in [A-Za-z_]*=*) ;; *) die "--env '$kv': expected VAR=VALUE" ;; esac
+done
+for t in $tests; do
+  [ -x "${NCCL_TESTS_DIR:-}/${t}_perf" ] || die "set NCCL_TESTS_DIR to a built nccl-tests (MPI=1) with ${t}_perf"
+done
+[ -r "$plugin" ] || die "--plugin '$plugin': no such file (build first: ninja -C build)"
+plugin="$(cd "$(dirname "$plugin")" && pwd)/$(basename "$plugin")" # NCCL_NET_PLUGIN takes a path
+mpirun="${MPIRUN:-$(command -v mpirun || echo /usr/lib/x86_64-linux-gnu/openmpi/bin/mpirun)}"
+[ -x "$mpirun" ] || die "no mpirun (Open MPI): set MPIRUN"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "bench-emulated-nodes.sh: no GPU (nvidia-smi -L failed): nothing measured"
+  exit 77
+fi
+
+mkdir -p "$out/logs" || die "--out '$out': cannot create it"
+rowsf="$out/rows.txt"
+echo "# round sweep config test size time_us busbw_GBps wrong" >"$rowsf"
+wrap="$out/hostid-wrap.sh"
+cat >"$wrap" <<'WRAP'
+#!/bin/sh
+# one emulated node per MPI rank
+export NCCL_HOSTID=node$OMPI_COMM_WORLD_RANK
+exec "$@"
+WRAP
+chmod +x "$wrap"
+
+if [ $mps = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY="$out/mps" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || die "nvidia-cuda-mps-control -d failed (--no-mps runs without it)"
+  trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
+fi
+
+failed=0
+# run ROUND SWEEP CONFIG NET TEST ARGS [VAR=VALUE ...]: one nccl-tests run, its rows into rows.txt.
+run() {
+  local round=$1 sweep=$2 config=$3 net=$4 test=$5 args=$6
+  shift 6
+  local log="$out/logs/$sweep-$config-$test-r$round.log"
+  local x=(-x NCCL_TESTS_DEVICE=0 -x NCCL_NVLS_ENABLE=0 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT
+           -x NCCL_SOCKET_IFNAME=lo -x MPLANE_SOCKET_IFNAME=lo)
+  [ $mps = 1 ] && x+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
+  local kv
+  for kv in "$@"; do x+=(-x "$kv"); done
+  # shellcheck disable=SC2086 # ARGS is a list of nccl-tests arguments
+  timeout 300 "$mpirun" --allow-run-as-root -np 2 --oversubscribe --bind-to none "${x[@]}" \
+    "$wrap" "$NCCL_TESTS_DIR/${test}_perf" -g 1 $args >"$log" 2>&1
+  local rc=$?
+  local rows why=""
+  rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 12 {print $1, $6, $8, $9}' "$log")
+  if [ $rc -ne 0 ]; then why="exit status $rc"
+  elif [ -z "$rows" ]; then why="no result rows"
+  elif ! grep -q "Using network $net" "$log"; then why="did not use network $net"
+  elif echo "$rows" | awk '$4 != 0 {bad = 1} END {exit !bad}'; then why="wrong values reported"
+  fi
+  if [ -n "$why" ]; then
+    echo "FAIL: $config $test round $round: $why (log: $log)"
+    failed=1
+    return
+  fi
+  echo "$rows" | while read -r size t bw wrong; do
+    echo "$round $sweep $config $test $size $t $bw $wrong" >>"$rowsf"
+  done
+  echo "ran: $sweep $config $test round $round"
+}
+
+M=(NCCL_NET=mplane "NCCL_NET_PLUGIN=$plugin" ${menv[@]+"${menv[@]}"})
+S=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_TUNER_PLUGIN=none)
+first_test=${tests%% *}
+[ -n "$warmup_args" ] && run 0 warmup mplane mplane "$first_test" "$warmup_args" "${M[@]}"
+for ((r = 1; r <= rounds; r++)); do
+  for t in $tests; do
+    if [ -n "$time_args" ]; then
+      run $r time mplane mplane "$t" "$time_args" "${M[@]}"
+      run $r time socket Socket "$t" "$time_args" "${S[@]}"
+    fi
+    if [ -n "$bw_args" ]; then
+      run $r bw mplane mplane "$t" "$bw_args" "${M[@]}"
+      for p in "${points[@]}"; do # NSOCKS_PERTHREAD x SOCKET_NTHREADS
+        run $r bw "socket-$p" Socket "$t" "$bw_args" "${S[@]}" "NCCL_NSOCKS_PERTHREAD=${p%x*}" \
+          "NCCL_SOCKET_NTHREADS=${p#*x}"
+      done
+    fi
+  done
+done
+summary "$rowsf" | tee "$out/summary.txt"
+echo
+echo "rows: $rowsf; logs: $out/logs"
+exit $failed

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# scripts/bench-emulated-nodes.sh drives nccl-tests the way the TCP transport's targets are measured.
+# No GPU or MPI here: a fake mpirun starts both ranks, fake *_perf programs print nccl-tests' rows
+# from a model (mplane 10 us + bytes at 10 GB/s; NCCL Socket's default 20 us + the same; Socket
+# with 2 threads 10 us + bytes at 6.7 GB/s, with 1 thread at 5 GB/s), and the test checks what the script
+# makes of them: each rank's NCCL_HOSTID, the environment of each configuration, the medians and
+# ratios, the verdicts, and that a bad run (wrong values, the wrong network) fails the script.
+# usage: bench_emulated_nodes.sh SCRIPT
+set -u
+script=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+mkdir -p "$work/bin" "$work/nt"
+
+cat >"$work/bin/nvidia-smi" <<'EOF'
+#!/bin/sh
+[ -n "${FAKE_NO_GPU:-}" ] && exit 9
+echo "GPU 0: fake"
+EOF
+# mpirun: -x VAR=VALUE exports, -x VAR passes, flags with a value skipped; the command runs once per rank.
+cat >"$work/bin/mpirun" <<'EOF'
+#!/bin/bash
+np=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -np) np=$2; shift 2 ;;
+    --bind-to) shift 2 ;;
+    -x) case "$2" in *=*) export "${2?}" ;; esac; shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+rc=0
+for ((r = 0; r < np; r++)); do OMPI_COMM_WORLD_RANK=$r "$@" || rc=$?; done
+exit $rc
+EOF
+cat >"$work/nt/fake_perf" <<'EOF'
+#!/bin/bash
+rank=${OMPI_COMM_WORLD_RANK:?}
+[ "${NCCL_HOSTID:-}" = "node$rank" ] || { echo "rank $rank: NCCL_HOSTID '${NCCL_HOSTID:-}'"; exit 3; }
+[ "${NCCL_TESTS_DEVICE:-}" = 0 ] && [ "${NCCL_NVLS_ENABLE:-}" = 0 ] || { echo "device/NVLS not set"; exit 3; }
+net=${NCCL_NET:?}
+[ -n "${FAKE_NET:-}" ] && [ "$net" = mplane ] && net=$FAKE_NET
+echo "host: NCCL INFO Using network $net"
+[ "$rank" = 0 ] || exit 0
+b=8; e=8; f=2
+while [ $# -gt 0 ]; do
+  case "$1" in -b) b=$2; shift 2 ;; -e) e=$2; shift 2 ;; -f) f=$2; shift 2 ;; *) shift ;; esac
+done
+num() { case "$1" in *K) echo $(( ${1%K} << 10 )) ;; *M) echo $(( ${1%M} << 20 )) ;; *) echo "$1" ;; esac; }
+b=$(num "$b"); e=$(num "$e")
+wrong=0
+[ -n "${FAKE_WRONG:-}" ] && [ "$NCCL_NET" = mplane ] && wrong=1
+echo "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
+for ((s = b; s <= e; s *= f)); do
+  awk -v s=$s -v net="$NCCL_NET" -v th="${NCCL_SOCKET_NTHREADS:-}" -v w=$wrong 'BEGIN {
+    if (net == "mplane") t = 10 + s / 10000; else if (th == "") t = 20 + s / 10000; else t = 10 + s / 10000 * (th == 2 ? 1.5 : 2)
+    bw = s / t / 1000
+    printf "%12d %12d %9s %7s %7d %8.2f %7.2f %7.2f %6d %8.2f %7.2f %7.2f %6d\n", s, s / 4, "float", "sum", -1, t, bw, bw, w, t, bw, bw, w
+  }'
+done
+EOF
+chmod +x "$work/bin/"* "$work/nt/fake_perf"
+for t in sendrecv all_reduce alltoall; do ln -s fake_perf "$work/nt/${t}_perf"; done
+touch "$work/plugin.so"
+export PATH="$work/bin:$PATH" NCCL_TESTS_DIR="$work/nt" MPIRUN="$work/bin/mpirun"
+bench() { "$script" --plugin "$work/plugin.so" --no-mps --rounds 2 --time "-b 1K -e 1M -f 32" --bw "-b 32M -e 64M -f 2" \
+  --out "$work/out" "$@" 2>&1; }
+
+out=$(bench --tests "sendrecv all_reduce") || fail "the run failed: $out"
+echo "$out" | grep -q "FAIL" && fail "a run failed: $out"
+# 2 rounds x 2 tests x (2 configurations x 3 sizes + 3 x 2), and the warm-up's one row.
+[ "$(grep -vc '^#' "$work/out/rows.txt")" = $((2 * 2 * (2 * 3 + 3 * 2) + 1)) ] || fail "rows.txt: $(cat "$work/out/rows.txt")"
+grep -q "^0 warmup mplane sendrecv 33554432 " "$work/out/rows.txt" || fail "no warm-up row: $(cat "$work/out/rows.txt")"
+# 1 KiB: 10.10 us against 20.10; 1 MiB: 114.86 against 124.86.
+echo "$out" | grep -qE '^ +1 KiB +20\.1 +10\.1 +0\.50x$' || fail "no 1 KiB time row at 0.50x: $out"
+echo "$out" | grep -qE '^ +1 MiB +124\.9 +114\.9 +0\.92x$' || fail "no 1 MiB time row at 0.92x: $out"
+echo "$out" | grep -q "time <= NCCL Socket's default: met (highest ratio 0.92x" || fail "time verdict: $out"
+# 32 MiB: mplane 9.97 GB/s, Socket 1x2 6.65 (1x1 4.99): 1.50x against the better point.
+echo "$out" | grep -qE 'all_reduce +32 MiB +[0-9.]+ +[0-9.]+ +socket-1x2 +1\.50x$' || fail "no 32 MiB row against 1x2 at 1.50x: $out"
+echo "$out" | grep -q "busbw >= 1.7x NCCL Socket's best point: NOT met: sendrecv 32 MiB 1.50x" || fail "bandwidth verdict: $out"
+echo "$out" | grep -q "best of 2 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "grid size: $out"
+echo "PASS: time and bandwidth tables, verdicts, rows"
+
+# --summarize reads an earlier rows.txt alone.
+again=$("$script" --summarize "$work/out/rows.txt") || fail "--summarize failed: $again"
+echo "$again" | grep -q "time <= NCCL Socket's default: met" || fail "--summarize: $again"
+echo "PASS: --summarize"
+
+# Wrong values, or a run NCCL sent through another network, fail the script and name the run.
+out=$(FAKE_WRONG=1 bench --tests sendrecv --rounds 1) && fail "wrong values were taken: $out"
+echo "$out" | grep -q "FAIL: mplane sendrecv round 1: wrong values reported (log: " || fail "wrong values: $out"
+out=$(FAKE_NET=Socket bench --tests sendrecv --rounds 1) && fail "the wrong network was taken: $out"
+echo "$out" | grep -q "FAIL: mplane sendrecv round 1: did not use network mplane" || fail "wrong network: $out"
+echo "PASS: bad runs fail the script"
+
+# No GPU: exit 77 with a message; bad arguments: exit 2 naming them.
+out=$(FAKE_NO_GPU=1 bench); rc=$?
+{ [ $rc = 77 ] && echo "$out" | grep -q "no GPU"; } || fail "no GPU: rc $rc: $out"
+for bad in "--rounds 0" "--grid most" "--env NOEQUALS" "--tests bogus"; do
+  # shellcheck disable=SC2086 # each case is an option and its value
+  out=$(bench $bad); rc=$?
+  { [ $rc = 2 ] && echo "$out" | grep -q -- "${bad%% *}\|bogus_perf"; } || fail "'$bad': rc $rc: $out"
+done
+echo "PASS: no GPU skips, bad arguments refused"
