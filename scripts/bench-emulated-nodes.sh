@@ -194,20 +194,19 @@ run() {
     "$wrap" "$NCCL_TESTS_DIR/${test}_perf" -g 1 $args >"$log" 2>&1
   local rc=$?
   local rows why=""
-  rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 12 {print $1, $6, $8, $9}' "$log")
+  # nccl-tests' result rows: size, then out-of-place time (col 6), busbw (8) and wrong values (9)
+  rows=$(awk -v pre="$round $sweep $config $test" '$1 ~ /^[0-9]+$/ && NF >= 12 {print pre, $1, $6, $8, $9}' "$log")
   if [ $rc -ne 0 ]; then why="exit status $rc"
   elif [ -z "$rows" ]; then why="no result rows"
   elif ! grep -q "Using network $net" "$log"; then why="did not use network $net"
-  elif echo "$rows" | awk '$4 != 0 {bad = 1} END {exit !bad}'; then why="wrong values reported"
+  elif echo "$rows" | awk '$8 != 0 {bad = 1} END {exit !bad}'; then why="wrong values reported"
   fi
   if [ -n "$why" ]; then
     echo "FAIL: $config $test round $round: $why (log: $log)"
     failed=1
     return
   fi
-  echo "$rows" | while read -r size t bw wrong; do
-    echo "$round $sweep $config $test $size $t $bw $wrong" >>"$rowsf"
-  done
+  echo "$rows" >>"$rowsf"
   echo "ran: $sweep $config $test round $round"
 }
 
