@@ -70,12 +70,14 @@ summary() {
   python3 - "$1" <<'PY'
 import collections, statistics, sys
 rows = collections.defaultdict(list)  # (sweep, config, test, size) -> [(time, busbw)]
+rounds = collections.defaultdict(set)  # (sweep, config, test) -> the rounds it ran in
 for line in open(sys.argv[1]):
     p = line.split()
     if len(p) < 8 or p[0] == "#":
         continue
-    _, sweep, config, test, size, t, bw, _wrong = p[:8]
+    rnd, sweep, config, test, size, t, bw, _wrong = p[:8]
     rows[(sweep, config, test, int(size))].append((float(t), float(bw)))
+    rounds[(sweep, config, test)].add(rnd)
 
 def med(key, col):
     v = [r[col] for r in rows.get(key, [])]
@@ -89,7 +91,8 @@ def human(n):
 
 tests = sorted({k[2] for k in rows}, key=lambda t: ["sendrecv", "all_reduce", "alltoall"].index(t)
                if t in ("sendrecv", "all_reduce", "alltoall") else 9)
-runs = max((len(v) for v in rows.values()), default=0)
+# not the rows per size: alltoall prints several rows of size 0 (sizes below one element per rank)
+runs = max((len(v) for v in rounds.values()), default=0)
 worst, points, slower = None, 0, 0
 for test in tests:
     sizes = sorted({k[3] for k in rows if k[0] == "time" and k[2] == test and k[3] > 0})
