@@ -139,9 +139,10 @@ struct mplane_transport_ops {
   ncclResult_t (*close_recv)(void *recv_comm);
   ncclResult_t (*close_listen)(void *listen_comm);
   void (*finalize)(void);
-  /* NCCL variables this transport runs best with, as "NAME=value" strings ending in NULL; set at
-   * init only where the user left them unset (MPLANE_NCCL_DEFAULTS=0 turns this off). May be NULL. */
-  const char *const *nccl_env_defaults;
+  /* NCCL variables this transport runs best with on the devices init found, as "NAME=value"
+   * strings ending in NULL; set at init only where the user left them unset (MPLANE_NCCL_DEFAULTS=0
+   * turns this off). NULL or a NULL function: none. */
+  const char *const *(*nccl_env_defaults)(void);
   /* The counters record (net/stats.h) inside a send (is_send 1) or receive (0) comm, and inside a send or receive
    * request (NULL for others, e.g. a flush): plugin/ counts each request through them without a
    * lookup, a lock or an allocation. Either may be NULL in the table: then nothing is counted. */

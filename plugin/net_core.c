@@ -54,8 +54,8 @@ static ncclResult_t try_transport(const struct mplane_transport_ops *ops, const 
 /* NCCL reads its tuning variables after the net plugin's init, so defaults set here take effect
  * for the job (as aws-ofi-nccl does for its platforms). The user's own settings always win. */
 static void apply_nccl_env_defaults(const struct mplane_transport_ops *ops) {
-  if (!ops->nccl_env_defaults) return;
-  for (const char *const *kv = ops->nccl_env_defaults; *kv; kv++) {
+  const char *const *env = ops->nccl_env_defaults ? ops->nccl_env_defaults() : NULL;
+  for (const char *const *kv = env; kv && *kv; kv++) {
     const char *eq = strchr(*kv, '=');
     char name[64];
     if (!eq || (size_t)(eq - *kv) >= sizeof(name)) continue;

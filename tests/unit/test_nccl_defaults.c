@@ -1,8 +1,10 @@
 /* mplane unit test: the NCCL variables the socket transport sets at init (MPLANE_NCCL_DEFAULTS).
- * NCCL reads NCCL_BUFFSIZE and NCCL_P2P_NET_CHUNKSIZE after the net plugin's init, so init's values
- * decide a TCP job's step sizes: 8 MiB buffers and 512 KiB p2p chunks (net/socket/socket_transport.c
- * says why). A value the user set stays, and MPLANE_NCCL_DEFAULTS=0 sets nothing. Each case runs
- * init in a child of its own (init runs once a process). */
+ * NCCL reads NCCL_BUFFSIZE, NCCL_P2P_NET_CHUNKSIZE and NCCL_MIN_NCHANNELS after the net plugin's
+ * init, so init's values decide a TCP job's step sizes and channels: 8 MiB buffers and 512 KiB p2p
+ * chunks on a link of a given speed, 4 MiB buffers and at least 8 channels on loopback at the
+ * automatic speed (two emulated nodes; net/socket/socket_transport.c says why). A value the user
+ * set stays, and MPLANE_NCCL_DEFAULTS=0 sets nothing. Each case runs init in a child of its own
+ * (init runs once a process). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,21 +28,24 @@ static int check_var(const char *name, const char *want) {
   return 1;
 }
 
-/* Init the socket transport on loopback in a child with env applied; 0 when NCCL_BUFFSIZE and
- * NCCL_P2P_NET_CHUNKSIZE then read buffsize and chunksize. */
-static int init_and_check(const char *const *env, const char *buffsize, const char *chunksize) {
+/* Init the socket transport on loopback in a child with env applied; 0 when NCCL_BUFFSIZE,
+ * NCCL_P2P_NET_CHUNKSIZE and NCCL_MIN_NCHANNELS then read buffsize, chunksize and channels. */
+static int init_and_check(const char *const *env, const char *buffsize, const char *chunksize, const char *channels) {
   fflush(stderr);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
     unsetenv("NCCL_BUFFSIZE");
     unsetenv("NCCL_P2P_NET_CHUNKSIZE");
+    unsetenv("NCCL_MIN_NCHANNELS");
+    unsetenv("MPLANE_SOCKET_SPEED");
     unsetenv("MPLANE_NCCL_DEFAULTS");
     setenv("MPLANE_TRANSPORT", "socket", 1);
     setenv("MPLANE_SOCKET_IFNAME", "lo", 1);
     for (const char *const *e = env; e && *e; e++) putenv((char *)*e);
     if (mplane_net_global_init(NULL) != ncclSuccess) _exit(2);
-    _exit(check_var("NCCL_BUFFSIZE", buffsize) | check_var("NCCL_P2P_NET_CHUNKSIZE", chunksize));
+    _exit(check_var("NCCL_BUFFSIZE", buffsize) | check_var("NCCL_P2P_NET_CHUNKSIZE", chunksize) |
+          check_var("NCCL_MIN_NCHANNELS", channels));
   }
   int st = 0;
   assert_int_equal(waitpid(pid, &st, 0), pid);
@@ -49,24 +54,31 @@ static int init_and_check(const char *const *env, const char *buffsize, const ch
 
 static void test_socket_sets_step_sizes(void **state) {
   (void)state;
-  assert_int_equal(init_and_check(NULL, "8388608", "524288"), 0);
+  const char *const env[] = {"MPLANE_SOCKET_SPEED=100000", NULL};
+  assert_int_equal(init_and_check(env, "8388608", "524288", NULL), 0);
+}
+
+static void test_loopback_sets_buffers_and_channels(void **state) {
+  (void)state;
+  assert_int_equal(init_and_check(NULL, "4194304", "524288", "8"), 0);
 }
 
 static void test_user_value_stays(void **state) {
   (void)state;
-  const char *const env[] = {"NCCL_BUFFSIZE=4194304", NULL};
-  assert_int_equal(init_and_check(env, "4194304", "524288"), 0);
+  const char *const env[] = {"NCCL_BUFFSIZE=2097152", "NCCL_MIN_NCHANNELS=2", NULL};
+  assert_int_equal(init_and_check(env, "2097152", "524288", "2"), 0);
 }
 
 static void test_defaults_off(void **state) {
   (void)state;
   const char *const env[] = {"MPLANE_NCCL_DEFAULTS=0", NULL};
-  assert_int_equal(init_and_check(env, NULL, NULL), 0);
+  assert_int_equal(init_and_check(env, NULL, NULL, NULL), 0);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_socket_sets_step_sizes),
+      cmocka_unit_test(test_loopback_sets_buffers_and_channels),
       cmocka_unit_test(test_user_value_stays),
       cmocka_unit_test(test_defaults_off),
   };
