@@ -18,6 +18,11 @@
 #   --warmup "ARGS"    one mplane run of the first test before the rounds, not counted (default
 #                      "-b 32M -e 32M -w 5 -n 20"; a fresh machine's first runs are slow), "" to skip
 #   --env VAR=VALUE    added to every mplane run; repeatable (e.g. --env NCCL_MIN_NCHANNELS=8)
+#   --variant "NAME VAR=VALUE ..."
+#                      one more mplane configuration, run beside the others in every round and
+#                      sweep with these variables added; repeatable. The summary adds a table of
+#                      each variant's median against mplane's (the verdicts stay mplane's), so a
+#                      change is judged against the build in the same runs
 #   --out DIR          rows.txt, summary.txt and each run's log (default build/bench-emulated-nodes)
 #   --no-mps           do not start the CUDA MPS daemon (one already runs, or time-slicing is wanted)
 #   --summarize FILE   only print the summary of an earlier rows.txt
@@ -44,6 +49,8 @@ out="$here/build/bench-emulated-nodes"
 mps=1
 summarize=""
 menv=()
+vnames=() # --variant: names, and their variables as one space-separated string each
+venvs=()
 
 die() { echo "bench-emulated-nodes.sh: $*" >&2; exit 2; }
 need() { [ $# -ge 2 ] || die "$1 needs a value (see --help)"; }
@@ -57,10 +64,11 @@ while [ $# -gt 0 ]; do
     --warmup) need "$@"; warmup_args="$2"; shift 2 ;;
     --grid) need "$@"; grid="$2"; shift 2 ;;
     --env) need "$@"; menv+=("$2"); shift 2 ;;
+    --variant) need "$@"; read -r vn vv <<<"$2"; vnames+=("${vn:-}"); venvs+=("${vv:-}"); shift 2 ;;
     --out) need "$@"; out="$2"; shift 2 ;;
     --no-mps) mps=0; shift ;;
     --summarize) need "$@"; summarize="$2"; shift 2 ;;
-    -h|--help) sed -n 2,33p "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^set -uo/ {exit} NR > 1' "$0"; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -115,16 +123,16 @@ if points:
 
 lines = []
 for test in tests:
-    sizes = sorted({k[3] for k in rows if k[0] == "bw" and k[2] == test})
+    sizes = sorted({k[3] for k in rows if k[0] == "bw" and k[2] == test and k[3] > 0})
     for s in sizes:
         m = med(("bw", "mplane", test, s), 1)
-        grid = {k[1]: med(k, 1) for k in rows if k[0] == "bw" and k[2] == test and k[3] == s and k[1] != "mplane"}
-        if m is None or not grid:
+        grid = {k[1]: med(k, 1) for k in rows if k[0] == "bw" and k[2] == test and k[3] == s and k[1].startswith("socket")}
+        if m is None or not grid or max(grid.values()) <= 0:
             continue
         best = max(grid, key=grid.get)
         lines.append((test, s, m, best, grid[best], m / grid[best]))
 if lines:
-    npoints = len({k[1] for k in rows if k[0] == "bw" and k[1] != "mplane"})
+    npoints = len({k[1] for k in rows if k[0] == "bw" and k[1].startswith("socket")})
     print(f"\nbusbw in GB/s, median of {runs} runs; Socket: the best of {npoints} NSOCKS_PERTHREAD x SOCKET_NTHREADS points")
     print(f"{'test':>10} {'size':>8} {'mplane':>8} {'Socket':>8} {'point':>12} {'ratio':>7}")
     for test, s, m, best, b, r in lines:
@@ -132,13 +140,30 @@ if lines:
     low = [l for l in lines if l[5] < 1.7]
     verdict = "met" if not low else "NOT met: " + ", ".join(f"{t} {human(s)} {r:.2f}x" for t, s, _, _, _, r in low)
     print(f"\nbusbw >= 1.7x NCCL Socket's best point: {verdict}")
+
+# --variant: each one's median beside mplane's, time / time (lower is faster) or busbw / busbw
+variants = sorted({k[1] for k in rows if k[1].startswith("mplane-")})
+if variants:
+    print(f"\nvariants against mplane, median of {runs} runs: time ratio (below 1 is faster) and busbw ratio (above 1 is faster)")
+    print(f"{'sweep':>5} {'test':>10} {'size':>8} {'mplane':>9} " + " ".join(f"{v[7:]:>18}" for v in variants))
+    for sweep, col, unit in (("time", 0, "us"), ("bw", 1, "GB/s")):
+        for test in tests:
+            for s in sorted({k[3] for k in rows if k[0] == sweep and k[2] == test and k[3] > 0}):
+                m = med((sweep, "mplane", test, s), col)
+                if m is None:
+                    continue
+                cells = []
+                for v in variants:
+                    x = med((sweep, v, test, s), col)
+                    cells.append(f"{x:9.2f} {x / m:7.2f}x" if x is not None and m > 0 else f"{'-':>18}")
+                print(f"{sweep:>5} {test:>10} {human(s):>8} {m:9.2f} " + " ".join(cells) + f"  ({unit})")
 PY
 }
 
 if [ -n "$summarize" ]; then
   [ -r "$summarize" ] || die "--summarize '$summarize': cannot read it"
   summary "$summarize"
-  exit 0
+  exit $?
 fi
 
 case "$rounds" in ''|*[!0-9]*|0) die "--rounds '$rounds': expected a whole number from 1" ;; esac
@@ -149,6 +174,16 @@ case "$grid" in
 esac
 for kv in ${menv[@]+"${menv[@]}"}; do
   case "$kv" in [A-Za-z_]*=*) ;; *) die "--env '$kv': expected VAR=VALUE" ;; esac
+done
+for i in ${vnames[@]+"${!vnames[@]}"}; do
+  case "${vnames[$i]}" in
+    ''|*[!A-Za-z0-9_.-]*|*=*) die "--variant '${vnames[$i]} ${venvs[$i]}': expected a NAME (letters, digits, _ . -) and VAR=VALUE ..." ;;
+  esac
+  [ -n "${venvs[$i]}" ] || die "--variant '${vnames[$i]}': no VAR=VALUE after the name"
+  for kv in ${venvs[$i]}; do
+    case "$kv" in [A-Za-z_]*=*) ;; *) die "--variant '${vnames[$i]}': '$kv' is not VAR=VALUE" ;; esac
+  done
+  for ((j = 0; j < i; j++)); do [ "${vnames[$j]}" != "${vnames[$i]}" ] || die "--variant '${vnames[$i]}' given twice"; done
 done
 for t in $tests; do
   [ -x "${NCCL_TESTS_DIR:-}/${t}_perf" ] || die "set NCCL_TESTS_DIR to a built nccl-tests (MPI=1) with ${t}_perf"
@@ -215,16 +250,26 @@ run() {
 
 M=(NCCL_NET=mplane "NCCL_NET_PLUGIN=$plugin" ${menv[@]+"${menv[@]}"})
 S=(NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_TUNER_PLUGIN=none)
+# run_variants ROUND SWEEP TEST ARGS: each --variant, as mplane plus its variables.
+run_variants() {
+  local i
+  for i in ${vnames[@]+"${!vnames[@]}"}; do
+    # shellcheck disable=SC2086 # the variant's variables, one word each
+    run "$1" "$2" "mplane-${vnames[$i]}" mplane "$3" "$4" "${M[@]}" ${venvs[$i]}
+  done
+}
 first_test=${tests%% *}
 [ -n "$warmup_args" ] && run 0 warmup mplane mplane "$first_test" "$warmup_args" "${M[@]}"
 for ((r = 1; r <= rounds; r++)); do
   for t in $tests; do
     if [ -n "$time_args" ]; then
       run $r time mplane mplane "$t" "$time_args" "${M[@]}"
+      run_variants $r time "$t" "$time_args"
       run $r time socket Socket "$t" "$time_args" "${S[@]}"
     fi
     if [ -n "$bw_args" ]; then
       run $r bw mplane mplane "$t" "$bw_args" "${M[@]}"
+      run_variants $r bw "$t" "$bw_args"
       for p in "${points[@]}"; do # NSOCKS_PERTHREAD x SOCKET_NTHREADS
         run $r bw "socket-$p" Socket "$t" "$bw_args" "${S[@]}" "NCCL_NSOCKS_PERTHREAD=${p%x*}" \
           "NCCL_SOCKET_NTHREADS=${p#*x}"
@@ -232,7 +277,7 @@ for ((r = 1; r <= rounds; r++)); do
     fi
   done
 done
-summary "$rowsf" | tee "$out/summary.txt"
+summary "$rowsf" | tee "$out/summary.txt" || { echo "bench-emulated-nodes.sh: the summary failed"; failed=1; }
 echo
 echo "rows: $rowsf; logs: $out/logs"
 exit $failed

@@ -2,7 +2,8 @@
 # scripts/bench-emulated-nodes.sh drives nccl-tests the way the TCP transport's targets are measured.
 # No GPU or MPI here: a fake mpirun starts both ranks, fake *_perf programs print nccl-tests' rows
 # from a model (mplane 10 us + bytes at 10 GB/s; NCCL Socket's default 20 us + the same; Socket
-# with 2 threads 10 us + bytes at 6.7 GB/s, with 1 thread at 5 GB/s), and the test checks what the script
+# with 2 threads 10 us + bytes at 6.7 GB/s, with 1 thread at 5 GB/s; FAKE_SLOW=1 doubles a run's
+# time), and the test checks what the script
 # makes of them: each rank's NCCL_HOSTID, the environment of each configuration, the medians and
 # ratios, the verdicts, and that a bad run (wrong values, the wrong network) fails the script.
 # usage: bench_emulated_nodes.sh SCRIPT
@@ -58,8 +59,9 @@ if [ "$(basename "$0")" = alltoall_perf ]; then
   for z in 1 2; do printf "%12d %12d %9s %7s %7d %8.2f %7.2f %7.2f %6d %8.2f %7.2f %7.2f %6d\n" 0 0 float none -1 0.3 0 0 0 0.3 0 0 0; done
 fi
 for ((s = b; s <= e; s *= f)); do
-  awk -v s=$s -v net="$NCCL_NET" -v th="${NCCL_SOCKET_NTHREADS:-}" -v w=$wrong 'BEGIN {
+  awk -v s=$s -v net="$NCCL_NET" -v th="${NCCL_SOCKET_NTHREADS:-}" -v w=$wrong -v slow="${FAKE_SLOW:-}" 'BEGIN {
     if (net == "mplane") t = 10 + s / 10000; else if (th == "") t = 20 + s / 10000; else t = 10 + s / 10000 * (th == 2 ? 1.5 : 2)
+    if (slow != "") t = 2 * t
     bw = s / t / 1000
     printf "%12d %12d %9s %7s %7d %8.2f %7.2f %7.2f %6d %8.2f %7.2f %7.2f %6d\n", s, s / 4, "float", "sum", -1, t, bw, bw, w, t, bw, bw, w
   }'
@@ -91,6 +93,8 @@ echo "PASS: time and bandwidth tables, verdicts, rows"
 # alltoall's repeated rows of size 0 are not runs.
 out=$(bench --tests alltoall) || fail "the alltoall run failed: $out"
 echo "$out" | grep -q "alltoall: time in us, median of 2 runs" || fail "alltoall run count: $out"
+echo "$out" | grep -qE 'alltoall +64 MiB +[0-9.]+ +[0-9.]+ +socket-1x2 +1\.50x$' || fail "alltoall busbw table (rows of size 0 left out): $out"
+echo "$out" | grep -q Traceback && fail "the summary failed: $out"
 echo "PASS: run count"
 
 # --summarize reads an earlier rows.txt alone.
@@ -104,6 +108,21 @@ echo "$out" | grep -q "FAIL: mplane sendrecv round 1: wrong values reported (log
 out=$(FAKE_NET=Socket bench --tests sendrecv --rounds 1) && fail "the wrong network was taken: $out"
 echo "$out" | grep -q "FAIL: mplane sendrecv round 1: did not use network mplane" || fail "wrong network: $out"
 echo "PASS: bad runs fail the script"
+
+# --variant: runs beside mplane in every round and sweep, a table of ratios; the verdicts stay mplane's.
+out=$(bench --tests all_reduce --variant "slow FAKE_SLOW=1") || fail "the variant run failed: $out"
+[ "$(grep -c ' mplane-slow all_reduce ' "$work/out/rows.txt")" = $((2 * (3 + 2))) ] || fail "variant rows: $(cat "$work/out/rows.txt")"
+echo "$out" | grep -qE '^ +time +all_reduce +1 KiB +10\.10 +20\.20 +2\.00x +\(us\)$' || fail "no variant time row at 2.00x: $out"
+echo "$out" | grep -qE '^ +bw +all_reduce +32 MiB +9\.97 +4\.9[89] +0\.50x +\(GB/s\)$' || fail "no variant busbw row at 0.50x: $out"
+echo "$out" | grep -q "best of 2 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "a variant counted as a Socket point: $out"
+echo "$out" | grep -q "busbw >= 1.7x NCCL Socket's best point: NOT met: all_reduce 32 MiB 1.50x" || fail "verdict not mplane's: $out"
+for bad in "slow" "slow NOEQUALS" "=x A=1" "a/b A=1"; do
+  out=$(bench --variant "$bad"); rc=$?
+  { [ $rc = 2 ] && echo "$out" | grep -q -- "--variant"; } || fail "--variant '$bad': rc $rc: $out"
+done
+out=$(bench --variant "v A=1" --variant "v B=2"); rc=$?
+{ [ $rc = 2 ] && echo "$out" | grep -q "given twice"; } || fail "a repeated variant name: rc $rc: $out"
+echo "PASS: variants"
 
 # No GPU: exit 77 with a message; bad arguments: exit 2 naming them.
 out=$(FAKE_NO_GPU=1 bench); rc=$?
