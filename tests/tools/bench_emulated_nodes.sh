@@ -3,7 +3,7 @@
 # No GPU or MPI here: a fake mpirun starts both ranks, fake *_perf programs print nccl-tests' rows
 # from a model (mplane 10 us + bytes at 10 GB/s; NCCL Socket's default 20 us + the same; Socket
 # with 2 threads 10 us + bytes at 6.7 GB/s, with 1 thread at 5 GB/s; FAKE_SLOW=1 doubles a run's
-# time), and the test checks what the script
+# time, FAKE_TOGGLE=FILE triples every other mplane run's), and the test checks what the script
 # makes of them: each rank's NCCL_HOSTID, the environment of each configuration, the medians and
 # ratios, the verdicts, and that a bad run (wrong values, the wrong network) fails the script.
 # usage: bench_emulated_nodes.sh SCRIPT
@@ -45,6 +45,11 @@ net=${NCCL_NET:?}
 [ -n "${FAKE_NET:-}" ] && [ "$net" = mplane ] && net=$FAKE_NET
 echo "host: NCCL INFO Using network $net"
 [ "$rank" = 0 ] || exit 0
+triple=""
+if [ -n "${FAKE_TOGGLE:-}" ] && [ "$NCCL_NET" = mplane ]; then
+  n=$(( $(cat "$FAKE_TOGGLE" 2>/dev/null || echo 0) + 1 )); echo $n >"$FAKE_TOGGLE"
+  [ $((n % 2)) = 1 ] && triple=1
+fi
 b=8; e=8; f=2
 while [ $# -gt 0 ]; do
   case "$1" in -b) b=$2; shift 2 ;; -e) e=$2; shift 2 ;; -f) f=$2; shift 2 ;; *) shift ;; esac
@@ -59,9 +64,10 @@ if [ "$(basename "$0")" = alltoall_perf ]; then
   for z in 1 2; do printf "%12d %12d %9s %7s %7d %8.2f %7.2f %7.2f %6d %8.2f %7.2f %7.2f %6d\n" 0 0 float none -1 0.3 0 0 0 0.3 0 0 0; done
 fi
 for ((s = b; s <= e; s *= f)); do
-  awk -v s=$s -v net="$NCCL_NET" -v th="${NCCL_SOCKET_NTHREADS:-}" -v w=$wrong -v slow="${FAKE_SLOW:-}" 'BEGIN {
+  awk -v s=$s -v net="$NCCL_NET" -v th="${NCCL_SOCKET_NTHREADS:-}" -v w=$wrong -v slow="${FAKE_SLOW:-}" -v triple="$triple" 'BEGIN {
     if (net == "mplane") t = 10 + s / 10000; else if (th == "") t = 20 + s / 10000; else t = 10 + s / 10000 * (th == 2 ? 1.5 : 2)
     if (slow != "") t = 2 * t
+    if (triple != "") t = 3 * t
     bw = s / t / 1000
     printf "%12d %12d %9s %7s %7d %8.2f %7.2f %7.2f %6d %8.2f %7.2f %7.2f %6d\n", s, s / 4, "float", "sum", -1, t, bw, bw, w, t, bw, bw, w
   }'
@@ -80,8 +86,8 @@ echo "$out" | grep -q "FAIL" && fail "a run failed: $out"
 [ "$(grep -vc '^#' "$work/out/rows.txt")" = $((2 * 2 * (2 * 3 + 3 * 2) + 1)) ] || fail "rows.txt: $(cat "$work/out/rows.txt")"
 grep -q "^0 warmup mplane sendrecv 33554432 " "$work/out/rows.txt" || fail "no warm-up row: $(cat "$work/out/rows.txt")"
 # 1 KiB: 10.10 us against 20.10; 1 MiB: 114.86 against 124.86.
-echo "$out" | grep -qE '^ +1 KiB +20\.1 +10\.1 +0\.50x$' || fail "no 1 KiB time row at 0.50x: $out"
-echo "$out" | grep -qE '^ +1 MiB +124\.9 +114\.9 +0\.92x$' || fail "no 1 MiB time row at 0.92x: $out"
+echo "$out" | grep -qE '^ +1 KiB +20\.1 +10\.1 +0\.50x +20\.1-20\.1 +10\.1-10\.1$' || fail "no 1 KiB time row at 0.50x: $out"
+echo "$out" | grep -qE '^ +1 MiB +124\.9 +114\.9 +0\.92x +124\.9-124\.9 +114\.9-114\.9$' || fail "no 1 MiB time row at 0.92x: $out"
 echo "$out" | grep -q "time <= NCCL Socket's default: met (highest ratio 0.92x" || fail "time verdict: $out"
 # 32 MiB: mplane 9.97 GB/s, Socket 1x2 6.65 (1x1 4.99): 1.50x against the better point.
 echo "$out" | grep -qE 'all_reduce +32 MiB +[0-9.]+ +[0-9.]+ +socket-1x2 +1\.50x$' || fail "no 32 MiB row against 1x2 at 1.50x: $out"
@@ -89,6 +95,13 @@ echo "$out" | grep -q "busbw >= 1.7x NCCL Socket's best point: NOT met: sendrecv
 echo "$out" | grep -q "best of 2 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "grid size: $out"
 echo "$out" | grep -q "all_reduce: time in us, median of 2 runs" || fail "run count: $out"
 echo "PASS: time and bandwidth tables, verdicts, rows"
+
+# A slower median whose runs reach Socket's is marked as within the runs' spread: mplane's two runs
+# take 1x and 3x the model's time, a median of 2x, against Socket's 20 us + the same.
+out=$(FAKE_TOGGLE="$work/toggle" bench --tests sendrecv --bw "" --warmup "")
+echo "$out" | grep -qE '^ +1 KiB +20\.1 +20\.2 +1\.01x +20\.1-20\.1 +10\.1-30\.3  within spread$' || fail "no 1 KiB row within spread: $out"
+echo "$out" | grep -q "NOT met at 3 of 3 points, 3 of them within the runs' spread (highest ratio 1.84x" || fail "spread verdict: $out"
+echo "PASS: spread"
 
 # alltoall's repeated rows of size 0 are not runs.
 out=$(bench --tests alltoall) || fail "the alltoall run failed: $out"
