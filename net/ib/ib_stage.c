@@ -12,10 +12,10 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 
+#include "../../common/clock.h"
 #include "../../common/log.h"
 #include "../relay.h"
 #include "ib.h"
@@ -135,14 +135,12 @@ static ncclResult_t post_slot(struct mpib_send_comm *c, struct mpib_stage *st, u
 #define MPIB_STAGE_DRAIN_NS 10000000000ull
 
 static void drain_copies(struct mpib_send_comm *c, struct mpib_stage *st) {
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  uint64_t t0 = mplane_now_ns();
   for (uint64_t j = st->post; j < st->fill; j++) {
     struct mpib_stage_slot *s = &st->s[j % MPIB_STAGE_SLOTS];
     int done = 0;
     while (s->state == 1 && !done && mplane_relay_copier_poll(st->copier, s->ticket, &done) == ncclSuccess) {
-      clock_gettime(CLOCK_MONOTONIC, &t);
-      if ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t.tv_nsec - t0.tv_nsec) > MPIB_STAGE_DRAIN_NS) {
+      if (mplane_now_ns() - t0 > MPIB_STAGE_DRAIN_NS) {
         MP_WARN("%s: copies into the staging ring to peer %s did not end within 10 s of a failed one", c->b.dev->props.name,
                 c->b.peer);
         return;
