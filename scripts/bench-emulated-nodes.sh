@@ -97,6 +97,9 @@ def spread(key, col):
     v = [r[col] for r in rows.get(key, [])]
     return min(v), max(v)
 
+def sizes_of(sweep, test):  # the sizes a sweep of a test ran, leaving out those that move 0 bytes
+    return sorted({k[3] for k in rows if k[0] == sweep and k[2] == test and k[3] > 0})
+
 def human(n):
     for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= div and n % div == 0:
@@ -109,8 +112,7 @@ tests = sorted({k[2] for k in rows}, key=lambda t: ["sendrecv", "all_reduce", "a
 runs = max((len(v) for v in rounds.values()), default=0)
 worst, points, slower, overlap = None, 0, 0, 0
 for test in tests:
-    sizes = sorted({k[3] for k in rows if k[0] == "time" and k[2] == test and k[3] > 0})
-    pairs = [(s, med(("time", "mplane", test, s), 0), med(("time", "socket", test, s), 0)) for s in sizes]
+    pairs = [(s, med(("time", "mplane", test, s), 0), med(("time", "socket", test, s), 0)) for s in sizes_of("time", test)]
     pairs = [p for p in pairs if p[1] is not None and p[2] is not None]
     if not pairs:
         continue
@@ -137,8 +139,7 @@ if points:
 
 lines = []
 for test in tests:
-    sizes = sorted({k[3] for k in rows if k[0] == "bw" and k[2] == test and k[3] > 0})
-    for s in sizes:
+    for s in sizes_of("bw", test):
         m = med(("bw", "mplane", test, s), 1)
         grid = {k[1]: med(k, 1) for k in rows if k[0] == "bw" and k[2] == test and k[3] == s and k[1].startswith("socket")}
         if m is None or not grid or max(grid.values()) <= 0:
@@ -162,7 +163,7 @@ if variants:
     print(f"{'sweep':>5} {'test':>10} {'size':>8} {'mplane':>9} " + " ".join(f"{v[7:]:>18}" for v in variants))
     for sweep, col, unit in (("time", 0, "us"), ("bw", 1, "GB/s")):
         for test in tests:
-            for s in sorted({k[3] for k in rows if k[0] == sweep and k[2] == test and k[3] > 0}):
+            for s in sizes_of(sweep, test):
                 m = med((sweep, "mplane", test, s), col)
                 if m is None:
                     continue
@@ -186,17 +187,15 @@ case "$grid" in
   full) points=(); for t in 1 2 4; do for s in 1 2 4 8; do points+=("${s}x$t"); done; done ;;
   *) die "--grid '$grid': expected best or full" ;;
 esac
-for kv in ${menv[@]+"${menv[@]}"}; do
-  case "$kv" in [A-Za-z_]*=*) ;; *) die "--env '$kv': expected VAR=VALUE" ;; esac
-done
+# kv_check OPTION WORD: WORD must be VAR=VALUE
+kv_check() { case "$2" in [A-Za-z_]*=*) ;; *) die "$1: '$2' is not VAR=VALUE" ;; esac; }
+for kv in ${menv[@]+"${menv[@]}"}; do kv_check --env "$kv"; done
 for i in ${vnames[@]+"${!vnames[@]}"}; do
   case "${vnames[$i]}" in
     ''|*[!A-Za-z0-9_.-]*|*=*) die "--variant '${vnames[$i]} ${venvs[$i]}': expected a NAME (letters, digits, _ . -) and VAR=VALUE ..." ;;
   esac
   [ -n "${venvs[$i]}" ] || die "--variant '${vnames[$i]}': no VAR=VALUE after the name"
-  for kv in ${venvs[$i]}; do
-    case "$kv" in [A-Za-z_]*=*) ;; *) die "--variant '${vnames[$i]}': '$kv' is not VAR=VALUE" ;; esac
-  done
+  for kv in ${venvs[$i]}; do kv_check "--variant '${vnames[$i]}'" "$kv"; done
   for ((j = 0; j < i; j++)); do [ "${vnames[$j]}" != "${vnames[$i]}" ] || die "--variant '${vnames[$i]}' given twice"; done
 done
 for t in $tests; do
