@@ -102,6 +102,10 @@ static const struct row rows[] = {
      "a size in bytes, K suffix allowed, from 0 (never) to 4096",
      "control-socket messages shorter than this are padded to it, so the receiving kernel takes them as "
      "full segments and does not send an ACK of its own from the receiver's read (~1 us per message)"},
+    {"MPLANE_SOCKET_SPLICE_BYTES", K_SIZE, OFF(socket_splice_bytes), 0, "256K", 0, 1L << 30, NULL,
+     "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1G",
+     "data-stream chunks at least this big leave without the sender's copy: their pages go to the "
+     "kernel (vmsplice, splice) and the send completes when the receiver says it has read them"},
     {"MPLANE_SOCKET_INLINE_BUSY", K_INT, OFF(socket_inline_busy), 0, "2", 0, 1024, NULL,
      "an integer from 0 to 1024; 0: no limit",
      "messages above 16K ride the control socket only while fewer sends than this are in flight in the "

@@ -41,6 +41,11 @@
  * thread calls nothing; that thread then writes what the receiver holds (cts_lock), and each CTS
  * goes at once until messages arrive eagerly again.
  *
+ * Spliced chunks: a data-stream chunk of MPLANE_SOCKET_SPLICE_BYTES or more leaves without the
+ * sender's copy (socket_splice.c): its pages go to the kernel by vmsplice and splice, flagged
+ * MPS_CHUNK_ACK. The socket then refers to NCCL's buffer, so the send completes only when the
+ * receiver's helper, having read the payload, answers with an mps_ack on the same stream.
+ *
  * Filler: a control-socket chunk whose header and payload are shorter than MPLANE_SOCKET_PAD_BYTES
  * (544) is followed by zero bytes up to that size, their count in the header's flag bits above
  * MPS_CHUNK_FLAG_BITS; the receiver reads and drops them. Why: Linux takes a segment shorter than
@@ -114,6 +119,7 @@ struct mps_ctrl {
 #define MPS_CHUNK_TRUNCATED 0x1 /* sender's message does not fit: no payload follows */
 #define MPS_CHUNK_EAGER 0x2     /* a whole message sent before its CTS (control socket only) */
 #define MPS_CHUNK_WANT_CTS 0x4  /* no payload: the sender waits for a CTS the receiver holds back */
+#define MPS_CHUNK_ACK 0x8       /* data stream: the payload was spliced; answer with an mps_ack once read */
 #define MPS_CHUNK_FLAG_BITS 0xffffu /* the flags proper; on the control socket the bits above count */
 #define MPS_CHUNK_PAD_SHIFT 16      /* ... the filler bytes that follow the payload (socket.h, top) */
 #define MPS_PAD_MAX 4096            /* the most filler one chunk carries */
@@ -132,6 +138,13 @@ struct mps_chunk {
   uint64_t len;
   uint64_t total;
 };
+
+/* Receiver -> sender on a data stream, one per MPS_CHUNK_ACK chunk, in the chunks' order. */
+struct mps_ack {
+  uint32_t magic; /* MPS_ACK_MAGIC */
+  uint32_t slot;  /* the chunk's slot: a check on the order */
+};
+#define MPS_ACK_MAGIC 0x4b43414du
 
 /* ---- devices ---- */
 struct mps_dev {
@@ -189,6 +202,7 @@ struct mps_send_req;
 struct mps_task {
   struct mps_send_req *req;
   int fd;
+  int stream;
   struct mps_chunk hdr;
   const char *data;
 };
@@ -198,6 +212,8 @@ struct mps_queue {
   pthread_cond_t cond;
   struct mps_task *tasks;
   unsigned cap, head, tail; /* cap is a power of two; head == tail: empty */
+  int wake_fd;              /* eventfd: wakes the thread while it waits for acks as well (sleeping) */
+  int sleeping;             /* under lock */
 };
 
 struct mps_send_comm;
@@ -234,6 +250,7 @@ struct mps_send_comm {
   uint64_t ack_deadline_ns;        /* isend fails if no ACK by then (MPLANE_CONNECT_TIMEOUT after connect) */
   size_t split_bytes;
   size_t chunk_bytes;              /* a split message's chunks are at least this big */
+  size_t splice_bytes;             /* data-stream chunks this big are spliced (0: never) */
   uint64_t spin_ns;                /* helper threads poll this long before sleeping */
   unsigned rr;                     /* stream of the next unsplit message */
   struct mps_cts_group cts[MPS_MAX_GROUPS];

@@ -8,15 +8,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <linux/sockios.h>
 #include <sched.h>
+#include <signal.h>
 
 #include "../../common/clock.h"
 #include "../../common/log.h"
 #include "socket.h"
+#include "socket_splice.h"
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -128,6 +131,7 @@ static void queue_init(struct mps_queue *q, unsigned cap) {
   pthread_cond_init(&q->cond, NULL);
   q->cap = cap;
   q->tasks = calloc(cap, sizeof(*q->tasks));
+  q->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 }
 
 int mps_threads_for(const struct mplane_config *cfg, int nstreams) {
@@ -147,37 +151,91 @@ struct send_thread_arg {
   int index;
 };
 
+/* The thread's streams: index, index + nthreads, ... (push_task). */
+static int thread_streams(const struct mps_send_comm *c, int index, int *fds) {
+  int n = 0;
+  for (int s = index; s < c->nstreams; s += c->nthreads) fds[n++] = c->fds[s];
+  return n;
+}
+
+/* Wait for work. With spliced chunks awaiting their acks the thread sleeps in poll (acks or
+ * wake_fd) instead of on the condition variable. Returns with q->lock held; 0 once stopped. */
+static int wait_for_task(struct mps_send_comm *c, struct mps_queue *q, struct mps_splicer *sp) {
+  spin_until_work(q, &c->stop, c->spin_ns);
+  pthread_mutex_lock(&q->lock);
+  while (q->head == q->tail && !LOAD(&c->stop)) {
+    if (!sp->pending) {
+      pthread_cond_wait(&q->cond, &q->lock);
+      continue;
+    }
+    q->sleeping = 1;
+    pthread_mutex_unlock(&q->lock);
+    char why[160];
+    if (mps_splice_reap(sp, q->wake_fd, why, sizeof(why)) != 0) {
+      mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s", c->peer, why);
+      sp->pending = 0; /* the comm has failed: test() reports it, nothing more to wait for */
+    }
+    pthread_mutex_lock(&q->lock);
+    q->sleeping = 0;
+  }
+  return q->head != q->tail;
+}
+
+/* One task on its stream. 1: done now; 0: spliced, done on its ack. */
+static int send_task(struct mps_send_comm *c, struct mps_splicer *sp, const struct mps_task *t) {
+  if (LOAD(&c->err.state) != 0) return 1; /* the comm failed: drop the work, test() reports the error */
+  int r;
+  if (c->splice_bytes && t->hdr.len >= c->splice_bytes && t->hdr.flags == 0)
+    r = mps_splice_chunk(sp, t->stream / c->nthreads, t);
+  else
+    r = write_full(t->fd, &t->hdr, sizeof(t->hdr), t->data, t->hdr.len);
+  if (r < 0)
+    mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s (peer closed or died?)", c->peer,
+                  strerror(errno));
+  return r != 1;
+}
+
 static void *send_thread(void *argp) {
   struct send_thread_arg arg = *(struct send_thread_arg *)argp;
   free(argp);
   struct mps_send_comm *c = arg.comm;
   struct mps_queue *q = &c->queues[arg.index];
   name_thread("mplane-snd", arg.index);
-  for (;;) {
-    /* Poll a moment before sleeping: a futex wake-up costs more than a message on a fast link. */
-    spin_until_work(q, &c->stop, c->spin_ns);
-    pthread_mutex_lock(&q->lock);
-    while (q->head == q->tail && !LOAD(&c->stop)) pthread_cond_wait(&q->cond, &q->lock);
-    if (q->head == q->tail) {
-      pthread_mutex_unlock(&q->lock);
-      return NULL;
-    }
+  /* splice() has no MSG_NOSIGNAL: a peer gone mid-chunk must give EPIPE here, not kill the job. */
+  sigset_t pipe_sig;
+  sigemptyset(&pipe_sig);
+  sigaddset(&pipe_sig, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_sig, NULL);
+  int fds[MPS_MAX_STREAMS];
+  struct mps_splicer sp;
+  if (mps_splicer_init(&sp, fds, thread_streams(c, arg.index, fds), q->cap) != 0) {
+    mps_error_set(&c->err, ncclSystemError, "send helper for peer %s: out of memory", c->peer);
+    sp.ring = NULL;
+    c->splice_bytes = 0;
+  }
+  while (wait_for_task(c, q, &sp)) {
     struct mps_task t = q->tasks[q->head & (q->cap - 1)];
     pthread_mutex_unlock(&q->lock);
-    /* Once the comm failed, drop the work: test() reports the error. */
-    if (LOAD(&c->err.state) == 0 && write_full(t.fd, &t.hdr, sizeof(t.hdr), t.data, t.hdr.len) != 0)
-      mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s (peer closed or died?)", c->peer,
-                    strerror(errno));
+    int done = send_task(c, &sp, &t);
     pthread_mutex_lock(&q->lock);
     STORE(&q->head, q->head + 1);
     pthread_mutex_unlock(&q->lock);
-    ADD(&t.req->chunks_done, 1);
+    if (done) ADD(&t.req->chunks_done, 1);
+    char why[160];
+    if (sp.pending && mps_splice_reap(&sp, -1, why, sizeof(why)) != 0) {
+      mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s", c->peer, why);
+      sp.pending = 0;
+    }
   }
+  pthread_mutex_unlock(&q->lock);
+  mps_splicer_free(&sp);
+  return NULL;
 }
 
 ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg) {
   c->split_bytes = (size_t)cfg->socket_split_bytes;
   c->chunk_bytes = (size_t)cfg->socket_chunk_bytes;
+  c->splice_bytes = (size_t)cfg->socket_splice_bytes;
   c->inline_bytes = (size_t)cfg->socket_inline_bytes;
   c->pad_to = (uint32_t)cfg->socket_pad_bytes;
   c->inline_busy = cfg->socket_inline_busy;
@@ -197,7 +255,7 @@ ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_co
   }
   for (int t = 0; t < c->nthreads; t++) {
     queue_init(&c->queues[t], cap);
-    if (!c->queues[t].tasks) return ncclSystemError;
+    if (!c->queues[t].tasks || c->queues[t].wake_fd < 0) return ncclSystemError;
   }
   for (int t = 0; t < c->nthreads; t++) {
     struct send_thread_arg *a = malloc(sizeof(*a));
@@ -340,9 +398,17 @@ static struct mps_send_req *send_req_alloc(struct mps_send_comm *c) {
 static void push_task(struct mps_send_comm *c, int stream, const struct mps_task *t) {
   struct mps_queue *q = &c->queues[stream % c->nthreads];
   pthread_mutex_lock(&q->lock);
-  q->tasks[q->tail & (q->cap - 1)] = *t;
+  struct mps_task *slot = &q->tasks[q->tail & (q->cap - 1)];
+  *slot = *t;
+  slot->stream = stream;
   STORE(&q->tail, q->tail + 1);
-  pthread_cond_signal(&q->cond);
+  if (q->sleeping) {
+    uint64_t one = 1; /* the thread waits in poll for acks too (wait_for_task) */
+    if (write(q->wake_fd, &one, sizeof(one)) < 0) {} /* EAGAIN: a wake-up is pending anyway */
+    q->sleeping = 0;
+  } else {
+    pthread_cond_signal(&q->cond);
+  }
   pthread_mutex_unlock(&q->lock);
 }
 
@@ -596,6 +662,8 @@ ncclResult_t mps_close_send(void *send_comm) {
   for (int t = 0; t < c->threads_started; t++) {
     pthread_mutex_lock(&c->queues[t].lock);
     pthread_cond_broadcast(&c->queues[t].cond);
+    uint64_t one = 1;
+    if (write(c->queues[t].wake_fd, &one, sizeof(one)) < 0) {} /* a thread waiting for acks */
     pthread_mutex_unlock(&c->queues[t].lock);
   }
   /* A thread may sit in send() on a full window: the peer died, or lives and stopped reading.
@@ -608,6 +676,7 @@ ncclResult_t mps_close_send(void *send_comm) {
     pthread_mutex_destroy(&c->queues[t].lock);
     pthread_cond_destroy(&c->queues[t].cond);
     free(c->queues[t].tasks);
+    if (c->queues[t].wake_fd >= 0) close(c->queues[t].wake_fd);
   }
   for (int i = 0; i < c->nstreams; i++) close(c->fds[i]);
   ctrl_close_orderly(c);
@@ -724,9 +793,10 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
     recv_want_cts(c);
     return 0;
   }
-  if (h.flags & ~(uint32_t)MPS_CHUNK_TRUNCATED) {
+  if ((h.flags & ~(uint32_t)(MPS_CHUNK_TRUNCATED | MPS_CHUNK_ACK)) ||
+      (h.flags == (MPS_CHUNK_TRUNCATED | MPS_CHUNK_ACK))) {
     mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad record on a data stream (flags 0x%x: an eager "
-                  "message, filler, or a WANT_CTS with a payload)", c->peer, h.flags);
+                  "message, filler, a WANT_CTS with a payload, or an acked notice)", c->peer, h.flags);
     return -1;
   }
   struct mps_slot *s = NULL;
@@ -737,6 +807,16 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
       mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream mid-message (%s)", c->peer,
                     errno ? strerror(errno) : "end of stream");
     return -1;
+  }
+  if (h.flags & MPS_CHUNK_ACK) {
+    /* The sender's pages were the source (spliced): it may reuse them once we say so. */
+    struct mps_ack a = {.magic = MPS_ACK_MAGIC, .slot = h.slot};
+    if (send(fd, &a, sizeof(a), MSG_NOSIGNAL) != (ssize_t)sizeof(a)) {
+      if (!LOAD(&c->stop))
+        mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream before we confirmed a chunk (%s)",
+                      c->peer, strerror(errno));
+      return -1;
+    }
   }
   chunk_end(s, &h);
   return 0;
