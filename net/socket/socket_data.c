@@ -185,7 +185,7 @@ static int wait_for_task(struct mps_send_comm *c, struct mps_queue *q, struct mp
 static int send_task(struct mps_send_comm *c, struct mps_splicer *sp, const struct mps_task *t) {
   if (LOAD(&c->err.state) != 0) return 1; /* the comm failed: drop the work, test() reports the error */
   int r;
-  if (c->splice_bytes && t->hdr.len >= c->splice_bytes && t->hdr.flags == 0)
+  if (sp->ring && c->splice_bytes && t->hdr.len >= c->splice_bytes && t->hdr.flags == 0)
     r = mps_splice_chunk(sp, t->stream / c->nthreads, t);
   else
     r = write_full(t->fd, &t->hdr, sizeof(t->hdr), t->data, t->hdr.len);
@@ -208,11 +208,8 @@ static void *send_thread(void *argp) {
   pthread_sigmask(SIG_BLOCK, &pipe_sig, NULL);
   int fds[MPS_MAX_STREAMS];
   struct mps_splicer sp;
-  if (mps_splicer_init(&sp, fds, thread_streams(c, arg.index, fds), q->cap) != 0) {
-    mps_error_set(&c->err, ncclSystemError, "send helper for peer %s: out of memory", c->peer);
-    sp.ring = NULL;
-    c->splice_bytes = 0;
-  }
+  if (mps_splicer_init(&sp, fds, thread_streams(c, arg.index, fds), q->cap) != 0)
+    MP_INFO(NCCL_NET, "socket: no memory to track spliced chunks; a helper thread copies its chunks instead");
   while (wait_for_task(c, q, &sp)) {
     struct mps_task t = q->tasks[q->head & (q->cap - 1)];
     pthread_mutex_unlock(&q->lock);
@@ -1140,6 +1137,11 @@ static ncclResult_t rx_header(struct mps_recv_comm *c) {
   if (x->pad > MPS_PAD_MAX || (x->pad && (x->h.flags & MPS_CHUNK_TRUNCATED))) {
     mps_error_set(&c->err, ncclRemoteError, "peer %s sent a chunk with %u filler bytes (at most %d, and none after "
                   "a 'does not fit' notice)", c->peer, x->pad, MPS_PAD_MAX);
+    return rx_failed(c);
+  }
+  if (x->h.flags & ~(uint32_t)(MPS_CHUNK_TRUNCATED | MPS_CHUNK_EAGER | MPS_CHUNK_WANT_CTS)) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a chunk with unknown flags 0x%x on the control socket "
+                  "(spliced chunks ride the data streams)", c->peer, x->h.flags);
     return rx_failed(c);
   }
   uint32_t own = x->h.flags & (MPS_CHUNK_EAGER | MPS_CHUNK_WANT_CTS);

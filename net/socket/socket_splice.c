@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -28,6 +29,8 @@ int mps_splicer_init(struct mps_splicer *sp, const int *fds, int nfds, unsigned 
   sp->nfds = nfds;
   sp->cap = cap;
   memcpy(sp->fds, fds, sizeof(int) * (size_t)nfds);
+  /* Acks are 8 bytes and a stream has at most cap chunks in flight, so the unread acks never fill
+   * the socket's receive buffer: a receiver never blocks on its ack while we block on its window. */
   sp->ring = calloc((size_t)nfds * cap, sizeof(*sp->ring));
   if (!sp->ring) return -1;
   if (pipe2(sp->pipe, O_CLOEXEC) != 0) {

@@ -1346,7 +1346,7 @@ static void fake_read_ctrl(int fd, struct mps_ctrl *m, uint16_t want) {
 
 struct fake_chunk {
   uint64_t offset, len, total;
-  uint32_t flags; /* MPS_CHUNK_TRUNCATED: a "does not fit" notice, no payload */
+  uint32_t flags; /* MPS_CHUNK_TRUNCATED: a "does not fit" notice, no payload; MPS_CHUNK_ACK: spliced */
 };
 
 #define FAKE_PAYLOAD (64 << 10) /* payload bytes a fake chunk carries; past that the socket shuts */
@@ -1381,48 +1381,72 @@ static void *fake_write(void *arg) {
   return NULL;
 }
 
-/* One connection from a fake sender (control + one data stream) into a posted receive of cap bytes;
- * the chunks go out as given, on the data stream or (ctrl) on the control socket, where the plugin's
- * own sender puts small messages. The receive must fail within 5 s with a WARN containing warn,
- * never complete. */
-static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_storage *ss, socklen_t sl, size_t cap,
-                             const struct fake_chunk *ch, int nch, int ctrl, const char *what, const char *warn) {
-  int fds[2], port;
+/* A fake sender's connection (control + one data stream) accepted by the plugin, and a receive of
+ * cap bytes posted on it (tag 1): its fds, recv comm, buffer and request; *slot: the CTS's slot. */
+struct fake_conn {
+  int fds[2];
+  void *rc, *buf, *mh, *req;
+  uint32_t slot;
+};
+
+static void fake_connect(struct node *nd, void *lc, const struct sockaddr_storage *ss, socklen_t sl, size_t cap,
+                         uint64_t nonce, const char *what, struct fake_conn *fc) {
+  int port;
   struct mps_hello hello;
   memset(&hello, 0, sizeof(hello));
   hello.magic = MPLANE_HANDLE_MAGIC;
   hello.version = MPLANE_PROTOCOL_VERSION;
   hello.type = MPS_HELLO;
-  hello.nonce = 0xfa4e0000u + (uint64_t)nch * 977 + cap + (uint64_t)ctrl * 65537;
+  hello.nonce = nonce;
   hello.nstreams = 1;
   for (int i = 0; i < 2; i++) {
-    fds[i] = tcp_client(ss, sl, &port);
+    fc->fds[i] = tcp_client(ss, sl, &port);
     hello.stream = (uint16_t)i;
-    if (send(fds[i], &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) abi_fail("fake sender: send");
+    if (send(fc->fds[i], &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) abi_fail("fake sender: send");
   }
-  void *rc = NULL;
-  for (double t0 = abi_now(); !rc;) {
-    if (abi_accept(&nd->net, lc, &rc) != ncclSuccess) abi_fail("%s: accept failed", what);
+  fc->rc = NULL;
+  for (double t0 = abi_now(); !fc->rc;) {
+    if (abi_accept(&nd->net, lc, &fc->rc) != ncclSuccess) abi_fail("%s: accept failed", what);
     if (abi_now() - t0 > 5) abi_fail("%s: the fake sender's connection was not accepted in 5 s", what);
   }
   struct mps_ctrl m;
-  fake_read_ctrl(fds[0], &m, MPS_ACK);
+  fake_read_ctrl(fc->fds[0], &m, MPS_ACK);
   if (m.n != MPS_EAGER_MAX || m.eager_bytes != 64 * 1024)
     abi_fail("%s: the ACK offers %u eager messages of %u bytes, expected %d of 65536 (the default)", what, m.n,
              m.eager_bytes, MPS_EAGER_MAX);
-  void *buf = alloc_buf(cap, 64), *mh, *req = NULL;
-  reg(nd, rc, buf, cap, &mh);
+  fc->buf = alloc_buf(cap, 64);
+  reg(nd, fc->rc, fc->buf, cap, &fc->mh);
   int tag = 1;
-  while (!req)
-    if (abi_irecv(&nd->net, rc, 1, &buf, &cap, &tag, &mh, &req) != ncclSuccess) abi_fail("%s: irecv failed", what);
-  fake_read_ctrl(fds[0], &m, MPS_CTS);
+  fc->req = NULL;
+  while (!fc->req)
+    if (abi_irecv(&nd->net, fc->rc, 1, &fc->buf, &cap, &tag, &fc->mh, &fc->req) != ncclSuccess)
+      abi_fail("%s: irecv failed", what);
+  fake_read_ctrl(fc->fds[0], &m, MPS_CTS);
+  fc->slot = m.e[0].slot;
+}
+
+static void fake_close(struct node *nd, struct fake_conn *fc) {
+  dereg(nd, fc->rc, fc->mh);
+  abi_close_recv(&nd->net, fc->rc);
+  free(fc->buf);
+  close(fc->fds[0]);
+  close(fc->fds[1]);
+}
+
+/* The chunks go out as given, on the data stream or (ctrl) on the control socket, where the
+ * plugin's own sender puts small messages. The receive must fail within 5 s with a WARN containing
+ * warn, never complete. */
+static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_storage *ss, socklen_t sl, size_t cap,
+                             const struct fake_chunk *ch, int nch, int ctrl, const char *what, const char *warn) {
+  struct fake_conn fc;
+  fake_connect(nd, lc, ss, sl, cap, 0xfa4e0000u + (uint64_t)nch * 977 + cap + (uint64_t)ctrl * 65537, what, &fc);
   size_t mark = abi_log_mark();
-  struct fake_writer w = {.fd = fds[ctrl ? 0 : 1], .slot = m.e[0].slot, .ch = ch, .nch = nch};
+  struct fake_writer w = {.fd = fc.fds[ctrl ? 0 : 1], .slot = fc.slot, .ch = ch, .nch = nch};
   pthread_t wt;
   if (pthread_create(&wt, NULL, fake_write, &w) != 0) abi_fail("fake sender: cannot start its writer");
   ncclResult_t res = ncclSuccess;
   int done = 0;
-  for (double t0 = abi_now(); res == ncclSuccess && !done && abi_now() - t0 < 5;) res = abi_test(&nd->net, req, &done, NULL);
+  for (double t0 = abi_now(); res == ncclSuccess && !done && abi_now() - t0 < 5;) res = abi_test(&nd->net, fc.req, &done, NULL);
   if (done) abi_fail("%s: the receive completed", what);
   if (res == ncclSuccess) abi_fail("%s: the receive neither completed nor failed in 5 s", what);
   shutdown(w.fd, SHUT_RDWR); /* a writer the plugin no longer reads from returns */
@@ -1431,14 +1455,36 @@ static void fake_chunks_case(struct node *nd, void *lc, const struct sockaddr_st
     abi_log_dump(mark, what);
     abi_fail("%s: the receive failed (%d) without a WARN saying '%s'", what, res, warn);
   }
-  long bad = check_guard(buf, cap, cap + 64);
+  long bad = check_guard(fc.buf, cap, cap + 64);
   if (bad >= 0) abi_fail("%s: byte %ld past the buffer was written", what, bad);
   abi_note("%s: the receive failed (%d) with a WARN naming it", what, res);
-  dereg(nd, rc, mh);
-  abi_close_recv(&nd->net, rc);
-  free(buf);
-  close(fds[0]);
-  close(fds[1]);
+  fake_close(nd, &fc);
+}
+
+/* A spliced chunk (MPS_CHUNK_ACK) from a fake sender: the receive completes with its bytes, and the
+ * plugin answers on the same data stream with an mps_ack naming the chunk's slot. */
+static void fake_acked_case(struct node *nd, void *lc, const struct sockaddr_storage *ss, socklen_t sl) {
+  const char *what = "a spliced 1000-byte chunk";
+  struct fake_conn fc;
+  fake_connect(nd, lc, ss, sl, 4096, 0xacce0000u, what, &fc);
+  const struct fake_chunk one[1] = {{0, 1000, 1000, MPS_CHUNK_ACK}};
+  struct fake_writer w = {.fd = fc.fds[1], .slot = fc.slot, .ch = one, .nch = 1};
+  fake_write(&w);
+  int done = 0, size = -1;
+  for (double t0 = abi_now(); !done && abi_now() - t0 < 5;)
+    if (abi_test(&nd->net, fc.req, &done, &size) != ncclSuccess) abi_fail("%s: the receive failed", what);
+  if (!done || size != 1000) abi_fail("%s: the receive did not complete with 1000 bytes in 5 s (%d)", what, size);
+  for (int i = 0; i < 1000; i++)
+    if (((unsigned char *)fc.buf)[i] != 0x5a) abi_fail("%s: byte %d of the receive is wrong", what, i);
+  struct mps_ack a;
+  struct timeval tv = {.tv_sec = 5};
+  setsockopt(fc.fds[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (recv(fc.fds[1], &a, sizeof(a), MSG_WAITALL) != (ssize_t)sizeof(a)) abi_fail("%s: no ack came back in 5 s", what);
+  if (a.magic != MPS_ACK_MAGIC || a.slot != fc.slot)
+    abi_fail("%s: the ack reads magic 0x%08x slot %u, expected 0x%08x slot %u", what, a.magic, a.slot, MPS_ACK_MAGIC,
+             fc.slot);
+  abi_note("%s: received, and acked on its stream", what);
+  fake_close(nd, &fc);
 }
 
 static int sc_fake_chunks(void) {
@@ -1449,6 +1495,7 @@ static int sc_fake_chunks(void) {
   struct sockaddr_storage ss;
   socklen_t sl;
   if (!listen_tcp(&nd, NULL, handle, &lc, &ss, &sl)) return 77;
+  fake_acked_case(&nd, lc, &ss, sl);
   for (int ctrl = 0; ctrl < 2; ctrl++) {
     const struct fake_chunk overlap[2] = {{0, 50, 100}, {0, 50, 100}};
     fake_chunks_case(&nd, lc, &ss, sl, 100, overlap, 2, ctrl, "two chunks over the same 50 bytes of a 100-byte message",
@@ -1465,6 +1512,11 @@ static int sc_fake_chunks(void) {
     const struct fake_chunk notice_fits[1] = {{0, 0, 50, MPS_CHUNK_TRUNCATED}};
     fake_chunks_case(&nd, lc, &ss, sl, 100, notice_fits, 1, ctrl, "a 'does not fit' notice for 50 bytes into 100",
                      "a message that fits");
+    /* a spliced "does not fit" notice: no payload, so nothing to ack; on the control socket no
+     * chunk is spliced at all */
+    const struct fake_chunk acked_notice[1] = {{0, 0, 500, MPS_CHUNK_TRUNCATED | MPS_CHUNK_ACK}};
+    fake_chunks_case(&nd, lc, &ss, sl, 100, acked_notice, 1, ctrl, "an acked 'does not fit' notice",
+                     ctrl ? "unknown flags" : "acked notice");
     const struct fake_chunk too_big[1] = {{0, 10, 300}};
     fake_chunks_case(&nd, lc, &ss, sl, 200, too_big, 1, ctrl, "a 300-byte message into 200 bytes, sent anyway",
                      "bigger than");

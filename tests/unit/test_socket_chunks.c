@@ -117,21 +117,20 @@ struct cut {
   int nchunks;
   uint64_t off[MPS_MAX_STREAMS], len[MPS_MAX_STREAMS];
   int stream[MPS_MAX_STREAMS];
+  int spliced[MPS_MAX_STREAMS]; /* flagged MPS_CHUNK_ACK: the sender waits for our ack */
 };
 
-/* Offer a buffer of `size` bytes, send `size` bytes through the plugin, and read every chunk header
- * off the data streams (payloads checked against the pattern sent). */
-static void send_one(struct peer *p, size_t size, struct cut *cut) {
-  memset(cut, 0, sizeof(*cut));
+/* Offer a buffer of `size` bytes (slot 5, tag 3) and send `size` bytes of a pattern through the
+ * plugin; the request and the bytes sent come back. */
+static void *offer_and_send(struct peer *p, size_t size, unsigned char **sent) {
   struct mps_ctrl cts = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = MPS_CTS,
                          .n = 1, .seq = p->groups++};
   cts.e[0].slot = 5;
   cts.e[0].tag = 3;
   cts.e[0].size = size;
   write_all(p->ctrl, &cts, sizeof(cts));
-  unsigned char *buf = malloc(size), *got = malloc(size);
+  unsigned char *buf = malloc(size);
   assert_non_null(buf);
-  assert_non_null(got);
   for (size_t i = 0; i < size; i++) buf[i] = (unsigned char)(i * 7 + size);
   void *req = NULL;
   double deadline = now() + 10;
@@ -139,6 +138,16 @@ static void send_one(struct peer *p, size_t size, struct cut *cut) {
     assert_int_equal(mplane_net_isend(p->sc, buf, size, 3, NULL, &req), ncclSuccess);
     assert_true(now() < deadline);
   }
+  *sent = buf;
+  return req;
+}
+
+/* Read every chunk of a `size`-byte message off the data streams, headers and payloads checked
+ * against what was sent. Acks nothing. */
+static void read_chunks(struct peer *p, size_t size, const unsigned char *sent, struct cut *cut) {
+  memset(cut, 0, sizeof(*cut));
+  unsigned char *got = malloc(size);
+  assert_non_null(got);
   uint64_t have = 0;
   while (have < size) {
     struct pollfd pf[MPS_MAX_STREAMS];
@@ -159,25 +168,46 @@ static void send_one(struct peer *p, size_t size, struct cut *cut) {
       cut->off[cut->nchunks] = h.offset;
       cut->len[cut->nchunks] = h.len;
       cut->stream[cut->nchunks] = i;
+      cut->spliced[cut->nchunks] = spliced;
       cut->nchunks++;
       read_all(p->fds[i], got + h.offset, h.len);
       have += h.len;
-      if (spliced) {
-        struct mps_ack a = {.magic = MPS_ACK_MAGIC, .slot = h.slot};
-        write_all(p->fds[i], &a, sizeof(a));
-      }
     }
   }
   assert_int_equal(have, size);
-  assert_memory_equal(got, buf, size);
-  int done = 0, sent = 0;
-  while (!done) {
-    assert_int_equal(mplane_net_test(req, &done, &sent), ncclSuccess);
-    assert_true(now() < deadline);
+  assert_memory_equal(got, sent, size);
+  free(got);
+}
+
+/* Ack the spliced chunks of cut, naming slot + slot_error (0: the right one). */
+static void ack_chunks(struct peer *p, const struct cut *cut, uint32_t slot_error) {
+  for (int k = 0; k < cut->nchunks; k++) {
+    if (!cut->spliced[k]) continue;
+    struct mps_ack a = {.magic = MPS_ACK_MAGIC, .slot = 5 + slot_error};
+    write_all(p->fds[cut->stream[k]], &a, sizeof(a));
   }
+}
+
+/* test() on req until it is done or fails, for at most `seconds`. */
+static ncclResult_t test_until(void *req, double seconds, int *done, int *sent) {
+  double deadline = now() + seconds;
+  ncclResult_t r = ncclSuccess;
+  *done = 0;
+  while (r == ncclSuccess && !*done && now() < deadline) r = mplane_net_test(req, done, sent);
+  return r;
+}
+
+/* One whole message: offered, sent, read, acked, completed. */
+static void send_one(struct peer *p, size_t size, struct cut *cut) {
+  unsigned char *buf;
+  void *req = offer_and_send(p, size, &buf);
+  read_chunks(p, size, buf, cut);
+  ack_chunks(p, cut, 0);
+  int done = 0, sent = 0;
+  assert_int_equal(test_until(req, 10, &done, &sent), ncclSuccess);
+  assert_true(done);
   assert_int_equal(sent, (int)size);
   free(buf);
-  free(got);
 }
 
 /* The chunks tile the message, each on a stream of its own, all but the last of one size, a 4 KiB
@@ -272,6 +302,70 @@ static void test_chunk_sizes(void **state) {
   peer_down(&p);
 }
 
+/* A spliced chunk leaves NCCL's pages in the kernel: the send may complete only once the receiver
+ * has read them and said so, never when the bytes were merely handed over. */
+static void test_spliced_send_waits_for_ack(void **state) {
+  (void)state;
+  if (mps_config()->socket_splice_bytes == 0) skip();
+  struct peer p;
+  peer_up(&p);
+  size_t size = 4 << 20;
+  unsigned char *buf;
+  void *req = offer_and_send(&p, size, &buf);
+  struct cut c;
+  read_chunks(&p, size, buf, &c);
+  int spliced = 0;
+  for (int k = 0; k < c.nchunks; k++) spliced += c.spliced[k];
+  assert_true(spliced > 0);
+  int done = 0, sent = 0;
+  assert_int_equal(test_until(req, 0.2, &done, &sent), ncclSuccess);
+  assert_false(done); /* every byte was read, none acked */
+  ack_chunks(&p, &c, 0);
+  assert_int_equal(test_until(req, 10, &done, &sent), ncclSuccess);
+  assert_true(done);
+  assert_int_equal(sent, (int)size);
+  free(buf);
+  peer_down(&p);
+}
+
+/* An ack for another slot than the chunk's is the peer's error: the send fails, it does not hang. */
+static void test_wrong_ack_fails(void **state) {
+  (void)state;
+  if (mps_config()->socket_splice_bytes == 0) skip();
+  struct peer p;
+  peer_up(&p);
+  size_t size = 4 << 20;
+  unsigned char *buf;
+  void *req = offer_and_send(&p, size, &buf);
+  struct cut c;
+  read_chunks(&p, size, buf, &c);
+  ack_chunks(&p, &c, 1);
+  int done = 0, sent = 0;
+  assert_int_equal(test_until(req, 10, &done, &sent), ncclRemoteError);
+  assert_false(done);
+  free(buf);
+  peer_down(&p);
+}
+
+/* A receiver that dies after reading but before acking: the send fails within a bound. */
+static void test_peer_gone_before_ack(void **state) {
+  (void)state;
+  if (mps_config()->socket_splice_bytes == 0) skip();
+  struct peer p;
+  peer_up(&p);
+  size_t size = 4 << 20;
+  unsigned char *buf;
+  void *req = offer_and_send(&p, size, &buf);
+  struct cut c;
+  read_chunks(&p, size, buf, &c);
+  for (int i = 0; i < p.nstreams; i++) shutdown(p.fds[i], SHUT_RDWR);
+  int done = 0, sent = 0;
+  assert_int_equal(test_until(req, 10, &done, &sent), ncclRemoteError);
+  assert_false(done);
+  free(buf);
+  peer_down(&p);
+}
+
 int main(void) {
   setenv("MPLANE_TRANSPORT", "socket", 1);
   setenv("MPLANE_SOCKET_IFNAME", "lo", 1);
@@ -280,6 +374,9 @@ int main(void) {
       cmocka_unit_test(test_stream_rule),
       cmocka_unit_test(test_streams_and_threads),
       cmocka_unit_test(test_chunk_sizes),
+      cmocka_unit_test(test_spliced_send_waits_for_ack),
+      cmocka_unit_test(test_wrong_ack_fails),
+      cmocka_unit_test(test_peer_gone_before_ack),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
