@@ -106,10 +106,6 @@ static const struct row rows[] = {
      "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1G",
      "data-stream chunks at least this big leave without the sender's copy: their pages go to the "
      "kernel (vmsplice, splice) and the send completes when the receiver says it has read them"},
-    {"MPLANE_SOCKET_SPLICE_BUSY", K_INT, OFF(socket_splice_busy), 0, "8", 0, 1024, NULL,
-     "an integer from 0 to 1024; 0: always",
-     "chunks are spliced only while at least this many sends are in flight in the process: a lone "
-     "message saves little by it and waits for the receiver's ack"},
     {"MPLANE_SOCKET_INLINE_BUSY", K_INT, OFF(socket_inline_busy), 0, "2", 0, 1024, NULL,
      "an integer from 0 to 1024; 0: no limit",
      "messages above 16K ride the control socket only while fewer sends than this are in flight in the "

@@ -28,7 +28,6 @@ struct mplane_config {
   long socket_eager_bytes;                   /* messages up to this big may go before the receiver's CTS */
   long socket_pad_bytes;                     /* control-socket messages shorter than this are padded */
   long socket_splice_bytes;                  /* data-stream chunks this big are spliced, not copied; 0 never */
-  int socket_splice_busy;                    /* ... while this many sends are in flight; 0 always */
   int socket_inline_busy;                    /* ... above 16K only with fewer sends in flight; 0 no limit */
   int socket_speed_mbps;                     /* reported where sysfs knows no speed; -1 automatic */
   int socket_spin_us;                        /* helper threads poll this long before sleeping */

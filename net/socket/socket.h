@@ -44,9 +44,7 @@
  * Spliced chunks: a data-stream chunk of MPLANE_SOCKET_SPLICE_BYTES or more leaves without the
  * sender's copy (socket_splice.c): its pages go to the kernel by vmsplice and splice, flagged
  * MPS_CHUNK_ACK. The socket then refers to NCCL's buffer, so the send completes only when the
- * receiver's helper, having read the payload, answers with an mps_ack on the same stream. Only
- * while MPLANE_SOCKET_SPLICE_BUSY sends are in flight in the process: a lone message would wait for
- * the ack's trip to save a copy that does not limit it.
+ * receiver's helper, having read the payload, answers with an mps_ack on the same stream.
  *
  * Filler: a control-socket chunk whose header and payload are shorter than MPLANE_SOCKET_PAD_BYTES
  * (544) is followed by zero bytes up to that size, their count in the header's flag bits above
@@ -205,7 +203,6 @@ struct mps_task {
   struct mps_send_req *req;
   int fd;
   int stream;
-  int splice;    /* the chunk may be spliced (MPLANE_SOCKET_SPLICE_BYTES, _BUSY) */
   struct mps_chunk hdr;
   const char *data;
 };
@@ -253,8 +250,7 @@ struct mps_send_comm {
   uint64_t ack_deadline_ns;        /* isend fails if no ACK by then (MPLANE_CONNECT_TIMEOUT after connect) */
   size_t split_bytes;
   size_t chunk_bytes;              /* a split message's chunks are at least this big */
-  size_t splice_bytes;             /* data-stream chunks this big are spliced (0: never), */
-  int splice_busy;                 /* ... while this many sends are in flight in the process */
+  size_t splice_bytes;             /* data-stream chunks this big are spliced (0: never) */
   uint64_t spin_ns;                /* helper threads poll this long before sleeping */
   unsigned rr;                     /* stream of the next unsplit message */
   struct mps_cts_group cts[MPS_MAX_GROUPS];

@@ -126,12 +126,6 @@ static void set_blocking(int fd) {
 
 /* ------------------------------------------------------------------ send side */
 
-/* Send requests in flight in this process, all comms together. A proxy thread with several
- * messages moving (many channels, big collectives) hands a mid-sized one to a helper thread: it
- * copies in parallel, while the proxy thread would copy one message after another; and only then
- * are big chunks spliced (socket.h). */
-static int g_sends_inflight; /* atomic */
-
 static void queue_init(struct mps_queue *q, unsigned cap) {
   pthread_mutex_init(&q->lock, NULL);
   pthread_cond_init(&q->cond, NULL);
@@ -191,7 +185,7 @@ static int wait_for_task(struct mps_send_comm *c, struct mps_queue *q, struct mp
 static int send_task(struct mps_send_comm *c, struct mps_splicer *sp, const struct mps_task *t) {
   if (LOAD(&c->err.state) != 0) return 1; /* the comm failed: drop the work, test() reports the error */
   int r;
-  if (sp->ring && t->splice && t->hdr.len >= c->splice_bytes && t->hdr.flags == 0)
+  if (sp->ring && c->splice_bytes && t->hdr.len >= c->splice_bytes && t->hdr.flags == 0)
     r = mps_splice_chunk(sp, t->stream / c->nthreads, t);
   else
     r = write_full(t->fd, &t->hdr, sizeof(t->hdr), t->data, t->hdr.len);
@@ -239,7 +233,6 @@ ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_co
   c->split_bytes = (size_t)cfg->socket_split_bytes;
   c->chunk_bytes = (size_t)cfg->socket_chunk_bytes;
   c->splice_bytes = (size_t)cfg->socket_splice_bytes;
-  c->splice_busy = cfg->socket_splice_busy;
   c->inline_bytes = (size_t)cfg->socket_inline_bytes;
   c->pad_to = (uint32_t)cfg->socket_pad_bytes;
   c->inline_busy = cfg->socket_inline_busy;
@@ -425,6 +418,10 @@ static void send_warn_wait(struct mps_send_comm *c, const struct mps_cts_group *
   mplane_tag_wait_warn(who, tag, (unsigned long long)g->seq, open, nopen);
 }
 
+/* Send requests in flight in this process, all comms together. A proxy thread with several
+ * messages moving (many channels, big collectives) hands a mid-sized one to a helper thread: it
+ * copies in parallel, while the proxy thread would copy one message after another. */
+static int g_sends_inflight; /* atomic */
 
 static const char mps_filler[MPS_PAD_MAX]; /* the zeros a small chunk is padded with (socket.h) */
 
@@ -595,8 +592,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
     return send_inline(c, req, &t.hdr, data, request);
   }
   req->counted = 1;
-  int inflight = ADD(&g_sends_inflight, 1);
-  t.splice = c->splice_bytes && inflight >= c->splice_busy;
+  ADD(&g_sends_inflight, 1);
   size_t per = chunk_size(c, size);
   int n = size > per ? (int)((size + per - 1) / per) : 1; /* an empty message is one empty chunk */
   req->nchunks = n;

@@ -8,8 +8,7 @@
  * three times): the defaults (loopback counts as a fast link: 8 streams where the process has 16
  * CPUs or more, else 4; chunks of at least 512 KiB), MPLANE_SOCKET_STREAMS=8 (8 streams whatever
  * the CPUs), and MPLANE_SOCKET_SPEED=10000 with MPLANE_SOCKET_CHUNK_BYTES=64K (4 streams, the cut
- * of a slower link). Lone sends are spliced in those (MPLANE_SOCKET_SPLICE_BUSY=0 unless set); a
- * fourth registration keeps the default, where a lone send is copied. */
+ * of a slower link). */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -158,10 +157,9 @@ static void read_chunks(struct peer *p, size_t size, const unsigned char *sent, 
       if (!(pf[i].revents & POLLIN)) continue;
       struct mps_chunk h;
       read_all(p->fds[i], &h, sizeof(h));
-      /* chunks of MPLANE_SOCKET_SPLICE_BYTES or more are spliced and want an ack (socket.h), while
-       * MPLANE_SOCKET_SPLICE_BUSY sends are in flight: here only this one */
+      /* chunks of MPLANE_SOCKET_SPLICE_BYTES or more are spliced and want an ack (socket.h) */
       size_t splice_min = (size_t)mps_config()->socket_splice_bytes;
-      int spliced = splice_min && h.len >= splice_min && mps_config()->socket_splice_busy <= 1;
+      int spliced = splice_min && h.len >= splice_min;
       assert_int_equal(h.flags, spliced ? MPS_CHUNK_ACK : 0);
       assert_int_equal(h.slot, 5);
       assert_int_equal(h.total, size);
@@ -308,6 +306,7 @@ static void test_chunk_sizes(void **state) {
  * has read them and said so, never when the bytes were merely handed over. */
 static void test_spliced_send_waits_for_ack(void **state) {
   (void)state;
+  if (mps_config()->socket_splice_bytes == 0) skip();
   struct peer p;
   peer_up(&p);
   size_t size = 4 << 20;
@@ -332,6 +331,7 @@ static void test_spliced_send_waits_for_ack(void **state) {
 /* An ack for another slot than the chunk's is the peer's error: the send fails, it does not hang. */
 static void test_wrong_ack_fails(void **state) {
   (void)state;
+  if (mps_config()->socket_splice_bytes == 0) skip();
   struct peer p;
   peer_up(&p);
   size_t size = 4 << 20;
@@ -350,6 +350,7 @@ static void test_wrong_ack_fails(void **state) {
 /* A receiver that dies after reading but before acking: the send fails within a bound. */
 static void test_peer_gone_before_ack(void **state) {
   (void)state;
+  if (mps_config()->socket_splice_bytes == 0) skip();
   struct peer p;
   peer_up(&p);
   size_t size = 4 << 20;
@@ -365,38 +366,17 @@ static void test_peer_gone_before_ack(void **state) {
   peer_down(&p);
 }
 
-/* With the default MPLANE_SOCKET_SPLICE_BUSY a lone big message is copied: its send completes with
- * no ack asked for (read_chunks checks the flags). */
-static void test_lone_send_copied(void **state) {
-  (void)state;
-  struct peer p;
-  peer_up(&p);
-  struct cut c;
-  send_one(&p, 4 << 20, &c);
-  for (int k = 0; k < c.nchunks; k++) assert_false(c.spliced[k]);
-  peer_down(&p);
-}
-
 int main(void) {
   setenv("MPLANE_TRANSPORT", "socket", 1);
   setenv("MPLANE_SOCKET_IFNAME", "lo", 1);
-  /* lone sends are spliced here unless the registration asks for the default (tests/unit/meson.build) */
-  setenv("MPLANE_SOCKET_SPLICE_BUSY", "0", 0);
   if (mplane_net_global_init(NULL) != ncclSuccess) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stream_rule),
       cmocka_unit_test(test_streams_and_threads),
       cmocka_unit_test(test_chunk_sizes),
-  };
-  const struct CMUnitTest spliced[] = {
       cmocka_unit_test(test_spliced_send_waits_for_ack),
       cmocka_unit_test(test_wrong_ack_fails),
       cmocka_unit_test(test_peer_gone_before_ack),
   };
-  const struct CMUnitTest copied[] = {cmocka_unit_test(test_lone_send_copied)};
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  const struct mplane_config *cfg = mps_config();
-  if (cfg->socket_splice_bytes && cfg->socket_splice_busy <= 1) failed += cmocka_run_group_tests(spliced, NULL, NULL);
-  else failed += cmocka_run_group_tests(copied, NULL, NULL);
-  return failed;
+  return cmocka_run_group_tests(tests, NULL, NULL);
 }
