@@ -131,7 +131,7 @@ static void queue_init(struct mps_queue *q, unsigned cap) {
   pthread_cond_init(&q->cond, NULL);
   q->cap = cap;
   q->tasks = calloc(cap, sizeof(*q->tasks));
-  q->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  q->wake_fd = -1; /* made by the thread before its first splice (send_task) */
 }
 
 int mps_threads_for(const struct mplane_config *cfg, int nstreams) {
@@ -181,11 +181,24 @@ static int wait_for_task(struct mps_send_comm *c, struct mps_queue *q, struct mp
   return q->head != q->tail;
 }
 
+/* Whether the thread may splice: it can track acks, and sleep on them and on its queue at once (the
+ * eventfd, made here the first time so that threads which never splice hold none). */
+static int splice_ready(struct mps_queue *q, const struct mps_splicer *sp) {
+  if (!sp->ring) return 0;
+  if (q->wake_fd >= 0) return 1;
+  int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0) return 0;
+  pthread_mutex_lock(&q->lock);
+  q->wake_fd = fd;
+  pthread_mutex_unlock(&q->lock);
+  return 1;
+}
+
 /* One task on its stream. 1: done now; 0: spliced, done on its ack. */
-static int send_task(struct mps_send_comm *c, struct mps_splicer *sp, const struct mps_task *t) {
+static int send_task(struct mps_send_comm *c, struct mps_queue *q, struct mps_splicer *sp, const struct mps_task *t) {
   if (LOAD(&c->err.state) != 0) return 1; /* the comm failed: drop the work, test() reports the error */
   int r;
-  if (sp->ring && c->splice_bytes && t->hdr.len >= c->splice_bytes && t->hdr.flags == 0)
+  if (c->splice_bytes && t->hdr.len >= c->splice_bytes && t->hdr.flags == 0 && splice_ready(q, sp))
     r = mps_splice_chunk(sp, t->stream / c->nthreads, t);
   else
     r = write_full(t->fd, &t->hdr, sizeof(t->hdr), t->data, t->hdr.len);
@@ -213,7 +226,7 @@ static void *send_thread(void *argp) {
   while (wait_for_task(c, q, &sp)) {
     struct mps_task t = q->tasks[q->head & (q->cap - 1)];
     pthread_mutex_unlock(&q->lock);
-    int done = send_task(c, &sp, &t);
+    int done = send_task(c, q, &sp, &t);
     pthread_mutex_lock(&q->lock);
     STORE(&q->head, q->head + 1);
     pthread_mutex_unlock(&q->lock);
@@ -252,7 +265,7 @@ ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_co
   }
   for (int t = 0; t < c->nthreads; t++) {
     queue_init(&c->queues[t], cap);
-    if (!c->queues[t].tasks || c->queues[t].wake_fd < 0) return ncclSystemError;
+    if (!c->queues[t].tasks) return ncclSystemError;
   }
   for (int t = 0; t < c->nthreads; t++) {
     struct send_thread_arg *a = malloc(sizeof(*a));
@@ -660,7 +673,7 @@ ncclResult_t mps_close_send(void *send_comm) {
     pthread_mutex_lock(&c->queues[t].lock);
     pthread_cond_broadcast(&c->queues[t].cond);
     uint64_t one = 1;
-    if (write(c->queues[t].wake_fd, &one, sizeof(one)) < 0) {} /* a thread waiting for acks */
+    if (c->queues[t].wake_fd >= 0 && write(c->queues[t].wake_fd, &one, sizeof(one)) < 0) {} /* waits for acks */
     pthread_mutex_unlock(&c->queues[t].lock);
   }
   /* A thread may sit in send() on a full window: the peer died, or lives and stopped reading.

@@ -32,10 +32,20 @@ int mps_splicer_init(struct mps_splicer *sp, const int *fds, int nfds, unsigned 
   /* Acks are 8 bytes and a stream has at most cap chunks in flight, so the unread acks never fill
    * the socket's receive buffer: a receiver never blocks on its ack while we block on its window. */
   sp->ring = calloc((size_t)nfds * cap, sizeof(*sp->ring));
-  if (!sp->ring) return -1;
+  return sp->ring ? 0 : -1;
+}
+
+/* The pipe, made at the first chunk to splice: a thread that never splices holds no descriptors
+ * for it (a rank with hundreds of peers counts them against ulimit -n). 0 ready, -1 copy instead. */
+static int pipe_ready(struct mps_splicer *sp) {
+  if (sp->pipe[1] >= 0) return 0;
+  if (sp->no_pipe) return -1;
   if (pipe2(sp->pipe, O_CLOEXEC) != 0) {
-    sp->pipe[0] = sp->pipe[1] = -1; /* no pipe: every chunk is copied */
-    return 0;
+    MP_INFO(NCCL_NET, "socket: no pipe to splice with (%s); this helper thread copies its chunks instead",
+            strerror(errno));
+    sp->pipe[0] = sp->pipe[1] = -1;
+    sp->no_pipe = 1;
+    return -1;
   }
   fcntl(sp->pipe[1], F_SETPIPE_SZ, PIPE_BYTES); /* best effort: a smaller pipe takes more calls */
   return 0;
@@ -74,7 +84,7 @@ static int send_header(int fd, const struct mps_chunk *h) {
 int mps_splice_chunk(struct mps_splicer *sp, int idx, const struct mps_task *t) {
   size_t len = t->hdr.len, done = 0;
   struct iovec iov = {(void *)t->data, len};
-  ssize_t v = sp->pipe[1] >= 0 ? vmsplice(sp->pipe[1], &iov, 1, 0) : -1;
+  ssize_t v = pipe_ready(sp) == 0 ? vmsplice(sp->pipe[1], &iov, 1, 0) : -1;
   struct iovec whole[2] = {{(void *)&t->hdr, sizeof(t->hdr)}, {(void *)t->data, len}};
   if (v <= 0) {
     if (sp->pipe[1] >= 0) {
@@ -83,6 +93,7 @@ int mps_splice_chunk(struct mps_splicer *sp, int idx, const struct mps_task *t) 
       close(sp->pipe[0]);
       close(sp->pipe[1]);
       sp->pipe[0] = sp->pipe[1] = -1;
+      sp->no_pipe = 1;
     }
     return mps_sendv_all(t->fd, whole, 2) == 0 ? 0 : -1;
   }

@@ -9,7 +9,8 @@
 #include "socket.h"
 
 struct mps_splicer {
-  int pipe[2];      /* vmsplice -> splice; -1: this thread copies (memory the kernel cannot map) */
+  int pipe[2];      /* vmsplice -> splice, made at the first chunk spliced; -1: none yet, */
+  int no_pipe;      /* ... or none for good: this thread copies (memory the kernel cannot map) */
   int nfds;         /* the thread's streams, */
   int fds[MPS_MAX_STREAMS];
   unsigned cap;     /* ... each with a ring of this many chunks awaiting their ack (a power of two) */

@@ -302,68 +302,64 @@ static void test_chunk_sizes(void **state) {
   peer_down(&p);
 }
 
+/* A message big enough to be spliced, offered, sent and read by the raw receiver, nothing acked
+ * yet: its request, with the buffer sent (freed by the caller) and its cut. */
+static void *spliced_message_read(struct peer *p, unsigned char **buf, struct cut *c) {
+  peer_up(p);
+  size_t size = 4 << 20;
+  void *req = offer_and_send(p, size, buf);
+  read_chunks(p, size, *buf, c);
+  int spliced = 0;
+  for (int k = 0; k < c->nchunks; k++) spliced += c->spliced[k];
+  assert_true(spliced > 0);
+  return req;
+}
+
 /* A spliced chunk leaves NCCL's pages in the kernel: the send may complete only once the receiver
  * has read them and said so, never when the bytes were merely handed over. */
 static void test_spliced_send_waits_for_ack(void **state) {
   (void)state;
-  if (mps_config()->socket_splice_bytes == 0) skip();
   struct peer p;
-  peer_up(&p);
-  size_t size = 4 << 20;
   unsigned char *buf;
-  void *req = offer_and_send(&p, size, &buf);
   struct cut c;
-  read_chunks(&p, size, buf, &c);
-  int spliced = 0;
-  for (int k = 0; k < c.nchunks; k++) spliced += c.spliced[k];
-  assert_true(spliced > 0);
+  void *req = spliced_message_read(&p, &buf, &c);
   int done = 0, sent = 0;
   assert_int_equal(test_until(req, 0.2, &done, &sent), ncclSuccess);
   assert_false(done); /* every byte was read, none acked */
   ack_chunks(&p, &c, 0);
   assert_int_equal(test_until(req, 10, &done, &sent), ncclSuccess);
   assert_true(done);
-  assert_int_equal(sent, (int)size);
+  assert_int_equal(sent, 4 << 20);
   free(buf);
   peer_down(&p);
 }
 
-/* An ack for another slot than the chunk's is the peer's error: the send fails, it does not hang. */
+/* A receiver that breaks the ack protocol (wrong_ack: acks another slot; else: closes its streams
+ * after reading, before acking) fails the send within a bound; it does not hang. */
+static void spliced_send_fails(int wrong_ack) {
+  struct peer p;
+  unsigned char *buf;
+  struct cut c;
+  void *req = spliced_message_read(&p, &buf, &c);
+  if (wrong_ack)
+    ack_chunks(&p, &c, 1);
+  else
+    for (int i = 0; i < p.nstreams; i++) shutdown(p.fds[i], SHUT_RDWR);
+  int done = 0, sent = 0;
+  assert_int_equal(test_until(req, 10, &done, &sent), ncclRemoteError);
+  assert_false(done);
+  free(buf);
+  peer_down(&p);
+}
+
 static void test_wrong_ack_fails(void **state) {
   (void)state;
-  if (mps_config()->socket_splice_bytes == 0) skip();
-  struct peer p;
-  peer_up(&p);
-  size_t size = 4 << 20;
-  unsigned char *buf;
-  void *req = offer_and_send(&p, size, &buf);
-  struct cut c;
-  read_chunks(&p, size, buf, &c);
-  ack_chunks(&p, &c, 1);
-  int done = 0, sent = 0;
-  assert_int_equal(test_until(req, 10, &done, &sent), ncclRemoteError);
-  assert_false(done);
-  free(buf);
-  peer_down(&p);
+  spliced_send_fails(1);
 }
 
-/* A receiver that dies after reading but before acking: the send fails within a bound. */
 static void test_peer_gone_before_ack(void **state) {
   (void)state;
-  if (mps_config()->socket_splice_bytes == 0) skip();
-  struct peer p;
-  peer_up(&p);
-  size_t size = 4 << 20;
-  unsigned char *buf;
-  void *req = offer_and_send(&p, size, &buf);
-  struct cut c;
-  read_chunks(&p, size, buf, &c);
-  for (int i = 0; i < p.nstreams; i++) shutdown(p.fds[i], SHUT_RDWR);
-  int done = 0, sent = 0;
-  assert_int_equal(test_until(req, 10, &done, &sent), ncclRemoteError);
-  assert_false(done);
-  free(buf);
-  peer_down(&p);
+  spliced_send_fails(0);
 }
 
 int main(void) {
@@ -374,9 +370,14 @@ int main(void) {
       cmocka_unit_test(test_stream_rule),
       cmocka_unit_test(test_streams_and_threads),
       cmocka_unit_test(test_chunk_sizes),
+  };
+  const struct CMUnitTest spliced[] = {
       cmocka_unit_test(test_spliced_send_waits_for_ack),
       cmocka_unit_test(test_wrong_ack_fails),
       cmocka_unit_test(test_peer_gone_before_ack),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  /* run by hand with MPLANE_SOCKET_SPLICE_BYTES=0 nothing is spliced: the ack tests do not apply */
+  if (mps_config()->socket_splice_bytes) failed += cmocka_run_group_tests(spliced, NULL, NULL);
+  return failed;
 }
