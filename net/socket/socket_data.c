@@ -161,6 +161,7 @@ static int thread_streams(const struct mps_send_comm *c, int index, int *fds) {
 /* Wait for work. With spliced chunks awaiting their acks the thread sleeps in poll (acks or
  * wake_fd) instead of on the condition variable. Returns with q->lock held; 0 once stopped. */
 static int wait_for_task(struct mps_send_comm *c, struct mps_queue *q, struct mps_splicer *sp) {
+  /* Poll a moment before sleeping: a futex wake-up costs more than a message on a fast link. */
   spin_until_work(q, &c->stop, c->spin_ns);
   pthread_mutex_lock(&q->lock);
   while (q->head == q->tail && !LOAD(&c->stop)) {
@@ -819,7 +820,9 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
     return -1;
   }
   if (h.flags & MPS_CHUNK_ACK) {
-    /* The sender's pages were the source (spliced): it may reuse them once we say so. */
+    /* The sender's pages were the source (spliced): it may reuse them once we say so. The ack goes
+     * before the chunk completes the receive: after that our rank may close the comm, and a sender
+     * still waiting for the ack of a delivered chunk would then fail. */
     struct mps_ack a = {.magic = MPS_ACK_MAGIC, .slot = h.slot};
     if (send(fd, &a, sizeof(a), MSG_NOSIGNAL) != (ssize_t)sizeof(a)) {
       if (!LOAD(&c->stop))
