@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,10 +77,17 @@ static inline int fuzz_send_all(int fd, const void *buf, size_t len) {
   })
 
 /* WARNs go nowhere (as under NCCL's logger at its default level): millions of them would only slow
- * the run down. */
+ * the run down. With FUZZ_TRACE set they go to stderr, beside what became of each input. */
 static void fuzz_quiet_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
                               const char *fmt, ...) {
-  (void)level, (void)flags, (void)file, (void)line, (void)fmt;
+  (void)flags, (void)file, (void)line;
+  if (level != NCCL_LOG_WARN || !getenv("FUZZ_TRACE")) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "  WARN ");
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
 }
 
 static inline void fuzz_quiet(void) { mplane_log_set_logger(fuzz_quiet_logger); }
