@@ -166,6 +166,8 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg);
 const struct mplane_config *mps_config(void);
 /* sendmsg until every byte of iov[0..n) is out (the array is consumed): 0 ok, -1 error. */
 int mps_sendv_all(int fd, struct iovec *iov, int n);
+/* ... with more send flags (MSG_MORE). */
+int mps_sendv_flags(int fd, struct iovec *iov, int n, int flags);
 
 /* Data streams of a connection over a link of speed_mbps from a process that may run on ncpus CPUs
  * (MPLANE_SOCKET_STREAMS; 0: 8 on a fast link with at least 16 CPUs, else 4: every stream has a

@@ -56,10 +56,12 @@ ncclResult_t mps_error_check(struct mps_error *e) {
 
 /* ------------------------------------------------------------------ blocking I/O helpers */
 
-int mps_sendv_all(int fd, struct iovec *iov, int n) {
+int mps_sendv_all(int fd, struct iovec *iov, int n) { return mps_sendv_flags(fd, iov, n, 0); }
+
+int mps_sendv_flags(int fd, struct iovec *iov, int n, int flags) {
   while (n > 0) {
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+    ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | flags);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) return -1;
     while (n > 0 && (size_t)w >= iov->iov_len) {
@@ -158,6 +160,16 @@ static int thread_streams(const struct mps_send_comm *c, int index, int *fds) {
   return n;
 }
 
+/* Complete the spliced chunks whose acks have come (mps_splice_reap; wake_fd >= 0: wait for one or
+ * for new work). A peer that fails the protocol fails the comm: test() reports it, and nothing is
+ * left to wait for. */
+static void reap_acks(struct mps_send_comm *c, struct mps_splicer *sp, int wake_fd) {
+  char why[160];
+  if (mps_splice_reap(sp, wake_fd, why, sizeof(why)) == 0) return;
+  mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s", c->peer, why);
+  sp->pending = 0;
+}
+
 /* Wait for work. With spliced chunks awaiting their acks the thread sleeps in poll (acks or
  * wake_fd) instead of on the condition variable. Returns with q->lock held; 0 once stopped. */
 static int wait_for_task(struct mps_send_comm *c, struct mps_queue *q, struct mps_splicer *sp) {
@@ -171,11 +183,7 @@ static int wait_for_task(struct mps_send_comm *c, struct mps_queue *q, struct mp
     }
     q->sleeping = 1;
     pthread_mutex_unlock(&q->lock);
-    char why[160];
-    if (mps_splice_reap(sp, q->wake_fd, why, sizeof(why)) != 0) {
-      mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s", c->peer, why);
-      sp->pending = 0; /* the comm has failed: test() reports it, nothing more to wait for */
-    }
+    reap_acks(c, sp, q->wake_fd);
     pthread_mutex_lock(&q->lock);
     q->sleeping = 0;
   }
@@ -232,11 +240,7 @@ static void *send_thread(void *argp) {
     STORE(&q->head, q->head + 1);
     pthread_mutex_unlock(&q->lock);
     if (done) ADD(&t.req->chunks_done, 1);
-    char why[160];
-    if (sp.pending && mps_splice_reap(&sp, -1, why, sizeof(why)) != 0) {
-      mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s", c->peer, why);
-      sp.pending = 0;
-    }
+    if (sp.pending) reap_acks(c, &sp, -1);
   }
   pthread_mutex_unlock(&q->lock);
   mps_splicer_free(&sp);
@@ -819,23 +823,18 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
                     errno ? strerror(errno) : "end of stream");
     return -1;
   }
-  if (h.flags & MPS_CHUNK_ACK) {
-    /* The sender's pages were the source (spliced): it may reuse them once we say so. The ack goes
-     * before the chunk completes the receive: after that our rank may close the comm, and a sender
-     * still waiting for the ack of a delivered chunk would then fail. */
-    struct mps_ack a = {.magic = MPS_ACK_MAGIC, .slot = h.slot};
-    ssize_t w;
-    while ((w = send(fd, &a, sizeof(a), MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
-    if (w != (ssize_t)sizeof(a)) {
-      /* The sender is gone, but its chunk arrived whole: as a close after it (no error unless a
-       * receive still waits once every stream has closed, recv_test). */
-      chunk_end(s, &h);
-      ADD(&c->streams_closed, 1);
-      return -1;
-    }
-  }
+  /* The sender's pages were the source of a spliced chunk: it may reuse them once we say so. The
+   * ack goes before the chunk completes the receive: after that our rank may close the comm, and a
+   * sender still waiting for the ack of a delivered chunk would then fail. */
+  struct mps_ack a = {.magic = MPS_ACK_MAGIC, .slot = h.slot};
+  struct iovec ack = {&a, sizeof(a)};
+  int sender_gone = (h.flags & MPS_CHUNK_ACK) && mps_sendv_all(fd, &ack, 1) != 0;
   chunk_end(s, &h);
-  return 0;
+  if (!sender_gone) return 0;
+  /* its chunk arrived whole: as a close after it (no error unless a receive still waits once every
+   * stream has closed, recv_test) */
+  ADD(&c->streams_closed, 1);
+  return -1;
 }
 
 static void *recv_thread(void *argp) {

@@ -35,16 +35,24 @@ int mps_splicer_init(struct mps_splicer *sp, const int *fds, int nfds, unsigned 
   return sp->ring ? 0 : -1;
 }
 
+/* This thread copies from now on: its pipe, if any, goes, and why is logged once. */
+static void stop_splicing(struct mps_splicer *sp, const char *why) {
+  MP_INFO(NCCL_NET, "socket: %s; this helper thread copies its chunks instead", why);
+  if (sp->pipe[0] >= 0) close(sp->pipe[0]);
+  if (sp->pipe[1] >= 0) close(sp->pipe[1]);
+  sp->pipe[0] = sp->pipe[1] = -1;
+  sp->no_pipe = 1;
+}
+
 /* The pipe, made at the first chunk to splice: a thread that never splices holds no descriptors
  * for it (a rank with hundreds of peers counts them against ulimit -n). 0 ready, -1 copy instead. */
 static int pipe_ready(struct mps_splicer *sp) {
   if (sp->pipe[1] >= 0) return 0;
   if (sp->no_pipe) return -1;
   if (pipe2(sp->pipe, O_CLOEXEC) != 0) {
-    MP_INFO(NCCL_NET, "socket: no pipe to splice with (%s); this helper thread copies its chunks instead",
-            strerror(errno));
-    sp->pipe[0] = sp->pipe[1] = -1;
-    sp->no_pipe = 1;
+    char why[96];
+    snprintf(why, sizeof(why), "no pipe to splice with (%s)", strerror(errno));
+    stop_splicing(sp, why); /* a failed pipe2 leaves both ends -1 */
     return -1;
   }
   fcntl(sp->pipe[1], F_SETPIPE_SZ, PIPE_BYTES); /* best effort: a smaller pipe takes more calls */
@@ -69,18 +77,6 @@ static int pipe_to_socket(struct mps_splicer *sp, int fd, size_t n, int more) {
   return 0;
 }
 
-/* The chunk's header, with MSG_MORE: it leaves in one segment with the spliced pages after it. */
-static int send_header(int fd, const struct mps_chunk *h) {
-  size_t off = 0;
-  while (off < sizeof(*h)) {
-    ssize_t w = send(fd, (const char *)h + off, sizeof(*h) - off, MSG_MORE | MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return -1;
-    off += (size_t)w;
-  }
-  return 0;
-}
-
 int mps_splice_chunk(struct mps_splicer *sp, int idx, const struct mps_task *t) {
   size_t len = t->hdr.len, done = 0;
   struct iovec iov = {(void *)t->data, len};
@@ -88,18 +84,17 @@ int mps_splice_chunk(struct mps_splicer *sp, int idx, const struct mps_task *t) 
   struct iovec whole[2] = {{(void *)&t->hdr, sizeof(t->hdr)}, {(void *)t->data, len}};
   if (v <= 0) {
     if (sp->pipe[1] >= 0) {
-      MP_INFO(NCCL_NET, "socket: cannot splice from %p (%s); this helper thread copies its chunks instead", t->data,
-              v < 0 ? strerror(errno) : "nothing mapped");
-      close(sp->pipe[0]);
-      close(sp->pipe[1]);
-      sp->pipe[0] = sp->pipe[1] = -1;
-      sp->no_pipe = 1;
+      char why[128];
+      snprintf(why, sizeof(why), "cannot splice from %p (%s)", t->data, v < 0 ? strerror(errno) : "nothing mapped");
+      stop_splicing(sp, why);
     }
     return mps_sendv_all(t->fd, whole, 2) == 0 ? 0 : -1;
   }
+  /* the header with MSG_MORE: it leaves in one segment with the spliced pages after it */
   struct mps_chunk h = t->hdr;
   h.flags |= MPS_CHUNK_ACK;
-  if (send_header(t->fd, &h) != 0) return -1;
+  struct iovec hdr = {&h, sizeof(h)};
+  if (mps_sendv_flags(t->fd, &hdr, 1, MSG_MORE) != 0) return -1;
   for (;;) {
     done += (size_t)v;
     if (pipe_to_socket(sp, t->fd, (size_t)v, done < len) != 0) return -1;
