@@ -11,7 +11,8 @@
 #   --time "ARGS"      nccl-tests arguments of the time sweep (default "-b 8 -e 1M -f 2 -w 10 -n 50"),
 #                      "" to skip it: mplane against NCCL Socket's defaults, with each one's fastest
 #                      and slowest run; a point where mplane's median is slower but its fastest run
-#                      is no slower than Socket's slowest is marked "within spread"
+#                      is no slower than Socket's slowest is marked "within spread"; "faster"
+#                      counts the rounds whose mplane run beat the Socket run of the same round
 #   --bw "ARGS"        ... of the bandwidth sweep (default "-b 32M -e 128M -f 4 -w 5 -n 20"), "" to
 #                      skip it: mplane against NCCL Socket at NCCL_NSOCKS_PERTHREAD x
 #                      NCCL_SOCKET_NTHREADS points, the best point's median taken
@@ -81,6 +82,7 @@ summary() {
 import collections, statistics, sys
 rows = collections.defaultdict(list)  # (sweep, config, test, size) -> [(time, busbw)]
 rounds = collections.defaultdict(set)  # (sweep, config, test) -> the rounds it ran in
+by_round = collections.defaultdict(dict)  # (sweep, config, test, size) -> {round: time}
 for line in open(sys.argv[1]):
     p = line.split()
     if len(p) < 8 or p[0] == "#":
@@ -88,6 +90,7 @@ for line in open(sys.argv[1]):
     rnd, sweep, config, test, size, t, bw, _wrong = p[:8]
     rows[(sweep, config, test, int(size))].append((float(t), float(bw)))
     rounds[(sweep, config, test)].add(rnd)
+    by_round[(sweep, config, test, int(size))][rnd] = float(t)
 
 def med(key, col):
     v = [r[col] for r in rows.get(key, [])]
@@ -96,6 +99,11 @@ def med(key, col):
 def spread(key, col):
     v = [r[col] for r in rows.get(key, [])]
     return min(v), max(v)
+
+def faster(test, size):  # (rounds where mplane's run beat Socket's run of the same round, rounds paired)
+    m, k = by_round.get(("time", "mplane", test, size), {}), by_round.get(("time", "socket", test, size), {})
+    both = set(m) & set(k)
+    return sum(m[r] < k[r] for r in both), len(both)
 
 def sizes_of(sweep, test):  # the sizes a sweep of a test ran, leaving out those that move 0 bytes
     return sorted({k[3] for k in rows if k[0] == sweep and k[2] == test and k[3] > 0})
@@ -111,13 +119,14 @@ tests = sorted({k[2] for k in rows}, key=lambda t: ["sendrecv", "all_reduce", "a
 # not the rows per size: alltoall prints several rows of size 0 (sizes below one element per rank)
 runs = max((len(v) for v in rounds.values()), default=0)
 worst, points, slower, overlap = None, 0, 0, 0
+won, paired = 0, 0  # over the slower points: rounds mplane was faster in, rounds
 for test in tests:
     pairs = [(s, med(("time", "mplane", test, s), 0), med(("time", "socket", test, s), 0)) for s in sizes_of("time", test)]
     pairs = [p for p in pairs if p[1] is not None and p[2] is not None]
     if not pairs:
         continue
     print(f"\n{test}: time in us, median of {runs} runs (sizes that move 0 bytes left out), and each one's runs")
-    print(f"{'size':>10} {'Socket':>10} {'mplane':>10} {'ratio':>7}   {'Socket runs':>15} {'mplane runs':>15}")
+    print(f"{'size':>10} {'Socket':>10} {'mplane':>10} {'ratio':>7}   {'Socket runs':>15} {'mplane runs':>15} {'faster':>7}")
     for s, m, k in pairs:
         r = m / k
         points += 1
@@ -125,17 +134,21 @@ for test in tests:
         ml, mh = spread(("time", "mplane", test, s), 0)
         # slower, but some run of mplane's as fast as some run of Socket's: within the runs' spread
         mark = ""
+        w, n = faster(test, s)
         if r > 1.0:
             slower += 1
+            won, paired = won + w, paired + n
             if ml <= kh:
                 overlap += 1
                 mark = "  within spread"
         if worst is None or r > worst[0]:
             worst = (r, test, s)
-        print(f"{human(s):>10} {k:10.1f} {m:10.1f} {r:6.2f}x   {f'{kl:.1f}-{kh:.1f}':>15} {f'{ml:.1f}-{mh:.1f}':>15}{mark}")
+        print(f"{human(s):>10} {k:10.1f} {m:10.1f} {r:6.2f}x   {f'{kl:.1f}-{kh:.1f}':>15} {f'{ml:.1f}-{mh:.1f}':>15} {f'{w}/{n}':>7}{mark}")
 if points:
     verdict = "met" if slower == 0 else f"NOT met at {slower} of {points} points, {overlap} of them within the runs' spread"
     print(f"\ntime <= NCCL Socket's default: {verdict} (highest ratio {worst[0]:.2f}x: {worst[1]} {human(worst[2])})")
+    if slower:  # a tie shows as mplane winning about half of the paired rounds at those points
+        print(f"at those points mplane's run was the faster of its round's pair in {won} of {paired} rounds")
 
 lines = []
 for test in tests:

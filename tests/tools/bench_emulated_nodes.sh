@@ -86,8 +86,8 @@ echo "$out" | grep -q "FAIL" && fail "a run failed: $out"
 [ "$(grep -vc '^#' "$work/out/rows.txt")" = $((2 * 2 * (2 * 3 + 3 * 2) + 1)) ] || fail "rows.txt: $(cat "$work/out/rows.txt")"
 grep -q "^0 warmup mplane sendrecv 33554432 " "$work/out/rows.txt" || fail "no warm-up row: $(cat "$work/out/rows.txt")"
 # 1 KiB: 10.10 us against 20.10; 1 MiB: 114.86 against 124.86.
-echo "$out" | grep -qE '^ +1 KiB +20\.1 +10\.1 +0\.50x +20\.1-20\.1 +10\.1-10\.1$' || fail "no 1 KiB time row at 0.50x: $out"
-echo "$out" | grep -qE '^ +1 MiB +124\.9 +114\.9 +0\.92x +124\.9-124\.9 +114\.9-114\.9$' || fail "no 1 MiB time row at 0.92x: $out"
+echo "$out" | grep -qE '^ +1 KiB +20\.1 +10\.1 +0\.50x +20\.1-20\.1 +10\.1-10\.1 +2/2$' || fail "no 1 KiB time row at 0.50x: $out"
+echo "$out" | grep -qE '^ +1 MiB +124\.9 +114\.9 +0\.92x +124\.9-124\.9 +114\.9-114\.9 +2/2$' || fail "no 1 MiB time row at 0.92x: $out"
 echo "$out" | grep -q "time <= NCCL Socket's default: met (highest ratio 0.92x" || fail "time verdict: $out"
 # 32 MiB: mplane 9.97 GB/s, Socket 1x2 6.65 (1x1 4.99): 1.50x against the better point.
 echo "$out" | grep -qE 'all_reduce +32 MiB +[0-9.]+ +[0-9.]+ +socket-1x2 +1\.50x$' || fail "no 32 MiB row against 1x2 at 1.50x: $out"
@@ -99,8 +99,10 @@ echo "PASS: time and bandwidth tables, verdicts, rows"
 # A slower median whose runs reach Socket's is marked as within the runs' spread: mplane's two runs
 # take 1x and 3x the model's time, a median of 2x, against Socket's 20 us + the same.
 out=$(FAKE_TOGGLE="$work/toggle" bench --tests sendrecv --bw "" --warmup "")
-echo "$out" | grep -qE '^ +1 KiB +20\.1 +20\.2 +1\.01x +20\.1-20\.1 +10\.1-30\.3  within spread$' || fail "no 1 KiB row within spread: $out"
+echo "$out" | grep -qE '^ +1 KiB +20\.1 +20\.2 +1\.01x +20\.1-20\.1 +10\.1-30\.3 +1/2  within spread$' || fail "no 1 KiB row within spread: $out"
 echo "$out" | grep -q "NOT met at 3 of 3 points, 3 of them within the runs' spread (highest ratio 1.84x" || fail "spread verdict: $out"
+# each of the 3 points: round 1's mplane run (tripled) slower than Socket's, round 2's faster
+echo "$out" | grep -q "faster of its round's pair in 3 of 6 rounds" || fail "paired rounds: $out"
 echo "PASS: spread"
 
 # alltoall's repeated rows of size 0 are not runs.
