@@ -99,12 +99,12 @@ static const char *const *socket_env_defaults(void) {
  * 1 MiB as LL on 4 channels: over TCP, LL's many half-full steps cost 1.2-1.7x NCCL Socket's time,
  * which at 10 Gb/s gets Simple on 2 channels from 64 KiB (nvidia-h200, two emulated nodes, nccl-tests
  * 2.19.6 all_reduce, docs/benchmarks.md). These rows give those sizes Simple, on one channel up to
- * 512 KiB (each ring step then moves the whole slice in one message: 64-256 KiB took 0.76-0.80x the
- * time of 2 channels) and on 4 from 512 KiB to 1 MiB (where 2 took 20-29% longer at 512 KiB and 1
- * took 5-15% longer at 1 MiB), sizes above 2 MiB and below 32 MiB the 4 channels that double
- * all_reduce's bandwidth there, and bigger ones all 8 that socket_loopback_env asks NCCL for. A table
- * of the user's (MPLANE_TUNER_CONFIG) replaces them; without the tuner, all_reduce from 2 to 32 MiB
- * runs on 8 channels. */
+ * 512 KiB (each ring step then moves the whole slice in one message: 64-256 KiB took 0.75-0.80x the
+ * time of 2 channels) and on 4 from 512 KiB to 1 MiB (where 2 took 20-29% longer at 512 KiB, and 1
+ * took 4-5% longer at 512 KiB and 14-17% at 1 MiB), sizes above 2 MiB and below 32 MiB the 4
+ * channels that double all_reduce's bandwidth there, and bigger ones all 8 that socket_loopback_env
+ * asks NCCL for. A table of the user's (MPLANE_TUNER_CONFIG) replaces them; without the tuner,
+ * all_reduce from 2 to 32 MiB runs on 8 channels. */
 static const char socket_loopback_tuner[] =
     "collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks\n"
     "allreduce,32K,65535,-1,-1,2,-1,-1\n"
