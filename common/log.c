@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+
 static ncclDebugLogger_t nccl_logger;
 
 /* Atomic: communicators are initialized concurrently from several threads (one per GPU), each
@@ -44,10 +46,9 @@ int mplane_log_tracing(void) {
 }
 
 static void trace_to_stderr(const char *msg) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  fprintf(stderr, "NET/mplane TRACE %ld.%06ld [%d:%ld] %s\n", (long)ts.tv_sec, ts.tv_nsec / 1000, (int)getpid(),
-          (long)syscall(SYS_gettid), msg);
+  uint64_t ns = mplane_now_ns();
+  fprintf(stderr, "NET/mplane TRACE %llu.%06llu [%d:%ld] %s\n", (unsigned long long)(ns / 1000000000u),
+          (unsigned long long)(ns % 1000000000u / 1000u), (int)getpid(), (long)syscall(SYS_gettid), msg);
 }
 
 void mplane_log(ncclDebugLogLevel level, unsigned long subsys, const char *file, int line, const char *fmt, ...) {

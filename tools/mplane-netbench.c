@@ -43,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/nccl/net.h"
 
@@ -59,12 +60,6 @@ struct opts {
   size_t min_size, max_size;
   long iters;
 };
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static void die(const char *what) {
   fprintf(stderr, "mplane-netbench: %s\n", what);
@@ -127,7 +122,7 @@ static void plugin_side(ncclNet_v11_t *net, void *comm, int sender, const struct
     if (posix_memalign((void **)&bufs[i], 4096, o->size ? o->size : 1)) die("out of memory");
     NCHECK(net->regMr(comm, bufs[i], o->size, NCCL_PTR_HOST, &mh[i]));
   }
-  double t0 = now_s();
+  double t0 = mplane_now_s();
   long posted = 0, completed = 0;
   while (completed < total) {
     for (int i = 0; i < w && posted < total; i++) {
@@ -162,7 +157,7 @@ static void plugin_side(ncclNet_v11_t *net, void *comm, int sender, const struct
     /* Like NCCL's proxy: yield the core when nothing progressed. */
     if (!progressed) sched_yield();
   }
-  *secs = now_s() - t0;
+  *secs = mplane_now_s() - t0;
   for (int i = 0; i < w; i++) {
     net->deregMr(comm, mh[i]);
     free(bufs[i]);
@@ -228,10 +223,10 @@ static double raw_tcp(int streams, size_t total, size_t footprint, const char *i
   pthread_t th[64];
   struct raw_arg args[64];
   for (int i = 0; i < streams; i++) args[i] = (struct raw_arg){accept(lfd, NULL, NULL), per, 0, 1 << 20, footprint / (size_t)streams};
-  double t0 = now_s();
+  double t0 = mplane_now_s();
   for (int i = 0; i < streams; i++) pthread_create(&th[i], NULL, raw_thread, &args[i]);
   for (int i = 0; i < streams; i++) pthread_join(th[i], NULL);
-  double t = now_s() - t0;
+  double t = mplane_now_s() - t0;
   int st;
   waitpid(pid, &st, 0);
   for (int i = 0; i < streams; i++) close(args[i].fd);
@@ -565,21 +560,21 @@ static int pingpong_main(const struct opts *o) {
     }
     for (int b = 0; b < PP_BATCHES; b++) {
       for (long i = 0; i < per; i++, seq += 2) {
-        double t0 = now_s();
+        double t0 = mplane_now_s();
         pp_plugin_round(&p, size, seq, rank == 0);
-        tp[np++] = (now_s() - t0) * 1e6;
+        tp[np++] = (mplane_now_s() - t0) * 1e6;
       }
       pp_check_body(p.rbuf[(p.next - 1) % PP_POSTED], size);
       for (long i = 0; i < per; i++, seq += 2) {
-        double t0 = now_s();
+        double t0 = mplane_now_s();
         pp_raw_round(rfd, rfd, rsbuf, rrbuf, size, seq, rank == 0);
-        tr[nr++] = (now_s() - t0) * 1e6;
+        tr[nr++] = (mplane_now_s() - t0) * 1e6;
       }
       pp_check_body(rrbuf, size);
       for (long i = 0; i < per; i++, seq += 2) {
-        double t0 = now_s();
+        double t0 = mplane_now_s();
         pp_raw_round(s2, r2, rsbuf, rrbuf, size, seq, rank == 0);
-        t2[n2++] = (now_s() - t0) * 1e6;
+        t2[n2++] = (mplane_now_s() - t0) * 1e6;
       }
       pp_check_body(rrbuf, size);
     }

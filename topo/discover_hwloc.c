@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/clock.h"
 #include "../common/config.h"
 #include "../common/log.h"
 #include "topo_internal.h"
@@ -293,11 +294,7 @@ static __attribute__((noreturn)) void xml_check_child(int wfd, const char *buf, 
   _exit(0);
 }
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+static int64_t now_ms(void) { return (int64_t)(mplane_now_ns() / 1000000u); }
 
 int mplane_topo_xml_check(const char *buf, size_t len, int timeout_ms, int with_build, char *why, size_t whylen) {
   int fds[2];
