@@ -216,9 +216,11 @@ static int honest(const struct chunk *ch, int nch, const struct sock *socks, int
     int e = -1;
     for (int k = 0; k < nent; k++)
       if (ent_slot[k] == h->slot) e = k;
-    /* filler after the payload is the sender's on the control socket (socket.h) */
-    uint32_t pad = h->flags >> MPS_CHUNK_PAD_SHIFT;
-    int bad_flags = (h->flags & MPS_CHUNK_FLAG_BITS) || (pad && (ch[i].sock != ctrl_sock || pad > MPS_PAD_MAX));
+    /* filler after the payload is the sender's on the control socket (socket.h); a spliced chunk
+     * (ACK) comes on a data stream, and the receiver's ack waits, unread, in this socket's buffer */
+    uint32_t pad = h->flags >> MPS_CHUNK_PAD_SHIFT, flags = h->flags & MPS_CHUNK_FLAG_BITS;
+    int bad_flags = (flags && (flags != MPS_CHUNK_ACK || ch[i].sock == ctrl_sock)) ||
+                    (pad && (ch[i].sock != ctrl_sock || pad > MPS_PAD_MAX));
     if (e < 0 || bad_flags || h->total > ent_cap[e] || h->offset > h->total ||
         h->len > h->total - h->offset || (h->len == 0 && h->total != 0) || ch[i].end == SIZE_MAX)
       return 0;
@@ -510,6 +512,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     /* write and poll, bounded; honest traffic must complete, and within HONEST_LIMIT_S */
     int fair = honest(ch, nch, socks, nsock, ctrl_sock, rnstreams, ent_slot, ent_cap, nent);
+    if (trace)
+      fprintf(stderr, "fuzz_socket_wire: %d chunks an honest sender %s have sent\n", nch, fair ? "could" : "could not");
     double start = now_s(), all_written = 0;
     for (;;) {
       int moved = 0, pending = 0;
