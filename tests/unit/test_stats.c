@@ -211,13 +211,18 @@ static void test_stats_hot_path(void **state) {
   mplane_stats_comm_close(&rx);
 }
 
+/* A send comm on plane 2, for the request-time tests. */
+static void open_timed_comm(struct mplane_stats_comm *tx) {
+  struct mplane_stats_comm_info si = {.is_send = 1, .plane = 2, .from_plane = 2, .cls = MPLANE_TC_DEFAULT};
+  mplane_stats_comm_open(tx, &si);
+}
+
 /* Request times: the histogram's quantiles bracket what the requests took (a bucket's upper edge is
  * at most 25% above any time in it). The times come from the test's clock. */
 static void test_stats_times(void **state) {
   (void)state;
   struct mplane_stats_comm tx;
-  struct mplane_stats_comm_info si = {.is_send = 1, .plane = 2, .from_plane = 2, .cls = MPLANE_TC_DEFAULT};
-  mplane_stats_comm_open(&tx, &si);
+  open_timed_comm(&tx);
   assert_true(mplane_stats_time_quantile(&tx, 0.5) == 0); /* nothing completed yet */
   static struct mplane_stats_req reqs[100];
   /* 2 requests of 3 ms, 98 of 5 us */
@@ -246,8 +251,7 @@ static void test_stats_times(void **state) {
 static void test_stats_times_real_clock(void **state) {
   (void)state;
   struct mplane_stats_comm tx;
-  struct mplane_stats_comm_info si = {.is_send = 1, .plane = 2, .from_plane = 2, .cls = MPLANE_TC_DEFAULT};
-  mplane_stats_comm_open(&tx, &si);
+  open_timed_comm(&tx);
   struct mplane_stats_req req;
   mplane_stats_request(&tx, &req, 8, 0);
   usleep(3000);
