@@ -35,12 +35,16 @@ int mps_splicer_init(struct mps_splicer *sp, const int *fds, int nfds, unsigned 
   return sp->ring ? 0 : -1;
 }
 
-/* This thread copies from now on: its pipe, if any, goes, and why is logged once. */
-static void stop_splicing(struct mps_splicer *sp, const char *why) {
-  MP_INFO(NCCL_NET, "socket: %s; this helper thread copies its chunks instead", why);
+static void close_pipe(struct mps_splicer *sp) {
   if (sp->pipe[0] >= 0) close(sp->pipe[0]);
   if (sp->pipe[1] >= 0) close(sp->pipe[1]);
   sp->pipe[0] = sp->pipe[1] = -1;
+}
+
+/* This thread copies from now on: its pipe, if any, goes, and why is logged once. */
+static void stop_splicing(struct mps_splicer *sp, const char *why) {
+  MP_INFO(NCCL_NET, "socket: %s; this helper thread copies its chunks instead", why);
+  close_pipe(sp);
   sp->no_pipe = 1;
 }
 
@@ -60,8 +64,7 @@ static int pipe_ready(struct mps_splicer *sp) {
 }
 
 void mps_splicer_free(struct mps_splicer *sp) {
-  if (sp->pipe[0] >= 0) close(sp->pipe[0]);
-  if (sp->pipe[1] >= 0) close(sp->pipe[1]);
+  close_pipe(sp);
   free(sp->ring);
   sp->ring = NULL;
 }
