@@ -292,10 +292,13 @@ static void write_failed(struct mpr_conn *c, int rc) {
   mpr_conn_fail(c, why);
 }
 
+/* A send ended. The writer thread is woken only when it has something to do (records queued behind
+ * this send, or a teardown waiting for it): a wake per send made it run, find nothing, and contend
+ * for the lock with the sender, once for every signal a GIN barrier posts. */
 static void write_done(struct mpr_conn *c) {
   pthread_mutex_lock(&c->lock);
   c->wbusy = MPR_W_IDLE;
-  pthread_cond_signal(&c->cond); /* the writer may wait for this send to end */
+  if (c->q_head || c->stop) pthread_cond_signal(&c->cond);
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -430,12 +433,12 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
     pthread_mutex_unlock(&c->lock);
     return ncclSuccess;
   }
-  /* Not deferred: records whose source window is GPU memory, and puts without data, whose source is
-   * left zeroed (device 0) by iput: a barrier's signals go at once, each (as measured). */
-  if (mpr_progress_thread && !(carries_data(r->kind, &r->m) && r->src.gpu >= 0)) { /* rmaProgress sends it */
+  /* Not deferred: records whose data sits in GPU memory (copied out first). A signal alone waits
+   * like any other record: one sendmsg at the end of a pass carries every record of the burst. */
+  if (mpr_progress_thread && !gpu_data(r->kind, &r->m, &r->src)) { /* rmaProgress sends it */
     if (!c->deferred) c->deferred_ns = mplane_now_ns();
     c->deferred = 1;
-    if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) c->ops_added++;
+    c->ops_added++; /* answers too: an answer waits a pass for the op its poster may add next */
     append_locked(&c->q_head, &c->q_tail, r);
     pthread_mutex_unlock(&c->lock);
     return ncclSuccess;
