@@ -50,7 +50,7 @@ struct mplane_comm_opts {
   char staging_gpu[16]; /* relayed: the relay NIC's near_gpu, the GPU whose memory holds the staging */
 };
 
-/* One-sided (RMA) ops, what NCCL 2.30's GIN proxy drives through ncclRmaPlugin_v14 (plugin/rma_plugin.c).
+/* One-sided (RMA) ops, what NCCL's GIN proxy drives through ncclRmaPlugin_v14/v15/v16 (plugin/rma_plugin.c).
  * A group is nranks processes that connected together; a context set is create_context's
  * connections; windows are registered symmetrically (every rank, same order) and named by the
  * caller's own handle. listen/connect/create_context are collective and may block, each bounded by
@@ -114,6 +114,14 @@ struct mplane_rma_ops {
   ncclResult_t (*route)(void *group, const struct mplane_rma_route *route);
   /* May be NULL (then: the group's device). The local device that carries ctx's ops to rank. */
   int (*carrier)(void *ctx, uint32_t rank);
+  /* May be NULL (then every op goes out as it is posted). NCCL's aggregation hint (RMA v15+,
+   * plugin/rma_hint.h): hold(ctx, context, rank, 1) comes before an op that another op of the same
+   * context to the same rank follows at once; from then on the transport may keep what those ops
+   * send back, to send it together (one sendmsg, one chained ibv_post_send), until
+   * hold(ctx, context, rank, 0), which sends it. The plugin ends every hold it begins: after the op
+   * posted without the hint, before an iflush or progress on ctx, and before destroy_context. Ops
+   * keep their order and meaning; a request being tested must not stay held (test sends it). */
+  void (*hold)(void *ctx, int context, uint32_t rank, int on);
 };
 
 struct mplane_transport_ops {
@@ -148,7 +156,7 @@ struct mplane_transport_ops {
    * lookup, a lock or an allocation. Either may be NULL in the table: then nothing is counted. */
   struct mplane_stats_comm *(*comm_stats)(void *comm, int is_send);
   struct mplane_stats_req *(*req_stats)(void *request);
-  /* One-sided ops; NULL: this transport serves none (ncclRmaPlugin_v14's init then fails and NCCL
+  /* One-sided ops; NULL: this transport serves none (the ncclRmaPlugin tables' init then fails and NCCL
    * uses its own RMA backend). */
   const struct mplane_rma_ops *rma;
   /* Tuner rows (the MPLANE_TUNER_CONFIG format, docs/tuner.md) this transport runs best with on

@@ -1,6 +1,9 @@
-/* mplane: ncclRmaPlugin_v14, the RMA backend NCCL 2.30's GIN proxy looks for in the net plugin's
- * library. A thin adapter: the active transport's one-sided ops (net/transport.h's mplane_rma_ops)
- * do the work; a transport without them makes init fail, and NCCL goes on to its own backend.
+/* mplane: ncclRmaPlugin_v14, _v15 and _v16, the RMA backend NCCL's GIN proxy looks for in the net
+ * plugin's library (NCCL 2.30 takes v14, 2.31 v15, 2.32 v16: each the newest it knows). One set of
+ * functions serves the three tables; v15 adds the ops' optFlags (the aggregation hint, rma_hint.h),
+ * v16 getRmaProperties. A thin adapter: the active transport's one-sided ops (net/transport.h's
+ * mplane_rma_ops) do the work; a transport without them makes init fail, and NCCL goes on to its own
+ * backend.
  *
  * The order NCCL's GIN proxy calls it in: init, devices, getProperties (netDeviceType GIN_PROXY),
  * per connection listen / connect (collective) / closeListen, then per device communicator
@@ -23,7 +26,8 @@
 #include "../common/config.h"
 #include "../common/log.h"
 #include "net_core.h"
-#include "../common/nccl/rma_v14.h"
+#include "rma_hint.h"
+#include "../common/nccl/rma_v16.h"
 #include "../net/stats.h"
 #include "../net/tc.h"
 #include "../net/transport.h"
@@ -40,6 +44,7 @@ struct rma_group {
 
 struct rma_context {
   void *inner; /* the transport's context set */
+  struct mplane_rma_hint hint; /* the holds the aggregation hint opened (v15+) */
   int nrec, nrec_ranks;
   struct mplane_stats_comm *stats; /* [nrec]: one record per device that carries the context's ops */
   int *rec_of;                     /* [nranks]: the record of the ops to that rank */
@@ -101,7 +106,8 @@ static const struct mplane_rma_ops *rma_ops(void) {
   return t ? t->rma : NULL;
 }
 
-static ncclResult_t v14_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger) {
+/* version: the table NCCL took (14, 15 or 16), for the log. */
+static ncclResult_t rma_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger, int version) {
   *ctx = NULL;
   ncclResult_t res = mplane_net_global_init(logger);
   if (res != ncclSuccess) return res; /* the WARN said why */
@@ -114,11 +120,24 @@ static ncclResult_t v14_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t log
   if (!c) return ncclSystemError;
   c->comm_id = comm_id;
   *ctx = c;
-  MP_INFO(NCCL_INIT | NCCL_NET, "RMA: ncclRmaPlugin_v14 served by the %s transport", mplane_net_transport()->name);
+  MP_INFO(NCCL_INIT | NCCL_NET, "RMA: ncclRmaPlugin_v%d served by the %s transport", version,
+          mplane_net_transport()->name);
   return ncclSuccess;
 }
 
-static ncclResult_t v14_finalize(void *ctx) {
+static ncclResult_t v14_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger) {
+  return rma_init(ctx, comm_id, logger, 14);
+}
+
+static ncclResult_t v15_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger) {
+  return rma_init(ctx, comm_id, logger, 15);
+}
+
+static ncclResult_t v16_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger) {
+  return rma_init(ctx, comm_id, logger, 16);
+}
+
+static ncclResult_t rma_finalize(void *ctx) {
   free(ctx);
   return ncclSuccess;
 }
@@ -126,7 +145,7 @@ static ncclResult_t v14_finalize(void *ctx) {
 /* The net device's properties, as a GIN proxy device: host and GPU windows, and dma-bufs where the
  * transport registers them and the device takes them (then NCCL's proxy hands GPU windows over as
  * dma-bufs, regMrSymDmaBuf). */
-static ncclResult_t v14_get_properties(int dev, ncclNetProperties_v12_t *out) {
+static ncclResult_t rma_get_properties(int dev, ncclNetProperties_v12_t *out) {
   const struct mplane_dev_props *p;
   ncclResult_t res = mplane_net_get_properties(dev, &p);
   if (res != ncclSuccess) return res;
@@ -143,7 +162,7 @@ static ncclResult_t v14_get_properties(int dev, ncclNetProperties_v12_t *out) {
   return ncclSuccess;
 }
 
-static ncclResult_t v14_listen(void *ctx, int dev, void *handle, void **listen_comm) {
+static ncclResult_t rma_listen(void *ctx, int dev, void *handle, void **listen_comm) {
   (void)ctx;
   int ndev = 0;
   mplane_net_devices(&ndev);
@@ -159,7 +178,7 @@ static ncclResult_t v14_listen(void *ctx, int dev, void *handle, void **listen_c
 }
 
 /* NCCL passes its net context or its RMA context here depending on the caller: neither is used. */
-static ncclResult_t v14_connect(void *ctx, void *handles[], int nranks, int rank, void *listen_comm,
+static ncclResult_t rma_connect(void *ctx, void *handles[], int nranks, int rank, void *listen_comm,
                                 void **coll_comm) {
   (void)ctx;
   *coll_comm = NULL;
@@ -228,7 +247,7 @@ static ncclResult_t context_stats_open(struct rma_context *c, const struct rma_g
   return ncclSuccess;
 }
 
-static ncclResult_t v14_create_context(void *coll_comm, ncclRmaConfig_v14_t *config, void **rma_ctx) {
+static ncclResult_t rma_create_context(void *coll_comm, ncclRmaConfig_v14_t *config, void **rma_ctx) {
   if (!config) return ncclInvalidArgument;
   struct mplane_rma_ctx_opts o = {.ncontexts = config->nContexts, .rank_stride = config->rankStride};
   /* net/tc.c, as two-sided comms (an invalid class is WARNed there, once, and becomes default) */
@@ -247,6 +266,7 @@ static ncclResult_t v14_create_context(void *coll_comm, ncclRmaConfig_v14_t *con
     return res;
   }
   res = context_stats_open(c, g, o.tc_class, o.service_level);
+  if (res == ncclSuccess) res = mplane_rma_hint_init(&c->hint, rma_ops(), config->nContexts, g->nranks);
   if (res != ncclSuccess) {
     context_stats_free(c);
     rma_ops()->destroy_context(c->inner);
@@ -257,14 +277,14 @@ static ncclResult_t v14_create_context(void *coll_comm, ncclRmaConfig_v14_t *con
   return ncclSuccess;
 }
 
-static ncclResult_t v14_reg_mr_sym(void *coll_comm, void *data, size_t size, int type, uint64_t flags,
+static ncclResult_t rma_reg_mr_sym(void *coll_comm, void *data, size_t size, int type, uint64_t flags,
                                    void **mhandle) {
   return rma_ops()->reg_mr_sym(inner_group(coll_comm), data, size, type, flags, mhandle);
 }
 
 /* The IB transport registers the dma-buf (GPU windows without nvidia-peermem); the socket
  * transport reaches the bytes by address, so the descriptor adds nothing there. */
-static ncclResult_t v14_reg_mr_sym_dmabuf(void *coll_comm, void *data, size_t size, int type, uint64_t offset,
+static ncclResult_t rma_reg_mr_sym_dmabuf(void *coll_comm, void *data, size_t size, int type, uint64_t offset,
                                           int fd, uint64_t flags, void **mhandle) {
   const struct mplane_rma_ops *o = rma_ops();
   if (o->reg_mr_sym_dmabuf)
@@ -272,27 +292,29 @@ static ncclResult_t v14_reg_mr_sym_dmabuf(void *coll_comm, void *data, size_t si
   return o->reg_mr_sym(inner_group(coll_comm), data, size, type, flags, mhandle);
 }
 
-static ncclResult_t v14_dereg_mr_sym(void *coll_comm, void *mhandle) {
+static ncclResult_t rma_dereg_mr_sym(void *coll_comm, void *mhandle) {
   return rma_ops()->dereg_mr_sym(inner_group(coll_comm), mhandle);
 }
 
-static ncclResult_t v14_destroy_context(void *rma_ctx) {
+static ncclResult_t rma_destroy_context(void *rma_ctx) {
   struct rma_context *c = rma_ctx;
   if (!c) return ncclSuccess;
+  mplane_rma_hint_end_all(&c->hint, rma_ops(), c->inner); /* nothing stays held past the context set */
   ncclResult_t res = rma_ops()->destroy_context(c->inner);
+  mplane_rma_hint_free(&c->hint);
   context_stats_free(c);
   free(c);
   return res;
 }
 
-static ncclResult_t v14_close_coll(void *coll_comm) {
+static ncclResult_t rma_close_coll(void *coll_comm) {
   ncclResult_t res = rma_ops()->close_group(inner_group(coll_comm));
   if (coll_comm) free(((struct rma_group *)coll_comm)->plane);
   free(coll_comm);
   return res;
 }
 
-static ncclResult_t v14_close_listen(void *listen_comm) {
+static ncclResult_t rma_close_listen(void *listen_comm) {
   mplane_stats_listen_close(listen_comm);
   return rma_ops()->close_listen(listen_comm);
 }
@@ -308,74 +330,171 @@ static ncclResult_t counted(ncclResult_t res, void *rma_ctx, void **request, uin
   return res;
 }
 
-static ncclResult_t v14_iput(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
-                             uint64_t dst_off, void *dst_mh, uint32_t rank, void **request) {
-  return counted(rma_ops()->iput(inner_ctx(rma_ctx), context, src_off, src_mh, size, dst_off, dst_mh, rank, NULL,
-                                 request),
-                 rma_ctx, request, size, 0, rank);
+/* The ops post inside the hint's holds (rma_hint.h): aggregate is NCCL's v15+ hint, 0 from v14. */
+static struct mplane_rma_hint *hint_of(void *rma_ctx) {
+  return rma_ctx ? &((struct rma_context *)rma_ctx)->hint : NULL;
+}
+
+static ncclResult_t hinted_put(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
+                               uint64_t dst_off, void *dst_mh, uint32_t rank, const struct mplane_rma_signal *sig,
+                               int aggregate, void **request) {
+  const struct mplane_rma_ops *o = rma_ops();
+  struct mplane_rma_hint *h = hint_of(rma_ctx);
+  if (h) mplane_rma_hint_before(h, o, inner_ctx(rma_ctx), context, rank, aggregate);
+  ncclResult_t res = counted(o->iput(inner_ctx(rma_ctx), context, src_off, src_mh, size, dst_off, dst_mh, rank, sig,
+                                     request),
+                             rma_ctx, request, size, 0, rank);
+  if (h) mplane_rma_hint_after(h, o, inner_ctx(rma_ctx), context, rank, aggregate, res);
+  return res;
 }
 
 /* isStrongSignal: every signal is strong here (applied after its data and the earlier ops of its
  * context to that rank), which also serves a weak one. */
+static ncclResult_t hinted_put_signal(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
+                                      uint64_t dst_off, void *dst_mh, uint32_t rank, uint64_t signal_off,
+                                      void *signal_mh, uint64_t signal_value, uint32_t signal_op, int aggregate,
+                                      void **request) {
+  struct mplane_rma_signal sig = {.off = signal_off, .mhandle = signal_mh, .value = signal_value, .op = signal_op};
+  if (!dst_mh) size = 0; /* NCCL's VA signal: no data, the signal alone */
+  return hinted_put(rma_ctx, context, src_off, src_mh, size, dst_off, dst_mh, rank, &sig, aggregate, request);
+}
+
+static ncclResult_t hinted_get(void *rma_ctx, int context, uint64_t remote_off, void *remote_mh, size_t size,
+                               uint64_t local_off, void *local_mh, uint32_t rank, int aggregate, void **request) {
+  const struct mplane_rma_ops *o = rma_ops();
+  struct mplane_rma_hint *h = hint_of(rma_ctx);
+  if (h) mplane_rma_hint_before(h, o, inner_ctx(rma_ctx), context, rank, aggregate);
+  ncclResult_t res = counted(o->iget(inner_ctx(rma_ctx), context, remote_off, remote_mh, size, local_off, local_mh,
+                                     rank, request),
+                             rma_ctx, request, size, 1, rank);
+  if (h) mplane_rma_hint_after(h, o, inner_ctx(rma_ctx), context, rank, aggregate, res);
+  return res;
+}
+
+static ncclResult_t v14_iput(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
+                             uint64_t dst_off, void *dst_mh, uint32_t rank, void **request) {
+  return hinted_put(rma_ctx, context, src_off, src_mh, size, dst_off, dst_mh, rank, NULL, 0, request);
+}
+
 static ncclResult_t v14_iput_signal(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
                                     uint64_t dst_off, void *dst_mh, uint32_t rank, uint64_t signal_off,
                                     void *signal_mh, uint64_t signal_value, uint32_t signal_op, bool strong,
                                     void **request) {
   (void)strong;
-  struct mplane_rma_signal sig = {.off = signal_off, .mhandle = signal_mh, .value = signal_value, .op = signal_op};
-  if (!dst_mh) size = 0; /* NCCL's VA signal: no data, the signal alone */
-  return counted(rma_ops()->iput(inner_ctx(rma_ctx), context, src_off, src_mh, size, dst_off, dst_mh, rank, &sig,
-                                 request),
-                 rma_ctx, request, size, 0, rank);
+  return hinted_put_signal(rma_ctx, context, src_off, src_mh, size, dst_off, dst_mh, rank, signal_off, signal_mh,
+                           signal_value, signal_op, 0, request);
 }
 
 static ncclResult_t v14_iget(void *rma_ctx, int context, uint64_t remote_off, void *remote_mh, size_t size,
                              uint64_t local_off, void *local_mh, uint32_t rank, void **request) {
-  return counted(rma_ops()->iget(inner_ctx(rma_ctx), context, remote_off, remote_mh, size, local_off, local_mh, rank,
-                                 request),
-                 rma_ctx, request, size, 1, rank);
+  return hinted_get(rma_ctx, context, remote_off, remote_mh, size, local_off, local_mh, rank, 0, request);
 }
 
-static ncclResult_t v14_iflush(void *rma_ctx, int context, void *mhandle, uint32_t rank, void **request) {
+/* v15 and v16: optFlags bits other than the hint are NCCL's to define later; a hint never changes
+ * what an op does, so an unknown bit is ignored. */
+static int aggregates(uint32_t opt_flags) { return (opt_flags & ncclRmaOptFlagsAggregateRequests) != 0; }
+
+static ncclResult_t v15_iput(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
+                             uint64_t dst_off, void *dst_mh, uint32_t rank, uint32_t opt_flags, void **request) {
+  return hinted_put(rma_ctx, context, src_off, src_mh, size, dst_off, dst_mh, rank, NULL, aggregates(opt_flags),
+                    request);
+}
+
+static ncclResult_t v15_iput_signal(void *rma_ctx, int context, uint64_t src_off, void *src_mh, size_t size,
+                                    uint64_t dst_off, void *dst_mh, uint32_t rank, uint64_t signal_off,
+                                    void *signal_mh, uint64_t signal_value, uint32_t signal_op, bool strong,
+                                    uint32_t opt_flags, void **request) {
+  (void)strong;
+  return hinted_put_signal(rma_ctx, context, src_off, src_mh, size, dst_off, dst_mh, rank, signal_off, signal_mh,
+                           signal_value, signal_op, aggregates(opt_flags), request);
+}
+
+static ncclResult_t v15_iget(void *rma_ctx, int context, uint64_t remote_off, void *remote_mh, size_t size,
+                             uint64_t local_off, void *local_mh, uint32_t rank, uint32_t opt_flags, void **request) {
+  return hinted_get(rma_ctx, context, remote_off, remote_mh, size, local_off, local_mh, rank, aggregates(opt_flags),
+                    request);
+}
+
+/* A flush waits for the gets before it, so a run held for that rank goes first. */
+static ncclResult_t rma_iflush(void *rma_ctx, int context, void *mhandle, uint32_t rank, void **request) {
+  struct mplane_rma_hint *h = hint_of(rma_ctx);
+  if (h) mplane_rma_hint_end(h, rma_ops(), inner_ctx(rma_ctx), context, rank);
   return rma_ops()->iflush(inner_ctx(rma_ctx), context, mhandle, rank, request);
 }
 
-static ncclResult_t v14_test(void *coll_comm, void *request, int *done) {
+static ncclResult_t rma_test(void *coll_comm, void *request, int *done) {
   return rma_ops()->test(inner_group(coll_comm), request, done);
 }
 
-static ncclResult_t v14_progress(void *rma_ctx) {
+/* NCCL calls this after each pass over its queues: whatever a pass left held goes now. */
+static ncclResult_t rma_progress(void *rma_ctx) {
   const struct mplane_rma_ops *o = rma_ops();
+  struct mplane_rma_hint *h = hint_of(rma_ctx);
+  if (h) mplane_rma_hint_end_all(h, o, inner_ctx(rma_ctx));
   return o->progress ? o->progress(inner_ctx(rma_ctx)) : ncclSuccess;
 }
 
-static ncclResult_t v14_query_last_error(void *rma_ctx, bool *has_error) {
+static ncclResult_t rma_query_last_error(void *rma_ctx, bool *has_error) {
   int e = 0;
   ncclResult_t res = rma_ops()->query_last_error(inner_ctx(rma_ctx), &e);
   *has_error = e != 0;
   return res;
 }
 
+/* v16: what a signal guarantees, per group. Both transports apply a signal after the earlier puts of
+ * its own context from the same sender (one ordered connection: TCP stream, RC QP), but nothing
+ * orders it with puts from other ranks or other contexts, which travel on other connections: so a
+ * signal does not flush every put the group received, and NCCL keeps its flush per peer. */
+static ncclResult_t v16_get_rma_properties(void *coll_comm, ncclRmaProperties_v16_t *props) {
+  if (!coll_comm || !props) return ncclInvalidArgument;
+  props->flushesAllPutsOnAnySignal = false;
+  return ncclSuccess;
+}
+
+/* The entries of the same type in every version: named, so each lands in its own table's slot. */
+#define MPLANE_RMA_COMMON_ENTRIES                     \
+  .name = "mplane",                                   \
+  .devices = mplane_net_devices,                      \
+  .getProperties = rma_get_properties,                \
+  .listen = rma_listen,                               \
+  .connect = rma_connect,                             \
+  .createContext = rma_create_context,                \
+  .regMrSym = rma_reg_mr_sym,                         \
+  .regMrSymDmaBuf = rma_reg_mr_sym_dmabuf,            \
+  .deregMrSym = rma_dereg_mr_sym,                     \
+  .destroyContext = rma_destroy_context,              \
+  .closeColl = rma_close_coll,                        \
+  .closeListen = rma_close_listen,                    \
+  .iflush = rma_iflush,                               \
+  .test = rma_test,                                   \
+  .rmaProgress = rma_progress,                        \
+  .queryLastError = rma_query_last_error,             \
+  .finalize = rma_finalize
+
+/* NCCL 2.30 */
 __attribute__((visibility("default"))) const ncclRma_v14_t ncclRmaPlugin_v14 = {
-    .name = "mplane",
+    MPLANE_RMA_COMMON_ENTRIES,
     .init = v14_init,
-    .devices = mplane_net_devices,
-    .getProperties = v14_get_properties,
-    .listen = v14_listen,
-    .connect = v14_connect,
-    .createContext = v14_create_context,
-    .regMrSym = v14_reg_mr_sym,
-    .regMrSymDmaBuf = v14_reg_mr_sym_dmabuf,
-    .deregMrSym = v14_dereg_mr_sym,
-    .destroyContext = v14_destroy_context,
-    .closeColl = v14_close_coll,
-    .closeListen = v14_close_listen,
     .iput = v14_iput,
     .iputSignal = v14_iput_signal,
     .iget = v14_iget,
-    .iflush = v14_iflush,
-    .test = v14_test,
-    .rmaProgress = v14_progress,
-    .queryLastError = v14_query_last_error,
-    .finalize = v14_finalize,
+};
+
+/* NCCL 2.31: the ops take optFlags */
+__attribute__((visibility("default"))) const ncclRma_v15_t ncclRmaPlugin_v15 = {
+    MPLANE_RMA_COMMON_ENTRIES,
+    .init = v15_init,
+    .iput = v15_iput,
+    .iputSignal = v15_iput_signal,
+    .iget = v15_iget,
+};
+
+/* NCCL 2.32: and getRmaProperties */
+__attribute__((visibility("default"))) const ncclRma_v16_t ncclRmaPlugin_v16 = {
+    MPLANE_RMA_COMMON_ENTRIES,
+    .init = v16_init,
+    .getRmaProperties = v16_get_rma_properties,
+    .iput = v15_iput,
+    .iputSignal = v15_iput_signal,
+    .iget = v15_iget,
 };

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the plugin .so shows the dynamic linker.
 #
-#   check_symbols.sh symbols PLUGIN.so   nm -D --defined-only: ncclNetPlugin_v8..v12 and ncclRmaPlugin_v14
+#   check_symbols.sh symbols PLUGIN.so   nm -D --defined-only: ncclNetPlugin_v8..v12 and ncclRmaPlugin_v14..v16
 #                                        present (data), and nothing else but ncclTunerPlugin_v3..v6 and the linker's own
 #                                        markers (_init, _fini, _edata, _end, __bss_start)
 #   check_symbols.sh needed PLUGIN.so    no NCCL, CUDA or verbs library among DT_NEEDED: the plugin must
@@ -16,7 +16,7 @@ symbols)
   syms=$(nm -D --defined-only "$so")
   echo "$syms"
   fail=0
-  for t in ncclNetPlugin_v8 ncclNetPlugin_v9 ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12 ncclRmaPlugin_v14; do
+  for t in ncclNetPlugin_v8 ncclNetPlugin_v9 ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12 ncclRmaPlugin_v14 ncclRmaPlugin_v15 ncclRmaPlugin_v16; do
     line=$(awk -v s="$t" '$3 == s' <<<"$syms")
     if [ -z "$line" ]; then
       echo "FAIL: $t is not exported"
@@ -30,13 +30,13 @@ symbols)
     [ -n "${name:-}" ] || continue
     case "$name" in
       ncclNetPlugin_v8|ncclNetPlugin_v9|ncclNetPlugin_v10|ncclNetPlugin_v11|ncclNetPlugin_v12) ;;
-      ncclRmaPlugin_v14) ;;
+      ncclRmaPlugin_v14|ncclRmaPlugin_v15|ncclRmaPlugin_v16) ;;
       ncclTunerPlugin_v3|ncclTunerPlugin_v4|ncclTunerPlugin_v5|ncclTunerPlugin_v6) ;;
       _init|_fini|_edata|_end|__bss_start) ;;
       *) echo "FAIL: unexpected exported symbol $name ($type): give it hidden visibility or static"; fail=1 ;;
     esac
   done <<<"$syms"
-  [ $fail -eq 0 ] && echo "OK: exports are the ncclNet tables, ncclRmaPlugin_v14$(grep -q ncclTunerPlugin <<<"$syms" && echo ' and the ncclTuner tables')"
+  [ $fail -eq 0 ] && echo "OK: exports are the ncclNet tables, ncclRmaPlugin_v14..v16$(grep -q ncclTunerPlugin <<<"$syms" && echo ' and the ncclTuner tables')"
   exit $fail
   ;;
 needed)
