@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../common/config.h" /* enum mplane_relay_mode, mplane_planes_parse */
+#include "../common/clock.h"
 #include "../common/log.h"
 
 /* ================================================================ planes of devices */
@@ -345,6 +346,10 @@ struct cu_signal_lane {
    * cuStreamBatchMemOp submits them all (mplane_cuda_signal_flush). */
   struct cu_write_op pending[LANE_BATCH];
   int npending; /* atomic for the lock-free check in flush */
+  /* Asynchronous copies (mplane_cuda_copy_async): each is followed on the stream by a write of
+   * ++seq into *done, pinned host memory the GPU writes and the CPU polls. */
+  volatile uint64_t *done;
+  uint64_t seq;
 };
 static struct cu_signal_lane signal_lanes[64];
 static pthread_mutex_t signal_lanes_init = PTHREAD_MUTEX_INITIALIZER;
@@ -358,6 +363,11 @@ static struct cu_signal_lane *signal_lane(int gpu) {
     void *w = NULL;
     l->fast = cu.cuMemHostAlloc && cu.cuStreamWriteValue64 && cu.cuMemHostAlloc(&w, 64, 0) == CUDA_SUCCESS;
     l->word = l->fast ? w : malloc(sizeof(uint64_t));
+    void *d = NULL; /* mapped: the stream writes it; under unified addressing its host address is its device address */
+    if (l->fast && cu.cuStreamBatchMemOp && cu.cuMemHostAlloc(&d, 64, 0x03 /* PORTABLE | DEVICEMAP */) == CUDA_SUCCESS) {
+      memset(d, 0, 64);
+      l->done = d;
+    }
     if (l->word) __atomic_store_n(&l->ready, 1, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&signal_lanes_init);
@@ -475,6 +485,50 @@ int mplane_cuda_signal_flush(void) {
     pthread_mutex_unlock(&l->lock);
   }
   return rc;
+}
+
+/* Queue the write of v into pinned host word p behind what the stream holds (lock held). */
+static int lane_mark(struct cu_signal_lane *l, uint64_t v) {
+  if (l->npending == LANE_BATCH && lane_submit(l) != 0) return -1;
+  if (l->npending == 0) __atomic_add_fetch(&lanes_pending, 1, __ATOMIC_RELAXED);
+  l->pending[l->npending] = (struct cu_write_op){.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64,
+                                                 .address = (CUdeviceptr)(uintptr_t)l->done, .value = v};
+  __atomic_store_n(&l->npending, l->npending + 1, __ATOMIC_RELAXED);
+  return 0;
+}
+
+int mplane_cuda_async_ok(int gpu) {
+  struct cu_signal_lane *l = lane_of(gpu);
+  return l && l->done;
+}
+
+uint64_t mplane_cuda_copy_async(int gpu, void *dst, const void *src, size_t bytes, int to_gpu) {
+  struct cu_signal_lane *l = lane_of(gpu);
+  if (!l || !l->done) return 0;
+  pthread_mutex_lock(&l->lock);
+  CUresult r = to_gpu ? cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, l->stream)
+                      : cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, l->stream);
+  uint64_t seq = 0;
+  if (r == CUDA_SUCCESS && lane_mark(l, l->seq + 1) == 0) seq = ++l->seq;
+  pthread_mutex_unlock(&l->lock);
+  return seq;
+}
+
+uint64_t mplane_cuda_lane_done(int gpu) {
+  if (gpu < 0 || gpu >= 64 || !__atomic_load_n(&signal_lanes[gpu].ready, __ATOMIC_ACQUIRE)) return 0;
+  const volatile uint64_t *d = signal_lanes[gpu].done;
+  return d ? __atomic_load_n(d, __ATOMIC_ACQUIRE) : 0;
+}
+
+int mplane_cuda_lane_wait(int gpu, uint64_t seq, int timeout_ms) {
+  if (mplane_cuda_lane_done(gpu) >= seq) return 0;
+  if (mplane_cuda_signal_flush() != 0) return -1; /* the mark may still be pending */
+  uint64_t t0 = mplane_now_ns();
+  while (mplane_cuda_lane_done(gpu) < seq) {
+    if ((mplane_now_ns() - t0) / 1000000 > (uint64_t)timeout_ms) return -1;
+    sched_yield();
+  }
+  return 0;
 }
 
 int mplane_cuda_dmabuf_fd(int gpu, void *ptr, size_t bytes) {

@@ -110,6 +110,19 @@ int mplane_cuda_signal_add_owned(int gpu, void *word, uint64_t *shadow, uint64_t
  * cuStreamBatchMemOp instead of a call per signal: a GIN barrier's 16 signals in one call); they
  * reach the GPU once this is called. 0 ok, -1 the driver refused. */
 int mplane_cuda_signal_flush(void);
+/* Asynchronous copies on the same stream, for callers that must not wait (NCCL's GIN progress
+ * thread): the copy is queued, then a sequence number is written into pinned host memory behind it
+ * (with the pending signal writes, by the next mplane_cuda_signal_flush), so its completion is a
+ * plain load (mplane_cuda_lane_done), no driver call. Signal adds made after the call are ordered
+ * after the copy on the stream: a signal never reaches the GPU before the data it follows.
+ * to_gpu: host -> GPU, else GPU -> host. Returns the copy's sequence number (> 0), 0 on failure or
+ * where the driver lacks stream memory operations (mplane_cuda_async_ok says which, in advance). */
+int mplane_cuda_async_ok(int gpu);
+uint64_t mplane_cuda_copy_async(int gpu, void *dst, const void *src, size_t bytes, int to_gpu);
+/* The highest sequence number whose copy (and everything before it on the stream) has completed. */
+uint64_t mplane_cuda_lane_done(int gpu);
+/* Wait (polling, yielding) until the copy `seq` has completed; -1 after timeout_ms or a CUDA error. */
+int mplane_cuda_lane_wait(int gpu, uint64_t seq, int timeout_ms);
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
 /* Pinned (page-locked) host memory, usable by every context: copies to and from it are real DMA,
  * not staged by the driver through a buffer of its own. NULL where the driver cannot give it. */

@@ -93,6 +93,24 @@ struct mpr_stage {
   int pinned;
 };
 
+/* Pinned host memory that asynchronous GPU copies fill or read (NCCL's progress thread never waits
+ * for such a copy): space is taken in order and given back in order, a landing piece once its copy
+ * into GPU memory completed, a send's once its bytes were sent. */
+#define MPR_RING_ENTRIES 256
+#define MPR_PIECE (512u << 10)  /* a landing copy into GPU memory: pieces of a large put overlap */
+#define MPR_LRING (2u << 20)    /* a connection's landing ring */
+#define MPR_SRING (1u << 20)    /* a connection's ring for GPU data it sends from NCCL's thread */
+struct mpr_ring {
+  char *p;
+  size_t size;
+  int gpu;             /* the GPU whose stream copies it */
+  uint64_t head, tail; /* bytes taken and given back, counted from the start */
+  struct {
+    uint64_t end, seq; /* where a piece's space ends (head after it), the copy that uses it */
+  } e[MPR_RING_ENTRIES];
+  unsigned eh, et;     /* entries taken and given back */
+};
+
 /* Where the reader is in the incoming stream. Records are parsed as bytes arrive, by whichever
  * thread holds the connection's rlock (NCCL's progress thread in rmaProgress, else the
  * connection's reader thread), so a record may be taken in several pieces. */
@@ -107,6 +125,9 @@ struct mpr_rd {
   int land;            /* 0: dropped (a refused put) */
   uint64_t off, left;  /* window offset of the next byte, bytes still to come */
   size_t sfill;        /* GPU windows: bytes in the stage, landing at off - sfill */
+  char *sbuf;          /* asynchronous landing: the piece's space in the landing ring (NULL: none yet) */
+  size_t scap;         /* its size */
+  uint64_t last_seq;   /* the last asynchronous copy of this record (0: none) */
   int cuda_bad;        /* a copy into GPU memory failed: the rest is read and dropped */
   uint16_t st;         /* a put: its status so far */
   uint64_t limit;
@@ -132,6 +153,7 @@ struct mpr_conn {
   int deferred;                        /* queued records wait for rmaProgress */
   uint64_t deferred_ns;                /* when the oldest of them was queued */
   uint64_t ops_added, ops_seen;        /* ops deferred so far; as of the previous rmaProgress */
+  int held;                            /* NCCL's aggregation hint: a run of ops is being posted */
   pthread_mutex_t rlock;               /* held by whichever thread advances the reader below */
   pthread_cond_t rcond;                /* the reader thread rests on it while rmaProgress reads */
   struct mpr_rd in;                    /* the reader: where it is in the incoming stream */
@@ -141,6 +163,8 @@ struct mpr_conn {
   size_t rpos, rlen;
   struct mpr_stage wstage;
   struct mpr_stage istage;             /* GPU data of a record sent at once (wbusy holder only) */
+  struct mpr_ring lring;               /* the reader's asynchronous landings (rlock holder only) */
+  struct mpr_ring sring;               /* GPU data copied out for sending from NCCL's thread (lock) */
 };
 
 struct mpr_ctxset {
@@ -169,6 +193,9 @@ struct mpr_req {
   int done;            /* atomic */
   uint64_t t0_ns;      /* queued at (monotonic): an answer later than the timeout fails the connection */
   ncclResult_t result;
+  char *staged;        /* GPU data copied out asynchronously into the connection's sring: sent from here */
+  uint64_t stage_seq;  /* ... once that copy has completed */
+  uint64_t stage_end;  /* its space in the sring ends here (given back once sent) */
   char *raw;           /* MPR_K_RAW: the bytes, owned */
   size_t raw_len;
   char why[320];
@@ -194,6 +221,8 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r);
 /* Fail everything queued or pending on c, once (abort: and cut the socket). */
 void mpr_conn_fail(struct mpr_conn *c, const char *why);
 void mpr_conn_abort(struct mpr_conn *c, const char *why);
+/* NCCL's aggregation hint: a run of ops to c begins (on) or ends (off: its records go out now). */
+void mpr_conn_hold(struct mpr_conn *c, int on);
 /* test() of a request still waiting: hands deferred records to the writer if rmaProgress stopped. */
 void mpr_conn_kick(struct mpr_conn *c);
 void mpr_req_finish(struct mpr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -82,6 +82,8 @@ int mpr_win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n) {
   return rc;
 }
 
+static int landed(struct mpr_conn *c);
+
 /* Set in a thread once it calls rmaProgress: the ops it posts may wait there to be sent together. */
 static __thread int mpr_progress_thread;
 
@@ -95,6 +97,51 @@ static void stage_free(struct mpr_stage *s) {
   if (s->pinned) mplane_cuda_host_free(s->p);
   else free(s->p);
   s->p = NULL;
+}
+
+/* ---- rings of pinned memory for asynchronous GPU copies ---- */
+static int ring_ready(struct mpr_ring *g, size_t size, int gpu) {
+  if (!g->p && (g->p = mplane_cuda_host_alloc(gpu, size))) {
+    g->size = size;
+    g->gpu = gpu;
+  }
+  return g->p != NULL;
+}
+
+/* Freed once no copy still reads or fills it (the last piece's, bounded by the timeout). */
+static void ring_free(struct mpr_ring *g) {
+  if (!g->p) return;
+  uint64_t last = g->eh == g->et ? 0 : g->e[(g->eh - 1) % MPR_RING_ENTRIES].seq;
+  if (last && last != UINT64_MAX) mplane_cuda_lane_wait(g->gpu, last, mpr_timeout_ms());
+  mplane_cuda_host_free(g->p);
+  g->p = NULL;
+}
+
+/* Give back, in order, the pieces whose copies completed (a landing ring). */
+static void ring_reclaim(struct mpr_ring *g, uint64_t done) {
+  while (g->et != g->eh && g->e[g->et % MPR_RING_ENTRIES].seq <= done) g->tail = g->e[g->et++ % MPR_RING_ENTRIES].end;
+}
+
+/* Give back, in order, the pieces that end at or before `end` (a send ring: their bytes were sent). */
+static void ring_release(struct mpr_ring *g, uint64_t end) {
+  while (g->et != g->eh && g->e[g->et % MPR_RING_ENTRIES].end <= end) g->tail = g->e[g->et++ % MPR_RING_ENTRIES].end;
+}
+
+/* n contiguous bytes (n <= size), or NULL when the ring is full; the piece's copy is `seq` (set it
+ * with ring_set_seq once known). A piece that would wrap starts at the beginning instead. */
+static char *ring_take(struct mpr_ring *g, size_t n) {
+  uint64_t pos = g->head % g->size, pad = pos + n > g->size ? g->size - pos : 0;
+  if (g->eh - g->et == MPR_RING_ENTRIES || g->head + pad + n - g->tail > g->size) return NULL;
+  g->head += pad + n;
+  g->e[g->eh++ % MPR_RING_ENTRIES] = (typeof(g->e[0])){.end = g->head, .seq = UINT64_MAX};
+  return g->p + (pad ? 0 : pos);
+}
+
+static void ring_set_seq(struct mpr_ring *g, uint64_t seq) { g->e[(g->eh - 1) % MPR_RING_ENTRIES].seq = seq; }
+
+/* The oldest piece's copy, for a taker that must wait for room (0: the ring is empty). */
+static uint64_t ring_oldest_seq(const struct mpr_ring *g) {
+  return g->et == g->eh ? 0 : g->e[g->et % MPR_RING_ENTRIES].seq;
 }
 
 static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, struct mpr_stage *stage) {
@@ -204,6 +251,8 @@ struct mpr_out {
   uint64_t src_off;
   char *raw; /* MPR_K_RAW: bytes to write as they are, freed once written */
   size_t raw_len;
+  char *staged; /* the data, copied out of GPU memory into the send ring (mpr_req.staged) */
+  uint64_t stage_seq, stage_end;
 };
 
 /* Does a record of this kind carry data after its header (a put, a get's answer that was not a
@@ -218,6 +267,7 @@ static int gpu_data(int kind, const struct mpr_msg *m, const struct mpr_win *src
 
 /* Where a record's data sits in its source window (host memory); NULL for a record without data. */
 static void *host_data(const struct mpr_out *o) {
+  if (o->staged) return o->staged;
   return o->kind != MPR_K_RAW && carries_data(o->kind, &o->m) && o->m.size ? o->src.base + o->src_off : NULL;
 }
 
@@ -235,7 +285,8 @@ static void iov_add(struct iovec *iov, int *k, const struct mpr_out *o, void *da
  * come back at once), anything else is freed. 1 if r was a BYE. Called with the lock held. */
 static int take_locked(struct mpr_conn *c, struct mpr_req *r, struct mpr_out *o) {
   *o = (struct mpr_out){.kind = r->kind, .m = r->m, .src = r->src, .src_off = r->src_off, .raw = r->raw,
-                        .raw_len = r->raw_len};
+                        .raw_len = r->raw_len, .staged = r->staged, .stage_seq = r->stage_seq,
+                        .stage_end = r->stage_end};
   if (r->kind == MPR_K_PUT || r->kind == MPR_K_GET) {
     append_locked(&c->p_head, &c->p_tail, r);
     return 0;
@@ -252,7 +303,8 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
   struct iovec iov[2 * MPR_BATCH];
   int k = 0;
   for (int i = 0; i < n; i++) {
-    if (o[i].kind != MPR_K_RAW && gpu_data(o[i].kind, &o[i].m, &o[i].src)) {
+    if (o[i].staged && mplane_cuda_lane_wait(o[i].src.gpu, o[i].stage_seq, mpr_timeout_ms()) != 0) return -2;
+    if (o[i].kind != MPR_K_RAW && !o[i].staged && gpu_data(o[i].kind, &o[i].m, &o[i].src)) {
       if (k && mps_sendv_all(c->fd, iov, k) != 0) return -1;
       k = 0;
       if (mplane_rma_write_all(c->fd, &o[i].m, sizeof(o[i].m)) != 0) return -1;
@@ -265,13 +317,20 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
   return k ? mps_sendv_all(c->fd, iov, k) : 0;
 }
 
-/* Take up to MPR_BATCH queued records; a BYE is the last one taken, and with gpu_last so is the
- * first with data in GPU memory (one staging buffer for a send at once). Called with the lock held. */
-static int take_batch(struct mpr_conn *c, struct mpr_out *out, int gpu_last) {
+/* A record copied out asynchronously whose copy has not completed yet. */
+static int staged_pending(const struct mpr_req *r) {
+  return r->staged && r->stage_seq > mplane_cuda_lane_done(r->src.gpu);
+}
+
+/* Take up to MPR_BATCH queued records; a BYE is the last one taken, and with at_once so is the
+ * first with data in GPU memory (one staging buffer for a send at once), and the batch stops before
+ * a record whose asynchronous copy out of GPU memory is still under way. Called with the lock held. */
+static int take_batch(struct mpr_conn *c, struct mpr_out *out, int at_once) {
   int n = 0;
   while (c->q_head && n < MPR_BATCH) {
     struct mpr_req *r = c->q_head;
-    if (gpu_last && n && gpu_data(r->kind, &r->m, &r->src)) break;
+    if (at_once && n && !r->staged && gpu_data(r->kind, &r->m, &r->src)) break;
+    if (at_once && staged_pending(r)) break;
     c->q_head = r->next;
     if (!c->q_head) c->q_tail = NULL;
     if (take_locked(c, r, &out[n++])) break;
@@ -295,10 +354,14 @@ static void write_failed(struct mpr_conn *c, int rc) {
 /* A send ended. The writer thread is woken only when it has something to do (records queued behind
  * this send, or a teardown waiting for it): a wake per send made it run, find nothing, and contend
  * for the lock with the sender, once for every signal a GIN barrier posts. */
-static void write_done(struct mpr_conn *c) {
+static void write_done(struct mpr_conn *c, const struct mpr_out *o, int n) {
+  uint64_t end = 0;
+  for (int i = 0; i < n; i++)
+    if (o[i].staged) end = o[i].stage_end; /* sent (or copied into a tail): the send ring's space is free */
   pthread_mutex_lock(&c->lock);
   c->wbusy = MPR_W_IDLE;
-  if (c->q_head || c->stop) pthread_cond_signal(&c->cond);
+  if (end) ring_release(&c->sring, end);
+  if ((c->q_head && !c->deferred) || c->stop) pthread_cond_signal(&c->cond);
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -322,7 +385,7 @@ static void *writer_main(void *arg) {
     pthread_mutex_unlock(&c->lock);
     int rc = write_batch(c, out, n);
     for (int i = 0; i < n; i++) free(out[i].raw);
-    write_done(c);
+    write_done(c, out, n);
     if (rc != 0) {
       write_failed(c, rc);
       break;
@@ -342,7 +405,7 @@ static int records_iov(struct mpr_conn *c, const struct mpr_out *o, int n, struc
   *k = 0;
   for (int i = 0; i < n; i++) {
     void *p = host_data(&o[i]);
-    if (o[i].kind != MPR_K_RAW && gpu_data(o[i].kind, &o[i].m, &o[i].src)) {
+    if (o[i].kind != MPR_K_RAW && !o[i].staged && gpu_data(o[i].kind, &o[i].m, &o[i].src)) {
       if (!(p = stage_get(&c->istage, MPR_SEND_NOW_MAX, o[i].src.gpu))) return -2;
       if (mpr_win_read(&o[i].src, o[i].src_off, p, o[i].m.size) != 0) return -2;
     }
@@ -406,6 +469,29 @@ static int queued_locked(const struct mpr_conn *c) {
 
 static void send_queued_locked(struct mpr_conn *c);
 
+/* Copy r's data (at most MPR_SEND_NOW_MAX bytes of GPU memory) into the connection's send ring on
+ * the GPU's stream without waiting; r is then sent from there by rmaProgress once the copy has
+ * completed, in order with the rest of the queue. 1 staged, 0 not (no driver support, no room).
+ * Lock held. */
+static int stage_out_locked(struct mpr_conn *c, struct mpr_req *r) {
+  int gpu = r->src.gpu;
+  if (!mplane_cuda_async_ok(gpu) || !ring_ready(&c->sring, MPR_SRING, gpu)) return 0;
+  uint64_t head = c->sring.head;
+  char *p = ring_take(&c->sring, r->m.size);
+  if (!p) return 0;
+  uint64_t seq = mplane_cuda_copy_async(gpu, p, r->src.base + r->src_off, r->m.size, 0);
+  if (!seq) { /* give the space back: nothing was queued on the stream */
+    c->sring.eh--;
+    c->sring.head = head;
+    return 0;
+  }
+  ring_set_seq(&c->sring, seq);
+  r->staged = p;
+  r->stage_seq = seq;
+  r->stage_end = c->sring.head;
+  return 1;
+}
+
 /* Send r without a thread hand-off where it can: big records, and any while the writer is at work
  * or has records queued, go through the writer thread; from a thread that calls rmaProgress a
  * small record with host data, or an answer, waits in the queue for rmaProgress to send it with the
@@ -433,9 +519,10 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
     pthread_mutex_unlock(&c->lock);
     return ncclSuccess;
   }
-  /* Not deferred: records whose data sits in GPU memory (copied out first). A signal alone waits
-   * like any other record: one sendmsg at the end of a pass carries every record of the burst. */
-  if (mpr_progress_thread && !gpu_data(r->kind, &r->m, &r->src)) { /* rmaProgress sends it */
+  /* A signal alone waits like any other record: one sendmsg at the end of a pass carries every
+   * record of the burst. Data in GPU memory is first copied out asynchronously (stage_out_locked);
+   * where that cannot be, the record is copied out and sent at once, NCCL's thread waiting. */
+  if (mpr_progress_thread && (!gpu_data(r->kind, &r->m, &r->src) || stage_out_locked(c, r))) { /* rmaProgress sends it */
     if (!c->deferred) c->deferred_ns = mplane_now_ns();
     c->deferred = 1;
     c->ops_added++; /* answers too: an answer waits a pass for the op its poster may add next */
@@ -453,12 +540,17 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
 static void send_queued_locked(struct mpr_conn *c) {
   struct mpr_out o[MPR_BATCH];
   int n = take_batch(c, o, 1);
-  c->deferred = 0;
+  /* What is left behind a copy still under way stays rmaProgress's to send (no writer wake-up). */
+  c->deferred = c->q_head && staged_pending(c->q_head);
+  if (n == 0) {
+    pthread_mutex_unlock(&c->lock);
+    return;
+  }
   c->wbusy = MPR_W_NOW;
   pthread_mutex_unlock(&c->lock);
   int rc = write_now(c, o, n);
   for (int i = 0; i < n; i++) free(o[i].raw);
-  write_done(c); /* and wakes the writer for anything left behind the batch */
+  write_done(c, o, n); /* and wakes the writer for anything left behind the batch */
   if (rc == 0) trace_wrote(c, o, n, " at once");
   else write_failed(c, rc);
 }
@@ -471,7 +563,7 @@ static void flush_deferred(struct mpr_conn *c, uint64_t now) {
   uint64_t added = c->ops_added;
   int idle = added == c->ops_seen, old = now - c->deferred_ns > 20000;
   c->ops_seen = added;
-  if (!c->deferred || c->wbusy || !c->q_head || !(idle || old || queued_locked(c) >= MPR_BATCH)) {
+  if (!c->deferred || c->held || c->wbusy || !c->q_head || !(idle || old || queued_locked(c) >= MPR_BATCH)) {
     pthread_mutex_unlock(&c->lock);
     return;
   }
@@ -541,6 +633,8 @@ static int put_done(struct mpr_conn *c) {
   uint16_t st = d->st;
   if (st == MPR_OK && d->cuda_bad) st = MPR_GPU_COPY;
   uint64_t now = 0;
+  /* A GPU signal follows the data on the GPU's stream; a host one must wait for it here. */
+  if (st == MPR_OK && m->sig_win != MPR_NO_WIN && d->sig.gpu != d->w.gpu && landed(c) != 0) st = MPR_GPU_COPY;
   if (st == MPR_OK && m->sig_win != MPR_NO_WIN &&
       signal_apply(&d->sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val, &now) != 0)
     st = MPR_GPU_COPY;
@@ -634,6 +728,7 @@ static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why,
 /* A get's bytes are in place. */
 static void get_done(struct mpr_conn *c) {
   struct mpr_rd *d = &c->in;
+  if (!d->cuda_bad && landed(c) != 0) d->cuda_bad = 1;
   if (d->cuda_bad)
     mpr_req_finish(d->r, ncclSystemError, "RMA get from %s: the copy into GPU memory (window %u) failed", c->peer_str,
                d->r->m.win);
@@ -682,21 +777,58 @@ static int header_done(struct mpr_conn *c, char *why, size_t whylen) {
   }
 }
 
-/* Land the stage's bytes in the GPU window (after a failed copy, drop them: the stream stays framed). */
+/* Land the stage's bytes in the GPU window (after a failed copy, drop them: the stream stays framed).
+ * An asynchronous piece is queued on the GPU's stream, ahead of the signal adds that follow it, and
+ * its ring space comes back once the copy completed; nothing here waits for it. */
 static void stage_flush(struct mpr_conn *c) {
   struct mpr_rd *d = &c->in;
-  if (d->sfill && d->land && !d->cuda_bad && mpr_win_write(&d->w, d->off - d->sfill, c->stage.p, d->sfill) != 0)
+  if (d->sbuf) {
+    uint64_t seq = d->sfill && !d->cuda_bad
+                       ? mplane_cuda_copy_async(d->w.gpu, d->w.base + d->off - d->sfill, d->sbuf, d->sfill, 1)
+                       : 0;
+    if (d->sfill && !d->cuda_bad && !seq) d->cuda_bad = 1;
+    ring_set_seq(&c->lring, seq ? seq : d->last_seq); /* a dropped piece is free once the one before is */
+    if (seq) d->last_seq = seq;
+    d->sbuf = NULL;
+  } else if (d->sfill && d->land && !d->cuda_bad &&
+             mpr_win_write(&d->w, d->off - d->sfill, c->stage.p, d->sfill) != 0)
     d->cuda_bad = 1;
   d->sfill = 0;
 }
 
-/* Where the next data bytes go and how many fit there: host windows directly, GPU windows and
- * dropped bytes through the stage. NULL: no memory for the stage. */
+/* Landing-ring space for the next piece of a GPU window's bytes: waits for the oldest copy only
+ * while the ring is full (MPR_LRING bytes in flight). NULL: no ring, or the GPU stopped completing. */
+static char *landing_piece(struct mpr_conn *c, size_t n) {
+  struct mpr_rd *d = &c->in;
+  if (!ring_ready(&c->lring, MPR_LRING, d->w.gpu)) return NULL;
+  for (;;) {
+    ring_reclaim(&c->lring, mplane_cuda_lane_done(d->w.gpu));
+    char *p = ring_take(&c->lring, n);
+    if (p) return p;
+    if (mplane_cuda_lane_wait(d->w.gpu, ring_oldest_seq(&c->lring), mpr_timeout_ms()) != 0) return NULL;
+  }
+}
+
+/* Where the next data bytes go and how many fit there: host windows directly, GPU windows through a
+ * landing piece (asynchronous, where the driver can) or the stage, dropped bytes through the stage.
+ * NULL: no memory for the stage. */
 static char *data_dst(struct mpr_conn *c, size_t *room) {
   struct mpr_rd *d = &c->in;
   if (d->land && d->w.gpu < 0) {
     *room = d->left;
     return d->w.base + d->off;
+  }
+  if (d->land && !d->cuda_bad && (d->sbuf || mplane_cuda_async_ok(d->w.gpu))) {
+    if (!d->sbuf) {
+      d->scap = d->left < MPR_PIECE ? d->left : MPR_PIECE;
+      if (!(d->sbuf = landing_piece(c, d->scap))) {
+        d->cuda_bad = 1; /* the rest is read and dropped, the put refused */
+        return data_dst(c, room);
+      }
+      d->sfill = 0;
+    }
+    *room = d->scap - d->sfill;
+    return d->sbuf + d->sfill;
   }
   if (!stage_get(&c->stage, MPR_STAGE, d->land ? d->w.gpu : -1)) return NULL;
   *room = MPR_STAGE - d->sfill < d->left ? MPR_STAGE - d->sfill : d->left;
@@ -711,8 +843,15 @@ static void data_took(struct mpr_conn *c, size_t n) {
   d->left -= n;
   if (staged) {
     d->sfill += n;
-    if (d->sfill == MPR_STAGE || d->left == 0) stage_flush(c);
+    if ((d->sbuf ? d->sfill == d->scap : d->sfill == MPR_STAGE) || d->left == 0) stage_flush(c);
   }
+}
+
+/* This record's asynchronous copies have completed (a get's bytes in place, or data that a host
+ * signal must follow). 0 ok, -1 the GPU did not complete them within the timeout. */
+static int landed(struct mpr_conn *c) {
+  struct mpr_rd *d = &c->in;
+  return d->last_seq ? mplane_cuda_lane_wait(d->w.gpu, d->last_seq, mpr_timeout_ms()) : 0;
 }
 
 /* Data bytes from the receive buffer, or straight from the socket when the buffer is empty and
@@ -810,6 +949,8 @@ static int conn_pump_records(struct mpr_conn *c) {
     if (d->hgot < sizeof(d->m)) continue;
     d->hgot = 0;
     d->sfill = 0;
+    d->sbuf = NULL;
+    d->last_seq = 0;
     d->cuda_bad = 0;
     rc = header_done(c, why, sizeof(why));
     if (rc < 0) break;
@@ -889,6 +1030,7 @@ ncclResult_t mpr_progress(void *ctx) {
   struct mpr_ctxset *s = ctx;
   if (!s || s->epfd < 0) return ncclSuccess;
   mpr_progress_thread = 1;
+  if (mplane_cuda_signal_flush() != 0) __atomic_store_n(&s->has_error, 1, __ATOMIC_RELEASE); /* copies NCCL's ops queued */
   uint64_t now = mplane_now_ns();
   __atomic_store_n(&s->progress_ns, now, __ATOMIC_RELAXED);
   struct epoll_event ev[32];
@@ -904,6 +1046,18 @@ ncclResult_t mpr_progress(void *ctx) {
   for (int i = 0; i < s->ncontexts; i++)
     if (s->mirrors[i]) flush_deferred(s->mirrors[i], now);
   return ncclSuccess;
+}
+
+/* NCCL's aggregation hint (transport.h's hold): while held, the connection's deferred records wait
+ * for the run to end; its end sends them at once, in one sendmsg, rather than a pass later. */
+void mpr_conn_hold(struct mpr_conn *c, int on) {
+  pthread_mutex_lock(&c->lock);
+  c->held = on;
+  if (!on && c->deferred && !c->wbusy && c->q_head && !c->failed) {
+    send_queued_locked(c); /* unlocks */
+    return;
+  }
+  pthread_mutex_unlock(&c->lock);
 }
 
 /* A caller that stopped calling rmaProgress: its deferred records go through the writer thread. */
@@ -959,6 +1113,8 @@ void mpr_conn_destroy(struct mpr_conn *c) {
   free(c->rbuf);
   stage_free(&c->wstage);
   stage_free(&c->istage);
+  ring_free(&c->lring);
+  ring_free(&c->sring);
   pthread_mutex_destroy(&c->lock);
   pthread_mutex_destroy(&c->rlock);
   pthread_cond_destroy(&c->rcond);
