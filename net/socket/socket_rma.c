@@ -4,7 +4,8 @@
  * The target writes its own memory: a put travels as a header and its bytes on the connection of
  * its (context, peer); the target checks the header against the window it names, lands the bytes
  * (host memory directly, GPU memory through the CUDA driver on the process's one non-blocking
- * stream for that GPU, synchronised), then applies the signal, then acknowledges. An op unanswered
+ * stream for that GPU, asynchronously, the signal's write queued behind the data on that stream),
+ * then applies the signal, then acknowledges. An op unanswered
  * for MPLANE_CONNECT_TIMEOUT fails its connection. One reader per connection at a time, in order, so
  * a signal is applied only after its data and after every earlier put of that context to that rank
  * is in place. A get is a request the target answers with the bytes.

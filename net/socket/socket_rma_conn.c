@@ -144,10 +144,33 @@ static uint64_t ring_oldest_seq(const struct mpr_ring *g) {
   return g->et == g->eh ? 0 : g->e[g->et % MPR_RING_ENTRIES].seq;
 }
 
+/* GPU data of a large record, from the writer thread: the stage's two halves take turns, the copy of
+ * one piece out of GPU memory running while the piece before it is written. 0 ok, -1 socket, -2 copy. */
+static int send_pipelined(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char *buf) {
+  const size_t half = MPR_STAGE / 2;
+  uint64_t seq[2] = {0, 0};
+  size_t len[2] = {0, 0};
+  for (int cur = 0;; cur ^= 1) {
+    for (int k = 0; k < 2 && n; k++) { /* keep both halves busy */
+      int h = cur ^ k;
+      if (len[h]) continue;
+      len[h] = n < half ? n : half;
+      if (!(seq[h] = mplane_cuda_copy_async(w->gpu, buf + h * half, w->base + off, len[h], 0))) return -2;
+      off += len[h];
+      n -= len[h];
+    }
+    if (!len[cur]) return 0;
+    if (mplane_cuda_lane_wait(w->gpu, seq[cur], mpr_timeout_ms()) != 0) return -2;
+    if (mplane_rma_write_all(fd, buf + cur * half, len[cur]) != 0) return -1;
+    len[cur] = 0;
+  }
+}
+
 static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, struct mpr_stage *stage) {
   if (w->gpu < 0) return n == 0 ? 0 : mplane_rma_write_all(fd, w->base + off, n);
   char *buf = stage_get(stage, MPR_STAGE, w->gpu);
   if (!buf) return -1;
+  if (stage->pinned && mplane_cuda_async_ok(w->gpu)) return send_pipelined(fd, w, off, n, buf);
   while (n) {
     size_t step = n < MPR_STAGE ? n : MPR_STAGE;
     if (mpr_win_read(w, off, buf, step) != 0) return -2;
