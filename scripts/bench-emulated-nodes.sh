@@ -26,6 +26,15 @@
 #                      sweep with these variables added; repeatable. The summary adds a table of
 #                      each variant's median against mplane's (the verdicts stay mplane's), so a
 #                      change is judged against the build in the same runs
+#   --gin "ARGS"       the GIN sweep (default off), e.g. "-b 8 -e 16M -f 4 -w 5 -n 20": alltoall_perf
+#                      through mplane with -R 2 (GIN needs symmetric registration), as the host path
+#                      (no -D), as -D 3 (GIN to every rank) and as -D 4 (LSA to itself, GIN to the
+#                      other), in every round; a table of the medians and their ratios, and verdicts
+#                      against the GIN targets (docs/gin.md). Leave -D and -R out of ARGS.
+#                      --time "" --bw "" --gin "ARGS" runs the GIN sweep alone
+#   --gin-tests-dir DIR  nccl-tests (MPI=1) of the GIN sweep, built against NCCL 2.30+ (-D needs its
+#                      device API); default NCCL_TESTS_DIR
+#   --gin-nccl-lib DIR   prepended to LD_LIBRARY_PATH in the GIN sweep's runs (that NCCL's lib)
 #   --out DIR          rows.txt, summary.txt and each run's log (default build/bench-emulated-nodes)
 #   --no-mps           do not start the CUDA MPS daemon (one already runs, or time-slicing is wanted)
 #   --summarize FILE   only print the summary of an earlier rows.txt
@@ -37,7 +46,8 @@
 # /usr/lib/x86_64-linux-gnu/openmpi/bin/mpirun) and nccl-tests built with MPI=1.
 #
 # Every run must exit 0, report 0 wrong values and name the intended network ("Using network
-# mplane" / "Using network Socket") in its log; otherwise it is reported with its log and the
+# mplane" / "Using network Socket") in its log, and a GIN run's log must not show GIN assigned to
+# another plugin; otherwise it is reported with its log, noted in rows.txt ("# failed ..."), and the
 # script exits 1 after the other runs. Exit 77 without a GPU, 2 on bad arguments.
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -51,6 +61,9 @@ grid=best
 out="$here/build/bench-emulated-nodes"
 mps=1
 summarize=""
+gin_args=""
+gin_dir=""
+gin_lib=""
 menv=()
 vnames=() # --variant: names, and their variables as one space-separated string each
 venvs=()
@@ -68,6 +81,9 @@ while [ $# -gt 0 ]; do
     --grid) need "$@"; grid="$2"; shift 2 ;;
     --env) need "$@"; menv+=("$2"); shift 2 ;;
     --variant) need "$@"; read -r vn vv <<<"$2"; vnames+=("${vn:-}"); venvs+=("${vv:-}"); shift 2 ;;
+    --gin) need "$@"; gin_args="$2"; shift 2 ;;
+    --gin-tests-dir) need "$@"; gin_dir="$2"; shift 2 ;;
+    --gin-nccl-lib) need "$@"; gin_lib="$2"; shift 2 ;;
     --out) need "$@"; out="$2"; shift 2 ;;
     --no-mps) mps=0; shift ;;
     --summarize) need "$@"; summarize="$2"; shift 2 ;;
@@ -83,11 +99,17 @@ import collections, statistics, sys
 rows = collections.defaultdict(list)  # (sweep, config, test, size) -> [(time, busbw)]
 rounds = collections.defaultdict(set)  # (sweep, config, test) -> the rounds it ran in
 by_round = collections.defaultdict(dict)  # (sweep, config, test, size) -> {round: time}
+wrongs = collections.Counter()  # sweep -> wrong values in its recorded rows
+failed_runs = []  # (round, sweep, config, test, why): the runs the script refused ("# failed" lines)
 for line in open(sys.argv[1]):
     p = line.split()
+    if len(p) >= 6 and p[:2] == ["#", "failed"]:
+        failed_runs.append((p[2], p[3], p[4], p[5], " ".join(p[6:])))
+        continue
     if len(p) < 8 or p[0] == "#":
         continue
-    rnd, sweep, config, test, size, t, bw, _wrong = p[:8]
+    rnd, sweep, config, test, size, t, bw, wrong = p[:8]
+    wrongs[sweep] += int(wrong) if wrong.isdigit() else 1  # a value not counted is not a 0
     rows[(sweep, config, test, int(size))].append((float(t), float(bw)))
     rounds[(sweep, config, test)].add(rnd)
     by_round[(sweep, config, test, int(size))][rnd] = float(t)
@@ -185,6 +207,57 @@ if variants:
                     x = med((sweep, v, test, s), col)
                     cells.append(f"{x:9.2f} {x / m:7.2f}x" if x is not None and m > 0 else f"{'-':>18}")
                 print(f"{sweep:>5} {test:>10} {human(s):>8} {m:9.2f} " + " ".join(cells) + f"  ({unit})")
+
+# --gin: the GIN all-to-all kernels (-D 3, -D 4) against the host path (-D 0), all through mplane
+GIN = {"d0": "-D 0", "d3": "-D 3", "d4": "-D 4"}
+
+def fmt(x, spec, width):
+    return f"{x:{width}{spec}}" if x is not None else f"{'-':>{width}}"
+
+def gin_verdict(name, ratios, limit):  # ratios: [(size, ratio or None where a median is missing)]
+    if not ratios:
+        return f"GIN {name}: not measured (no such size in the sweep)"
+    seen = [(s, r) for s, r in ratios if r is not None]
+    hi = max(seen, key=lambda x: x[1]) if seen else None
+    high = f" (highest {hi[1]:.2f}x at {human(hi[0])})" if hi else ""
+    bad = [(s, r) for s, r in ratios if r is None or r > limit]
+    if not bad:
+        return f"GIN {name}: met{high}"
+    missing = sum(r is None for _, r in bad)  # a target is not met where it was not measured
+    more = f", {missing} of them not measured" if missing else ""
+    return f"GIN {name}: NOT met at {len(bad)} of {len(ratios)} sizes{more}{high}"
+
+gin_sizes = sizes_of("gin", "alltoall")
+gin_failed = [f for f in failed_runs if f[1] == "gin"]
+if gin_sizes or gin_failed:
+    nruns = {c: len(rounds.get(("gin", c, "alltoall"), ())) for c in GIN}
+    print(f"\nGIN: alltoall through mplane with -R 2, out-of-place time in us, median of the runs "
+          f"({', '.join(f'{GIN[c]}: {nruns[c]}' for c in GIN)})")
+    print(f"{'size':>10} {'-D 0':>10} {'-D 3':>10} {'-D 4':>10} {'D4/D0':>8} {'D3/D4':>8}")
+    table = []
+    for s in gin_sizes:
+        d0, d3, d4 = (med(("gin", c, "alltoall", s), 0) for c in GIN)
+        r40 = d4 / d0 if d4 is not None and d0 else None
+        r34 = d3 / d4 if d3 is not None and d4 else None
+        table.append((s, r40, r34))
+        print(f"{human(s):>10} {fmt(d0, '.1f', 10)} {fmt(d3, '.1f', 10)} {fmt(d4, '.1f', 10)} "
+              f"{fmt(r40, '.2f', 7)}{'x' if r40 is not None else ' '} {fmt(r34, '.2f', 7)}{'x' if r34 is not None else ' '}")
+    print()
+    print(gin_verdict("-D 4 <= 2x -D 0 up to 64 KiB", [(s, a) for s, a, _ in table if s <= 64 << 10], 2.0))
+    print(gin_verdict("-D 4 <= 1.2x -D 0 from 2 MiB to 16 MiB",
+                      [(s, a) for s, a, _ in table if 2 << 20 <= s <= 16 << 20], 1.2))
+    print(gin_verdict("-D 3 <= 1.5x -D 4", [(s, b) for s, _, b in table], 1.5))
+    # a run with wrong values is refused (its rows are not taken), so its "# failed" line counts too
+    bad = [f for f in gin_failed if f[4] == "wrong values reported"]
+    if not sum(nruns.values()) and not bad:
+        print("GIN 0 wrong values: not measured (no GIN run finished)")
+    elif not bad and not wrongs["gin"]:
+        print(f"GIN 0 wrong values: met ({sum(nruns.values())} runs)")
+    else:
+        runs_bad = ", ".join(f"{GIN.get(c, c)} round {r}" for r, _, c, _, _ in bad)
+        print(f"GIN 0 wrong values: NOT met: {runs_bad or str(wrongs['gin']) + ' in the rows'}")
+    if gin_failed:
+        print("GIN runs refused: " + ", ".join(f"{GIN.get(c, c)} round {r} ({why})" for r, _, c, _, why in gin_failed))
 PY
 }
 
@@ -200,6 +273,20 @@ case "$grid" in
   full) points=(); for t in 1 2 4; do for s in 1 2 4 8; do points+=("${s}x$t"); done; done ;;
   *) die "--grid '$grid': expected best or full" ;;
 esac
+# gin_check: the GIN sweep's options; its nccl-tests default to NCCL_TESTS_DIR's.
+gin_check() {
+  if [ -z "$gin_args" ]; then
+    [ -z "$gin_dir$gin_lib" ] || die "--gin-tests-dir and --gin-nccl-lib belong to the GIN sweep: give --gin \"ARGS\" too"
+    return
+  fi
+  local w
+  for w in $gin_args; do # the sweep adds -R 2 and each -D itself
+    case "$w" in -D*|-R*|--device_implementation*|--local_register*) die "--gin '$gin_args': leave out '$w' (the sweep adds -R 2 and -D)" ;; esac
+  done
+  gin_dir=${gin_dir:-${NCCL_TESTS_DIR:-}}
+  [ -x "$gin_dir/alltoall_perf" ] || die "--gin: no alltoall_perf in '$gin_dir' (--gin-tests-dir or NCCL_TESTS_DIR: nccl-tests built with MPI=1 against NCCL 2.30+)"
+  [ -z "$gin_lib" ] || [ -d "$gin_lib" ] || die "--gin-nccl-lib '$gin_lib': no such directory"
+}
 # kv_check OPTION WORD: WORD must be VAR=VALUE
 kv_check() { case "$2" in [A-Za-z_]*=*) ;; *) die "$1: '$2' is not VAR=VALUE" ;; esac; }
 for kv in ${menv[@]+"${menv[@]}"}; do kv_check --env "$kv"; done
@@ -211,9 +298,13 @@ for i in ${vnames[@]+"${!vnames[@]}"}; do
   for kv in ${venvs[$i]}; do kv_check "--variant '${vnames[$i]}'" "$kv"; done
   for ((j = 0; j < i; j++)); do [ "${vnames[$j]}" != "${vnames[$i]}" ] || die "--variant '${vnames[$i]}' given twice"; done
 done
-for t in $tests; do
-  [ -x "${NCCL_TESTS_DIR:-}/${t}_perf" ] || die "set NCCL_TESTS_DIR to a built nccl-tests (MPI=1) with ${t}_perf"
-done
+gin_check
+[ -n "$time_args$bw_args$gin_args" ] || die "--time, --bw and --gin are all empty: nothing to run"
+if [ -n "$time_args$bw_args" ]; then # the GIN sweep alone needs only its own nccl-tests
+  for t in $tests; do
+    [ -x "${NCCL_TESTS_DIR:-}/${t}_perf" ] || die "set NCCL_TESTS_DIR to a built nccl-tests (MPI=1) with ${t}_perf"
+  done
+fi
 [ -r "$plugin" ] || die "--plugin '$plugin': no such file (build first: ninja -C build)"
 plugin="$(cd "$(dirname "$plugin")" && pwd)/$(basename "$plugin")" # NCCL_NET_PLUGIN takes a path
 mpirun="${MPIRUN:-$(command -v mpirun || echo /usr/lib/x86_64-linux-gnu/openmpi/bin/mpirun)}"
@@ -243,6 +334,7 @@ if [ $mps = 1 ]; then
 fi
 
 failed=0
+perf_dir=${NCCL_TESTS_DIR:-} # where run finds the nccl-tests; run_gin points it at the GIN sweep's
 # run ROUND SWEEP CONFIG NET TEST ARGS [VAR=VALUE ...]: one nccl-tests run, its rows into rows.txt.
 run() {
   local round=$1 sweep=$2 config=$3 net=$4 test=$5 args=$6
@@ -255,7 +347,7 @@ run() {
   for kv in "$@"; do x+=(-x "$kv"); done
   # shellcheck disable=SC2086 # ARGS is a list of nccl-tests arguments
   timeout 300 "$mpirun" --allow-run-as-root -np 2 --oversubscribe --bind-to none "${x[@]}" \
-    "$wrap" "$NCCL_TESTS_DIR/${test}_perf" -g 1 $args >"$log" 2>&1
+    "$wrap" "$perf_dir/${test}_perf" -g 1 $args >"$log" 2>&1
   local rc=$?
   local rows why=""
   # nccl-tests' result rows: size, then out-of-place time (col 6), busbw (8) and wrong values (9)
@@ -264,9 +356,12 @@ run() {
   elif [ -z "$rows" ]; then why="no result rows"
   elif ! grep -q "Using network $net" "$log"; then why="did not use network $net"
   elif echo "$rows" | awk '$8 != 0 {bad = 1} END {exit !bad}'; then why="wrong values reported"
+  elif grep -q "GIN/Plugin: Assigned plugin" "$log" && ! grep -q "GIN/Plugin: Assigned plugin $net " "$log"; then
+    why="GIN assigned to another plugin" # NCCL's own GIN backend would be measured instead of mplane's
   fi
   if [ -n "$why" ]; then
     echo "FAIL: $config $test round $round: $why (log: $log)"
+    echo "# failed $round $sweep $config $test $why" >>"$rowsf" # the summary counts what was refused
     failed=1
     return
   fi
@@ -284,8 +379,22 @@ run_variants() {
     run "$1" "$2" "mplane-${vnames[$i]}" mplane "$3" "$4" "${M[@]}" ${venvs[$i]}
   done
 }
+G=() # the GIN sweep's runs: its NCCL first on the library path
+[ -n "$gin_lib" ] && G=("LD_LIBRARY_PATH=$gin_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+# run_gin ROUND D: alltoall of the GIN sweep from its own nccl-tests, -D D (0: the host path, no -D).
+run_gin() {
+  local perf_dir=$gin_dir # bash scoping: run, called from here, sees this one
+  local dflag=""
+  [ "$2" = 0 ] || dflag=" -D $2"
+  run "$1" gin "d$2" mplane alltoall "$gin_args -R 2$dflag" "${M[@]}" ${G[@]+"${G[@]}"}
+}
 first_test=${tests%% *}
-[ -n "$warmup_args" ] && run 0 warmup mplane mplane "$first_test" "$warmup_args" "${M[@]}"
+if [ -n "$warmup_args" ]; then
+  if [ -n "$time_args$bw_args" ]; then run 0 warmup mplane mplane "$first_test" "$warmup_args" "${M[@]}"
+  else # the GIN sweep alone: warm up with its nccl-tests and NCCL (perf_dir set for this call only)
+    perf_dir=$gin_dir run 0 warmup mplane mplane alltoall "$warmup_args -R 2" "${M[@]}" ${G[@]+"${G[@]}"}
+  fi
+fi
 for ((r = 1; r <= rounds; r++)); do
   for t in $tests; do
     if [ -n "$time_args" ]; then
@@ -302,6 +411,9 @@ for ((r = 1; r <= rounds; r++)); do
       done
     fi
   done
+  if [ -n "$gin_args" ]; then
+    for d in 0 3 4; do run_gin $r $d; done
+  fi
 done
 summary "$rowsf" | tee "$out/summary.txt" || { echo "bench-emulated-nodes.sh: the summary failed"; failed=1; }
 echo

@@ -9,7 +9,8 @@
  * the plugin: ranks on different devices of one machine (the rxe suite puts even ranks on rxe0 and
  * odd ones on rxe1).
  *
- * --gpu puts the windows and signals of alltoall and order in GPU memory (exit 77 without a GPU).
+ * --gpu puts the windows and signals of alltoall, order and eplike in GPU memory (exit 77 without a
+ * GPU).
  * While it waits, each rank calls rmaProgress as NCCL's GIN progress thread does (the socket
  * transport then serves its peers from that thread); --no-progress never calls it, so the plugin's
  * own threads must serve everything.
@@ -26,6 +27,11 @@
  *            written, queryLastError says so, and the connection still carries a valid put after
  *   alltoall what nccl-tests' GIN all-to-all kernel does: rounds of puts to every rank (itself
  *            included), 0 B .. 256 KiB, each adding 1 to the same signal word of its target
+ *   eplike   what NCCL EP's low-latency dispatch posts: 128 contexts; per round, on every context, to
+ *            every rank (itself included), 3..17 token-sized plain puts into a slot per (source,
+ *            context), then a signal alone adding that count to a word per (context, source) of a
+ *            NEVER_RESET signal window; each word must step from its value before to exactly that plus
+ *            the count (values accumulate over rounds), and its slot is checked that moment
  *   stride   rankStride 2 (N = 4): ranks at an even distance are reached, odd ones refused
  *   stall    the last rank stops (SIGSTOP) with its sockets open; the others' ops to it fail once
  *            MPLANE_CONNECT_TIMEOUT has passed, not before, and destroying the context returns
@@ -318,7 +324,8 @@ static void harness_logger(ncclDebugLogLevel level, unsigned long flags, const c
   else if (getenv("MPLANE_DEBUG") && atoi(getenv("MPLANE_DEBUG")) > 0) fprintf(stderr, "%s:%d %s\n", file, line, msg);
 }
 
-static void setup(struct env *e, int stride) {
+/* nctx: the contexts createContext makes (NCCL EP asks for 128, the other scenarios for NCTX). */
+static void setup_contexts(struct env *e, int stride, int nctx) {
   CHECK(rma->init(&e->ctx, 0x5eed, harness_logger));
   int ndev = 0;
   CHECK(rma->devices(&ndev));
@@ -335,7 +342,7 @@ static void setup(struct env *e, int stride) {
   for (int i = 0; i < g_n; i++) h[i] = shm->handles[i];
   CHECK(rma->connect(e->ctx, h, g_n, g_rank, lc, &e->cc));
   CHECK(rma->closeListen(lc));
-  ncclRmaConfig_v14_t cfg = {.nContexts = NCTX, .trafficClass = 2 /* alltoall */, .rankStride = stride};
+  ncclRmaConfig_v14_t cfg = {.nContexts = nctx, .trafficClass = 2 /* alltoall */, .rankStride = stride};
   CHECK(rma->createContext(e->cc, &cfg, &e->rc));
   g_ctx = e->rc;
   /* Windows, in the same order on every rank (symmetric registration). */
@@ -388,6 +395,8 @@ static void setup(struct env *e, int stride) {
   }
   barrier(1);
 }
+
+static void setup(struct env *e, int stride) { setup_contexts(e, stride, NCTX); }
 
 static void teardown(struct env *e) {
   bool err = true;
@@ -1036,6 +1045,182 @@ static void scenario_dmabuf(void) {
   teardown(&e);
 }
 
+/* ---- eplike: what NCCL EP's low-latency dispatch posts through GIN. The group has 128 contexts; in
+ * each round every rank sends every rank (itself included), on every context c, a few tokens:
+ * plain puts into its slot (source, c) of the peer's receive window, then one signal alone adding
+ * the number of tokens to the peer's word (c, source) of a NEVER_RESET signal window. The words are
+ * never reset, so what a target waits for grows round by round. ---- */
+#define EP_NCTX 128    /* the GIN contexts NCCL EP creates */
+#define EP_TOKEN 7408u /* a dispatched token as DeepEP's low-latency kernels send it: 7168 FP8 values, 56 scales, an index */
+#define EP_MAXTOK 17   /* tokens per (source, context, round): 3..17 */
+#define EP_SLOT ((uint64_t)EP_MAXTOK * EP_TOKEN)
+
+/* A window of this scenario's own, beside setup's: host memory, GPU memory (--gpu; host holds the
+ * copies read back) or a memfd the plugin takes for GPU memory (--gpu-dmabuf). */
+struct ep_win {
+  char *host, *dev;
+  size_t size;
+  void *mh;
+};
+
+static void ep_win_reg(struct env *e, struct ep_win *w, size_t size, uint64_t flags) {
+  *w = (struct ep_win){.size = size};
+  if (g_gpu_dmabuf) {
+    w->host = fake_gpu_window_in(e->cc, size, size, NULL, flags, &w->mh);
+    return;
+  }
+  if (!(w->host = calloc(1, size))) die("out of memory");
+  if (g_gpu) w->dev = gpu_alloc_copy(w->host, size);
+  CHECK(rma->regMrSym(e->cc, g_gpu ? (void *)w->dev : (void *)w->host, size, g_gpu ? NCCL_PTR_CUDA : NCCL_PTR_HOST,
+                      flags, &w->mh));
+}
+
+/* [off, off + n) as the target sees it now: read back from the GPU under --gpu. */
+static const char *ep_at(const struct ep_win *w, uint64_t off, uint64_t n) {
+  if (w->dev && n) gpu_fetch(w->host + off, w->dev + off, n);
+  return w->host + off;
+}
+
+/* Tokens src sends dst on context c in round k, 3..17: the coefficients are prime to 15, so the
+ * words of one source on 15 consecutive contexts all get different values (an add landing on the
+ * wrong word shows), and each word's value changes from round to round. */
+static int ep_tokens(int src, int dst, int c, int k) { return 3 + (src * 7 + dst * 2 + c * 4 + k * 11) % 15; }
+
+/* Where token t for dst (context c, round k) is read in the source's pattern window: a page that
+ * moves each round, so a token left in place by an earlier round never passes for this round's. */
+static uint64_t ep_src_off(int dst, int c, int k, int t) {
+  return (uint64_t)((dst * 31 + c * 7 + k * 3 + t) % 251) * 4096 + (uint64_t)(c % 61) * 8;
+}
+
+/* Rounds: 8 with 2 ranks, fewer with more, so that a run posts about the same number of ops (the
+ * threads of 128 contexts to every peer share CI's 2 cores); never fewer than 3, so the words
+ * accumulate over several rounds. */
+static int ep_rounds(void) { return g_n * 3 > 16 ? 3 : 16 / g_n; }
+
+static uint64_t ep_slot(int src, int c) { return ((uint64_t)src * EP_NCTX + (uint64_t)c) * EP_SLOT; }
+static int ep_word(int c, int src) { return c * g_n + src; }
+
+/* This rank's round k: on every context, to every rank, its tokens then their signal; returns the
+ * requests made. Odd contexts signal with NULL handles, even ones with the windows' handles and 0
+ * bytes: NCCL's proxy posts a signal alone in either form. */
+static int ep_post(struct env *e, const struct ep_win *recv, const struct ep_win *sig, int k, void **reqs) {
+  int n = 0;
+  for (int c = 0; c < EP_NCTX; c++)
+    for (int i = 0; i < g_n; i++) {
+      int p = (g_rank + 1 + i) % g_n; /* the peers first, this rank itself last */
+      int ntok = ep_tokens(g_rank, p, c, k);
+      uint64_t slot = ep_slot(g_rank, c);
+      for (int t = 0; t < ntok; t++)
+        CHECK(rma->iput(e->rc, c, ep_src_off(p, c, k, t), e->mh_src, EP_TOKEN, slot + (uint64_t)t * EP_TOKEN,
+                        recv->mh, (uint32_t)p, &reqs[n++]));
+      int bare = c % 2;
+      CHECK(rma->iputSignal(e->rc, c, 0, bare ? NULL : e->mh_src, 0, bare ? 0 : slot, bare ? NULL : recv->mh,
+                            (uint32_t)p, (uint64_t)ep_word(c, g_rank) * 8, sig->mh, (uint64_t)ntok,
+                            NCCL_NET_SIGNAL_OP_ADD, true, &reqs[n++]));
+    }
+  return n;
+}
+
+/* Source s's tokens on context c in round k, checked the moment its word says they are there; the
+ * rest of the slot, past the most tokens any round sent so far, must still be zero. */
+static void ep_check_slot(const struct ep_win *recv, int s, int c, int k, int most) {
+  int ntok = ep_tokens(s, g_rank, c, k);
+  const char *slot = ep_at(recv, ep_slot(s, c), EP_SLOT);
+  char what[128];
+  for (int t = 0; t < ntok; t++) {
+    snprintf(what, sizeof(what), "round %d: token %d of %d from rank %d on context %d, behind its signal", k, t,
+             ntok, s, c);
+    check_bytes(slot + (uint64_t)t * EP_TOKEN, EP_TOKEN, s, ep_src_off(g_rank, c, k, t), what);
+  }
+  check_zero(slot, (uint64_t)most * EP_TOKEN, EP_SLOT, "slot past every token sent");
+}
+
+/* The signal words now: one read of the whole window (a copy back from the GPU under --gpu). */
+static uint64_t ep_word_now(const struct ep_win *sig, int w) {
+  return __atomic_load_n((const uint64_t *)(const void *)sig->host + w, __ATOMIC_ACQUIRE);
+}
+
+/* Tests every request still open once; returns how many are. */
+static int ep_poll_reqs(void *cc, void **reqs, int n) {
+  int left = 0;
+  for (int i = 0; i < n; i++) {
+    if (!reqs[i]) continue;
+    int done = 0;
+    ncclResult_t r = rma->test(cc, reqs[i], &done);
+    if (r != ncclSuccess) die("test of op %d returned %d", i, r);
+    if (done) reqs[i] = NULL;
+    else left++;
+  }
+  return left;
+}
+
+/* Round k, as a target: each word (c, s) holds want[w] from the rounds before, until it holds that
+ * plus this round's add, in one step; its slot is checked right then. Meanwhile this rank's own
+ * ops are polled, and rmaProgress called, as NCCL's proxy does. */
+static void ep_round(struct env *e, const struct ep_win *recv, struct ep_win *sig, int k, uint64_t *want,
+                     int *most, void **reqs) {
+  int n = ep_post(e, recv, sig, k, reqs), nw = EP_NCTX * g_n, words_left = nw, reqs_left = n;
+  static char seen[EP_NCTX * MAX_RANKS];
+  memset(seen, 0, sizeof(seen));
+  double t0 = now_s();
+  while (words_left || reqs_left) {
+    reqs_left = ep_poll_reqs(e->cc, reqs, n);
+    if (sig->dev) gpu_fetch(sig->host, sig->dev, sig->size);
+    for (int c = 0; c < EP_NCTX; c++)
+      for (int s = 0; s < g_n; s++) {
+        int w = ep_word(c, s), add = ep_tokens(s, g_rank, c, k);
+        if (seen[w]) continue;
+        uint64_t v = ep_word_now(sig, w);
+        if (v == want[w]) continue;
+        if (v != want[w] + (uint64_t)add)
+          die("round %d: signal word of context %d, rank %d is %llu: neither %llu (before) nor %llu (after its add "
+              "of %d)", k, c, s, (unsigned long long)v, (unsigned long long)want[w],
+              (unsigned long long)(want[w] + (uint64_t)add), add);
+        if (add > most[w]) most[w] = add;
+        ep_check_slot(recv, s, c, k, most[w]);
+        want[w] = v;
+        seen[w] = 1;
+        words_left--;
+      }
+    if (now_s() - t0 > DEADLINE_S)
+      die("round %d: %d of %d signal words and %d of %d ops still pending after %d s", k, words_left, nw, reqs_left, n,
+          DEADLINE_S);
+    progress();
+  }
+  if (g_rank == 0)
+    printf("eplike round %d: %d ops on %d contexts, every token checked behind its signal, %.1f ms\n", k, n, EP_NCTX,
+           (now_s() - t0) * 1e3);
+  barrier_round(k); /* the next round's tokens overwrite slots only after every target checked them */
+}
+
+static void scenario_eplike(void) {
+  struct env e = {0};
+  setup_contexts(&e, 1, EP_NCTX);
+  struct ep_win recv, sig;
+  ep_win_reg(&e, &recv, (size_t)g_n * EP_NCTX * EP_SLOT, 0);
+  ep_win_reg(&e, &sig, (size_t)EP_NCTX * (size_t)g_n * sizeof(uint64_t),
+             NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET);
+  if (g_gpu_dmabuf) expect_dmabuf_reg(recv.size, "the receive window"); /* on the verbs double, SOFTVERBS_RECORD */
+  void **reqs = calloc((size_t)EP_NCTX * (size_t)g_n * (EP_MAXTOK + 1), sizeof(void *));
+  uint64_t *want = calloc((size_t)EP_NCTX * (size_t)g_n, sizeof(uint64_t));
+  int *most = calloc((size_t)EP_NCTX * (size_t)g_n, sizeof(int));
+  if (!reqs || !want || !most) die("out of memory");
+  barrier(2);
+  double t0 = now_s();
+  for (int k = 0; k < ep_rounds(); k++) ep_round(&e, &recv, &sig, k, want, most, reqs);
+  uint64_t total = 0;
+  for (int w = 0; w < EP_NCTX * g_n; w++) total += want[w];
+  printf("rank %d: eplike: %d rounds, %llu tokens received on %d contexts, signal words exact, %.2f s\n", g_rank,
+         ep_rounds(), (unsigned long long)total, EP_NCTX, now_s() - t0);
+  barrier(3);
+  CHECK(rma->deregMrSym(e.cc, sig.mh));
+  CHECK(rma->deregMrSym(e.cc, recv.mh));
+  free(reqs);
+  free(want);
+  free(most);
+  teardown(&e);
+}
+
 /* ---- noroute: a group whose ranks no device can connect fails at createContext, at once ---- */
 static void scenario_noroute(void) {
   struct env e = {0};
@@ -1261,7 +1446,7 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf|noroute|gpurelay|staged|stagefault\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf|noroute|gpurelay|staged|stagefault|eplike\n",
             MAX_RANKS);
     return 2;
   }
@@ -1276,14 +1461,15 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "gpurelay") ? scenario_gpurelay
                      : !strcmp(scenario, "staged") ? scenario_staged
                      : !strcmp(scenario, "stagefault") ? scenario_stagefault
+                     : !strcmp(scenario, "eplike") ? scenario_eplike
                      : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);
   if (g_target < 0 || g_target >= g_n) {
     fprintf(stderr, "--target %d is not a rank of %d\n", g_target, g_n);
     return 2;
   }
-  if (g_gpu && fn != scenario_alltoall && fn != scenario_order) {
-    fprintf(stderr, "--gpu runs the alltoall and order scenarios\n");
+  if (g_gpu && fn != scenario_alltoall && fn != scenario_order && fn != scenario_eplike) {
+    fprintf(stderr, "--gpu runs the alltoall, order and eplike scenarios\n");
     return 2;
   }
   if (!fn) {

@@ -6,6 +6,10 @@
 # time, FAKE_TOGGLE=FILE triples every other mplane run's), and the test checks what the script
 # makes of them: each rank's NCCL_HOSTID, the environment of each configuration, the medians and
 # ratios, the verdicts, and that a bad run (wrong values, the wrong network) fails the script.
+# The GIN sweep: -D 4 takes 5 us more than the host path, -D 3 twice -D 4's time; -D needs -R 2, the
+# GIN nccl-tests dir (FAKE_GIN_DIR) and NCCL 2.30 (FAKE_NCCL230) first on LD_LIBRARY_PATH, as a build
+# against NCCL 2.28 has no device API; FAKE_WRONG_D=D reports wrong values under -D D,
+# FAKE_GIN_PLUGIN names the plugin NCCL assigns GIN to; FAKE_ARGS=FILE records each run's arguments.
 # usage: bench_emulated_nodes.sh SCRIPT
 set -u
 script=$1
@@ -50,22 +54,31 @@ if [ -n "${FAKE_TOGGLE:-}" ] && [ "$NCCL_NET" = mplane ]; then
   n=$(( $(cat "$FAKE_TOGGLE" 2>/dev/null || echo 0) + 1 )); echo $n >"$FAKE_TOGGLE"
   [ $((n % 2)) = 1 ] && triple=1
 fi
-b=8; e=8; f=2
+[ -n "${FAKE_ARGS:-}" ] && echo "$(basename "$(dirname "$0")") $* LD=${LD_LIBRARY_PATH:-}" >>"$FAKE_ARGS"
+b=8; e=8; f=2; d=0; reg=0
 while [ $# -gt 0 ]; do
-  case "$1" in -b) b=$2; shift 2 ;; -e) e=$2; shift 2 ;; -f) f=$2; shift 2 ;; *) shift ;; esac
+  case "$1" in -b) b=$2; shift 2 ;; -e) e=$2; shift 2 ;; -f) f=$2; shift 2 ;; -D) d=$2; shift 2 ;; -R) reg=$2; shift 2 ;; *) shift ;; esac
 done
+if [ "$d" != 0 ]; then
+  [ "$reg" = 2 ] || { echo "-D requires -R 2"; exit 4; }
+  [ "$(dirname "$0")" = "${FAKE_GIN_DIR:-}" ] || { echo "not the GIN nccl-tests"; exit 5; }
+  case "${LD_LIBRARY_PATH:-}" in "${FAKE_NCCL230:-none}"*) ;; *) echo "NCCL 2.28: no device API"; exit 5 ;; esac
+  echo "host: NCCL INFO GIN/Plugin: Assigned plugin ${FAKE_GIN_PLUGIN:-mplane} type 2 to comm"
+fi
 num() { case "$1" in *K) echo $(( ${1%K} << 10 )) ;; *M) echo $(( ${1%M} << 20 )) ;; *) echo "$1" ;; esac; }
 b=$(num "$b"); e=$(num "$e")
 wrong=0
 [ -n "${FAKE_WRONG:-}" ] && [ "$NCCL_NET" = mplane ] && wrong=1
+[ "${FAKE_WRONG_D:-}" = "$d" ] && wrong=1
 echo "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
 # alltoall of sizes below one element per rank: a row of size 0 for each such size
 if [ "$(basename "$0")" = alltoall_perf ]; then
   for z in 1 2; do printf "%12d %12d %9s %7s %7d %8.2f %7.2f %7.2f %6d %8.2f %7.2f %7.2f %6d\n" 0 0 float none -1 0.3 0 0 0 0.3 0 0 0; done
 fi
 for ((s = b; s <= e; s *= f)); do
-  awk -v s=$s -v net="$NCCL_NET" -v th="${NCCL_SOCKET_NTHREADS:-}" -v w=$wrong -v slow="${FAKE_SLOW:-}" -v triple="$triple" 'BEGIN {
+  awk -v s=$s -v net="$NCCL_NET" -v th="${NCCL_SOCKET_NTHREADS:-}" -v w=$wrong -v slow="${FAKE_SLOW:-}" -v triple="$triple" -v d=$d 'BEGIN {
     if (net == "mplane") t = 10 + s / 10000; else if (th == "") t = 20 + s / 10000; else t = 10 + s / 10000 * (th == 2 ? 1.5 : 2)
+    if (d == 4) t = t + 5; else if (d == 3) t = 2 * (t + 5)
     if (slow != "") t = 2 * t
     if (triple != "") t = 3 * t
     bw = s / t / 1000
@@ -75,6 +88,8 @@ done
 EOF
 chmod +x "$work/bin/"* "$work/nt/fake_perf"
 for t in sendrecv all_reduce alltoall; do ln -s fake_perf "$work/nt/${t}_perf"; done
+mkdir -p "$work/gin" "$work/nccl230" # the GIN sweep's own nccl-tests, and its NCCL's lib dir
+cp "$work/nt/fake_perf" "$work/gin/alltoall_perf"
 touch "$work/plugin.so"
 export PATH="$work/bin:$PATH" NCCL_TESTS_DIR="$work/nt" MPIRUN="$work/bin/mpirun"
 bench() { "$script" --plugin "$work/plugin.so" --no-mps --rounds 2 --time "-b 1K -e 1M -f 32" --bw "-b 32M -e 64M -f 2" \
@@ -148,3 +163,95 @@ for bad in "--rounds 0" "--grid most" "--env NOEQUALS" "--tests bogus"; do
   { [ $rc = 2 ] && echo "$out" | grep -q -- "${bad%% *}\|bogus_perf"; } || fail "'$bad': rc $rc: $out"
 done
 echo "PASS: no GPU skips, bad arguments refused"
+
+# --gin: the host path, -D 3 and -D 4 of alltoall in every round, from the GIN nccl-tests with NCCL
+# 2.30 first on the library path; --time "" --bw "" runs the GIN sweep alone (no other nccl-tests).
+gin() { env -u NCCL_TESTS_DIR FAKE_GIN_DIR="$work/gin" FAKE_NCCL230="$work/nccl230" "$@"; }
+gin_bench() { gin "$script" --plugin "$work/plugin.so" --no-mps --out "$work/out" --time "" --bw "" "$@" 2>&1; }
+out=$(FAKE_ARGS="$work/args" gin_bench --rounds 2 --gin "-b 1K -e 4M -f 64" --gin-tests-dir "$work/gin" \
+  --gin-nccl-lib "$work/nccl230") || fail "the GIN run failed: $out"
+# 2 rounds x 3 runs, each with alltoall's 2 rows of size 0 and 3 sizes; the warm-up from the GIN nccl-tests
+[ "$(grep -c ' gin ' "$work/out/rows.txt")" = $((2 * 3 * 5)) ] || fail "GIN rows: $(cat "$work/out/rows.txt")"
+[ "$(grep -c '^0 warmup mplane alltoall ' "$work/out/rows.txt")" = 3 ] || fail "no GIN warm-up: $(cat "$work/out/rows.txt")"
+[ "$(grep -c "^gin -g 1 -b 1K -e 4M -f 64 -R 2 LD=$work/nccl230" "$work/args")" = 2 ] || fail "host path runs: $(cat "$work/args")"
+for d in 3 4; do
+  [ "$(grep -c "^gin -g 1 -b 1K -e 4M -f 64 -R 2 -D $d LD=$work/nccl230" "$work/args")" = 2 ] || fail "-D $d runs: $(cat "$work/args")"
+done
+# 1 KiB: 10.1 / 30.2 / 15.1 us; 64 KiB: 16.6 / 43.1 / 21.6 (43.11 / 21.55: the highest -D 3 ratio); 4 MiB: 429.4 / 868.9 / 434.4
+echo "$out" | grep -q "^GIN: alltoall through mplane with -R 2, out-of-place time in us, median of the runs (-D 0: 2, -D 3: 2, -D 4: 2)$" || fail "GIN header: $out"
+echo "$out" | grep -qE '^ +1 KiB +10\.1 +30\.2 +15\.1 +1\.50x +2\.00x$' || fail "no GIN 1 KiB row: $out"
+echo "$out" | grep -qE '^ +64 KiB +16\.6 +43\.1 +21\.6 +1\.30x +2\.00x$' || fail "no GIN 64 KiB row: $out"
+echo "$out" | grep -qE '^ +4 MiB +429\.4 +868\.9 +434\.4 +1\.01x +2\.00x$' || fail "no GIN 4 MiB row: $out"
+echo "$out" | grep -q "^GIN -D 4 <= 2x -D 0 up to 64 KiB: met (highest 1.50x at 1 KiB)$" || fail "GIN small-size verdict: $out"
+echo "$out" | grep -q "^GIN -D 4 <= 1.2x -D 0 from 2 MiB to 16 MiB: met (highest 1.01x at 4 MiB)$" || fail "GIN large-size verdict: $out"
+echo "$out" | grep -q "^GIN -D 3 <= 1.5x -D 4: NOT met at 3 of 3 sizes (highest 2.00x at 64 KiB)$" || fail "GIN -D 3 verdict: $out"
+echo "$out" | grep -q "^GIN 0 wrong values: met (6 runs)$" || fail "GIN wrong-values verdict: $out"
+echo "$out" | grep -q "time <= NCCL Socket" && fail "a time verdict without a time sweep: $out"
+echo "PASS: GIN sweep alone"
+
+# The GIN sweep beside the others: the time sweep's tests from NCCL_TESTS_DIR, the GIN runs from theirs.
+out=$(FAKE_GIN_DIR="$work/gin" FAKE_NCCL230="$work/nccl230" bench --tests sendrecv --bw "" --gin "-b 1K -e 1K" \
+  --gin-tests-dir "$work/gin" --gin-nccl-lib "$work/nccl230") || fail "the time and GIN run failed: $out"
+echo "$out" | grep -q "time <= NCCL Socket's default: met" || fail "time verdict beside GIN: $out"
+echo "$out" | grep -q "^GIN 0 wrong values: met (6 runs)$" || fail "GIN beside the time sweep: $out"
+echo "PASS: GIN sweep beside the time sweep"
+
+# The default nccl-tests against NCCL 2.28 (no --gin-nccl-lib): -D fails, the script names each
+# refused run, the targets read as not measured, and it exits 1.
+out=$(gin_bench --rounds 1 --warmup "" --gin "-b 1K -e 1K" --gin-tests-dir "$work/nt") && fail "-D without NCCL 2.30 was taken: $out"
+echo "$out" | grep -q "FAIL: d3 alltoall round 1: exit status 5" || fail "the -D 3 failure: $out"
+echo "$out" | grep -q "^GIN runs refused: -D 3 round 1 (exit status 5), -D 4 round 1 (exit status 5)$" || fail "refused runs: $out"
+echo "$out" | grep -q "^GIN -D 4 <= 2x -D 0 up to 64 KiB: NOT met at 1 of 1 sizes, 1 of them not measured$" || fail "unmeasured: $out"
+echo "$out" | grep -q "^GIN -D 4 <= 1.2x -D 0 from 2 MiB to 16 MiB: not measured (no such size in the sweep)$" || fail "no large size: $out"
+# wrong values under -D 3 refuse those runs and the verdict names them; GIN on another plugin is refused
+out=$(FAKE_WRONG_D=3 gin_bench --rounds 2 --warmup "" --gin "-b 1K -e 1K" --gin-tests-dir "$work/gin" \
+  --gin-nccl-lib "$work/nccl230") && fail "wrong values were taken: $out"
+echo "$out" | grep -q "^GIN 0 wrong values: NOT met: -D 3 round 1, -D 3 round 2$" || fail "GIN wrong values: $out"
+out=$(FAKE_GIN_PLUGIN=ib gin_bench --rounds 1 --warmup "" --gin "-b 1K -e 1K" --gin-tests-dir "$work/gin" \
+  --gin-nccl-lib "$work/nccl230") && fail "GIN on another plugin was taken: $out"
+echo "$out" | grep -q "FAIL: d4 alltoall round 1: GIN assigned to another plugin" || fail "GIN plugin: $out"
+echo "PASS: GIN runs refused"
+
+# --summarize of a rows file as the GIN sweep writes it: medians, a missing median, a refused run.
+cat >"$work/gin-rows.txt" <<'ROWS'
+# round sweep config test size time_us busbw_GBps wrong
+1 gin d0 alltoall 32 30.0 0.00 0
+2 gin d0 alltoall 32 34.0 0.00 0
+3 gin d0 alltoall 32 32.0 0.00 0
+1 gin d3 alltoall 32 1500.0 0.00 0
+3 gin d3 alltoall 32 1700.0 0.00 0
+1 gin d4 alltoall 32 1200.0 0.00 0
+2 gin d4 alltoall 32 1300.0 0.00 0
+3 gin d4 alltoall 32 1250.0 0.00 0
+1 gin d0 alltoall 2097152 280.0 7.49 0
+1 gin d3 alltoall 2097152 420.0 4.99 0
+1 gin d4 alltoall 2097152 300.0 6.99 0
+1 gin d0 alltoall 8388608 700.0 11.98 0
+1 gin d4 alltoall 8388608 1000.0 8.39 0
+# failed 2 gin d3 alltoall exit status 124
+ROWS
+out=$("$script" --summarize "$work/gin-rows.txt") || fail "--summarize of GIN rows failed: $out"
+echo "$out" | grep -q "median of the runs (-D 0: 3, -D 3: 2, -D 4: 3)$" || fail "GIN run counts: $out"
+echo "$out" | grep -qE '^ +32 B +32\.0 +1600\.0 +1250\.0 +39\.06x +1\.28x$' || fail "GIN 32 B row: $out"
+echo "$out" | grep -qE '^ +8 MiB +700\.0 +- +1000\.0 +1\.43x +- *$' || fail "GIN 8 MiB row without -D 3: $out"
+echo "$out" | grep -q "^GIN -D 4 <= 2x -D 0 up to 64 KiB: NOT met at 1 of 1 sizes (highest 39.06x at 32 B)$" || fail "small: $out"
+echo "$out" | grep -q "^GIN -D 4 <= 1.2x -D 0 from 2 MiB to 16 MiB: NOT met at 1 of 2 sizes (highest 1.43x at 8 MiB)$" || fail "large: $out"
+echo "$out" | grep -q "^GIN -D 3 <= 1.5x -D 4: NOT met at 1 of 3 sizes, 1 of them not measured (highest 1.40x at 2 MiB)$" || fail "-D 3: $out"
+echo "$out" | grep -q "^GIN 0 wrong values: met (8 runs)$" || fail "wrong values: $out"
+echo "$out" | grep -q "^GIN runs refused: -D 3 round 2 (exit status 124)$" || fail "refused: $out"
+echo "PASS: GIN --summarize"
+
+# The GIN options refused where they cannot run: exit 2, naming what is wrong.
+gin_refused() { # TEXT OPTION...: refused with TEXT in the message
+  local want=$1 rc
+  shift
+  out=$(gin_bench "$@"); rc=$?
+  { [ $rc = 2 ] && echo "$out" | grep -qF -- "$want"; } || fail "'$*': rc $rc: $out"
+}
+gin_refused "leave out '-D'" --gin "-b 8 -D 4"
+gin_refused "leave out '-R'" --gin "-b 8 -R 1"
+gin_refused "belong to the GIN sweep" --gin-tests-dir "$work/gin"
+gin_refused "no alltoall_perf in '$work/none'" --gin "-b 8" --gin-tests-dir "$work/none"
+gin_refused "--gin-nccl-lib '$work/none': no such directory" --gin "-b 8" --gin-tests-dir "$work/gin" --gin-nccl-lib "$work/none"
+gin_refused "nothing to run" --gin ""
+echo "PASS: GIN options refused"
