@@ -30,7 +30,8 @@
 #                      through mplane with -R 2 (GIN needs symmetric registration), as the host path
 #                      (no -D), as -D 3 (GIN to every rank) and as -D 4 (LSA to itself, GIN to the
 #                      other), in every round; a table of the medians and their ratios, and verdicts
-#                      against the GIN targets (docs/gin.md). Leave -D and -R out of ARGS.
+#                      against the GIN targets (docs/gin.md). Leave -D and -R out of ARGS;
+#                      --env applies to these runs, --variant does not
 #                      --time "" --bw "" --gin "ARGS" runs the GIN sweep alone
 #   --gin-tests-dir DIR  nccl-tests (MPI=1) of the GIN sweep, built against NCCL 2.30+ (-D needs its
 #                      device API); default NCCL_TESTS_DIR
