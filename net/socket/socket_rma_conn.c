@@ -563,8 +563,9 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
 static void send_queued_locked(struct mpr_conn *c) {
   struct mpr_out o[MPR_BATCH];
   int n = take_batch(c, o, 1);
-  /* What is left behind a copy still under way stays rmaProgress's to send (no writer wake-up). */
-  c->deferred = c->q_head && staged_pending(c->q_head);
+  /* What is left behind a copy out of GPU memory stays rmaProgress's to send, no writer wake-up
+   * (whether the copy has completed by now or not: it may have, since take_batch looked). */
+  c->deferred = c->q_head && c->q_head->staged;
   if (n == 0) {
     pthread_mutex_unlock(&c->lock);
     return;
