@@ -358,6 +358,9 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   }
   s->g = g;
   s->ncontexts = o->ncontexts;
+  size_t peers = 0;
+  for (int p = 0; p < g->nranks; p++) peers += p != g->rank && is_connected_peer(g, o->rank_stride, p);
+  mpr_ctxset_size_rings(s, (size_t)o->ncontexts * (peers + 2)); /* + the rank's own pair */
   s->epfd = epoll_create1(EPOLL_CLOEXEC);
   ncclResult_t res = s->epfd >= 0 ? ncclSuccess : ncclSystemError;
   struct mpr_handle mine, *all = calloc((size_t)g->nranks, sizeof(*all));

@@ -97,9 +97,15 @@ struct mpr_stage {
  * for such a copy): space is taken in order and given back in order, a landing piece once its copy
  * into GPU memory completed, a send's once its bytes were sent. */
 #define MPR_RING_ENTRIES 256
-#define MPR_PIECE (512u << 10)  /* a landing copy into GPU memory: pieces of a large put overlap */
-#define MPR_LRING (2u << 20)    /* a connection's landing ring */
-#define MPR_SRING (1u << 20)    /* a connection's ring for GPU data it sends from NCCL's thread */
+#define MPR_PIECE (512u << 10)  /* at most, a landing copy into GPU memory: pieces of a large put overlap */
+/* A connection's pinned rings and writer stage: the most each may take, and the least. A context
+ * set with many connections (NCCL EP asks for 128 contexts) shares out a budget instead, so the
+ * pinned memory of a process stays bounded (mpr_ctxset's sizes). */
+#define MPR_LRING_MAX (2u << 20)   /* landing ring */
+#define MPR_SRING_MAX (1u << 20)   /* GPU data sent from NCCL's thread (records of up to 64 KiB) */
+#define MPR_RING_MIN (256u << 10)
+#define MPR_WSTAGE_MIN (512u << 10)
+#define MPR_RING_BUDGET (64u << 20) /* per context set, for each of landing rings and writer stages; half for send rings */
 struct mpr_ring {
   char *p;
   size_t size;
@@ -175,6 +181,7 @@ struct mpr_ctxset {
   int has_error;           /* atomic: a connection failed or an op was refused */
   int epfd;                /* every connection's socket, for rmaProgress to find the readable ones */
   uint64_t progress_ns;    /* atomic: the last rmaProgress call (0: never) */
+  size_t lring_size, sring_size, wstage_size; /* each connection's (mpr_ctxset_size_rings) */
 };
 
 enum mpr_req_kind { MPR_K_PUT = 1, MPR_K_GET, MPR_K_ACK, MPR_K_GET_RESP, MPR_K_BYE,
@@ -211,6 +218,8 @@ int mpr_win_write(const struct mpr_win *w, uint64_t off, const void *src, size_t
 int mpr_win_read(const struct mpr_win *w, uint64_t off, void *dst, size_t n);
 
 /* ---- socket_rma_conn.c: connections ---- */
+/* Share the pinned-memory budget among a context set's nconn connections. */
+void mpr_ctxset_size_rings(struct mpr_ctxset *s, size_t nconn);
 struct mpr_conn *mpr_conn_new(struct mpr_ctxset *s, int context, int peer, int fd);
 /* Watch it for rmaProgress and start its reader and writer threads. */
 ncclResult_t mpr_conn_start(struct mpr_conn *c);

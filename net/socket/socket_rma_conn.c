@@ -100,6 +100,15 @@ static void stage_free(struct mpr_stage *s) {
 }
 
 /* ---- rings of pinned memory for asynchronous GPU copies ---- */
+static size_t clamp_size(size_t v, size_t lo, size_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+void mpr_ctxset_size_rings(struct mpr_ctxset *s, size_t nconn) {
+  if (nconn == 0) nconn = 1;
+  s->lring_size = clamp_size(MPR_RING_BUDGET / nconn, MPR_RING_MIN, MPR_LRING_MAX);
+  s->sring_size = clamp_size(MPR_RING_BUDGET / 2 / nconn, MPR_RING_MIN, MPR_SRING_MAX);
+  s->wstage_size = clamp_size(MPR_RING_BUDGET / nconn, MPR_WSTAGE_MIN, MPR_STAGE);
+}
+
 static int ring_ready(struct mpr_ring *g, size_t size, int gpu) {
   if (!g->p && (g->p = mplane_cuda_host_alloc(gpu, size))) {
     g->size = size;
@@ -146,8 +155,8 @@ static uint64_t ring_oldest_seq(const struct mpr_ring *g) {
 
 /* GPU data of a large record, from the writer thread: the stage's two halves take turns, the copy of
  * one piece out of GPU memory running while the piece before it is written. 0 ok, -1 socket, -2 copy. */
-static int send_pipelined(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char *buf) {
-  const size_t half = MPR_STAGE / 2;
+static int send_pipelined(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, char *buf, size_t size) {
+  const size_t half = size / 2;
   uint64_t seq[2] = {0, 0};
   size_t len[2] = {0, 0};
   for (int cur = 0;; cur ^= 1) {
@@ -166,13 +175,13 @@ static int send_pipelined(int fd, const struct mpr_win *w, uint64_t off, uint64_
   }
 }
 
-static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, struct mpr_stage *stage) {
+static int send_from(int fd, const struct mpr_win *w, uint64_t off, uint64_t n, struct mpr_stage *stage, size_t size) {
   if (w->gpu < 0) return n == 0 ? 0 : mplane_rma_write_all(fd, w->base + off, n);
-  char *buf = stage_get(stage, MPR_STAGE, w->gpu);
+  char *buf = stage_get(stage, size, w->gpu);
   if (!buf) return -1;
-  if (stage->pinned && mplane_cuda_async_ok(w->gpu)) return send_pipelined(fd, w, off, n, buf);
+  if (stage->pinned && mplane_cuda_async_ok(w->gpu)) return send_pipelined(fd, w, off, n, buf, size);
   while (n) {
-    size_t step = n < MPR_STAGE ? n : MPR_STAGE;
+    size_t step = n < size ? n : size;
     if (mpr_win_read(w, off, buf, step) != 0) return -2;
     if (mplane_rma_write_all(fd, buf, step) != 0) return -1;
     off += step;
@@ -331,7 +340,7 @@ static int write_batch(struct mpr_conn *c, const struct mpr_out *o, int n) {
       if (k && mps_sendv_all(c->fd, iov, k) != 0) return -1;
       k = 0;
       if (mplane_rma_write_all(c->fd, &o[i].m, sizeof(o[i].m)) != 0) return -1;
-      int rc = send_from(c->fd, &o[i].src, o[i].src_off, o[i].m.size, &c->wstage);
+      int rc = send_from(c->fd, &o[i].src, o[i].src_off, o[i].m.size, &c->wstage, c->set->wstage_size);
       if (rc != 0) return rc;
       continue;
     }
@@ -498,7 +507,7 @@ static void send_queued_locked(struct mpr_conn *c);
  * Lock held. */
 static int stage_out_locked(struct mpr_conn *c, struct mpr_req *r) {
   int gpu = r->src.gpu;
-  if (!mplane_cuda_async_ok(gpu) || !ring_ready(&c->sring, MPR_SRING, gpu)) return 0;
+  if (!mplane_cuda_async_ok(gpu) || !ring_ready(&c->sring, c->set->sring_size, gpu)) return 0;
   uint64_t head = c->sring.head;
   char *p = ring_take(&c->sring, r->m.size);
   if (!p) return 0;
@@ -821,10 +830,10 @@ static void stage_flush(struct mpr_conn *c) {
 }
 
 /* Landing-ring space for the next piece of a GPU window's bytes: waits for the oldest copy only
- * while the ring is full (MPR_LRING bytes in flight). NULL: no ring, or the GPU stopped completing. */
+ * while the ring is full (all of it in flight). NULL: no ring, or the GPU stopped completing. */
 static char *landing_piece(struct mpr_conn *c, size_t n) {
   struct mpr_rd *d = &c->in;
-  if (!ring_ready(&c->lring, MPR_LRING, d->w.gpu)) return NULL;
+  if (!ring_ready(&c->lring, c->set->lring_size, d->w.gpu)) return NULL;
   for (;;) {
     ring_reclaim(&c->lring, mplane_cuda_lane_done(d->w.gpu));
     char *p = ring_take(&c->lring, n);
@@ -844,7 +853,8 @@ static char *data_dst(struct mpr_conn *c, size_t *room) {
   }
   if (d->land && !d->cuda_bad && (d->sbuf || mplane_cuda_async_ok(d->w.gpu))) {
     if (!d->sbuf) {
-      d->scap = d->left < MPR_PIECE ? d->left : MPR_PIECE;
+      size_t piece = c->set->lring_size / 4 < MPR_PIECE ? c->set->lring_size / 4 : MPR_PIECE;
+      d->scap = d->left < piece ? d->left : piece;
       if (!(d->sbuf = landing_piece(c, d->scap))) {
         d->cuda_bad = 1; /* the rest is read and dropped, the put refused */
         return data_dst(c, room);
