@@ -65,6 +65,7 @@
  * MPLANE_RMA_EXPECT_RANK_PLANES=p0,p1,...: the ranks' planes; with MPLANE_STATS_FILE, alltoall checks
  * that each plane's record holds exactly the bytes put on connections it carries (a rank's puts to a
  * peer on another plane leave from its NIC on the peer's plane: that plane's record, relayed). */
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -74,7 +75,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -98,6 +102,9 @@ struct shared {
   volatile long rounds; /* the reusable barrier of barrier_round */
   volatile pid_t pids[MAX_RANKS];
   volatile int expect_killed; /* stall: this rank + 1 ends by SIGKILL, as the scenario means it to */
+  uint64_t t0_ns;              /* proxyloop: when rank 0 posted the first signal of a burst */
+  int tcp_port;                /* proxyloop: rank 0's raw TCP listener */
+  volatile double seen_us;     /* proxyloop: rank 1's median burst arrival (set before a barrier) */
 };
 
 static struct shared *shm;
@@ -999,6 +1006,216 @@ static void scenario_rate(void) {
   teardown(&e);
 }
 
+/* ---- proxyloop: NCCL's GIN proxy loop, timed (a benchmark, suite bench; 2 ranks, host windows) ----
+ * Each pass does what NCCL 2.30's proxy thread does: test() every open request, post at most one
+ * op, call rmaProgress once, yield. Measured against the one-sided path's targets:
+ *   a pass that posts a signal-only putSignal costs <= 1 us (median, beside an idle pass);
+ *   64 signals posted one per pass are all seen by the peer within 200 us of the first post;
+ *   a signal round trip (each side posts once it has seen the other's) <= 2x a 1-byte TCP
+ *   ping-pong between the same two processes, polled the same way (MSG_DONTWAIT, yield);
+ *   put+signal round trips of 8 KiB and 1 MiB beside TCP ping-pongs of those sizes.
+ * It prints the numbers and a verdict per target; it fails only when an op fails or a value is
+ * wrong, never on time. */
+struct ploop {
+  struct env *e;
+  void *open[512];
+  int nopen;
+  double pass_us; /* the last pass, without its yield */
+};
+
+static void ploop_test_all(struct ploop *l) {
+  for (int i = 0; i < l->nopen;) {
+    int done = 0;
+    CHECK(rma->test(l->e->cc, l->open[i], &done));
+    if (done) l->open[i] = l->open[--l->nopen];
+    else i++;
+  }
+}
+
+/* One pass; with `post` set, it posts one signal-only putSignal (or a put of `size` bytes with its
+ * signal) to `peer`, adding 1 to the peer's word `word`. */
+static void ploop_pass(struct ploop *l, int post, int peer, int word, size_t size) {
+  double t0 = now_s();
+  ploop_test_all(l);
+  if (post) {
+    if (l->nopen == (int)(sizeof(l->open) / sizeof(l->open[0]))) die("proxyloop: too many open requests");
+    CHECK(rma->iputSignal(l->e->rc, 0, 0, size ? l->e->mh_src : NULL, size, 0, size ? l->e->mh_recv : NULL,
+                          (uint32_t)peer, (uint64_t)word * 8, l->e->mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD, true,
+                          &l->open[l->nopen]));
+    l->nopen++;
+  }
+  if (rma->rmaProgress(l->e->rc) != ncclSuccess) die("rmaProgress failed");
+  l->pass_us = (now_s() - t0) * 1e6; /* the yield is the loop's, not the pass's */
+  sched_yield();
+}
+
+static void ploop_drain(struct ploop *l) {
+  double t0 = now_s();
+  while (l->nopen) {
+    if (now_s() - t0 > DEADLINE_S) die("proxyloop: %d requests not done", l->nopen);
+    ploop_pass(l, 0, 0, 0, 0);
+  }
+}
+
+/* Pass until the local word reaches want. */
+static void ploop_wait_word(struct ploop *l, int word, uint64_t want) {
+  double t0 = now_s();
+  while (__atomic_load_n(&l->e->sig[word], __ATOMIC_ACQUIRE) < want) {
+    if (now_s() - t0 > DEADLINE_S) die("proxyloop: word %d is %llu, expected %llu", word,
+                                       (unsigned long long)l->e->sig[word], (unsigned long long)want);
+    ploop_pass(l, 0, 0, 0, 0);
+  }
+}
+
+static double median_of(double *v, int n) {
+  qsort(v, (size_t)n, sizeof(v[0]), cmp_double);
+  return v[n / 2];
+}
+
+/* 64 signals one per pass: rank 0 times its passes, rank 1 the arrival of the 64th. */
+static void ploop_burst(struct ploop *l, double *post_med, double *idle_med, double *seen_med) {
+  enum { ROUNDS = 40, BURST = 64 };
+  static double post[ROUNDS * BURST], idle[ROUNDS * BURST], seen[ROUNDS];
+  int np = 0, ni = 0;
+  for (int k = 0; k < ROUNDS; k++) {
+    barrier_round(2 * k);
+    if (g_rank == 0) {
+      for (int i = 0; i < 8; i++) { /* idle passes, timed the same way */
+        ploop_pass(l, 0, 0, 0, 0);
+        idle[ni++] = l->pass_us;
+      }
+      __atomic_store_n(&shm->t0_ns, (uint64_t)(now_s() * 1e9), __ATOMIC_RELEASE);
+      for (int i = 0; i < BURST; i++) {
+        ploop_pass(l, 1, 1, 1, 0);
+        post[np++] = l->pass_us;
+      }
+      ploop_drain(l);
+    } else {
+      ploop_wait_word(l, 1, (uint64_t)(k + 1) * BURST);
+      seen[k] = now_s() * 1e6 - (double)__atomic_load_n(&shm->t0_ns, __ATOMIC_ACQUIRE) / 1e3;
+      ploop_drain(l);
+    }
+    barrier_round(2 * k + 1);
+  }
+  if (g_rank == 0) {
+    *post_med = median_of(post, np);
+    *idle_med = median_of(idle, ni);
+  } else *seen_med = median_of(seen, ROUNDS);
+}
+
+/* Round trips of a put of `size` bytes (0: a signal alone) with its signal, each side answering once
+ * it has seen the other's signal on word 2 + (size != 0). Rank 0 returns the median and p99 (us). */
+static void ploop_pingpong(struct ploop *l, size_t size, int n, double *med, double *p99) {
+  static double rtt[4000];
+  int word = size ? 3 : 2, peer = 1 - g_rank;
+  uint64_t base = __atomic_load_n(&l->e->sig[word], __ATOMIC_ACQUIRE);
+  for (int k = 0; k < n; k++) {
+    double a = now_s();
+    if (g_rank == 1) ploop_wait_word(l, word, base + (uint64_t)k + 1);
+    ploop_pass(l, 1, peer, word, size);
+    if (g_rank == 0) ploop_wait_word(l, word, base + (uint64_t)k + 1);
+    rtt[k] = (now_s() - a) * 1e6;
+  }
+  ploop_drain(l);
+  qsort(rtt, (size_t)n, sizeof(rtt[0]), cmp_double);
+  *med = rtt[n / 2];
+  *p99 = rtt[n * 99 / 100];
+}
+
+/* A TCP connection between ranks 0 and 1 over loopback, non-blocking. */
+static int tcp_pair(void) {
+  int fd = -1;
+  if (g_rank == 0) {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(l, 1) != 0 ||
+        getsockname(l, (struct sockaddr *)&a, &al) != 0)
+      die("raw TCP listener: %s", strerror(errno));
+    __atomic_store_n(&shm->tcp_port, (int)ntohs(a.sin_port), __ATOMIC_RELEASE);
+    fd = accept(l, NULL, NULL);
+    close(l);
+  } else {
+    double t0 = now_s();
+    while (!__atomic_load_n(&shm->tcp_port, __ATOMIC_ACQUIRE))
+      if (now_s() - t0 > DEADLINE_S) die("raw TCP: no listener");
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                            .sin_port = htons((uint16_t)__atomic_load_n(&shm->tcp_port, __ATOMIC_ACQUIRE))};
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) die("raw TCP connect: %s", strerror(errno));
+  }
+  if (fd < 0) die("raw TCP accept: %s", strerror(errno));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+static void tcp_move(int fd, char *buf, size_t n, int out) {
+  double t0 = now_s();
+  for (size_t got = 0; got < n;) {
+    ssize_t r = out ? send(fd, buf + got, n - got, MSG_DONTWAIT | MSG_NOSIGNAL) : recv(fd, buf + got, n - got, MSG_DONTWAIT);
+    if (r > 0) got += (size_t)r;
+    else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) die("raw TCP: %s", strerror(errno));
+    else if (now_s() - t0 > DEADLINE_S) die("raw TCP ping-pong stuck");
+    else sched_yield();
+  }
+}
+
+static void tcp_pingpong(int fd, size_t size, int n, double *med, double *p99) {
+  static double rtt[4000];
+  char *buf = calloc(1, size);
+  if (!buf) die("no memory");
+  for (int k = 0; k < n; k++) {
+    double a = now_s();
+    if (g_rank == 1) tcp_move(fd, buf, size, 0);
+    tcp_move(fd, buf, size, 1);
+    if (g_rank == 0) tcp_move(fd, buf, size, 0);
+    rtt[k] = (now_s() - a) * 1e6;
+  }
+  free(buf);
+  qsort(rtt, (size_t)n, sizeof(rtt[0]), cmp_double);
+  *med = rtt[n / 2];
+  *p99 = rtt[n * 99 / 100];
+}
+
+static const char *verdict(int met) { return met ? "met" : "NOT met"; }
+
+static void scenario_proxyloop(void) {
+  if (g_n != 2) die("proxyloop needs 2 ranks");
+  struct env e = {0};
+  setup(&e, 1);
+  struct ploop l = {.e = &e};
+  int fd = tcp_pair();
+  double post = 0, idle = 0, seen = 0;
+  ploop_burst(&l, &post, &idle, &seen);
+  if (g_rank == 1) shm->seen_us = seen;
+  barrier(2);
+  static const size_t sizes[] = {0, 8192, 1u << 20};
+  double m[3], p[3], tm[3], tp[3];
+  for (int i = 0; i < 3; i++) { /* interleaved: the plugin's round trips, then raw TCP's, per size */
+    int n = sizes[i] >= (1u << 20) ? 200 : 2000;
+    ploop_pingpong(&l, sizes[i], n, &m[i], &p[i]);
+    barrier(3 + 2 * i);
+    tcp_pingpong(fd, sizes[i] ? sizes[i] : 1, n, &tm[i], &tp[i]);
+    barrier(4 + 2 * i);
+  }
+  if (g_rank == 0) {
+    seen = shm->seen_us;
+    printf("proxyloop: a pass posting a signal %.2f us (median), an idle pass %.2f us: %s (<= 1 us)\n", post, idle,
+           verdict(post <= 1.0));
+    printf("proxyloop: 64 signals, one per pass, all seen by the peer after %.1f us (median of 40): %s (<= 200 us)\n",
+           seen, verdict(seen <= 200.0));
+    for (int i = 0; i < 3; i++)
+      printf("proxyloop: round trip, %s: median %.1f us (p99 %.1f) vs raw TCP %zu B %.1f us (p99 %.1f): %.2fx%s\n",
+             sizes[i] ? (sizes[i] == 8192 ? "8 KiB put+signal" : "1 MiB put+signal") : "signal alone", m[i], p[i],
+             sizes[i] ? sizes[i] : 1, tm[i], tp[i], m[i] / tm[i],
+             sizes[i] ? "" : (m[i] <= 2 * tm[i] ? ": met (<= 2x)" : ": NOT met (<= 2x)"));
+  }
+  close(fd);
+  barrier(10);
+  teardown(&e);
+}
+
 /* SOFTVERBS_RECORD, when set: this process registered a buffer of `length` bytes through its dma-buf. */
 static void expect_dmabuf_reg(size_t length, const char *what) {
   const char *rec = getenv("SOFTVERBS_RECORD");
@@ -1446,7 +1663,7 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|dmabuf|noroute|gpurelay|staged|stagefault|eplike\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|proxyloop|dmabuf|noroute|gpurelay|staged|stagefault|eplike\n",
             MAX_RANKS);
     return 2;
   }
@@ -1456,6 +1673,7 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "stall") ? scenario_stall
                      : !strcmp(scenario, "regfail") ? scenario_regfail
                      : !strcmp(scenario, "rate") ? scenario_rate
+                     : !strcmp(scenario, "proxyloop") ? scenario_proxyloop
                      : !strcmp(scenario, "dmabuf") ? scenario_dmabuf
                      : !strcmp(scenario, "noroute") ? scenario_noroute
                      : !strcmp(scenario, "gpurelay") ? scenario_gpurelay
