@@ -243,7 +243,8 @@ static struct {
 
 /* 0: the GPU is ready; 77: there is none (the test is skipped, with the reason). */
 static int gpu_open(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  const char *libname = getenv("MPLANE_CUDA_LIB"); /* the plugin's test hook: both must load the same driver */
+  void *lib = dlopen(libname && *libname ? libname : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     printf("rank %d: no CUDA driver (%s): skipped\n", g_rank, dlerror());
     return 77;
