@@ -257,7 +257,40 @@ const size_t kStack = 256 * 1024;
  * kernel (emu_wait_flag) lets the others run meanwhile; so what a launch uses is per thread. */
 std::mutex kernel_mutex;
 thread_local Sched *S; /* the block being run on this thread */
-thread_local std::vector<char *> stacks;
+
+/* Coroutine stacks: mapped, not malloc'ed, so that only the pages a CUDA thread's stack reaches
+ * become resident (malloc under MALLOC_PERTURB_, as meson test sets it, writes every byte: 1024
+ * threads x 256 KiB = 256 MiB per rank thread); and handed back to a process-wide pool when the
+ * rank thread ends, so a test making new rank threads for every case reuses the same stacks
+ * instead of leaking theirs (this had test_ep_emu at 16.5 GiB resident). */
+std::mutex stack_pool_m;
+std::vector<char *> stack_pool;
+
+char *stack_get() {
+  {
+    std::lock_guard<std::mutex> g(stack_pool_m);
+    if (!stack_pool.empty()) {
+      char *p = stack_pool.back();
+      stack_pool.pop_back();
+      return p;
+    }
+  }
+  void *p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  if (p == MAP_FAILED) {
+    fprintf(stderr, "emu: cannot map a %zu-byte coroutine stack\n", kStack);
+    abort();
+  }
+  return (char *)p;
+}
+
+struct ThreadStacks {
+  std::vector<char *> v;
+  ~ThreadStacks() {
+    std::lock_guard<std::mutex> g(stack_pool_m);
+    stack_pool.insert(stack_pool.end(), v.begin(), v.end());
+  }
+};
+thread_local ThreadStacks stacks;
 
 int alive_in_warp(int w) {
   int a = 0;
@@ -388,7 +421,7 @@ void emu_launch(int grid, int block, size_t smem, std::function<void()> fn) {
   DevAccess dev;
   static thread_local uint64_t launches;
   launches++;
-  while (stacks.size() < (size_t)block) stacks.push_back((char *)malloc(kStack));
+  while (stacks.v.size() < (size_t)block) stacks.v.push_back(stack_get());
   gridDim = emu_dim3{(unsigned)grid, 1, 1};
   blockDim = emu_dim3{(unsigned)block, 1, 1};
   std::vector<int> order((size_t)block);
@@ -404,7 +437,7 @@ void emu_launch(int grid, int block, size_t smem, std::function<void()> fn) {
     sched.rng = 0x9E3779B97F4A7C15ull * (launches * 131 + (uint64_t)b + 1);
     for (int t = 0; t < block; t++) {
       Coro &c = sched.co[(size_t)t];
-      c.stack = stacks[(size_t)t];
+      c.stack = stacks.v[(size_t)t];
 #if EMU_ASM_SWITCH
       void **sp = (void **)(((uintptr_t)(c.stack + kStack)) & ~(uintptr_t)15);
       *--sp = nullptr;              /* the entry's return address: never used */
