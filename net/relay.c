@@ -522,6 +522,15 @@ uint64_t mplane_cuda_lane_done(int gpu) {
   return d ? __atomic_load_n(d, __ATOMIC_ACQUIRE) : 0;
 }
 
+uint64_t mplane_cuda_lane_issued(int gpu) {
+  if (gpu < 0 || gpu >= 64 || !__atomic_load_n(&signal_lanes[gpu].ready, __ATOMIC_ACQUIRE)) return 0;
+  struct cu_signal_lane *l = &signal_lanes[gpu];
+  pthread_mutex_lock(&l->lock);
+  uint64_t seq = l->seq;
+  pthread_mutex_unlock(&l->lock);
+  return seq;
+}
+
 int mplane_cuda_lane_wait(int gpu, uint64_t seq, int timeout_ms) {
   if (mplane_cuda_lane_done(gpu) >= seq) return 0;
   if (mplane_cuda_signal_flush() != 0) return -1; /* the mark may still be pending */

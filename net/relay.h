@@ -123,6 +123,9 @@ uint64_t mplane_cuda_copy_async(int gpu, void *dst, const void *src, size_t byte
 uint64_t mplane_cuda_lane_done(int gpu);
 /* Wait (polling, yielding) until the copy `seq` has completed; -1 after timeout_ms or a CUDA error. */
 int mplane_cuda_lane_wait(int gpu, uint64_t seq, int timeout_ms);
+/* The newest asynchronous copy given to the GPU's lane so far (0: none): waiting for it waits for
+ * every copy issued before, e.g. before a window's memory is given back. */
+uint64_t mplane_cuda_lane_issued(int gpu);
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
 /* Pinned (page-locked) host memory, usable by every context: copies to and from it are real DMA,
  * not staged by the driver through a buffer of its own. NULL where the driver cannot give it. */

@@ -145,6 +145,12 @@ static void group_free(struct ibr_group *g) {
 }
 
 static int dial(const struct ibr_handle *h, const struct ibr_hello *hello) {
+  char why[160];
+  if (mplane_rma_addr_check(&h->addr.sa, h->addrlen, why, sizeof(why)) != 0) {
+    MP_WARN("RMA connect: a peer's IB RMA handle is refused: %s", why);
+    errno = EINVAL;
+    return -2;
+  }
   int fd = socket(h->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   set_timeouts(fd);
@@ -155,20 +161,21 @@ static int dial(const struct ibr_handle *h, const struct ibr_hello *hello) {
   return fd;
 }
 
-static int take(int lfd, struct ibr_hello *hello) {
-  struct pollfd p = {.fd = lfd, .events = POLLIN};
-  int r;
-  do r = poll(&p, 1, ibr_timeout_ms()); while (r < 0 && errno == EINTR);
-  if (r <= 0) return -1;
-  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-  if (fd < 0) return -1;
-  set_timeouts(fd);
-  if (mplane_rma_read_all(fd, hello, sizeof(*hello)) != 0 ||
-      hello->magic != IBR_MAGIC || hello->version != IBR_VERSION) {
-    close(fd);
+/* Who may come in on the group's listener: a hello of this version from a higher rank of the group
+ * that has not connected yet (anything else is dropped, and the real peers still get in). */
+static int hello_check(const void *p, void *arg, char *why, size_t whylen) {
+  const struct ibr_hello *h = p;
+  const struct ibr_group *g = arg;
+  if (h->version != IBR_VERSION) {
+    snprintf(why, whylen, "an mplane IB RMA peer of version %u (this is %d)", h->version, IBR_VERSION);
     return -1;
   }
-  return fd;
+  if (h->nranks != g->nranks || h->rank <= g->rank || h->rank >= g->nranks || g->ctrl[h->rank] >= 0) {
+    snprintf(why, whylen, "it says it is rank %d of %d; rank %d of %d takes ranks %d..%d here, each once", h->rank,
+             h->nranks, g->rank, g->nranks, g->rank + 1, g->nranks - 1);
+    return -1;
+  }
+  return 0;
 }
 
 /* Device dev as a carrier of the group (index in *k): the signals' scratch word registered on it. */
@@ -244,24 +251,30 @@ static ncclResult_t rma_connect(void *handles[], int nranks, int rank, void *lis
       group_free(g);
       return ncclInvalidArgument;
     }
-    if ((g->ctrl[j] = dial(h, &hello)) < 0) {
-      MP_WARN("RMA connect: rank %d could not reach rank %d's control address: %s", rank, j, strerror(errno));
+    int fd = dial(h, &hello);
+    if (fd < 0) {
+      if (fd == -1) MP_WARN("RMA connect: rank %d could not reach rank %d's control address: %s", rank, j, strerror(errno));
       group_free(g);
-      return ncclRemoteError;
+      return fd == -2 ? ncclInvalidArgument : ncclRemoteError;
     }
+    g->ctrl[j] = fd;
   }
+  struct mplane_rma_gate gate;
+  char why[256];
+  mplane_rma_gate_init(&gate, l->fd, IBR_MAGIC, sizeof(struct ibr_hello), "RMA connect");
   for (int n = rank + 1; n < nranks; n++) {
     struct ibr_hello ph;
-    int fd = take(l->fd, &ph);
-    if (fd < 0 || ph.nranks != nranks || ph.rank <= rank || ph.rank >= nranks || g->ctrl[ph.rank] >= 0) {
-      MP_WARN("RMA connect: rank %d of %d: no valid peer of rank %d and up connected within MPLANE_CONNECT_TIMEOUT "
-              "(%d s)", rank, nranks, rank + 1, ibr_timeout_ms() / 1000);
-      if (fd >= 0) close(fd);
+    int fd = mplane_rma_gate_take(&gate, &ph, hello_check, g, ibr_timeout_ms(), why, sizeof(why));
+    if (fd < 0) {
+      MP_WARN("RMA connect: rank %d of %d waiting for rank %d and up: %s", rank, nranks, rank + 1, why);
+      mplane_rma_gate_close(&gate);
       group_free(g);
       return ncclRemoteError;
     }
+    set_timeouts(fd);
     g->ctrl[ph.rank] = fd;
   }
+  mplane_rma_gate_close(&gate);
   MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d of %d connected its group on %s", rank, nranks, g->d->props.name);
   *out = g;
   return ncclSuccess;

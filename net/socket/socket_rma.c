@@ -73,6 +73,17 @@ static ncclResult_t open_listener(int dev, struct mpr_handle *h, int *out_fd) {
 }
 
 static int dial(const struct mpr_handle *h, const struct mpr_hello *hello, int sl, char *why, size_t whylen) {
+  char bad[160];
+  if (h->magic != MPR_MAGIC || h->version != MPR_VERSION) {
+    snprintf(why, whylen, "its handle is not an mplane RMA handle of version %d", MPR_VERSION);
+    errno = EINVAL;
+    return -2;
+  }
+  if (mplane_rma_addr_check(&h->addr.sa, h->addrlen, bad, sizeof(bad)) != 0) {
+    snprintf(why, whylen, "its handle is refused: %s", bad);
+    errno = EINVAL;
+    return -2;
+  }
   int fd = socket(h->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     snprintf(why, whylen, "socket: %s", strerror(errno));
@@ -90,30 +101,35 @@ static int dial(const struct mpr_handle *h, const struct mpr_hello *hello, int s
   return fd;
 }
 
-/* Accept one connection and read its hello, within the connect timeout. */
-static int take(int lfd, struct mpr_hello *hello, char *why, size_t whylen) {
-  struct pollfd p = {.fd = lfd, .events = POLLIN};
-  int r;
-  do r = poll(&p, 1, mpr_timeout_ms()); while (r < 0 && errno == EINTR);
-  if (r <= 0) {
-    snprintf(why, whylen, "no peer connected within MPLANE_CONNECT_TIMEOUT (%d s)", mpr_timeout_ms() / 1000);
+/* Who may come in on a listener: a hello of this version, of the kind asked for, from a rank that
+ * should connect here and has not yet (a second hello for a place already taken is dropped). */
+struct hello_want {
+  const struct mpr_group *g;
+  int kind, ncontexts, stride;
+  struct mpr_conn *const *conns; /* createContext: the places taken so far */
+};
+
+static int hello_check(const void *p, void *arg, char *why, size_t whylen) {
+  const struct mpr_hello *h = p;
+  const struct hello_want *w = arg;
+  const struct mpr_group *g = w->g;
+  if (h->version != MPR_VERSION) {
+    snprintf(why, whylen, "an mplane RMA peer of version %u (this is %d)", h->version, MPR_VERSION);
     return -1;
   }
-  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-  if (fd < 0) {
-    snprintf(why, whylen, "accept: %s", strerror(errno));
+  if (h->kind != w->kind || h->nranks != g->nranks || h->rank <= g->rank || h->rank >= g->nranks) {
+    snprintf(why, whylen, "it says it is rank %d of %d (connection kind %u); rank %d of %d takes ranks %d..%d here",
+             h->rank, h->nranks, h->kind, g->rank, g->nranks, g->rank + 1, g->nranks - 1);
     return -1;
   }
-  mplane_rma_set_timeouts(fd, mpr_timeout_ms());
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (mplane_rma_read_all(fd, hello, sizeof(*hello)) != 0 ||
-      hello->magic != MPR_MAGIC || hello->version != MPR_VERSION) {
-    snprintf(why, whylen, "a connection that is not an mplane RMA peer of version %d", MPR_VERSION);
-    close(fd);
+  if (w->kind == 0 ? g->ctrl[h->rank] >= 0 : (h->context < 0 || h->context >= w->ncontexts ||
+                                               !is_connected_peer(g, w->stride, h->rank) ||
+                                               w->conns[h->context * g->nranks + h->rank] != NULL)) {
+    snprintf(why, whylen, "rank %d, context %d: not a place this rank connects, or taken already", h->rank,
+             h->context);
     return -1;
   }
-  return fd;
+  return 0;
 }
 
 /* ---- listen / connect (the control mesh) ---- */
@@ -148,7 +164,9 @@ static void group_free(struct mpr_group *g) {
   free(g->ctrl);
   for (uint32_t i = 0; g->wins && i < g->nwins; i++) free(g->wins[i].shadow);
   free(g->wins);
-  pthread_mutex_destroy(&g->win_lock);
+  free(g->sets);
+  pthread_rwlock_destroy(&g->win_lock);
+  pthread_mutex_destroy(&g->sets_lock);
   free(g);
 }
 
@@ -167,37 +185,42 @@ static ncclResult_t rma_connect(void *handles[], int nranks, int rank, void *lis
   g->rank = rank;
   g->nranks = nranks;
   g->dev = l->dev;
-  pthread_mutex_init(&g->win_lock, NULL);
+  /* Writers first: a deregMrSym is not kept waiting behind a stream of landings. */
+  pthread_rwlockattr_t ra;
+  pthread_rwlockattr_init(&ra);
+  pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&g->win_lock, &ra);
+  pthread_rwlockattr_destroy(&ra);
+  pthread_mutex_init(&g->sets_lock, NULL);
   for (int i = 0; i < nranks; i++) g->ctrl[i] = -1;
   char why[256];
   struct mpr_hello hello = {.magic = MPR_MAGIC, .version = MPR_VERSION, .kind = 0, .rank = rank,
                             .nranks = nranks, .context = -1};
   for (int j = 0; j < rank; j++) { /* lower ranks accept: their listeners exist before handles travel */
-    const struct mpr_handle *h = handles[j];
-    if (h->magic != MPR_MAGIC || h->version != MPR_VERSION) {
-      MP_WARN("RMA connect: the handle of rank %d is not an mplane RMA handle of version %d", j, MPR_VERSION);
-      group_free(g);
-      return ncclInvalidArgument;
-    }
-    if ((g->ctrl[j] = dial(h, &hello, -1, why, sizeof(why))) < 0) {
+    int fd = dial(handles[j], &hello, -1, why, sizeof(why));
+    if (fd < 0) {
       MP_WARN("RMA connect: rank %d to rank %d: %s", rank, j, why);
       group_free(g);
-      return ncclRemoteError;
+      return fd == -2 ? ncclInvalidArgument : ncclRemoteError;
     }
+    g->ctrl[j] = fd;
   }
+  struct mplane_rma_gate gate;
+  struct hello_want want = {.g = g, .kind = 0};
+  mplane_rma_gate_init(&gate, l->fd, MPR_MAGIC, sizeof(struct mpr_hello), "RMA connect");
   for (int n = rank + 1; n < nranks; n++) {
     struct mpr_hello ph;
-    int fd = take(l->fd, &ph, why, sizeof(why));
-    if (fd < 0 || ph.kind != 0 || ph.nranks != nranks || ph.rank <= rank || ph.rank >= nranks ||
-        g->ctrl[ph.rank] >= 0) {
-      if (fd >= 0) snprintf(why, sizeof(why), "a peer says it is rank %d of %d (kind %d)", ph.rank, ph.nranks, ph.kind);
+    int fd = mplane_rma_gate_take(&gate, &ph, hello_check, &want, mpr_timeout_ms(), why, sizeof(why));
+    if (fd < 0) {
       MP_WARN("RMA connect: rank %d of %d waiting for rank %d and up: %s", rank, nranks, rank + 1, why);
-      if (fd >= 0) close(fd);
+      mplane_rma_gate_close(&gate);
       group_free(g);
       return ncclRemoteError;
     }
+    mplane_rma_set_timeouts(fd, mpr_timeout_ms());
     g->ctrl[ph.rank] = fd;
   }
+  mplane_rma_gate_close(&gate);
   MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d of %d connected its group on %s", rank, nranks,
           mps_dev_get(l->dev)->ifname);
   *out = g;
@@ -265,12 +288,12 @@ static ncclResult_t win_memory(void *data, size_t size, int type, int *gpu) {
 
 /* Append a live window; its index is *id. */
 static ncclResult_t win_add(struct mpr_group *g, void *data, size_t size, int gpu, uint64_t *shadow, uint32_t *id) {
-  pthread_mutex_lock(&g->win_lock);
+  pthread_rwlock_wrlock(&g->win_lock);
   if (g->nwins == g->cap) {
     uint32_t cap = g->cap ? g->cap * 2 : 16;
     struct mpr_win *w = realloc(g->wins, sizeof(*w) * cap);
     if (!w) {
-      pthread_mutex_unlock(&g->win_lock);
+      pthread_rwlock_unlock(&g->win_lock);
       return ncclSystemError;
     }
     g->wins = w;
@@ -279,7 +302,7 @@ static ncclResult_t win_add(struct mpr_group *g, void *data, size_t size, int gp
   *id = g->nwins;
   g->wins[g->nwins++] = (struct mpr_win){.id = *id, .live = 1, .base = data, .size = size, .gpu = gpu,
                                           .shadow = shadow};
-  pthread_mutex_unlock(&g->win_lock);
+  pthread_rwlock_unlock(&g->win_lock);
   return ncclSuccess;
 }
 
@@ -299,9 +322,9 @@ static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int typ
   if (res == ncclSuccess) res = win_add(g, data, size, gpu, shadow, id);
   ncclResult_t ores = check_same_order(g, res == ncclSuccess ? *id : UINT32_MAX, size);
   if (res == ncclSuccess && ores != ncclSuccess) {
-    pthread_mutex_lock(&g->win_lock);
+    pthread_rwlock_wrlock(&g->win_lock);
     g->wins[*id].live = 0; /* the index stays taken (the shadow is freed with the group) */
-    pthread_mutex_unlock(&g->win_lock);
+    pthread_rwlock_unlock(&g->win_lock);
     res = ores;
   } else if (res != ncclSuccess) {
     free(shadow);
@@ -316,21 +339,75 @@ static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int typ
   return ncclSuccess;
 }
 
+/* After deregMrSym returns, its memory may be freed: no op of a peer may still write it or read it.
+ * Taking it out of service under the write lock waits for every landing or signal step under way
+ * and stops new ones (they are refused); answers still queued that would read it become refusals;
+ * writes under way end (within the timeout, or their connection is cut); copies the GPU was given
+ * for it complete. */
+static void win_quiesce(struct mpr_group *g, const struct mpr_win *w) {
+  uint64_t deadline = mplane_now_ns() + (uint64_t)mpr_timeout_ms() * 1000000ull;
+  pthread_mutex_lock(&g->sets_lock);
+  for (int k = 0; k < g->nsets; k++) {
+    struct mpr_ctxset *s = g->sets[k];
+    for (int i = 0; i < s->ncontexts * g->nranks; i++) mpr_conn_forget_win(s->conns[i], w->id, w->base, deadline);
+    for (int i = 0; i < s->ncontexts; i++) mpr_conn_forget_win(s->mirrors[i], w->id, w->base, deadline);
+  }
+  pthread_mutex_unlock(&g->sets_lock);
+  if (w->gpu >= 0 && mplane_cuda_lane_wait(w->gpu, mplane_cuda_lane_issued(w->gpu), mpr_timeout_ms()) != 0)
+    MP_WARN("RMA deregMrSym: window %u: the GPU did not complete the copies given for it within %d s", w->id,
+            mpr_timeout_ms() / 1000);
+}
+
 static ncclResult_t rma_dereg_mr_sym(void *group, void *mhandle) {
   struct mpr_group *g = group;
   uint32_t *id = mhandle;
   if (!id) return ncclSuccess;
-  pthread_mutex_lock(&g->win_lock);
-  if (*id < g->nwins) g->wins[*id].live = 0;
-  pthread_mutex_unlock(&g->win_lock);
+  struct mpr_win w = {0};
+  pthread_rwlock_wrlock(&g->win_lock);
+  int live = *id < g->nwins && g->wins[*id].live;
+  if (live) {
+    w = g->wins[*id];
+    g->wins[*id].live = 0;
+  }
+  pthread_rwlock_unlock(&g->win_lock);
+  if (live) win_quiesce(g, &w);
   free(id);
   return ncclSuccess;
+}
+
+/* The group's context sets, for win_quiesce. */
+static int sets_add(struct mpr_group *g, struct mpr_ctxset *s) {
+  pthread_mutex_lock(&g->sets_lock);
+  if (g->nsets == g->sets_cap) {
+    int cap = g->sets_cap ? 2 * g->sets_cap : 4;
+    struct mpr_ctxset **n = realloc(g->sets, sizeof(*n) * (size_t)cap);
+    if (!n) {
+      pthread_mutex_unlock(&g->sets_lock);
+      return -1;
+    }
+    g->sets = n;
+    g->sets_cap = cap;
+  }
+  g->sets[g->nsets++] = s;
+  pthread_mutex_unlock(&g->sets_lock);
+  return 0;
+}
+
+static void sets_remove(struct mpr_group *g, struct mpr_ctxset *s) {
+  pthread_mutex_lock(&g->sets_lock);
+  for (int k = 0; k < g->nsets; k++)
+    if (g->sets[k] == s) {
+      g->sets[k] = g->sets[--g->nsets];
+      break;
+    }
+  pthread_mutex_unlock(&g->sets_lock);
 }
 
 /* ---- contexts ---- */
 static ncclResult_t rma_destroy_context(void *ctx) {
   struct mpr_ctxset *s = ctx;
   if (!s) return ncclSuccess;
+  sets_remove(s->g, s);
   for (int i = 0; s->conns && i < s->ncontexts * s->g->nranks; i++) mpr_conn_destroy(s->conns[i]);
   for (int i = 0; s->mirrors && i < s->ncontexts; i++) mpr_conn_destroy(s->mirrors[i]);
   free(s->conns);
@@ -362,7 +439,7 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   for (int p = 0; p < g->nranks; p++) peers += p != g->rank && is_connected_peer(g, o->rank_stride, p);
   mpr_ctxset_size_rings(s, (size_t)o->ncontexts * (peers + 2)); /* + the rank's own pair */
   s->epfd = epoll_create1(EPOLL_CLOEXEC);
-  ncclResult_t res = s->epfd >= 0 ? ncclSuccess : ncclSystemError;
+  ncclResult_t res = s->epfd >= 0 && sets_add(g, s) == 0 ? ncclSuccess : ncclSystemError;
   struct mpr_handle mine, *all = calloc((size_t)g->nranks, sizeof(*all));
   int lfd = -1;
   char why[256];
@@ -393,21 +470,22 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
       if (fd < 0 || !(s->conns[c * g->nranks + p] = mpr_conn_new(s, c, p, fd))) {
         MP_WARN("RMA createContext: rank %d, context %d, to rank %d: %s", g->rank, c, p, fd < 0 ? why : "no memory");
         if (fd >= 0) close(fd);
-        res = ncclRemoteError;
+        res = fd == -2 ? ncclInvalidArgument : ncclRemoteError;
       }
     }
+  struct mplane_rma_gate gate;
+  struct hello_want want = {.g = g, .kind = 1, .ncontexts = o->ncontexts, .stride = o->rank_stride, .conns = s->conns};
+  mplane_rma_gate_init(&gate, lfd, MPR_MAGIC, sizeof(struct mpr_hello), "RMA createContext");
   for (int c = 0; res == ncclSuccess && c < o->ncontexts; c++) /* ... and take the higher ones */
     for (int p = g->rank + 1; res == ncclSuccess && p < g->nranks; p++) {
       if (!is_connected_peer(g, o->rank_stride, p)) continue;
       struct mpr_hello h;
-      int fd = take(lfd, &h, why, sizeof(why));
-      int ok = fd >= 0 && h.kind == 1 && h.nranks == g->nranks && h.rank > g->rank && h.rank < g->nranks &&
-               h.context >= 0 && h.context < o->ncontexts && is_connected_peer(g, o->rank_stride, h.rank) &&
-               !s->conns[h.context * g->nranks + h.rank];
-      if (fd >= 0 && !ok) snprintf(why, sizeof(why), "a peer says it is rank %d, context %d", h.rank, h.context);
+      int fd = mplane_rma_gate_take(&gate, &h, hello_check, &want, mpr_timeout_ms(), why, sizeof(why));
+      int ok = fd >= 0;
       if (ok) {
         mplane_tc_mark_socket_or_log(fd, o->service_level, "rma");
         ok = (s->conns[h.context * g->nranks + h.rank] = mpr_conn_new(s, h.context, h.rank, fd)) != NULL;
+        if (!ok) snprintf(why, sizeof(why), "no memory");
       }
       if (!ok) {
         MP_WARN("RMA createContext: rank %d waiting for its peers' connections: %s", g->rank, why);
@@ -415,6 +493,7 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
         res = ncclRemoteError;
       }
     }
+  mplane_rma_gate_close(&gate);
   for (size_t i = 0; res == ncclSuccess && i < nconn + (size_t)o->ncontexts; i++) {
     struct mpr_conn *c = i < nconn ? s->conns[i] : s->mirrors[i - nconn];
     if (c) res = mpr_conn_start(c);

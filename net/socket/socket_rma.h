@@ -76,12 +76,21 @@ struct mpr_listen {
   int dev;
 };
 
+struct mpr_ctxset;
+
 struct mpr_group {
   int rank, nranks, dev;
   int *ctrl; /* control socket per peer, -1 for self */
-  pthread_mutex_t win_lock;
+  /* Windows: read-held by every thread that touches a window's memory for a peer (a landing, a
+   * signal, a look-up), for that step only; write-held to add one and to take one out of service,
+   * so once deregMrSym holds it no such step is under way and none starts on that window again. */
+  pthread_rwlock_t win_lock;
   struct mpr_win *wins;
   uint32_t nwins, cap;
+  /* The group's context sets, so deregMrSym can find the answers still queued from a window. */
+  pthread_mutex_t sets_lock;
+  struct mpr_ctxset **sets;
+  int nsets, sets_cap;
 };
 
 struct mpr_req;
@@ -135,6 +144,7 @@ struct mpr_rd {
   size_t scap;         /* its size */
   uint64_t last_seq;   /* the last asynchronous copy of this record (0: none) */
   int cuda_bad;        /* a copy into GPU memory failed: the rest is read and dropped */
+  int gone;            /* the window was deregistered under the op: the rest is read and dropped */
   uint16_t st;         /* a put: its status so far */
   uint64_t limit;
   struct mpr_win sig;  /* a put: its checked signal window */
@@ -160,6 +170,12 @@ struct mpr_conn {
   uint64_t deferred_ns;                /* when the oldest of them was queued */
   uint64_t ops_added, ops_seen;        /* ops deferred so far; as of the previous rmaProgress */
   int held;                            /* NCCL's aggregation hint: a run of ops is being posted */
+  /* Answers to the peer's ops, queued and not yet taken for writing. A peer that sends ops and
+   * reads no answers would grow this without end: at MPR_ANSWERS_MAX the reader stops taking its
+   * records (backpressure); still there after the timeout, the connection is cut, naming the peer. */
+  int answers;                         /* lock; read without it for the reader's check */
+  uint64_t full_since_ns;              /* rlock holder: when the reader last found the answers full */
+  int drain_waiters;                   /* deregMrSym waits for the write under way (write_done wakes it) */
   pthread_mutex_t rlock;               /* held by whichever thread advances the reader below */
   pthread_cond_t rcond;                /* the reader thread rests on it while rmaProgress reads */
   struct mpr_rd in;                    /* the reader: where it is in the incoming stream */
@@ -208,6 +224,8 @@ struct mpr_req {
   char why[320];
 };
 
+#define MPR_ANSWERS_MAX 2048
+
 /* ---- socket_rma_conn.c: windows and timeouts ---- */
 int mpr_timeout_ms(void);
 /* Window id -> a copy of its record; 0 if it is not registered. */
@@ -230,6 +248,10 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r);
 /* Fail everything queued or pending on c, once (abort: and cut the socket). */
 void mpr_conn_fail(struct mpr_conn *c, const char *why);
 void mpr_conn_abort(struct mpr_conn *c, const char *why);
+/* A window is being deregistered: queued answers that would read it become refusals, queued puts of
+ * ours from it fail, and the write under way ends first (the connection is cut if the peer takes
+ * nothing until deadline_ns). */
+void mpr_conn_forget_win(struct mpr_conn *c, uint32_t win, const char *base, uint64_t deadline_ns);
 /* NCCL's aggregation hint: a run of ops to c begins (on) or ends (off: its records go out now). */
 void mpr_conn_hold(struct mpr_conn *c, int on);
 /* test() of a request still waiting: hands deferred records to the writer if rmaProgress stopped. */

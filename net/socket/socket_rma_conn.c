@@ -42,16 +42,30 @@
 /* ---- windows and time, as the target side reads them ---- */
 int mpr_timeout_ms(void) { return mplane_rma_timeout_ms(mps_config()); }
 
+/* Window id -> a copy of its record, with the windows read-held by the caller. */
+static int win_find_locked(struct mpr_group *g, uint32_t id, struct mpr_win *out) {
+  if (id >= g->nwins || !g->wins[id].live) return 0;
+  *out = g->wins[id];
+  return 1;
+}
+
 int mpr_win_get(struct mpr_group *g, uint32_t id, struct mpr_win *out) {
-  int ok = 0;
-  pthread_mutex_lock(&g->win_lock);
-  if (id < g->nwins && g->wins[id].live) {
-    *out = g->wins[id];
-    ok = 1;
-  }
-  pthread_mutex_unlock(&g->win_lock);
+  pthread_rwlock_rdlock(&g->win_lock);
+  int ok = win_find_locked(g, id, out);
+  pthread_rwlock_unlock(&g->win_lock);
   return ok;
 }
+
+/* About to touch w's memory for a peer: 1 with the windows read-held (win_leave lets go) while w is
+ * still registered; 0, nothing held, once deregMrSym took it out of service. */
+static int win_enter(struct mpr_group *g, const struct mpr_win *w) {
+  pthread_rwlock_rdlock(&g->win_lock);
+  if (w->id < g->nwins && g->wins[w->id].live && g->wins[w->id].base == w->base) return 1;
+  pthread_rwlock_unlock(&g->win_lock);
+  return 0;
+}
+
+static void win_leave(struct mpr_group *g) { pthread_rwlock_unlock(&g->win_lock); }
 
 int mpr_range_ok(const struct mpr_win *w, uint64_t off, uint64_t size) {
   return off <= w->size && size <= w->size - off;
@@ -221,6 +235,7 @@ void mpr_conn_fail(struct mpr_conn *c, const char *why) {
   c->failed = 1;
   struct mpr_req *lists[2] = {c->p_head, c->q_head};
   c->p_head = c->p_tail = c->q_head = c->q_tail = NULL;
+  __atomic_store_n(&c->answers, 0, __ATOMIC_RELAXED);
   pthread_cond_broadcast(&c->cond);
   pthread_cond_broadcast(&c->rcond);
   pthread_mutex_unlock(&c->lock);
@@ -266,6 +281,14 @@ static void append_locked(struct mpr_req **head, struct mpr_req **tail, struct m
   if (*tail) (*tail)->next = r;
   else *head = r;
   *tail = r;
+}
+
+static int is_answer(int kind) { return kind == MPR_K_ACK || kind == MPR_K_GET_RESP; }
+
+/* Queue r to be written, counting the answers waiting (the reader's backpressure). */
+static void queue_locked(struct mpr_conn *c, struct mpr_req *r) {
+  append_locked(&c->q_head, &c->q_tail, r);
+  if (is_answer(r->kind)) __atomic_store_n(&c->answers, c->answers + 1, __ATOMIC_RELAXED);
 }
 
 /* ---- the writer: requests and responses, in order ---- */
@@ -323,6 +346,7 @@ static int take_locked(struct mpr_conn *c, struct mpr_req *r, struct mpr_out *o)
     append_locked(&c->p_head, &c->p_tail, r);
     return 0;
   }
+  if (is_answer(r->kind)) __atomic_store_n(&c->answers, c->answers - 1, __ATOMIC_RELAXED);
   int bye = r->kind == MPR_K_BYE;
   free(r);
   return bye;
@@ -393,7 +417,8 @@ static void write_done(struct mpr_conn *c, const struct mpr_out *o, int n) {
   pthread_mutex_lock(&c->lock);
   c->wbusy = MPR_W_IDLE;
   if (end) ring_release(&c->sring, end);
-  if ((c->q_head && !c->deferred) || c->stop) pthread_cond_signal(&c->cond);
+  if (c->drain_waiters) pthread_cond_broadcast(&c->cond);
+  else if ((c->q_head && !c->deferred) || c->stop) pthread_cond_signal(&c->cond);
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -545,7 +570,7 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
   }
   number_locked(c, r);
   if (!small || c->wbusy || (c->q_head && !c->deferred)) { /* the writer's: big, or it is at work */
-    append_locked(&c->q_head, &c->q_tail, r);
+    queue_locked(c, r);
     c->deferred = 0;
     pthread_cond_signal(&c->cond);
     pthread_mutex_unlock(&c->lock);
@@ -558,11 +583,11 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
     if (!c->deferred) c->deferred_ns = mplane_now_ns();
     c->deferred = 1;
     c->ops_added++; /* answers too: an answer waits a pass for the op its poster may add next */
-    append_locked(&c->q_head, &c->q_tail, r);
+    queue_locked(c, r);
     pthread_mutex_unlock(&c->lock);
     return ncclSuccess;
   }
-  append_locked(&c->q_head, &c->q_tail, r);
+  queue_locked(c, r);
   send_queued_locked(c); /* unlocks */
   return ncclSuccess;
 }
@@ -664,29 +689,41 @@ static int put_done(struct mpr_conn *c) {
   struct mpr_rd *d = &c->in;
   const struct mpr_msg *m = &d->m;
   uint16_t st = d->st;
+  if (st == MPR_OK && d->gone) st = MPR_BAD_WIN; /* deregistered while its bytes came */
   if (st == MPR_OK && d->cuda_bad) st = MPR_GPU_COPY;
   uint64_t now = 0;
   /* A GPU signal follows the data on the GPU's stream; a host one must wait for it here. */
   if (st == MPR_OK && m->sig_win != MPR_NO_WIN && d->sig.gpu != d->w.gpu && landed(c) != 0) st = MPR_GPU_COPY;
-  if (st == MPR_OK && m->sig_win != MPR_NO_WIN &&
-      signal_apply(&d->sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val, &now) != 0)
-    st = MPR_GPU_COPY;
+  if (st == MPR_OK && m->sig_win != MPR_NO_WIN) {
+    if (!win_enter(c->set->g, &d->sig)) st = MPR_BAD_SIG_WIN;
+    else {
+      if (signal_apply(&d->sig, m->sig_off, m->sig_op == NCCL_NET_SIGNAL_OP_INC ? 1 : m->sig_val, &now) != 0)
+        st = MPR_GPU_COPY;
+      win_leave(c->set->g);
+    }
+  }
   MP_TRACE(NCCL_NET, "RMA served put #%llu from %s (context %d): %llu bytes at window %u offset %llu, signal %u+%llu now %llu, status %u",
            (unsigned long long)m->id, c->peer_str, c->context, (unsigned long long)m->size, m->win,
            (unsigned long long)m->off, m->sig_win, (unsigned long long)m->sig_off, (unsigned long long)now, st);
   return respond(c, MPR_K_ACK, m, st, d->limit, NULL);
 }
 
+/* The answer reads the window when it is written, so the windows stay read-held until it is queued:
+ * a deregMrSym after that finds it in the queue (mpr_conn_forget_win), none before it can miss it. */
 static int serve_get(struct mpr_conn *c, const struct mpr_msg *m) {
+  struct mpr_group *g = c->set->g;
   struct mpr_win src;
   uint64_t limit = 0;
   uint16_t st = MPR_OK;
-  if (!mpr_win_get(c->set->g, m->win, &src)) st = MPR_BAD_WIN;
+  pthread_rwlock_rdlock(&g->win_lock);
+  if (!win_find_locked(g, m->win, &src)) st = MPR_BAD_WIN;
   else if (!mpr_range_ok(&src, m->off, m->size)) {
     st = MPR_BAD_RANGE;
     limit = src.size;
   }
-  return respond(c, MPR_K_GET_RESP, m, st, limit, st == MPR_OK ? &src : NULL);
+  int rc = respond(c, MPR_K_GET_RESP, m, st, limit, st == MPR_OK ? &src : NULL);
+  pthread_rwlock_unlock(&g->win_lock);
+  return rc;
 }
 
 static const char *status_str(uint16_t st) {
@@ -701,13 +738,20 @@ static const char *status_str(uint16_t st) {
   }
 }
 
-static struct mpr_req *pending_pop(struct mpr_conn *c) {
+static void pending_unlink_locked(struct mpr_conn *c) {
+  c->p_head = c->p_head->next;
+  if (!c->p_head) c->p_tail = NULL;
+}
+
+/* The oldest op in flight, taken off the pending list (NULL: none) - except a get answered with
+ * bytes, which stays on it until they are all in (get_done), so a connection that fails while they
+ * come (a peer that dies mid-answer) fails the get with everything else. */
+static struct mpr_req *pending_take(struct mpr_conn *c, const struct mpr_msg *m) {
   pthread_mutex_lock(&c->lock);
   struct mpr_req *r = c->p_head;
-  if (r) {
-    c->p_head = r->next;
-    if (!c->p_head) c->p_tail = NULL;
-  }
+  int keep = r && r->kind == MPR_K_GET && m->type == MPR_GET_RESP && m->status == MPR_OK && m->size &&
+             r->m.id == m->id && m->size == r->m.size;
+  if (r && !keep) pending_unlink_locked(c);
   pthread_mutex_unlock(&c->lock);
   return r;
 }
@@ -715,7 +759,7 @@ static struct mpr_req *pending_pop(struct mpr_conn *c) {
 /* A response: match it to the oldest op in flight and finish that op, or (a get's bytes) start
  * reading its data. 0 ok, -1 the connection is broken (why says how). */
 static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why, size_t whylen) {
-  struct mpr_req *r = pending_pop(c);
+  struct mpr_req *r = pending_take(c, m);
   int want = m->type == MPR_ACK ? MPR_K_PUT : MPR_K_GET;
   MP_TRACE(NCCL_NET, "RMA answer #%llu from %s (context %d): type %u status %u", (unsigned long long)m->id,
            c->peer_str, c->context, m->type, m->status);
@@ -758,14 +802,25 @@ static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why,
   return 0;
 }
 
-/* A get's bytes are in place. */
+/* A get's bytes are in place: it leaves the pending list now, unless the connection failed while
+ * they came (that finished it already, and test() may have freed it). */
 static void get_done(struct mpr_conn *c) {
   struct mpr_rd *d = &c->in;
+  struct mpr_req *r = d->r;
+  d->r = NULL;
   if (!d->cuda_bad && landed(c) != 0) d->cuda_bad = 1;
-  if (d->cuda_bad)
-    mpr_req_finish(d->r, ncclSystemError, "RMA get from %s: the copy into GPU memory (window %u) failed", c->peer_str,
-               d->r->m.win);
-  else mpr_req_finish(d->r, ncclSuccess, NULL);
+  pthread_mutex_lock(&c->lock);
+  int ours = c->p_head == r && !c->failed;
+  if (ours) pending_unlink_locked(c);
+  pthread_mutex_unlock(&c->lock);
+  if (!ours) return;
+  if (d->gone)
+    mpr_req_finish(r, ncclInvalidUsage, "RMA get from %s: its local window was deregistered while the answer came; "
+                   "its bytes were dropped", c->peer_str);
+  else if (d->cuda_bad)
+    mpr_req_finish(r, ncclSystemError, "RMA get from %s: the copy into GPU memory (window %u) failed", c->peer_str,
+                   r->m.win);
+  else mpr_req_finish(r, ncclSuccess, NULL);
 }
 
 /* A whole header is in: check it and decide what its data (if any) is for. 0 ok, 1 the peer said
@@ -816,10 +871,10 @@ static int header_done(struct mpr_conn *c, char *why, size_t whylen) {
 static void stage_flush(struct mpr_conn *c) {
   struct mpr_rd *d = &c->in;
   if (d->sbuf) {
-    uint64_t seq = d->sfill && !d->cuda_bad
+    uint64_t seq = d->sfill && !d->cuda_bad && !d->gone
                        ? mplane_cuda_copy_async(d->w.gpu, d->w.base + d->off - d->sfill, d->sbuf, d->sfill, 1)
                        : 0;
-    if (d->sfill && !d->cuda_bad && !seq) d->cuda_bad = 1;
+    if (d->sfill && !d->cuda_bad && !d->gone && !seq) d->cuda_bad = 1;
     ring_set_seq(&c->lring, seq ? seq : d->last_seq); /* a dropped piece is free once the one before is */
     if (seq) d->last_seq = seq;
     d->sbuf = NULL;
@@ -890,7 +945,7 @@ static int landed(struct mpr_conn *c) {
 
 /* Data bytes from the receive buffer, or straight from the socket when the buffer is empty and
  * what is left is large. 1 took some, 0 nothing has arrived, -1 closed or broken, -2 no memory. */
-static int data_step(struct mpr_conn *c) {
+static int data_step_in(struct mpr_conn *c) {
   size_t room;
   char *dst = data_dst(c, &room);
   if (!dst) return -2;
@@ -909,6 +964,31 @@ static int data_step(struct mpr_conn *c) {
   }
   if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
   return -1;
+}
+
+/* The window was deregistered while an op's bytes came: the piece begun is dropped (its ring space
+ * comes back in turn) and the rest is read and dropped; the op is refused. */
+static void window_gone(struct mpr_conn *c) {
+  struct mpr_rd *d = &c->in;
+  d->gone = 1;
+  if (d->sbuf) stage_flush(c);
+  d->land = 0;
+  d->sfill = 0;
+}
+
+/* A step of an op's bytes, with the window held for the step (never across steps: a peer that
+ * stops mid-op keeps no deregMrSym waiting). */
+static int data_step(struct mpr_conn *c) {
+  struct mpr_rd *d = &c->in;
+  struct mpr_group *g = c->set->g;
+  if (!d->land) return data_step_in(c);
+  if (!win_enter(g, &d->w)) {
+    window_gone(c);
+    return data_step_in(c);
+  }
+  int rc = data_step_in(c);
+  win_leave(g);
+  return rc;
 }
 
 /* Refill the receive buffer without waiting. 1 has bytes, 0 nothing has arrived, -1 closed or broken. */
@@ -933,12 +1013,29 @@ static void reader_over(struct mpr_conn *c) {
 
 static int conn_pump_records(struct mpr_conn *c);
 
+/* Before the peer's next record: are MPR_ANSWERS_MAX answers to it still unsent? Then its records
+ * wait (1); once that has lasted MPLANE_CONNECT_TIMEOUT, why says the connection is to be cut. */
+static int answers_full(struct mpr_conn *c, char *why, size_t whylen) {
+  int n = __atomic_load_n(&c->answers, __ATOMIC_RELAXED);
+  if (n < MPR_ANSWERS_MAX) {
+    c->full_since_ns = 0;
+    return 0;
+  }
+  uint64_t now = mplane_now_ns();
+  if (!c->full_since_ns) c->full_since_ns = now;
+  if ((now - c->full_since_ns) / 1000000 > (uint64_t)mpr_timeout_ms())
+    snprintf(why, whylen, "%s sends ops but has taken none of the %d answers waiting for it for %d s "
+             "(MPLANE_CONNECT_TIMEOUT): it is stalled, or not an mplane peer", c->peer_str, n, mpr_timeout_ms() / 1000);
+  return 1;
+}
+
 /* Advance the reader over everything that has arrived, without waiting, then hand the GPU signal
  * writes it made to the driver in one call. Caller holds rlock. 0: all taken, wait for more; 1:
- * reading has ended (a BYE, a failure, a close: already handled). */
+ * reading has ended (a BYE, a failure, a close: already handled); 2: the peer's records wait until
+ * it takes the answers owed to it. */
 static int conn_pump(struct mpr_conn *c) {
   int over = conn_pump_records(c);
-  if (mplane_cuda_signal_flush() != 0 && !over) {
+  if (mplane_cuda_signal_flush() != 0 && over != 1) {
     mpr_conn_fail(c, "the CUDA driver refused the signal writes");
     return 1;
   }
@@ -969,6 +1066,12 @@ static int conn_pump_records(struct mpr_conn *c) {
       }
       continue;
     }
+    if (d->hgot == 0 && answers_full(c, why, sizeof(why))) {
+      if (!why[0]) return 2; /* backpressure: its records wait in the socket */
+      reader_over(c);
+      mpr_conn_abort(c, why);
+      return 1;
+    }
     rc = rbuf_fill(c);
     if (rc == 0) return 0;
     if (rc < 0) {
@@ -986,6 +1089,7 @@ static int conn_pump_records(struct mpr_conn *c) {
     d->sbuf = NULL;
     d->last_seq = 0;
     d->cuda_bad = 0;
+    d->gone = 0;
     rc = header_done(c, why, sizeof(why));
     if (rc < 0) break;
     if (rc == 1) {
@@ -1040,7 +1144,8 @@ static void *reader_main(void *arg) {
     pthread_mutex_lock(&c->rlock);
     int over = conn_pump(c);
     pthread_mutex_unlock(&c->rlock);
-    if (over) return NULL;
+    if (over == 1) return NULL;
+    if (over == 2) usleep(200); /* the socket stays readable: look again once the writer had a turn */
   }
 }
 
@@ -1080,6 +1185,64 @@ ncclResult_t mpr_progress(void *ctx) {
   for (int i = 0; i < s->ncontexts; i++)
     if (s->mirrors[i]) flush_deferred(s->mirrors[i], now);
   return ncclSuccess;
+}
+
+/* Queued records that would read window win (its memory at base) when written: answers to the
+ * peer's gets become refusals ("no such window"), puts of ours from it fail (nothing is sent). */
+static struct mpr_req *forget_queued_locked(struct mpr_conn *c, uint32_t win, const char *base) {
+  struct mpr_req *dropped = NULL, *prev = NULL;
+  for (struct mpr_req *r = c->q_head, *next; r; r = next) {
+    next = r->next;
+    int reads = r->kind != MPR_K_RAW && !r->staged && carries_data(r->kind, &r->m) && r->m.size &&
+                r->src.id == win && r->src.base == base;
+    if (reads && r->kind == MPR_K_GET_RESP) {
+      r->m.status = MPR_BAD_WIN;
+      r->m.size = 0;
+      r->src = (struct mpr_win){0};
+    } else if (reads && r->kind == MPR_K_PUT) {
+      if (prev) prev->next = next;
+      else c->q_head = next;
+      if (c->q_tail == r) c->q_tail = prev;
+      r->next = dropped;
+      dropped = r;
+      continue;
+    }
+    prev = r;
+  }
+  return dropped;
+}
+
+void mpr_conn_forget_win(struct mpr_conn *c, uint32_t win, const char *base, uint64_t deadline_ns) {
+  if (!c) return;
+  pthread_mutex_lock(&c->lock);
+  struct mpr_req *dropped = forget_queued_locked(c, win, base);
+  /* A write under way may be reading the window: it ends first (a peer that takes nothing until the
+   * deadline has its connection cut, which ends it). */
+  c->drain_waiters++;
+  int cut = 0;
+  while (c->wbusy && !c->failed) {
+    uint64_t now = mplane_now_ns();
+    if (now >= deadline_ns && !cut) {
+      cut = 1;
+      pthread_mutex_unlock(&c->lock);
+      mpr_conn_abort(c, "the peer took nothing for MPLANE_CONNECT_TIMEOUT while a window it reads was being deregistered");
+      pthread_mutex_lock(&c->lock);
+      continue;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 10000000L; /* looked at again every 10 ms: the deadline, and a missed wake */
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(&c->cond, &c->lock, &until);
+  }
+  c->drain_waiters--;
+  pthread_mutex_unlock(&c->lock);
+  for (struct mpr_req *r = dropped, *n; r; r = n) {
+    n = r->next;
+    mpr_req_finish(r, ncclInvalidUsage, "RMA put to %s (context %d): its source window %u was deregistered before "
+                   "the put was sent; nothing was sent", c->peer_str, c->context, win);
+  }
 }
 
 /* NCCL's aggregation hint (transport.h's hold): while held, the connection's deferred records wait

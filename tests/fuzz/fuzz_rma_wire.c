@@ -50,7 +50,8 @@ static void setup_once(void) {
   done = 1;
   tracing = getenv("FUZZ_TRACE") != NULL;
   group = (struct mpr_group){.rank = 0, .nranks = 2, .wins = wins, .nwins = 2, .cap = 2};
-  pthread_mutex_init(&group.win_lock, NULL);
+  pthread_rwlock_init(&group.win_lock, NULL);
+  pthread_mutex_init(&group.sets_lock, NULL);
   wins[0] = (struct mpr_win){.id = 0, .live = 1, .base = data_mem + GUARD, .size = DATA_SIZE, .gpu = -1};
   wins[1] = (struct mpr_win){.id = 1, .live = 1, .base = sig_mem + GUARD, .size = SIG_SIZE, .gpu = -1};
 }
