@@ -3,7 +3,9 @@
 #   node1: one node of 2 GPUs (NVLink phase only);
 #   node2: two emulated nodes of 1 GPU each (NCCL_HOSTID differs, so NCCL carries the network
 #          phase through the net plugin - mplane's socket transport over loopback - and the
-#          plugin's byte counters are checked against the model).
+#          plugin's byte counters are checked against the model). Where only one GPU is visible
+#          both nodes run on it (mplane-ep-bench --share-gpus, under an MPS daemon this script
+#          starts with a pipe directory of its own and stops at the end); node1 is then skipped.
 # Each shape runs the correctness checks (GPU vs the CPU reference model), the byte check (node2)
 # and the DeepSeek-V3-shaped benchmark beside the flat all-to-all baseline and the peer-copy ceiling.
 #
@@ -164,6 +166,34 @@ do_build() {
   return 0
 }
 
+# ---- GPUs: how many are visible; with one, node2 shares it under MPS ----
+visible_gpus() {
+  local n
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    n=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+  else
+    n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+  fi
+  echo "${n:-0}"
+}
+MPS_STARTED=0
+start_mps() {
+  [ "$MPS_STARTED" = 1 ] && return 0
+  if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    say "no nvidia-cuda-mps-control: the two ranks time-slice the GPU (checks hold; times are not meaningful)"
+    return 0
+  fi
+  export CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    MPS_STARTED=1
+    trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
+    say "MPS control daemon started (pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
+  else
+    say "nvidia-cuda-mps-control -d failed: the two ranks time-slice the GPU"
+  fi
+}
+
 # ---- a shape ----
 run_shape() {
   local name=$1 nodes=$2
@@ -179,6 +209,16 @@ run_shape() {
              NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$tmp/nccl.%h.%p.log"
              NCCL_SOCKET_IFNAME=lo MPLANE_SOCKET_IFNAME=lo)
   local args=(--gpus 2 --nodes "$nodes" --mode all --out "$results" --timeout $((limit - 15)))
+  local ngpu; ngpu=$(visible_gpus)
+  if [ "$ngpu" -lt 2 ]; then
+    if [ "$nodes" -lt 2 ]; then
+      say "---- $name: SKIPPED: $ngpu GPU visible; one node of 2 GPUs needs 2 (NCCL refuses two ranks of one host on one GPU)"
+      return 0
+    fi
+    start_mps
+    args+=(--share-gpus)
+    say "$name: $ngpu GPU visible: both emulated nodes run on it (--share-gpus)"
+  fi
   if [ -n "$PLUGIN_DIR" ]; then
     env+=(NCCL_NET_PLUGIN=mplane)
     [ "$nodes" -gt 1 ] && args+=(--stats-file "$tmp/stats-%p.json")

@@ -20,6 +20,7 @@ typedef struct bench_opts {
   int nvlink_direct;  /* --nvlink-direct: checks use mplane_ep_config.nvlink_direct = 1; bench adds its variants */
   int token_rows;     /* --token-rows: checks use mplane_ep_config.token_rows = 1; bench adds its variants */
   int fp8_in;         /* --fp8-in: FP8 checks dispatch tokens quantised beforehand (mplane_ep_dispatch_fp8); bench adds its variants */
+  int share_gpus;     /* --share-gpus: more ranks than GPUs, rank r on GPU r % visible (emulated nodes under MPS) */
   char stats[512];    /* MPLANE_STATS_FILE pattern given to the ranks ("" = none) */
   char out[512];      /* results file (appended by rank 0), "" = none */
   uint64_t seed;

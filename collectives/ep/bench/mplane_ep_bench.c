@@ -6,6 +6,7 @@
  *
  *   mplane-ep-bench --gpus 2 --nodes 1 --mode all
  *   mplane-ep-bench --gpus 2 --nodes 2 --mode all --stats-file /tmp/ep-stats-%p.json
+ *   mplane-ep-bench --gpus 2 --nodes 2 --share-gpus ...   (two emulated nodes on one GPU, under MPS)
  */
 #include <errno.h>
 #include <execinfo.h>
@@ -40,6 +41,11 @@ static void usage(FILE *f) {
           "                    name it); bench mode times them beside the expert-row copies\n"
           "  --fp8-in          FP8 checks give dispatch the tokens already quantised (mplane_ep_dispatch_fp8, as\n"
           "                    DeepEP takes them); bench mode times that beside BF16 in\n"
+          "  --share-gpus      more processes than GPUs: rank r runs on GPU r %% (visible GPUs), so two emulated nodes\n"
+          "                    fit on one GPU and NCCL still carries the network phase through the net plugin (the\n"
+          "                    ranks of one node must land on different GPUs). Start MPS first so that the ranks'\n"
+          "                    kernels run side by side (nvidia-cuda-mps-control -d; without it they time-slice\n"
+          "                    the GPU: the checks hold, the times do not mean much)\n"
           "  --stats-file PAT  plugin counters: sets MPLANE_STATS_FILE=PAT (%%p = pid) in the ranks and reads it\n"
           "  --out FILE        append the results to FILE\n"
           "  --seed S          (1)   --timeout SEC (540)\n");
@@ -112,6 +118,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     else if (!strcmp(a, "--nvlink-direct")) o->nvlink_direct = 1;
     else if (!strcmp(a, "--token-rows")) o->token_rows = 1;
     else if (!strcmp(a, "--fp8-in")) o->fp8_in = 1;
+    else if (!strcmp(a, "--share-gpus")) o->share_gpus = 1;
     else if (!strcmp(a, "--sms")) {
       NEXT();
       char buf[128];
@@ -290,18 +297,41 @@ int main(int argc, char **argv) {
     return 77;
   }
   if (o.gpus <= 0) o.gpus = ngpu;
-  if (o.gpus > ngpu) {
-    printf("mplane-ep-bench: %d GPUs asked for, %d visible\n", o.gpus, ngpu);
-    return 2;
-  }
   if (o.gpus % o.nodes) {
     printf("mplane-ep-bench: %d GPUs do not split into %d nodes\n", o.gpus, o.nodes);
     return 2;
   }
   o.per_node = o.gpus / o.nodes;
-  printf("mplane-ep-bench: %d GPU(s) as %d emulated node(s) of %d, modes%s%s%s%s\n", o.gpus, o.nodes, o.per_node,
+  if (o.gpus > ngpu && !o.share_gpus) {
+    printf("mplane-ep-bench: %d processes asked for (--gpus), %d GPU(s) visible. To run several processes on one GPU as\n"
+           "  emulated nodes (each node its own NCCL_HOSTID, so the network phase goes through the net plugin), add\n"
+           "  --share-gpus, with MPS running so that their kernels run side by side:\n"
+           "    nvidia-cuda-mps-control -d && mplane-ep-bench --gpus %d --nodes %d --share-gpus ...\n"
+           "  (scripts/ep-bench.sh does this by itself where fewer GPUs are visible than its shapes need)\n",
+           o.gpus, ngpu, o.gpus, o.gpus);
+    return 2;
+  }
+  if (o.gpus > ngpu && o.per_node > ngpu) {
+    printf("mplane-ep-bench: --share-gpus: the %d ranks of an emulated node need %d different GPUs, %d visible "
+           "(NCCL refuses two ranks of one host on one GPU); use more --nodes\n",
+           o.per_node, o.per_node, ngpu);
+    return 2;
+  }
+  int sharing = o.gpus > ngpu;
+  printf("mplane-ep-bench: %d rank(s) as %d emulated node(s) of %d, on %d GPU(s)%s, modes%s%s%s%s\n", o.gpus, o.nodes,
+         o.per_node, sharing ? ngpu : o.gpus, sharing ? " shared (--share-gpus)" : "",
          o.modes & MODE_CHECK ? " check" : "", o.modes & MODE_BYTES ? " bytes" : "", o.modes & MODE_BENCH ? " bench" : "",
          o.modes & MODE_CEILING ? " ceiling" : "");
+  if (sharing) {
+    const char *pipe_dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    char ctl[600];
+    snprintf(ctl, sizeof(ctl), "%s/control", pipe_dir && *pipe_dir ? pipe_dir : "/tmp/nvidia-mps");
+    if (access(ctl, F_OK) == 0)
+      printf("mplane-ep-bench: MPS control daemon found (%s): the ranks sharing a GPU run side by side\n", ctl);
+    else
+      printf("mplane-ep-bench: NOTE: no MPS control daemon (%s absent): ranks sharing a GPU time-slice it, so the\n"
+             "  checks hold but the times are not meaningful; start one with nvidia-cuda-mps-control -d\n", ctl);
+  }
   if ((o.modes & MODE_CEILING) && ngpu >= 2) run_ceiling(&o);
   else if (o.modes & MODE_CEILING) printf("ceiling: one GPU only, no peer copy to measure\n");
   if (!(o.modes & (MODE_CHECK | MODE_BYTES | MODE_BENCH))) return 0;
@@ -329,6 +359,8 @@ int main(int argc, char **argv) {
         setenv("NCCL_HOSTID", host, 1);
       }
       setenv("NCCL_NVLS_ENABLE", "0", 1);
+      /* ranks of different emulated nodes on one GPU: NCCL's own check is per host (NCCL_HOSTID) */
+      if (sharing) setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 0);
       if (o.stats[0]) setenv("MPLANE_STATS_FILE", o.stats, 1);
       rank_env env = {r, o.gpus, r % ngpu, r == 0 ? up[1] : -1, down[0]};
       int rc = bench_rank_main(&o, &env);
