@@ -1,14 +1,19 @@
 /* mplane-netbench: what the plugin sees on this machine, and how fast it moves bytes.
  *
  *   mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S | --rounds N] [--raw-streams N]
- *                   [--sender-env "VAR=VALUE ..."] [--devices-only]
+ *                   [--repeat N] [--sender-env "VAR=VALUE ..."] [--sender-netns PATH] [--devices-only]
  *   mplane-netbench [--plugin PATH] --pingpong [--min-size B] [--max-size B] [--iters N]
  *
  * Prints the devices the plugin discovers (NCCL's view: name, plane, speed, PCI path), then runs a
  * two-process bandwidth check through the plugin's ncclNet_v11 table on device 0, driven the way
  * NCCL's proxy drives it (a window of isend/irecv in flight, test polling), with every byte checked
  * in the first and last rounds. With --raw-streams N it also measures a plain N-stream TCP transfer
- * between the same two processes over the same address: the ceiling the plugin is judged against.
+ * between the same two processes over the same address (device 0's), as many bytes: the ceiling the
+ * plugin is judged against. --repeat N alternates the two N times (plugin, raw, plugin, raw ...) and
+ * prints each pair and the min / median / max of both and of the pair-by-pair ratio: on a shared
+ * machine one plugin run and one raw run seconds apart can differ 2x by load alone.
+ * --sender-netns PATH runs the sending process in another network namespace (scripts/netns or
+ * tools/mplane-netns makes a pair joined by a veth), so the bytes cross a real interface.
  * Each process opens the plugin itself after the fork, as two ranks would (verbs contexts do not
  * survive a fork); --sender-env sets variables in the sending process only, e.g. its own HCA.
  * --rounds fixes the number of windows moved (default: about --seconds at 4 GB/s).
@@ -27,6 +32,8 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
 #include <getopt.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -56,6 +63,8 @@ struct opts {
   int devices_only;
   long rounds;
   const char *sender_env;
+  const char *sender_netns;
+  int repeat;
   int pingpong;
   size_t min_size, max_size;
   long iters;
@@ -194,49 +203,103 @@ static void *raw_thread(void *p) {
   return NULL;
 }
 
-/* A plain N-stream TCP transfer. Each stream cycles through footprint/streams bytes of buffer, so
- * the raw run touches as much memory as the plugin's window does (a 1 MiB buffer would stay in
- * cache and flatter the ceiling). */
-static double raw_tcp(int streams, size_t total, size_t footprint, const char *ip) {
-  int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET};
-  inet_pton(AF_INET, ip, &a.sin_addr);
-  socklen_t len = sizeof(a);
-  if (bind(lfd, (struct sockaddr *)&a, len) || listen(lfd, 64)) die("raw TCP listen failed");
-  getsockname(lfd, (struct sockaddr *)&a, &len);
-  size_t per = total / (size_t)streams;
-  pid_t pid = fork();
-  if (pid == 0) {
-    pthread_t th[64];
-    struct raw_arg args[64];
-    for (int i = 0; i < streams; i++) {
-      int fd = socket(AF_INET, SOCK_STREAM, 0);
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      if (connect(fd, (struct sockaddr *)&a, len)) die("raw TCP connect failed");
-      args[i] = (struct raw_arg){fd, per, 1, 1 << 20, footprint / (size_t)streams};
-    }
-    for (int i = 0; i < streams; i++) pthread_create(&th[i], NULL, raw_thread, &args[i]);
-    for (int i = 0; i < streams; i++) pthread_join(th[i], NULL);
-    _exit(0);
+/* The raw streams: opened once, before the first round, between the two processes (the sender
+ * connects from its own process, in its own network namespace where --sender-netns says so), over
+ * the address of the plugin's device 0, so both cross the same interface. */
+struct raw_link {
+  int lfd;
+  struct sockaddr_storage addr;
+  socklen_t len;
+  int fds[64];
+};
+
+static void raw_listen(struct raw_link *r, const char *ip) {
+  struct sockaddr_in *a4 = (struct sockaddr_in *)&r->addr;
+  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&r->addr;
+  memset(&r->addr, 0, sizeof(r->addr));
+  int family = strchr(ip, ':') ? AF_INET6 : AF_INET;
+  if (family == AF_INET) {
+    a4->sin_family = AF_INET;
+    inet_pton(AF_INET, ip, &a4->sin_addr);
+    r->len = sizeof(*a4);
+  } else {
+    a6->sin6_family = AF_INET6;
+    inet_pton(AF_INET6, ip, &a6->sin6_addr);
+    r->len = sizeof(*a6);
   }
+  r->lfd = socket(family, SOCK_STREAM, 0);
+  if (r->lfd < 0 || bind(r->lfd, (struct sockaddr *)&r->addr, r->len) || listen(r->lfd, 64)) die("raw TCP listen failed");
+  getsockname(r->lfd, (struct sockaddr *)&r->addr, &r->len);
+}
+
+static void raw_connect(struct raw_link *r, int streams) {
+  for (int i = 0; i < streams; i++) {
+    int fd = socket(r->addr.ss_family, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (connect(fd, (struct sockaddr *)&r->addr, r->len)) die("raw TCP connect failed");
+    r->fds[i] = fd;
+  }
+}
+
+static void raw_accept(struct raw_link *r, int streams) {
+  for (int i = 0; i < streams; i++)
+    if ((r->fds[i] = accept(r->lfd, NULL, NULL)) < 0) die("raw TCP accept failed");
+}
+
+/* One raw round: `total` bytes over the streams, one thread each. Each stream cycles through
+ * footprint/streams bytes of buffer, so the raw run touches as much memory as the plugin's window
+ * does (a 1 MiB buffer would stay in cache and flatter the ceiling). Returns the seconds taken. */
+static double raw_round(const struct raw_link *r, int streams, size_t total, size_t footprint, int sender) {
   pthread_t th[64];
   struct raw_arg args[64];
-  for (int i = 0; i < streams; i++) args[i] = (struct raw_arg){accept(lfd, NULL, NULL), per, 0, 1 << 20, footprint / (size_t)streams};
+  size_t per = total / (size_t)streams;
   double t0 = mplane_now_s();
-  for (int i = 0; i < streams; i++) pthread_create(&th[i], NULL, raw_thread, &args[i]);
+  for (int i = 0; i < streams; i++) {
+    args[i] = (struct raw_arg){r->fds[i], per, sender, 1 << 20, footprint / (size_t)streams};
+    pthread_create(&th[i], NULL, raw_thread, &args[i]);
+  }
   for (int i = 0; i < streams; i++) pthread_join(th[i], NULL);
-  double t = mplane_now_s() - t0;
-  int st;
-  waitpid(pid, &st, 0);
-  for (int i = 0; i < streams; i++) close(args[i].fd);
-  close(lfd);
-  return (double)per * streams / t / 1e9;
+  return mplane_now_s() - t0;
+}
+
+/* The first IPv4 (else IPv6) address of interface `ifname`: where the plugin's device 0 listens. */
+static void iface_ip(const char *ifname, char *ip, size_t len) {
+  struct ifaddrs *ifas = NULL, *a;
+  snprintf(ip, len, "127.0.0.1");
+  if (getifaddrs(&ifas) != 0) return;
+  for (int pass = 0; pass < 2; pass++)
+    for (a = ifas; a; a = a->ifa_next) {
+      if (!a->ifa_addr || strcmp(a->ifa_name, ifname) != 0) continue;
+      if (pass == 0 && a->ifa_addr->sa_family == AF_INET) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)a->ifa_addr)->sin_addr, ip, (socklen_t)len);
+        goto out;
+      }
+      if (pass == 1 && a->ifa_addr->sa_family == AF_INET6 &&
+          !IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)a->ifa_addr)->sin6_addr)) {
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)a->ifa_addr)->sin6_addr, ip, (socklen_t)len);
+        goto out;
+      }
+    }
+out:
+  freeifaddrs(ifas);
+}
+
+/* --sender-netns PATH: the sending process moves into that network namespace (a /proc/PID/ns/net
+ * or a bind mount of one) before it opens the plugin, so the two processes talk over a real link
+ * (a veth pair) instead of loopback. */
+static void enter_netns(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+    fprintf(stderr, "mplane-netbench: --sender-netns '%s': %s\n", path, strerror(errno));
+    _exit(1);
+  }
+  close(fd);
 }
 
 static void usage(void) {
   fprintf(stderr, "usage: mplane-netbench [--plugin PATH] [--size BYTES] [--window N] [--seconds S | --rounds N] "
-                  "[--raw-streams N] [--sender-env \"VAR=VALUE ...\"] [--devices-only]\n"
+                  "[--raw-streams N] [--repeat N] [--sender-env \"VAR=VALUE ...\"] [--sender-netns PATH] [--devices-only]\n"
                   "       mplane-netbench [--plugin PATH] --pingpong [--min-size B] [--max-size B] [--iters N]\n");
   exit(2);
 }
@@ -261,6 +324,7 @@ static void parse(int argc, char **argv, struct opts *o) {
                                            {"rounds", 1, 0, 'n'},      {"sender-env", 1, 0, 'e'},
                                            {"pingpong", 0, 0, 'P'},    {"min-size", 1, 0, 'a'},
                                            {"max-size", 1, 0, 'b'},    {"iters", 1, 0, 'i'},
+                                           {"repeat", 1, 0, 'R'},      {"sender-netns", 1, 0, 'N'},
                                            {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "p:s:w:t:r:dn:e:h", longopts, NULL)) != -1) {
@@ -286,10 +350,13 @@ static void parse(int argc, char **argv, struct opts *o) {
       case 'a': o->min_size = parse_num("--min-size", optarg, 1); break;
       case 'b': o->max_size = parse_num("--max-size", optarg, 1); break;
       case 'i': o->iters = (long)parse_num("--iters", optarg, 0); break;
+      case 'R': o->repeat = (int)parse_num("--repeat", optarg, 0); break;
+      case 'N': o->sender_netns = optarg; break;
       default: usage();
     }
   }
   if (o->window < 1 || o->window > 32) die("--window must be 1..32");
+  if (o->repeat < 1 || o->repeat > 1000) die("--repeat must be 1..1000");
   if (o->size > (1u << 30)) die("--size must be at most 1G");
   if (o->raw_streams < 0 || o->raw_streams > 64) die("--raw-streams must be 0..64");
   if (o->rounds < 0 || o->rounds > 10000000) die("--rounds must be 1..10000000");
@@ -606,25 +673,52 @@ static int pingpong_main(const struct opts *o) {
   return 0;
 }
 
-/* The sending process: its own plugin, connect to the handle the receiver sends, move the rounds. */
+/* What the receiver tells the sender: the plugin's handle, the rounds, and the raw streams' address. */
+struct bench_plan {
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  long rounds;
+  struct sockaddr_storage raw_addr;
+  socklen_t raw_len;
+};
+
+/* The sending process: its own plugin, connect to the handle the receiver sends, then --repeat
+ * times: move the rounds through the plugin, wait for the receiver's go, move as many bytes raw. */
 static void sender_main(const struct opts *o, int fd) {
+  if (o->sender_netns) enter_netns(o->sender_netns);
   if (o->sender_env) apply_env(o->sender_env);
   void *ctx = NULL;
   ncclNet_v11_t *net = open_plugin(o->plugin, &ctx);
-  char handle[NCCL_NET_HANDLE_MAXSIZE] = {0};
-  long rounds;
-  if (read(fd, handle, sizeof(handle)) != sizeof(handle)) _exit(1);
-  if (read(fd, &rounds, sizeof(rounds)) != sizeof(rounds)) _exit(1);
+  struct bench_plan plan;
+  if (read(fd, &plan, sizeof(plan)) != sizeof(plan)) _exit(1);
   void *send_comm = NULL;
-  while (!send_comm) NCHECK(net->connect(ctx, 0, handle, &send_comm, NULL));
-  double secs;
-  plugin_side(net, send_comm, 1, o, rounds, &secs);
+  while (!send_comm) NCHECK(net->connect(ctx, 0, plan.handle, &send_comm, NULL));
+  struct raw_link raw = {.lfd = -1, .len = plan.raw_len};
+  memcpy(&raw.addr, &plan.raw_addr, sizeof(raw.addr));
+  if (o->raw_streams > 0) raw_connect(&raw, o->raw_streams);
+  size_t per_round = o->size * (size_t)o->window;
+  for (int r = 0; r < o->repeat; r++) {
+    double secs;
+    plugin_side(net, send_comm, 1, o, plan.rounds, &secs);
+    if (o->raw_streams == 0) continue;
+    char go;
+    if (read(fd, &go, 1) != 1) _exit(1);
+    raw_round(&raw, o->raw_streams, per_round * (size_t)plan.rounds, per_round, 1);
+  }
   NCHECK(net->closeSend(send_comm));
+  for (int i = 0; i < o->raw_streams; i++) close(raw.fds[i]);
   _exit(0);
 }
 
+/* min / median / max of n values (sorted in place). */
+static void spread(double *v, int n, double out[3]) {
+  qsort(v, (size_t)n, sizeof(*v), cmp_double);
+  out[0] = v[0];
+  out[1] = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  out[2] = v[n - 1];
+}
+
 int main(int argc, char **argv) {
-  struct opts o = {.plugin = "libnccl-net-mplane.so", .size = 4 << 20, .window = 8, .seconds = 3,
+  struct opts o = {.plugin = "libnccl-net-mplane.so", .size = 4 << 20, .window = 8, .seconds = 3, .repeat = 1,
                    .min_size = 8, .max_size = 1 << 20};
   parse(argc, argv, &o);
   if (o.pingpong) return pingpong_main(&o);
@@ -645,32 +739,66 @@ int main(int argc, char **argv) {
   ncclNetProperties_v11_t p0;
   NCHECK(net->getProperties(0, &p0));
   /* Calibrate rounds from a time budget (or take --rounds): the receiver decides, tells the sender. */
-  char handle[NCCL_NET_HANDLE_MAXSIZE] = {0};
+  struct bench_plan plan;
+  memset(&plan, 0, sizeof(plan));
   void *listen_comm = NULL, *recv_comm = NULL;
-  NCHECK(net->listen(ctx, 0, handle, &listen_comm));
+  NCHECK(net->listen(ctx, 0, plan.handle, &listen_comm));
   size_t per_round = o.size * (size_t)o.window;
   long rounds = o.rounds ? o.rounds : (long)(o.seconds * 4e9 / (double)(per_round ? per_round : 1)) + 2; /* ~4 GB/s */
   if (!o.rounds && rounds > 100000) rounds = 100000;
-  if (write(pipefd[1], handle, sizeof(handle)) != sizeof(handle) ||
-      write(pipefd[1], &rounds, sizeof(rounds)) != sizeof(rounds))
-    die("pipe write failed");
+  plan.rounds = rounds;
+  char ip[INET6_ADDRSTRLEN];
+  iface_ip(p0.name, ip, sizeof(ip));
+  struct raw_link raw = {.lfd = -1};
+  if (o.raw_streams > 0) {
+    raw_listen(&raw, ip);
+    memcpy(&plan.raw_addr, &raw.addr, sizeof(raw.addr));
+    plan.raw_len = raw.len;
+  }
+  if (write(pipefd[1], &plan, sizeof(plan)) != sizeof(plan)) die("pipe write failed");
   while (!recv_comm) NCHECK(net->accept(listen_comm, &recv_comm, NULL));
-  double secs;
-  plugin_side(net, recv_comm, 0, &o, rounds, &secs);
+  if (o.raw_streams > 0) raw_accept(&raw, o.raw_streams);
+  /* Plugin and raw rounds alternate, so a noisy machine's drift hits both alike; the ratio is
+   * taken pair by pair. */
+  double pg[1000], rg[1000], ratio[1000];
+  for (int r = 0; r < o.repeat; r++) {
+    double secs;
+    plugin_side(net, recv_comm, 0, &o, rounds, &secs);
+    pg[r] = (double)per_round * rounds / secs / 1e9;
+    if (o.repeat > 1 || o.raw_streams == 0)
+      printf("plugin   %-10s %zu-byte messages, %d in flight: %.2f GB/s (%ld rounds, %.2f s, bytes checked), "
+             "%.0f messages/s\n", p0.name, o.size, o.window, pg[r], rounds, secs, (double)o.window * rounds / secs);
+    if (o.raw_streams == 0) continue;
+    char go = 1;
+    if (write(pipefd[1], &go, 1) != 1) die("pipe write failed");
+    double rs = raw_round(&raw, o.raw_streams, per_round * (size_t)rounds, per_round, 0);
+    rg[r] = (double)per_round * rounds / rs / 1e9;
+    ratio[r] = pg[r] / rg[r];
+    if (o.repeat == 1)
+      printf("plugin   %-10s %zu-byte messages, %d in flight: %.2f GB/s (%ld rounds, %.2f s, bytes checked), "
+             "%.0f messages/s\n", p0.name, o.size, o.window, pg[r], rounds, secs, (double)o.window * rounds / secs);
+    printf("raw-tcp  %-10s %d streams, 1 MiB writes over %zu bytes of buffer: %.2f GB/s\n", ip, o.raw_streams,
+           per_round, rg[r]);
+    printf("ratio    plugin / raw TCP = %.0f%%\n", 100.0 * ratio[r]);
+  }
   int st;
   waitpid(pid, &st, 0);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) die("sender process failed");
   NCHECK(net->closeRecv(recv_comm));
   NCHECK(net->closeListen(listen_comm));
-  double gbs = (double)per_round * rounds / secs / 1e9;
-  /* messages per second too: for small messages the rate, not the bandwidth, is the number */
-  printf("plugin   %-10s %zu-byte messages, %d in flight: %.2f GB/s (%ld rounds, %.2f s, bytes checked), "
-         "%.0f messages/s\n", p0.name, o.size, o.window, gbs, rounds, secs, (double)o.window * rounds / secs);
-  if (o.raw_streams > 0) {
-    const char *ip = "127.0.0.1";
-    double raw = raw_tcp(o.raw_streams, (size_t)(gbs * 1e9 * o.seconds) + (64u << 20), per_round, ip);
-    printf("raw-tcp  %-10s %d streams, 1 MiB writes over %zu bytes of buffer: %.2f GB/s\n", ip, o.raw_streams, per_round, raw);
-    printf("ratio    plugin / raw TCP = %.0f%%\n", 100.0 * gbs / raw);
+  for (int i = 0; i < o.raw_streams; i++) close(raw.fds[i]);
+  if (raw.lfd >= 0) close(raw.lfd);
+  if (o.repeat > 1) {
+    double a[3];
+    spread(pg, o.repeat, a);
+    printf("summary  %d pairs, min / median / max: plugin %.2f / %.2f / %.2f GB/s", o.repeat, a[0], a[1], a[2]);
+    if (o.raw_streams > 0) {
+      spread(rg, o.repeat, a);
+      printf(", raw TCP %.2f / %.2f / %.2f GB/s", a[0], a[1], a[2]);
+      spread(ratio, o.repeat, a);
+      printf(", ratio %.0f%% / %.0f%% / %.0f%%", 100 * a[0], 100 * a[1], 100 * a[2]);
+    }
+    printf("\n");
   }
   return 0;
 }
