@@ -8,7 +8,9 @@
  * Properties: no crash or sanitizer report; nothing outside the two windows is written (the guards
  * keep their pattern); a window byte changes only where some record of the input was a put that
  * covered it; the connection either keeps up (every whole record taken) or fails, within a bounded
- * number of rmaProgress calls; tearing it down returns. FUZZ_TRACE=1 prints what became of each input.
+ * number of rmaProgress calls; tearing it down returns; once a window is deregistered (deregMrSym,
+ * racing the records) not one of its bytes changes again. FUZZ_TRACE=1 prints what became of each
+ * input.
  *
  * Input:
  *   [0] bit 0: the records are built here from 8-byte descriptors (else the bytes are the wire
@@ -17,7 +19,9 @@
  *   descriptors: [type][window][signal window][signal op][off lo][off hi][size lo][size hi]
  *       window / signal window: 0 data, 1 signal, 2 a window never registered, 3 none (MPR_NO_WIN);
  *       size is capped at 8 KiB, its data follows as a pattern (a descriptor with type & 0x80: the
- *       header says size bytes but only half follow, and the input ends there) */
+ *       header says size bytes but only half follow, and the input ends there); type 0x40: no
+ *       record - deregMrSym of window ([1] & 1) once the stream has been written up to ([2],[3]) & 0x3fff
+ *       bytes before here (so inside an earlier record) */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -30,6 +34,7 @@
 #include <unistd.h>
 
 #include "fuzz_util.h"
+#include "net/socket/socket.h"
 #include "net/socket/socket_rma.h"
 
 #define GUARD 256
@@ -43,6 +48,11 @@ static unsigned char may_change[DATA_SIZE + SIG_SIZE]; /* 1 where a put of this 
 static struct mpr_win wins[2];
 static struct mpr_group group;
 static int tracing;
+#define MAX_DEREG 4
+static struct { size_t at; uint32_t win; } deregs[MAX_DEREG]; /* deregistrations of this input */
+static int nderegs;
+static char dead_copy[2][DATA_SIZE]; /* a window's bytes at its deregistration */
+static int dead[2];
 
 static void setup_once(void) {
   static int done;
@@ -62,6 +72,9 @@ static void reset_memory(void) {
   memset(data_mem + GUARD, 0, DATA_SIZE);
   memset(sig_mem + GUARD, 0, SIG_SIZE);
   memset(may_change, 0, sizeof(may_change));
+  wins[0].live = wins[1].live = 1;
+  nderegs = 0;
+  dead[0] = dead[1] = 0;
 }
 
 static uint32_t win_of(uint8_t sel) { return sel == 3 ? 0xffffffffu : sel; }
@@ -93,6 +106,14 @@ static size_t build_stream(const uint8_t *in, size_t n, uint8_t *out, int built)
   }
   for (size_t i = 0; i + 8 <= n && k + sizeof(struct mpr_msg) + 8192 <= MAX_STREAM; i += 8) {
     const uint8_t *d = in + i;
+    if ((d[0] & 0x7f) == 0x40) {
+      size_t back = ((size_t)d[2] | (size_t)d[3] << 8) & 0x3fff; /* inside the records before it */
+      if (nderegs < MAX_DEREG) {
+        deregs[nderegs].win = d[1] & 1;
+        deregs[nderegs++].at = k > back ? k - back : 0;
+      }
+      continue;
+    }
     struct mpr_msg m = {.magic = MPR_MAGIC, .type = (uint16_t)(d[0] & 0x7f), .win = win_of(d[1] & 3),
                         .sig_win = win_of(d[2] & 3), .sig_op = d[3] & 3,
                         .off = (uint64_t)d[4] | (uint64_t)d[5] << 8, .size = ((uint64_t)d[6] | (uint64_t)d[7] << 8) & 0x1fff,
@@ -115,7 +136,21 @@ static void drain(int fd) {
   }
 }
 
+/* deregMrSym of window w, through the plugin's own op, as NCCL's thread would call it. */
+static void dereg(uint32_t w) {
+  if (dead[w]) return;
+  uint32_t *h = malloc(sizeof(*h));
+  FUZZ_REQUIRE(h != NULL, "no memory");
+  *h = w;
+  FUZZ_REQUIRE(mps_rma_ops.dereg_mr_sym(&group, h) == ncclSuccess, "deregMrSym failed");
+  dead[w] = 1;
+  memcpy(dead_copy[w], w ? sig_mem + GUARD : data_mem + GUARD, w ? SIG_SIZE : DATA_SIZE);
+}
+
 static void check_memory(void) {
+  for (uint32_t w = 0; w < 2; w++)
+    FUZZ_REQUIRE(!dead[w] || !memcmp(dead_copy[w], w ? sig_mem + GUARD : data_mem + GUARD, w ? SIG_SIZE : DATA_SIZE),
+                 "window %u changed after its deregistration", w);
   for (size_t i = 0; i < GUARD; i++) {
     FUZZ_REQUIRE(data_mem[i] == GUARD_BYTE && data_mem[GUARD + DATA_SIZE + i] == GUARD_BYTE,
                  "a guard byte of the data window changed (%zu)", i);
@@ -150,16 +185,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t n) {
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
   FUZZ_REQUIRE(epoll_ctl(s.epfd, EPOLL_CTL_ADD, sv[0], &ev) == 0, "epoll_ctl: %s", strerror(errno));
 
+  struct mpr_ctxset *sets[1] = {&s};
+  group.sets = sets;
+  group.nsets = 1;
   size_t sent = 0;
-  int calls = 0;
+  int calls = 0, next_dereg = 0;
   while (sent < len && !__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE) && calls < 20000) {
+    while (next_dereg < nderegs && deregs[next_dereg].at <= sent) dereg(deregs[next_dereg++].win);
     size_t k = len - sent < piece ? len - sent : piece;
+    if (next_dereg < nderegs && deregs[next_dereg].at - sent < k) k = deregs[next_dereg].at - sent;
+    if (k == 0) k = 1;
     ssize_t w = send(sv[1], stream + sent, k, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w > 0) sent += (size_t)w;
     mpr_progress(&s);
     drain(sv[1]);
     calls++;
   }
+  while (next_dereg < nderegs) dereg(deregs[next_dereg++].win);
   if (in[0] & 0x10) shutdown(sv[1], SHUT_WR);
   /* Everything written is taken within a bounded number of calls (the parser never waits for a
    * byte that has arrived). */
@@ -180,5 +222,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t n) {
   close(sv[1]);
   close(s.epfd);
   check_memory();
+  group.sets = NULL;
+  group.nsets = 0;
   return 0;
 }
