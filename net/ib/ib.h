@@ -403,8 +403,9 @@ void mpib_stage_progress(struct mpib_send_comm *c);
 void mpib_stage_slot_done(struct mpib_send_comm *c, unsigned slot);
 void mpib_stage_destroy(struct mpib_send_comm *c);
 struct mplane_relay_copier;
-/* A staging ring registered with device d (its dma-buf where the verbs take one), NULL with errno. */
-struct ibv_mr *mpib_stage_ring_register(struct mpib_dev *d, struct mplane_relay_copier *copier, void *mem,
+/* A staging ring registered with device d (its dma-buf where the verbs take one) with these access
+ * rights, NULL with errno. */
+struct ibv_mr *mpib_stage_ring_register(struct mpib_dev *d, struct mplane_relay_copier *copier, void *mem, int access,
                                         size_t bytes);
 
 /* one-sided ops (ib_rma.c), net/transport.h's mplane_rma_ops */

@@ -4,6 +4,10 @@
  *   iput        RDMA WRITE into the peer's window
  *   iputSignal  RDMA WRITE, then an 8-byte ATOMIC FETCH_AND_ADD on the signal word, same RC QP
  *   iget        RDMA READ from the peer's window
+ *   iflush      after gets into GPU memory: a 1-byte RDMA READ of a GPU window through the rank's QP
+ *               to itself (the NIC reading that GPU's memory pushes its earlier writes there first,
+ *               so the GPU sees the gets' bytes once it completes, as NCCL's GPUDirect flush); a
+ *               NULL request (done) where no get into GPU memory came since the last flush
  *   test        polls the context's CQ; every work request is signaled, a request is done when all
  *               of its work requests completed
  *
@@ -885,21 +889,78 @@ static ncclResult_t rma_iget(void *ctx, int context, uint64_t remote_off, void *
   r->lbase = dst->base;
   r->lwin = dst->id;
   r->loff = local_off;
+  if (!staged && dst->type == NCCL_PTR_CUDA) { /* the GPU sees it only after a flush (rma_iflush) */
+    __atomic_store_n(&c->gpu_win, dst->id, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->gpu_gets, 1, __ATOMIC_RELEASE);
+  }
   ncclResult_t res = ibr_start_op(c, r, staged);
   if (res != ncclSuccess) *request = NULL;
   return res;
 }
-/* A get completes only once its READ's bytes are in host memory, so there is nothing to flush. */
+
+/* The GPU window a flush reads: the one NCCL names (its GPU signal window), else the last window a
+ * get of c filled; NULL if neither is a GPU window registered on the own device. */
+static struct ibr_win *flush_window(struct ibr_group *g, struct ibr_conn *c, void *mhandle) {
+  struct ibr_win *w = mhandle;
+  pthread_mutex_lock(&g->lock);
+  int ok = w && w->id < g->nwins && g->wins[w->id] == w && w->type == NCCL_PTR_CUDA && w->mr[0] && w->size > 0;
+  if (!ok) {
+    uint32_t id = __atomic_load_n(&c->gpu_win, __ATOMIC_RELAXED);
+    w = id < g->nwins ? g->wins[id] : NULL;
+    ok = w && w->type == NCCL_PTR_CUDA && w->mr[0] && w->size > 0;
+  }
+  pthread_mutex_unlock(&g->lock);
+  return ok ? w : NULL;
+}
+
+/* A get's READ completion, seen by the CPU, does not mean the GPU sees its bytes: after gets into
+ * GPU memory (not staged: a staged get's slot is flushed before its copy), NCCL's GIN proxy asks for
+ * a flush (ncclGinProxyOpFlush) and the GPU reads the bytes once it is done. The flush covers the
+ * gets that completed before it was asked for, as NCCL's own. */
 static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t rank, void **request) {
   struct ibr_ctxset *s = ctx;
   struct ibr_group *g = s->g;
-  (void)mhandle;
   *request = NULL;
   if (context < 0 || context >= s->ncontexts || rank >= (uint32_t)g->nranks ||
       !s->conns[context * g->nranks + (int)rank]) {
     MP_WARN("RMA flush: rank %d has no QP to rank %u in context %d", g->rank, rank, context);
     return ncclInvalidUsage;
   }
+  struct ibr_conn *c = s->conns[context * g->nranks + (int)rank];
+  if (!__atomic_load_n(&c->gpu_gets, __ATOMIC_ACQUIRE)) return ncclSuccess; /* host memory is coherent */
+  struct ibr_conn *self = s->conns[context * g->nranks + g->rank]; /* on the own device, beside the GPU */
+  struct ibr_win *w = flush_window(g, c, mhandle);
+  if (!self || !w) {
+    MP_WARN("RMA flush to rank %u (context %d): %s; the GPU may not see the gets' bytes", rank, context,
+            !self ? "this rank has no QP to itself in that context" : "no GPU window to read back is registered");
+    return ncclInternalError;
+  }
+  struct ibr_req *r = req_new(self, "flush", w->id, 0, 1);
+  if (!r) return ncclSystemError;
+  struct ibr_cx *x = self->cx;
+  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)g->scratch, .length = 1, .lkey = g->car[self->car].scratch_mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = (uint64_t)(uintptr_t)r, .sg_list = &sge, .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+  wr.wr.rdma.remote_addr = w->peers[g->rank].addr; /* as its peers reach it: through the own device */
+  wr.wr.rdma.rkey = w->peers[g->rank].rkey;
+  pthread_mutex_lock(&x->lock);
+  ncclResult_t res = ncclSuccess;
+  if (self->failed) {
+    ibr_req_fail_conn(r, self->why);
+  } else if (!ibr_room(self, 1)) {
+    MP_WARN("RMA flush to rank %u (context %d): %d work requests in flight on the QP to itself: more than it holds (%d)",
+            rank, context, self->outstanding, IBR_SQ);
+    res = ncclInternalError;
+  } else {
+    __atomic_store_n(&c->gpu_gets, 0, __ATOMIC_RELEASE);
+    ibr_post(self, r, &wr); /* a failed post fails r */
+  }
+  pthread_mutex_unlock(&x->lock);
+  if (res != ncclSuccess) {
+    free(r);
+    return res;
+  }
+  *request = r;
   return ncclSuccess;
 }
 

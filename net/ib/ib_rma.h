@@ -112,6 +112,7 @@ struct ibr_cx { /* one context on one carrier: its CQ, its QPs */
   pthread_mutex_t lock;
   int outstanding, cq_depth;
   struct ibr_stage *stage; /* relay carriers: the staging ring of this rank's GPU windows */
+  struct ibv_qp *flush_qp; /* relay carriers: connected to itself, reads a slot a get filled before it is copied */
 };
 
 struct ibr_conn {
@@ -121,6 +122,8 @@ struct ibr_conn {
   struct ibv_qp *target;      /* a cross-plane peer's: on the own device, where its ops land (never posted on) */
   int outstanding;
   int nqueued; /* its ops in its context's queue (later ones queue behind them) */
+  int gpu_gets;     /* gets into this rank's GPU windows (not staged) since its last iflush */
+  uint32_t gpu_win; /* the window of the last of them */
   int failed;
   char why[160];
 };
@@ -184,6 +187,8 @@ ncclResult_t ibr_refuse(struct ibr_req *r, void **request);
 int ibr_op_nwr(const struct ibr_op *op);
 int ibr_room(struct ibr_conn *c, int n);
 int ibr_post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr);
+/* The same on another QP of c's context (a flush QP); counted as c's. */
+int ibr_post_on(struct ibr_conn *c, struct ibv_qp *qp, struct ibr_req *r, struct ibv_send_wr *wr);
 ncclResult_t ibr_post_op_locked(struct ibr_conn *c, struct ibr_req *r, const struct ibr_op *op);
 
 /* ---- ib_rma_stage.c: this rank's GPU windows in its ops to cross-plane peers ---- */

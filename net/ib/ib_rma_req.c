@@ -43,11 +43,13 @@ int ibr_room(struct ibr_conn *c, int n) {
   return c->outstanding + n <= IBR_SQ && c->cx->outstanding + n <= c->cx->cq_depth;
 }
 
-int ibr_post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr) {
+int ibr_post(struct ibr_conn *c, struct ibr_req *r, struct ibv_send_wr *wr) { return ibr_post_on(c, c->qp, r, wr); }
+
+int ibr_post_on(struct ibr_conn *c, struct ibv_qp *qp, struct ibr_req *r, struct ibv_send_wr *wr) {
   struct ibv_send_wr *bad = NULL;
   int n = 0;
   for (struct ibv_send_wr *w = wr; w; w = w->next) n++;
-  int rc = ibv_post_send(c->qp, wr, &bad);
+  int rc = ibv_post_send(qp, wr, &bad);
   if (rc != 0) {
     int posted = 0;
     for (struct ibv_send_wr *w = wr; w && w != bad; w = w->next) posted++;

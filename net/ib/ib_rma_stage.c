@@ -15,14 +15,18 @@
  * the window and a ring of slots on the GPU beside the relay NIC, registered with it:
  *   put   copy a piece of the source into a slot, RDMA WRITE the slot to the peer's window; the
  *         slot is free again once the write completed; the signal's atomic after the last piece
- *   get   RDMA READ a piece into a slot, then copy the slot into the window; the slot is free, and
- *         the piece done, once the copy ended
+ *   get   RDMA READ a piece into a slot, then a 1-byte READ of the slot through a QP of the relay
+ *         device connected to itself (the READ's completion, seen by the CPU, does not mean the GPU
+ *         sees its bytes; the NIC reading that memory again pushes its earlier writes there first,
+ *         as NCCL's GPUDirect flush does), then copy the slot into the window; the slot is free,
+ *         and the piece done, once the copy ended
  * Large ops go in slot-sized pieces, pipelined: piece j is copied while j - 1 is on the wire. Each
  * context on a relay device has its ring (made at its first staged op) and a queue: the staged ops
  * and, behind them, any op of a connection that has queued ones, so every op of a connection is
  * posted in the order it was made and a signal never passes the data of an earlier op. The queue is
  * moved on by test and rmaProgress. */
-enum { SLOT_FREE, SLOT_COPY_IN, SLOT_TO_READ, SLOT_WRITING, SLOT_READING, SLOT_READ_DONE, SLOT_COPY_OUT };
+enum { SLOT_FREE, SLOT_COPY_IN, SLOT_TO_READ, SLOT_WRITING, SLOT_READING, SLOT_READ_DONE, SLOT_FLUSHING, SLOT_FLUSHED,
+       SLOT_COPY_OUT };
 
 struct ibr_slot {
   int state;
@@ -88,7 +92,10 @@ static ncclResult_t stage_create(struct ibr_cx *x, struct ibr_req *r, const void
   size_t bytes = st->slot_bytes * MPIB_STAGE_SLOTS;
   st->mem = mplane_relay_copier_alloc(st->copier, bytes);
   errno = 0;
-  if (st->mem && !mplane_relay_test_fail_reg()) st->mr = mpib_stage_ring_register(x->b.dev, st->copier, st->mem, bytes);
+  /* remote read: the flush QP reads a slot back (a QP of the same device, connected to itself) */
+  if (st->mem && !mplane_relay_test_fail_reg())
+    st->mr = mpib_stage_ring_register(x->b.dev, st->copier, st->mem, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+                                      bytes);
   else if (st->mem) errno = EFAULT; /* MPLANE_TEST_RELAY_FAIL=reg */
   if (!st->mr) {
     int e = errno;
@@ -97,6 +104,21 @@ static ncclResult_t stage_create(struct ibr_cx *x, struct ibr_req *r, const void
     ibr_req_fail(r, ncclSystemError, "RMA %s: %s the %zu-byte staging ring for %s failed: %s", r->what,
              e || !bytes ? "registering" : "allocating", bytes, where, e ? strerror(e) : "out of memory");
     return ncclSystemError;
+  }
+  if (!x->flush_qp) {
+    struct mpib_dev *d = x->b.dev;
+    ncclResult_t fr = mpib_create_qp(&x->b, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE, MPIB_STAGE_SLOTS, 0, 0,
+                                     &x->flush_qp);
+    if (fr == ncclSuccess) fr = mpib_qp_connect(&x->b, x->flush_qp, x->flush_qp->qp_num, d->lid, x->b.gid.raw, d->mtu);
+    if (fr != ncclSuccess) {
+      if (x->flush_qp) mpib_v.destroy_qp(x->flush_qp);
+      x->flush_qp = NULL;
+      mpib_v.dereg_mr(st->mr);
+      mplane_relay_copier_destroy(st->copier, st->mem);
+      free(st);
+      ibr_req_fail(r, fr, "RMA %s: the flush QP of the staging ring for %s could not be made", r->what, where);
+      return fr;
+    }
   }
   x->stage = st;
   return ncclSuccess;
@@ -230,13 +252,35 @@ static void stage_post(struct ibr_stage *st) {
   }
 }
 
-/* Gets' pieces whose READ completed: copy them out of the slot into the window; a copy that ended
- * frees its slot. */
-static void stage_copy_out(struct ibr_stage *st) {
+/* A get's piece was read into its slot: read one byte of the slot back through the flush QP, so the
+ * GPU sees the piece before the copier reads it. 0 posted, 1 later (no room). */
+static int stage_flush_slot(struct ibr_cx *x, struct ibr_stage *st, struct ibr_slot *sl) {
+  struct ibr_req *r = sl->r;
+  struct ibr_conn *c = r->conn;
+  if (!ibr_room(c, 1)) return 1;
+  struct ibr_group *g = x->set->g;
+  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)g->scratch, .length = 1, .lkey = g->car[x->car].scratch_mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = slot_wrid(sl), .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+                           .send_flags = IBV_SEND_SIGNALED};
+  wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)slot_mem(st, sl);
+  wr.wr.rdma.rkey = st->mr->rkey;
+  sl->state = SLOT_FLUSHING;
+  if (ibr_post_on(c, x->flush_qp, r, &wr) != 0) {
+    sl->state = SLOT_FREE;
+    r->copies--;
+    ibr_conn_fail(c, "ibv_post_send failed on the staging ring's flush QP");
+  }
+  return 0;
+}
+
+/* Gets' pieces whose READ completed: flush them, then copy them out of the slot into the window; a
+ * copy that ended frees its slot. */
+static void stage_copy_out(struct ibr_cx *x, struct ibr_stage *st) {
   for (int i = 0; i < MPIB_STAGE_SLOTS; i++) {
     struct ibr_slot *sl = &st->s[i];
     struct ibr_req *r = sl->r;
-    if (sl->state == SLOT_READ_DONE) {
+    if (sl->state == SLOT_READ_DONE && stage_flush_slot(x, st, sl)) return;
+    if (sl->state == SLOT_FLUSHED) {
       uint64_t ticket = 0;
       ncclResult_t res =
           mplane_relay_copier_start(st->copier, r->lbase + r->loff + sl->off, slot_mem(st, sl), sl->len, &ticket);
@@ -264,11 +308,11 @@ static void stage_copy_out(struct ibr_stage *st) {
 
 /* A staged work request completed: a write's slot is free, a get's piece goes on to its copy out. */
 void ibr_stage_wr_done(struct ibr_slot *sl, int ok) {
-  if (sl->state == SLOT_READING && ok) {
-    sl->state = SLOT_READ_DONE;
+  if ((sl->state == SLOT_READING || sl->state == SLOT_FLUSHING) && ok) {
+    sl->state = sl->state == SLOT_READING ? SLOT_READ_DONE : SLOT_FLUSHED;
     return;
   }
-  if (sl->state == SLOT_READING) sl->r->copies--; /* nothing to copy: the READ failed */
+  if (sl->state == SLOT_READING || sl->state == SLOT_FLUSHING) sl->r->copies--; /* nothing to copy: it failed */
   sl->state = SLOT_FREE;
 }
 
@@ -276,7 +320,7 @@ void ibr_stage_wr_done(struct ibr_slot *sl, int ok) {
 void ibr_stage_progress(struct ibr_cx *x) {
   struct ibr_stage *st = x->stage;
   if (!st) return;
-  stage_copy_out(st);
+  stage_copy_out(x, st);
   stage_post(st);
   stage_fill(st);
   stage_post(st); /* the stand-in may be done already */
@@ -287,6 +331,8 @@ void ibr_stage_progress(struct ibr_cx *x) {
 #define IBR_STAGE_DRAIN_S 10.0
 void ibr_stage_destroy(struct ibr_cx *x) {
   struct ibr_stage *st = x->stage;
+  if (x->flush_qp) mpib_v.destroy_qp(x->flush_qp);
+  x->flush_qp = NULL;
   if (!st) return;
   double t0 = mplane_now_s();
   for (int i = 0; i < MPIB_STAGE_SLOTS; i++) {

@@ -28,14 +28,14 @@ int mpib_stage_wanted(const struct mpib_send_comm *c, const struct mpib_mr *m, s
 /* A staging ring's registration with the relay NIC d: through its dma-buf where the NIC's verbs take
  * one (NCCL's preference: it needs no nvidia-peermem), else plain ibv_reg_mr (GPU memory: peermem).
  * Shared with the one-sided ops' staging (ib_rma.c). */
-struct ibv_mr *mpib_stage_ring_register(struct mpib_dev *d, struct mplane_relay_copier *copier, void *mem,
+struct ibv_mr *mpib_stage_ring_register(struct mpib_dev *d, struct mplane_relay_copier *copier, void *mem, int access,
                                         size_t bytes) {
   struct mpib_hca *h = d->hca;
   if (h->dmabuf && mpib_v.reg_dmabuf_mr) {
     int fd = mplane_relay_copier_dmabuf_fd(copier, mem, bytes);
     if (fd >= 0) {
       struct ibv_mr *mr =
-          mpib_v.reg_dmabuf_mr(h->pd, 0, bytes, (uint64_t)(uintptr_t)mem, fd, IBV_ACCESS_LOCAL_WRITE);
+          mpib_v.reg_dmabuf_mr(h->pd, 0, bytes, (uint64_t)(uintptr_t)mem, fd, access);
       int e = errno;
       close(fd);
       if (mr) return mr;
@@ -43,7 +43,7 @@ struct ibv_mr *mpib_stage_ring_register(struct mpib_dev *d, struct mplane_relay_
               d->props.name, strerror(e));
     }
   }
-  return mpib_v.reg_mr(h->pd, mem, bytes, IBV_ACCESS_LOCAL_WRITE);
+  return mpib_v.reg_mr(h->pd, mem, bytes, access);
 }
 
 static ncclResult_t stage_create(struct mpib_send_comm *c, const void *src) {
@@ -61,7 +61,7 @@ static ncclResult_t stage_create(struct mpib_send_comm *c, const void *src) {
   st->mem = mplane_relay_copier_alloc(st->copier, bytes);
   errno = 0;
   if (st->mem && !mplane_relay_test_fail_reg())
-    st->mr = mpib_stage_ring_register(c->b.dev, st->copier, st->mem, bytes);
+    st->mr = mpib_stage_ring_register(c->b.dev, st->copier, st->mem, IBV_ACCESS_LOCAL_WRITE, bytes);
   else if (st->mem)
     errno = EFAULT; /* MPLANE_TEST_RELAY_FAIL=reg */
   if (!st->mr) {

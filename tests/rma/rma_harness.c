@@ -54,6 +54,11 @@
  *            ring, and an odd-sized put with its signal; every byte checked
  *   stagefault (--gpu-dmabuf, MPLANE_TEST_RELAY_FAIL=copy:N) rank 0's staged put and get lose a copy:
  *            errors from test and queryLastError, no signal, nothing outside their ranges, no wrong byte
+ *   getflush every rank gets from every rank (itself included) into a window registered as GPU memory
+ *            (a memfd dma-buf), waits for the gets, then iflushes each peer with its GPU signal window as
+ *            NCCL's GIN proxy does: the flush must be a request (a GPU needs one) and, once done, every
+ *            byte must be there (the verbs double holds READ data back from GPU memory until a flush);
+ *            gets into host memory alone need no flush (a NULL request)
  *
  * --gpu-dmabuf makes the receive, source, signal and big windows memfd dma-bufs registered as
  * NCCL_PTR_CUDA (the plugin takes them for GPU memory; no GPU needed: the CPU copier and the verbs
@@ -1565,6 +1570,43 @@ static void scenario_staged(void) {
   teardown(&e);
 }
 
+/* ---- getflush: a get into GPU memory is visible to the GPU only after iflush ---- */
+static void scenario_getflush(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  const size_t blk = 64u << 10;
+  void *gmh = NULL, *smh = NULL;
+  char *gw = fake_gpu_window(e.cc, (size_t)g_n * blk, NULL, &gmh);
+  (void)fake_gpu_window(e.cc, 8 * sizeof(uint64_t), NULL, &smh);
+  barrier(2);
+  void *reqs[MAX_RANKS];
+  for (int p = 0; p < g_n; p++)
+    CHECK(rma->iget(e.rc, p % NCTX, (uint64_t)p * 4096, e.mh_src, blk, (uint64_t)p * blk, gmh, (uint32_t)p, &reqs[p]));
+  wait_reqs(e.cc, reqs, g_n, 0);
+  for (int p = 0; p < g_n; p++) {
+    void *flush = NULL;
+    CHECK(rma->iflush(e.rc, p % NCTX, smh, (uint32_t)p, &flush));
+    if (!flush) die("iflush after a get from rank %d into GPU memory returned no request: the GPU may not see it", p);
+    wait_reqs(e.cc, &flush, 1, 0);
+  }
+  for (int p = 0; p < g_n; p++) check_bytes(gw + (size_t)p * blk, blk, p, (uint64_t)p * 4096, "get into GPU memory, flushed");
+  /* Host memory is coherent: a get into it alone leaves nothing to flush. */
+  for (int p = 0; p < g_n; p++)
+    CHECK(rma->iget(e.rc, p % NCTX, 0, e.mh_src, 4096, (uint64_t)p * 4096, e.mh_getw, (uint32_t)p, &reqs[p]));
+  wait_reqs(e.cc, reqs, g_n, 0);
+  for (int p = 0; p < g_n; p++) {
+    void *flush = NULL;
+    CHECK(rma->iflush(e.rc, p % NCTX, smh, (uint32_t)p, &flush));
+    if (flush) die("iflush after gets from rank %d into host memory only returned a request", p);
+    check_bytes(e.getw + (size_t)p * 4096, 4096, p, 0, "get into host memory");
+  }
+  printf("rank %d: gets into GPU memory visible after iflush, every byte checked\n", g_rank);
+  barrier(3);
+  CHECK(rma->deregMrSym(e.cc, smh));
+  CHECK(rma->deregMrSym(e.cc, gmh));
+  teardown(&e);
+}
+
 /* ---- stagefault (--gpu-dmabuf, MPLANE_TEST_RELAY_FAIL=copy:2, 64 KiB slots): rank 0's staged put
  * (context 0) and staged get (context 1) each lose their second copy: both end in an error from test
  * and queryLastError, within the deadline; the signal never comes; nothing lands outside their
@@ -1664,7 +1706,7 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|proxyloop|dmabuf|noroute|gpurelay|staged|stagefault|eplike\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|proxyloop|dmabuf|noroute|gpurelay|staged|stagefault|getflush|eplike\n",
             MAX_RANKS);
     return 2;
   }
@@ -1680,6 +1722,7 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "gpurelay") ? scenario_gpurelay
                      : !strcmp(scenario, "staged") ? scenario_staged
                      : !strcmp(scenario, "stagefault") ? scenario_stagefault
+                     : !strcmp(scenario, "getflush") ? scenario_getflush
                      : !strcmp(scenario, "eplike") ? scenario_eplike
                      : !strcmp(scenario, "alltoall") ? scenario_alltoall : NULL;
   g_src_size = g_big ? BIG : (4u << 20);

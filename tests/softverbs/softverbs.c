@@ -22,6 +22,12 @@
  * in IBV_WC_LOC_LEN_ERR; and an RDMA write is not placed in address order: a small write (up to
  * 4 KiB) lands in 64-byte lines from its last line to its first, each line whole (the unit PCIe
  * writes arrive in), so a reader may see the end of a write before its start.
+ * GPU memory (an MR registered through a dma-buf): a completion seen by the CPU does not mean the
+ * GPU sees the bytes. The data of an RDMA READ that lands in such an MR is held back (the GPU, and
+ * the CPU's view of the memfd, still show the old bytes) until the device that placed it reads
+ * GPU memory itself - a READ it answers from a dma-buf MR, which is what a flush through a
+ * loopback QP is - or places a later write or atomic there (PCIe keeps one device's writes in
+ * order). Holding is per device: a flush through another HCA does not release it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -103,6 +109,16 @@ struct sv_ctx {
   int pipe[2];
   struct sv_event *head, *tail;
   struct sv_ctx *next;
+};
+
+/* READ data held back from GPU memory until its device flushes (see the model above). */
+struct sv_held {
+  struct sv_dev *dev; /* the device whose requester QP placed it */
+  struct sv_mr *mr;
+  char *dst;
+  size_t len;
+  struct sv_held *next;
+  char data[];
 };
 
 struct sv_mr {
@@ -228,6 +244,8 @@ static struct {
   long nwr;
   int dmabuf;
   uint32_t key_seed;
+  struct sv_held *held, *held_tail; /* oldest first */
+  unsigned long held_bytes, released_bytes;
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void lock(void) { pthread_mutex_lock(&G.lock); }
@@ -826,6 +844,47 @@ static struct sv_mr *mr_find(uint32_t key, int remote, struct ibv_pd *pd, uint64
 }
 
 static char *mr_host(struct sv_mr *m, uint64_t iova) { return m->host + (iova - (uint64_t)(uintptr_t)m->mr.addr); }
+
+/* GPU memory: READ data a device placed there stays invisible until that device flushes (caller
+ * holds the lock). */
+static int mr_is_gpu(const struct sv_mr *m) { return m && m->map != NULL; }
+
+static void held_add(struct sv_dev *dev, struct sv_mr *m, char *dst, const char *data, size_t len) {
+  struct sv_held *h = malloc(sizeof(*h) + len);
+  if (!h) { /* no room to hold it: place it (a lenient double, never a crash) */
+    memcpy(dst, data, len);
+    return;
+  }
+  *h = (struct sv_held){.dev = dev, .mr = m, .dst = dst, .len = len};
+  memcpy(h->data, data, len);
+  if (G.held_tail) G.held_tail->next = h;
+  else G.held = h;
+  G.held_tail = h;
+  G.held_bytes += len;
+}
+
+/* dev read or wrote GPU memory: everything it placed there before is visible now, in order. */
+static void held_release(struct sv_dev *dev, const char *why) {
+  struct sv_held **pp = &G.held, *prev = NULL;
+  unsigned long n = 0;
+  while (*pp) {
+    struct sv_held *h = *pp;
+    if (h->dev != dev) {
+      prev = h;
+      pp = &h->next;
+      continue;
+    }
+    if (!h->mr->dead) memcpy(h->dst, h->data, h->len); /* a deregistered MR's mapping is gone */
+    n += h->len;
+    *pp = h->next;
+    if (G.held_tail == h) G.held_tail = prev;
+    free(h);
+  }
+  if (n) {
+    G.released_bytes += n;
+    record("event=gpu_flush pid=%d dev=%s bytes=%lu by=%s", (int)getpid(), dev->ibdev.name, n, why);
+  }
+}
 
 /* ------------------------------------------------------------------ CQ */
 SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
@@ -1493,6 +1552,12 @@ static ssize_t read_into_sges(int fd, struct sv_qp *q, struct sv_swr *w, uint64_
       char sink[4096];
       return recv(fd, sink, take < sizeof(sink) ? take : sizeof(sink), MSG_DONTWAIT);
     }
+    if (w->op == SV_OP_READ && mr_is_gpu(m)) { /* held until the device flushes */
+      static char hold[1 << 20];
+      ssize_t r = recv(fd, hold, take < sizeof(hold) ? take : sizeof(hold), MSG_DONTWAIT);
+      if (r > 0) held_add(q->sctx->dev, m, mr_host(m, w->sge[i].addr) + in, hold, (size_t)r);
+      return r;
+    }
     return recv(fd, mr_host(m, w->sge[i].addr) + in, take, MSG_DONTWAIT);
   }
   return 0;
@@ -1587,6 +1652,7 @@ static void in_fetch_add(struct sv_in *in) {
   if (r->len != 8 || (r->raddr & 7)) status = IBV_WC_REM_INV_REQ_ERR;
   else if (!m || !(q->access & IBV_ACCESS_REMOTE_ATOMIC)) status = IBV_WC_REM_ACCESS_ERR;
   uint64_t old = 0;
+  if (status == IBV_WC_SUCCESS && mr_is_gpu(m)) held_release(q->sctx->dev, "atomic");
   if (status == IBV_WC_SUCCESS) old = __atomic_fetch_add((uint64_t *)mr_host(m, r->raddr), r->add, __ATOMIC_SEQ_CST);
   else
     record("event=atomic_err pid=%d qpn=%u rkey=0x%x addr=0x%llx status=%u", (int)getpid(), q->qp.qp_num, r->rkey,
@@ -1650,6 +1716,7 @@ static void in_begin(struct sv_in *in) {
       record("event=rem_access_err pid=%d qpn=%u rkey=0x%x addr=0x%llx len=%llu", (int)getpid(), q->qp.qp_num,
              r->rkey, (unsigned long long)r->raddr, (unsigned long long)r->len);
     } else if (m) {
+      if (mr_is_gpu(m)) held_release(q->sctx->dev, "write");
       in->target = mr_host(m, r->raddr);
     }
   } else if (r->op == SV_OP_READ) {
@@ -1658,6 +1725,7 @@ static void in_begin(struct sv_in *in) {
       in->status = IBV_WC_REM_ACCESS_ERR;
       in_respond(in, r->seq, in->status, NULL, 0);
     } else {
+      if (mr_is_gpu(m)) held_release(q->sctx->dev, "read");
       in_respond(in, r->seq, IBV_WC_SUCCESS, m ? mr_host(m, r->raddr) : NULL, r->len);
     }
     in->qhave = 0;

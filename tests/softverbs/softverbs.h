@@ -18,7 +18,9 @@
  *                      send WRs the device's async event channel breaks: readable, no event),
  *                      qp_fatal_after=N (IBV_EVENT_QP_FATAL on the QP of the Nth send WR), dev=NAME
  *                      (count only work requests on that device).
- *   SOFTVERBS_DMABUF   1: ibv_reg_dmabuf_mr is supported (maps the fd; a memfd works).
+ *   SOFTVERBS_DMABUF   1: ibv_reg_dmabuf_mr is supported (maps the fd; a memfd works). Such an MR is GPU
+ *                      memory: RDMA READ data landing there stays invisible until the device that placed
+ *                      it reads GPU memory (a flush READ through a loopback QP) or writes there again.
  *   SOFTVERBS_NS       namespace for QP addresses (default: the uid), so parallel runs stay apart.
  */
 #ifndef SOFTVERBS_H
