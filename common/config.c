@@ -149,6 +149,8 @@ static const struct row rows[] = {
      "IB transport retry count"},
     {"MPLANE_IB_TC", K_INT, OFF(ib_tc), 0, "-1", -1, 255, NULL, "-1 (from the class) or 0..255",
      "RoCE GRH traffic class of every connection (default: the DSCP of its class's SL, << 2)"},
+    {"MPLANE_GIN_IB_TC", K_INT, OFF(gin_ib_tc), 0, "-1", -1, 255, NULL, "-1 (as MPLANE_IB_TC) or 0..255",
+     "RoCE GRH traffic class of the one-sided (GIN) QPs (default: MPLANE_IB_TC's rule)"},
     {"MPLANE_IB_PKEY", K_INT, OFF(ib_pkey), 0, "0", 0, 65535, NULL, "an integer from 0 to 65535",
      "partition key index of every QP"},
     {"MPLANE_IB_ECE", K_BOOL, OFF(ib_ece), 0, "1", 0, 1, NULL, "0 or 1",
@@ -169,6 +171,7 @@ static const struct row rows[] = {
 static const struct {
   const char *name, *nccl;
 } nccl_aliases[] = {
+    {"MPLANE_GIN_IB_TC", "NCCL_GIN_IB_TC"},
     {"MPLANE_IB_HCA", "NCCL_IB_HCA"},         {"MPLANE_IB_GID_INDEX", "NCCL_IB_GID_INDEX"},
     {"MPLANE_IB_SL", "NCCL_IB_SL"},           {"MPLANE_IB_TIMEOUT", "NCCL_IB_TIMEOUT"},
     {"MPLANE_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"}, {"MPLANE_IB_TC", "NCCL_IB_TC"},
@@ -310,6 +313,11 @@ ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t err
     }
   }
   return ncclSuccess;
+}
+
+const char *mplane_config_source(const char *name) {
+  const char *from;
+  return row_value(name, &from) ? from : NULL;
 }
 
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;

@@ -45,6 +45,7 @@ struct mplane_config {
   int ib_timeout;                            /* ibv local ack timeout exponent */
   int ib_retry_cnt;
   int ib_tc;                                 /* RoCE GRH traffic class of every QP; -1: from the class */
+  int gin_ib_tc;                             /* the same for the one-sided (GIN) QPs; -1: as ib_tc */
   int ib_pkey;                               /* partition key index of every QP */
   int ib_ece;                                /* negotiate ECE on IB connections where supported */
   int ib_qps;                                /* QPs per connection */
@@ -59,6 +60,10 @@ struct mplane_config {
  * is not valid for MPLANE_X: ..."); the MPLANE_IB_* variables NCCL has a twin of read it then.
  * err. */
 ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t errlen);
+
+/* Where variable `name`'s value comes from: `name` itself, its NCCL twin (e.g. "NCCL_IB_SL" for
+ * MPLANE_IB_SL, when that is unset), or NULL where neither is set (the default holds). */
+const char *mplane_config_source(const char *name);
 
 /* The process-wide configuration, loaded by the first call (thread-safe). NULL plus a WARN if the
  * environment is invalid; callers fail init then. */

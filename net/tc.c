@@ -16,12 +16,24 @@
 
 static pthread_once_t map_once = PTHREAD_ONCE_INIT;
 static struct mplane_tc_map global_map;
+static int map_explicit; /* MPLANE_TC_MAP was set: the user asked for classes on SLs of their own */
 
+/* Precedence, as sites configure NCCL (whose net_ib takes NCCL_IB_SL, else the communicator's class,
+ * else 0, and never splits by hint): an explicit MPLANE_TC_MAP first (classes it leaves out take
+ * MPLANE_IB_SL / NCCL_IB_SL); else a site's MPLANE_IB_SL / NCCL_IB_SL for every class; else the
+ * built-in map for the communicator's class. */
 static void load_map(void) {
   const struct mplane_config *cfg = mplane_config_get();
   char why[256];
   const char *s = cfg ? cfg->tc_map : "default=0,collective=0,alltoall=3,lowlat=5,storage=1";
   int dsl = cfg ? cfg->ib_sl : 0;
+  map_explicit = cfg && mplane_config_source("MPLANE_TC_MAP") != NULL;
+  const char *sl_from = cfg ? mplane_config_source("MPLANE_IB_SL") : NULL;
+  if (!map_explicit && sl_from) {
+    MP_INFO(NCCL_INIT | NCCL_NET, "%s=%d: every traffic class uses SL %d (MPLANE_TC_MAP is unset; set it to give "
+            "classes service levels of their own)", sl_from, dsl, dsl);
+    s = "";
+  }
   if (mplane_tc_map_parse(s, dsl, &global_map, why, sizeof(why)) != 0) {
     /* Cannot happen after config validation; keep every class on SL dsl. */
     MP_WARN("MPLANE_TC_MAP='%s' is not valid: %s; every class uses SL %d", s, why, dsl);
@@ -62,7 +74,16 @@ int mplane_tc_class_from_attr(const ncclNetAttr_v11_t *attr) {
   return -1;
 }
 
+int mplane_tc_hints_choose_class(void) {
+  mplane_tc_map_get();
+  return map_explicit;
+}
+
 int mplane_tc_resolve(int nccl_traffic_class, const ncclNetAttr_v11_t *attr_or_null) {
+  return mplane_tc_resolve_hints(nccl_traffic_class, mplane_tc_hints_choose_class() ? attr_or_null : NULL);
+}
+
+int mplane_tc_resolve_hints(int nccl_traffic_class, const ncclNetAttr_v11_t *attr_or_null) {
   int invalid = 0;
   int cls = mplane_tc_class_from_nccl(nccl_traffic_class, &invalid);
   if (invalid) {
@@ -92,6 +113,37 @@ int mplane_tc_dscp(int sl) {
 }
 
 int mplane_tc_priority(int sl) { return sl & 7; }
+
+/* The site's traffic class, if it set one that holds: MPLANE_GIN_IB_TC / NCCL_GIN_IB_TC for one-sided
+ * QPs, then MPLANE_IB_TC / NCCL_IB_TC. A value from NCCL's twin gives way to an explicit MPLANE_TC_MAP
+ * (the user's own map, per class); an MPLANE_* one never does. -1: none. */
+static int site_tclass(int gin, const char **from) {
+  const struct mplane_config *cfg = mplane_config_get();
+  if (!cfg) return -1;
+  int explicit_map = mplane_tc_hints_choose_class();
+  const char *g = gin ? mplane_config_source("MPLANE_GIN_IB_TC") : NULL;
+  if (g && (!explicit_map || !strcmp(g, "MPLANE_GIN_IB_TC"))) {
+    *from = g;
+    return cfg->gin_ib_tc;
+  }
+  const char *t = mplane_config_source("MPLANE_IB_TC");
+  if (t && (!explicit_map || !strcmp(t, "MPLANE_IB_TC"))) {
+    *from = t;
+    return cfg->ib_tc;
+  }
+  return -1;
+}
+
+int mplane_tc_roce_tclass(int sl, int gin) {
+  const char *from = NULL;
+  int tc = site_tclass(gin, &from);
+  if (tc < 0) return mplane_tc_dscp(sl) << 2;
+  static int said[2];
+  if (!__atomic_exchange_n(&said[gin != 0], 1, __ATOMIC_RELAXED))
+    MP_INFO(NCCL_INIT | NCCL_NET, "%s=%d: every RoCE %sQP uses traffic class %d (DSCP %d), whatever its class", from,
+            tc, gin ? "one-sided " : "", tc, tc >> 2);
+  return tc;
+}
 
 int mplane_tc_mark_socket(int fd, int sl, char *why, size_t whylen) {
   struct sockaddr_storage ss;

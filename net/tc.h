@@ -3,12 +3,16 @@
  * A connection belongs to one of five classes. Its class comes from, strongest first:
  *   1. the communicator's trafficClass (ncclConfig_t.trafficClass, net v10 connect config or
  *      v11+ init config), read as a class index (see mplane_tc_class_from_nccl);
- *   2. the hints NCCL 2.28+ passes through setNetAttr (net v11+) before it connects: op, algo and
- *      proto bit masks (mplane_tc_class_from_attr);
+ *   2. only where MPLANE_TC_MAP is set: the hints NCCL 2.28+ passes through setNetAttr (net v11+)
+ *      before it connects: op, algo and proto bit masks (mplane_tc_class_from_attr). Without a map
+ *      of the user's, one job is never spread over SLs by hint (NCCL's net_ib never is);
  *   3. otherwise `default`.
  * MPLANE_TC_MAP maps each class to a service level 0..15, with an optional adaptive-routing flag:
  *     default=0,collective=0,alltoall=3,lowlat=5:ar,storage=1
  * Classes the map does not name take the SL of `default` (MPLANE_IB_SL when `default` is absent).
+ * Where MPLANE_TC_MAP is unset and a site set MPLANE_IB_SL or NCCL_IB_SL, every class takes that SL
+ * (one INFO line says so). RoCE: MPLANE_IB_TC / NCCL_IB_TC (one-sided QPs: MPLANE_GIN_IB_TC /
+ * NCCL_GIN_IB_TC first) fix every QP's traffic class; NCCL's twins give way to an explicit map.
  * Adaptive routing is on for `lowlat` and off for every other class unless the map says
  * otherwise (":ar" / ":noar").
  *
@@ -38,8 +42,16 @@ int mplane_tc_class_from_nccl(int traffic_class, int *invalid);
  *   op with any collective (Broadcast, Reduce, AllGather(V), ReduceScatter, AllReduce) -> collective */
 int mplane_tc_class_from_attr(const ncclNetAttr_v11_t *attr);
 
-/* The class of a connection: the communicator's class when valid, else the hints, else default. */
+/* The class of a connection: the communicator's class when valid, else the hints (only where
+ * MPLANE_TC_MAP is set), else default. */
 int mplane_tc_resolve(int nccl_traffic_class, const ncclNetAttr_v11_t *attr_or_null);
+/* The same, the hints always considered (the pure rule, for tests). */
+int mplane_tc_resolve_hints(int nccl_traffic_class, const ncclNetAttr_v11_t *attr_or_null);
+/* 1 where setNetAttr hints choose a connection's class (MPLANE_TC_MAP is set). */
+int mplane_tc_hints_choose_class(void);
+/* The GRH traffic class of a RoCE QP on SL sl (gin: a one-sided QP): the site's (see above), else
+ * the SL's DSCP << 2. */
+int mplane_tc_roce_tclass(int sl, int gin);
 
 int mplane_tc_sl(int cls);
 int mplane_tc_adaptive_routing(int cls);

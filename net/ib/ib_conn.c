@@ -538,7 +538,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   /* RoCE: the class's DSCP in the IP header's traffic-class byte (DSCP << 2, ECN bits left 0), or
    * the site's one value (MPLANE_IB_TC / NCCL_IB_TC: its lossless queue with PFC) */
   if (d->link_layer != IBV_LINK_LAYER_ETHERNET) c->b.tclass = 0;
-  else c->b.tclass = cfg->ib_tc >= 0 ? cfg->ib_tc : mplane_tc_dscp(c->b.sl) << 2;
+  else c->b.tclass = mplane_tc_roce_tclass(c->b.sl, 0);
   int fd = socket(peer.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) goto fail;
   c->b.fd = fd;

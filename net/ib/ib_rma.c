@@ -530,10 +530,9 @@ static ncclResult_t cx_open(struct ibr_ctxset *s, int c, int k, const struct mpl
   x->b.fd = -1;
   x->b.sl = o->service_level;
   x->b.tc_class = o->tc_class;
-  /* as two-sided comms (ib_conn.c): on RoCE the class's DSCP, or the site's MPLANE_IB_TC */
-  const struct mplane_config *cfg = mpib_config();
+  /* as two-sided comms (ib_conn.c): on RoCE the class's DSCP, or the site's (NCCL_GIN_IB_TC first) */
   if (d->link_layer != IBV_LINK_LAYER_ETHERNET) x->b.tclass = 0;
-  else x->b.tclass = cfg->ib_tc >= 0 ? cfg->ib_tc : mplane_tc_dscp(o->service_level) << 2;
+  else x->b.tclass = mplane_tc_roce_tclass(o->service_level, 1);
   snprintf(x->b.peer, sizeof(x->b.peer), "its RMA group");
   char why[256];
   if (mpib_dev_resolve_gid(d, &x->b.gid_index, &x->b.gid, why, sizeof(why)) != 0) {

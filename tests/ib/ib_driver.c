@@ -262,6 +262,86 @@ static int sc_sl_hints(void) {
   return 0;
 }
 
+/* One connection's SL and RoCE traffic class against what is expected of it. */
+static void expect_sl_tc(const char *what, int traffic_class, const ncclNetAttr_v11_t *a, int want_sl, int want_tc) {
+  int tclass = -1;
+  int sl = sl_of_conn(traffic_class, a, &tclass, NULL);
+  if (sl != want_sl || tclass != want_tc)
+    fail("%s: SL %d, traffic class %d; expected SL %d, traffic class %d", what, sl, tclass, want_sl, want_tc);
+}
+
+static ncclNetAttr_v11_t hint(unsigned op, unsigned proto) {
+  ncclNetAttr_v11_t a;
+  memset(&a, 0xff, sizeof(a));
+  if (op) a.op = op;
+  if (proto) a.proto = proto;
+  return a;
+}
+
+/* A site's NCCL_IB_SL, MPLANE_TC_MAP unset: every connection on that SL whatever its class or hints
+ * (NCCL's net_ib never splits a job over SLs); on RoCE its DSCP too. */
+static int sc_sl_site(void) {
+  env_base("mlx5_0:roce:ip=198.18.0.1");
+  unsetenv("MPLANE_TC_MAP");
+  unsetenv("MPLANE_IB_SL");
+  setenv("NCCL_IB_SL", "4", 1);
+  up();
+  const int tc = mplane_tc_dscp(4) << 2;
+  ncclNetAttr_v11_t ll = hint(0, 1u << MPLANE_NCCL_PROTO_LL), p2p = hint(1u << MPLANE_NCCL_FUNC_SENDRECV, 0);
+  expect_sl_tc("no class", NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 4, tc);
+  expect_sl_tc("proto LL hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &ll, 4, tc);
+  expect_sl_tc("SendRecv hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &p2p, 4, tc);
+  for (int cls = 0; cls < MPLANE_TC_NCLASSES; cls++) expect_sl_tc(mplane_tc_class_name(cls), cls, NULL, 4, tc);
+  note("NCCL_IB_SL=4: every class and hint on SL 4, traffic class %d", tc);
+  return 0;
+}
+
+/* Nothing set: hints never move a connection off the default class's SL; a communicator's own class
+ * takes the built-in map's SL. */
+static int sc_sl_nomap(void) {
+  env_base("mlx5_0:roce:ip=198.18.0.1");
+  unsetenv("MPLANE_TC_MAP");
+  unsetenv("MPLANE_IB_SL");
+  unsetenv("NCCL_IB_SL");
+  unsetenv("NCCL_IB_TC");
+  up();
+  ncclNetAttr_v11_t ll = hint(0, 1u << MPLANE_NCCL_PROTO_LL), p2p = hint(1u << MPLANE_NCCL_FUNC_SENDRECV, 0);
+  expect_sl_tc("proto LL hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &ll, 0, 0);
+  expect_sl_tc("SendRecv hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &p2p, 0, 0);
+  expect_sl_tc("trafficClass alltoall", MPLANE_TC_ALLTOALL, NULL, 3, mplane_tc_dscp(3) << 2);
+  note("no map, no site SL: hints stay on SL 0; trafficClass alltoall on the built-in map's SL 3");
+  return 0;
+}
+
+/* The user's own MPLANE_TC_MAP wins over NCCL's twins: per class and hint, its SLs and their DSCPs,
+ * NCCL_IB_SL only for classes it leaves out (default named here, so none), NCCL_IB_TC not applied. */
+static int sc_sl_map_wins(void) {
+  env_base("mlx5_0:roce:ip=198.18.0.1");
+  setenv("MPLANE_TC_MAP", "default=2,lowlat=5", 1);
+  unsetenv("MPLANE_IB_SL");
+  unsetenv("MPLANE_IB_TC");
+  setenv("NCCL_IB_SL", "4", 1);
+  setenv("NCCL_IB_TC", "106", 1);
+  up();
+  ncclNetAttr_v11_t ll = hint(0, 1u << MPLANE_NCCL_PROTO_LL);
+  expect_sl_tc("proto LL hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &ll, 5, mplane_tc_dscp(5) << 2);
+  expect_sl_tc("no class", NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 2, mplane_tc_dscp(2) << 2);
+  note("MPLANE_TC_MAP over NCCL_IB_SL and NCCL_IB_TC");
+  return 0;
+}
+
+/* MPLANE_IB_TC, mplane's own, holds with a map too. */
+static int sc_sl_map_own_tc(void) {
+  env_base("mlx5_0:roce:ip=198.18.0.1");
+  setenv("MPLANE_TC_MAP", "default=2,lowlat=5", 1);
+  setenv("MPLANE_IB_TC", "106", 1);
+  up();
+  ncclNetAttr_v11_t ll = hint(0, 1u << MPLANE_NCCL_PROTO_LL);
+  expect_sl_tc("proto LL hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &ll, 5, 106);
+  note("MPLANE_IB_TC=106 with a map: SL 5, traffic class 106");
+  return 0;
+}
+
 /* RoCE: RoCE v2 IPv4-mapped GID chosen; the class's DSCP in the traffic class; GID override. */
 static int sc_roce(void) {
   env_base("mlx5_0:roce:ip=198.18.0.1");
@@ -904,7 +984,8 @@ int main(int argc, char **argv) {
   struct {
     const char *name;
     int (*fn)(void);
-  } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"roce", sc_roce},
+  } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"sl-site", sc_sl_site}, {"sl-nomap", sc_sl_nomap}, {"sl-map-wins", sc_sl_map_wins},
+                 {"sl-map-own-tc", sc_sl_map_own_tc}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"cross-plane-staged", sc_cross_plane_staged},
              {"cross-plane-staged-dmabuf", sc_cross_plane_staged_dmabuf},

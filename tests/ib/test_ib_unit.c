@@ -3,10 +3,12 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
 #include "net/ib/ib.h"
+#include "net/tc.h"
 
 static void test_hca_grammar(void **state) {
   (void)state;
@@ -175,8 +177,24 @@ static void test_max_comms(void **state) {
   assert_int_equal(mpib_max_comms(65536, 65536, 0, 0), 32768);   /* nonsense counts taken as 1 */
 }
 
+/* A site's RoCE traffic classes, as NCCL reads them: NCCL_GIN_IB_TC for the one-sided QPs, else
+ * NCCL_IB_TC; without an MPLANE_TC_MAP of the user's they win over the class's DSCP (main sets them). */
+static void test_site_tclass(void **state) {
+  (void)state;
+  assert_int_equal(mplane_tc_hints_choose_class(), 0);
+  assert_int_equal(mplane_tc_roce_tclass(3, 1), 98);  /* NCCL_GIN_IB_TC */
+  assert_int_equal(mplane_tc_roce_tclass(3, 0), 106); /* NCCL_IB_TC */
+  assert_int_equal(mplane_tc_roce_tclass(5, 0), 106);
+}
+
 int main(void) {
+  unsetenv("MPLANE_TC_MAP");
+  unsetenv("MPLANE_IB_TC");
+  unsetenv("MPLANE_GIN_IB_TC");
+  setenv("NCCL_IB_TC", "106", 1);
+  setenv("NCCL_GIN_IB_TC", "98", 1);
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_site_tclass),
       cmocka_unit_test(test_hca_grammar),
       cmocka_unit_test(test_gid_choice),
       cmocka_unit_test(test_imm_layout),

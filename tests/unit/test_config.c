@@ -162,6 +162,7 @@ static const struct int_row int_rows[] = {
     {"MPLANE_IB_RETRY_CNT", F(ib_retry_cnt), 0, 7, 7},
     {"MPLANE_IB_QPS", F(ib_qps), 1, 16, 2},
     {"MPLANE_IB_TC", F(ib_tc), -1, 255, -1},
+    {"MPLANE_GIN_IB_TC", F(gin_ib_tc), -1, 255, -1},
     {"MPLANE_IB_PKEY", F(ib_pkey), 0, 65535, 0},
     {"MPLANE_DEBUG", F(debug), 0, 2, 0},
     {"MPLANE_SOCKET_SPIN_US", F(socket_spin_us), 0, 10000, 0},
@@ -624,7 +625,7 @@ static void test_nccl_twins(void **state) {
   (void)state;
   struct mplane_config cfg;
   const char *twins[] = {"NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_SL", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT",
-                         "NCCL_IB_TC", "NCCL_IB_PKEY"};
+                         "NCCL_IB_TC", "NCCL_IB_PKEY", "NCCL_GIN_IB_TC"};
   for (size_t i = 0; i < sizeof(twins) / sizeof(twins[0]); i++) unsetenv(twins[i]);
   setenv("NCCL_IB_GID_INDEX", "3", 1);
   setenv("NCCL_IB_HCA", "=mlx5_2", 1);
@@ -636,6 +637,14 @@ static void test_nccl_twins(void **state) {
   assert_string_equal(cfg.ib_hca, "=mlx5_2");
   assert_int_equal(cfg.ib_tc, 106);
   assert_int_equal(cfg.ib_sl, 2); /* MPLANE_IB_SL over NCCL_IB_SL */
+  /* where each value came from (net/tc.c: a site's NCCL_IB_SL/TC give way to an explicit MPLANE_TC_MAP) */
+  assert_string_equal(mplane_config_source("MPLANE_IB_SL"), "MPLANE_IB_SL");
+  assert_string_equal(mplane_config_source("MPLANE_IB_TC"), "NCCL_IB_TC");
+  assert_null(mplane_config_source("MPLANE_GIN_IB_TC"));
+  setenv("NCCL_GIN_IB_TC", "98", 1);
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.gin_ib_tc, 98);
+  assert_string_equal(mplane_config_source("MPLANE_GIN_IB_TC"), "NCCL_GIN_IB_TC");
   unsetenv("MPLANE_IB_SL");
   setenv("NCCL_IB_TIMEOUT", "abc", 1);
   assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclInvalidArgument);

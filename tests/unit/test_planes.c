@@ -117,10 +117,14 @@ static void test_tc_classes(void **state) {
 
   /* the communicator's class wins over hints; hints over default */
   a = attr(BIT(MPLANE_NCCL_FUNC_SEND), MPLANE_NCCL_ATTR_UNDEF, MPLANE_NCCL_ATTR_UNDEF);
-  assert_int_equal(mplane_tc_resolve(MPLANE_TC_STORAGE, &a), MPLANE_TC_STORAGE);
+  assert_int_equal(mplane_tc_resolve_hints(MPLANE_TC_STORAGE, &a), MPLANE_TC_STORAGE);
+  assert_int_equal(mplane_tc_resolve_hints(NCCL_NET_TRAFFIC_CLASS_UNDEF, &a), MPLANE_TC_ALLTOALL);
+  assert_int_equal(mplane_tc_resolve_hints(NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL), MPLANE_TC_DEFAULT);
+  assert_int_equal(mplane_tc_resolve_hints(42, &a), MPLANE_TC_ALLTOALL);
+  /* main sets MPLANE_TC_MAP: the user's map, so hints choose the class (without one they do not:
+   * softverbs sl-site, sl-nomap) */
+  assert_int_equal(mplane_tc_hints_choose_class(), 1);
   assert_int_equal(mplane_tc_resolve(NCCL_NET_TRAFFIC_CLASS_UNDEF, &a), MPLANE_TC_ALLTOALL);
-  assert_int_equal(mplane_tc_resolve(NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL), MPLANE_TC_DEFAULT);
-  assert_int_equal(mplane_tc_resolve(42, &a), MPLANE_TC_ALLTOALL);
   assert_string_equal(mplane_tc_class_name(MPLANE_TC_ALLTOALL), "alltoall");
   assert_int_equal(mplane_tc_class_by_name("LOWLAT", 6), MPLANE_TC_LOWLAT);
 }
