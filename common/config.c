@@ -155,6 +155,9 @@ static const struct row rows[] = {
      "partition key index of every QP"},
     {"MPLANE_IB_ECE", K_BOOL, OFF(ib_ece), 0, "1", 0, 1, NULL, "0 or 1",
      "negotiate ECE (enhanced connection establishment) where the HCA has it"},
+    {"MPLANE_IB_SUBNET_PROBE", K_BOOL, OFF(ib_subnet_probe), 0, "1", 0, 1, NULL, "0 or 1",
+     "where every IB port keeps the default GID prefix, find which share a subnet (LIDs, SM LIDs, one RDMA write "
+     "between the node's own ports) and make those one plane"},
     {"MPLANE_IB_QPS", K_INT, OFF(ib_qps), 0, "2", 1, 16, NULL, "an integer from 1 to 16",
      "queue pairs per connection; large messages are striped across them"},
     {"MPLANE_IBVERBS_LIB", K_STR, STR(ibverbs_lib), "libibverbs.so.1", 0, 0, NULL, "a library name or path",

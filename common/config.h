@@ -49,6 +49,7 @@ struct mplane_config {
   int ib_pkey;                               /* partition key index of every QP */
   int ib_ece;                                /* negotiate ECE on IB connections where supported */
   int ib_qps;                                /* QPs per connection */
+  int ib_subnet_probe;                       /* default-prefix IB ports: find their subnets at init */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */
   int debug;                                 /* MPLANE_DEBUG; log.c reads it directly (before config) */

@@ -117,6 +117,7 @@ struct mpib_dev { /* one port = one NCCL device */
   int link_layer;         /* IBV_LINK_LAYER_* */
   int grh_required;       /* IB port that takes only global addresses (IBV_QPF_GRH_REQUIRED: SR-IOV VFs) */
   uint16_t lid;
+  uint16_t sm_lid;        /* IB: the LID of the subnet manager that manages the port */
   int gid_index;          /* RoCE: the GID index last resolved (atomic: connections resolve it anew); IB: 0 */
   union ibv_gid gid;
   enum ibv_mtu mtu;
@@ -124,6 +125,11 @@ struct mpib_dev { /* one port = one NCCL device */
   socklen_t ooblen;
   struct mplane_dev_props props;
 };
+
+/* Which of the n IB ports devs share a subnet, from their LIDs, SM LIDs and a probe
+ * (an RC write with a GRH from each port to each other one, within a deadline): group[i] is port i's
+ * subnet, numbered by first port; returns the number of subnets, or -1 (undecided) with why. */
+int mpib_subnet_groups(struct mpib_dev *devs, int n, int *group, char *why, size_t whylen);
 
 int mpib_dev_count(void);
 struct mpib_dev *mpib_dev_get(int dev);

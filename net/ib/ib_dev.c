@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "../../common/clock.h"
 #include "../../common/log.h"
 #include "ib.h"
 
@@ -373,11 +375,262 @@ void mpib_comm_unregister(struct mpib_comm_base *c) {
   pthread_mutex_unlock(&g.reg_lock);
 }
 
+/* ---- which of this node's IB ports share a subnet, where their GID prefixes cannot say (ib.h).
+ *
+ * Every subnet manager starts with the default prefix fe80::, so eight planes that each run their own
+ * SM and one fabric with one SM can look alike by prefix. What else the node can read:
+ *   - the port's LID: LIDs are unique within a subnet, so two ports with the same LID are in
+ *     different subnets;
+ *   - the port's SM LID: every port of a subnet is managed by its master SM, so two ports with
+ *     different SM LIDs are in different subnets (equal SM LIDs prove nothing: each plane's SM may
+ *     well have LID 1);
+ *   - reachability itself: an RC QP on one port connected to a QP on the other, by LID and with a
+ *     GRH naming the other port's full GID (prefix and port GUID), and one 8-byte RDMA write. In one
+ *     subnet it completes within microseconds. Across subnets the LID leads to some other port of the
+ *     first subnet (or nowhere), whose HCA drops the packet because its GID is not the DGID: no other
+ *     job's QP ever sees it, and the write ends in a retry-exceeded completion, after about
+ *     4.096 us * 2^PROBE_TIMEOUT * (PROBE_RETRY + 1).
+ * The first two decide a pair for free; the probe decides the rest, all pairs at once, within a
+ * deadline. A pair the probe leaves open, or answers that contradict each other, leave the grouping
+ * undecided: the caller keeps its old rule then. */
+#define PROBE_TIMEOUT 12   /* ACK timeout exponent: 16.8 ms */
+#define PROBE_RETRY 1
+#define PROBE_DEADLINE_S 2.0
+
+struct probe {
+  int a, b;         /* the ports, a < b */
+  int verdict;      /* 1 reach each other, 0 do not, -1 undecided */
+  const char *why;  /* how it was decided */
+  struct ibv_cq *cqa, *cqb;
+  struct ibv_qp *qa, *qb;
+  struct ibv_mr *ma, *mb;
+  uint64_t bufa, bufb;
+};
+
+static ncclResult_t qp_init(struct mpib_dev *d, struct ibv_cq *cq, int access, struct ibv_qp **out) {
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof(ia));
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 1;
+  ia.cap.max_send_sge = 1;
+  struct ibv_qp *qp = mpib_v.create_qp(d->hca->pd, &ia);
+  if (!qp) return ncclSystemError;
+  *out = qp;
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = (uint16_t)mpib_config()->ib_pkey;
+  a.port_num = (uint8_t)d->port;
+  a.qp_access_flags = access;
+  return mpib_v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0
+             ? ncclSuccess
+             : ncclSystemError;
+}
+
+/* qp on port d to port peer's QP rqpn: by LID, with a GRH naming peer's GID; short retries. */
+static ncclResult_t qp_rts(struct mpib_dev *d, struct ibv_qp *qp, const struct mpib_dev *peer, uint32_t rqpn) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = d->mtu < peer->mtu ? d->mtu : peer->mtu;
+  a.dest_qp_num = rqpn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.port_num = (uint8_t)d->port;
+  a.ah_attr.dlid = peer->lid;
+  a.ah_attr.is_global = 1;
+  memcpy(a.ah_attr.grh.dgid.raw, peer->gid.raw, 16);
+  a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+  a.ah_attr.grh.hop_limit = 1; /* this subnet only: a router between planes does not make them one */
+  if (mpib_v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
+    return ncclSystemError;
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = PROBE_TIMEOUT;
+  a.retry_cnt = PROBE_RETRY;
+  a.rnr_retry = 0;
+  a.max_rd_atomic = 1;
+  return mpib_v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0
+             ? ncclSuccess
+             : ncclSystemError;
+}
+
+static void probe_free(struct probe *p) {
+  if (p->qa) mpib_v.destroy_qp(p->qa);
+  if (p->qb) mpib_v.destroy_qp(p->qb);
+  if (p->ma) mpib_v.dereg_mr(p->ma);
+  if (p->mb) mpib_v.dereg_mr(p->mb);
+  if (p->cqa) mpib_v.destroy_cq(p->cqa);
+  if (p->cqb) mpib_v.destroy_cq(p->cqb);
+}
+
+/* Set up p and post its write; -1 where it could not (its verdict stays undecided). */
+static int probe_start(struct probe *p, struct mpib_dev *da, struct mpib_dev *db) {
+  p->cqa = mpib_v.create_cq(da->hca->ctx, 2, NULL, NULL, 0);
+  p->cqb = mpib_v.create_cq(db->hca->ctx, 2, NULL, NULL, 0);
+  if (!p->cqa || !p->cqb) return -1;
+  p->ma = mpib_v.reg_mr(da->hca->pd, &p->bufa, sizeof(p->bufa), IBV_ACCESS_LOCAL_WRITE);
+  p->mb = mpib_v.reg_mr(db->hca->pd, &p->bufb, sizeof(p->bufb), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!p->ma || !p->mb) return -1;
+  if (qp_init(da, p->cqa, 0, &p->qa) != ncclSuccess || qp_init(db, p->cqb, IBV_ACCESS_REMOTE_WRITE, &p->qb) != ncclSuccess)
+    return -1;
+  if (qp_rts(da, p->qa, db, p->qb->qp_num) != ncclSuccess || qp_rts(db, p->qb, da, p->qa->qp_num) != ncclSuccess)
+    return -1;
+  p->bufa = 0x6d706c616e65ull; /* "mplane" */
+  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)&p->bufa, .length = sizeof(p->bufa), .lkey = p->ma->lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof(wr));
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)&p->bufb;
+  wr.wr.rdma.rkey = p->mb->rkey;
+  return ibv_post_send(p->qa, &wr, &bad) == 0 ? 0 : -1;
+}
+
+static int find(int *up, int x) {
+  while (up[x] != x) x = up[x] = up[up[x]];
+  return x;
+}
+
+int mpib_subnet_groups(struct mpib_dev *devs, int n, int *group, char *why, size_t whylen) {
+  if (n < 1 || n > MPIB_MAX_DEVS) {
+    snprintf(why, whylen, "%d ports", n);
+    return -1;
+  }
+  size_t npairs = (size_t)n * (size_t)(n - 1) / 2;
+  struct probe *pr = calloc(npairs ? npairs : 1, sizeof(*pr));
+  if (!pr) {
+    snprintf(why, whylen, "out of memory");
+    return -1;
+  }
+  size_t k = 0;
+  int nprobed = 0;
+  for (int a = 0; a < n; a++)
+    for (int b = a + 1; b < n; b++, k++) {
+      struct probe *p = &pr[k];
+      p->a = a;
+      p->b = b;
+      p->verdict = -1;
+      if (devs[a].sm_lid != devs[b].sm_lid) {
+        p->verdict = 0;
+        p->why = "SM LIDs differ";
+      } else if (devs[a].lid == devs[b].lid) {
+        p->verdict = 0;
+        p->why = "the same LID";
+      } else if (probe_start(p, &devs[a], &devs[b]) == 0) {
+        nprobed++;
+      } else {
+        p->why = "the probe could not be set up";
+      }
+    }
+  double t0 = mplane_now_s();
+  int open = nprobed;
+  while (open > 0 && mplane_now_s() - t0 < PROBE_DEADLINE_S) {
+    for (k = 0; k < npairs; k++) {
+      struct probe *p = &pr[k];
+      if (p->verdict >= 0 || !p->qa) continue;
+      struct ibv_wc wc;
+      int got = ibv_poll_cq(p->cqa, 1, &wc);
+      if (got <= 0) continue;
+      p->verdict = wc.status == IBV_WC_SUCCESS && p->bufb == p->bufa;
+      p->why = p->verdict ? "the probe write arrived" : "the probe write found no way there";
+      open--;
+    }
+    if (open > 0) {
+      struct timespec ts = {0, 200000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  int *up = calloc((size_t)n, sizeof(int));
+  int undecided = 0;
+  int ok = up != NULL;
+  for (int i = 0; ok && i < n; i++) up[i] = i;
+  for (k = 0; ok && k < npairs; k++) {
+    if (pr[k].verdict < 0) undecided++;
+    if (pr[k].verdict == 1) up[find(up, pr[k].a)] = find(up, pr[k].b);
+  }
+  int contradiction = 0;
+  for (k = 0; ok && k < npairs; k++)
+    if (pr[k].verdict == 0 && find(up, pr[k].a) == find(up, pr[k].b)) contradiction = 1;
+  int res = -1;
+  if (!ok) snprintf(why, whylen, "out of memory");
+  else if (undecided) snprintf(why, whylen, "%d of %zu pairs of ports undecided (no answer within %.0f s, or no probe)",
+                               undecided, npairs, PROBE_DEADLINE_S);
+  else if (contradiction) snprintf(why, whylen, "the answers contradict each other (A reaches B, B reaches C, A not C)");
+  else {
+    /* groups numbered by their first port, in discovery order */
+    int ng = 0;
+    int *id = malloc((size_t)n * sizeof(int));
+    if (id) {
+      for (int i = 0; i < n; i++) id[i] = -1;
+      for (int i = 0; i < n; i++) {
+        int r = find(up, i);
+        if (id[r] < 0) id[r] = ng++;
+        group[i] = id[r];
+      }
+      free(id);
+      snprintf(why, whylen, "%d subnet(s) among %d ports: %d pair(s) probed, %zu decided by LID or SM LID", ng, n,
+               nprobed, npairs - (size_t)nprobed);
+      res = ng;
+    } else {
+      snprintf(why, whylen, "out of memory");
+    }
+  }
+  for (k = 0; k < npairs; k++) {
+    if (pr[k].why)
+      MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s and %s: %s (%s)", devs[pr[k].a].props.name, devs[pr[k].b].props.name,
+              pr[k].verdict == 1 ? "one subnet" : pr[k].verdict == 0 ? "different subnets" : "undecided", pr[k].why);
+    probe_free(&pr[k]);
+  }
+  free(up);
+  free(pr);
+  return res;
+}
+
 /* ------------------------------------------------------------------ discovery */
-/* Planes: distinct IB subnet prefixes are distinct planes (ranked by prefix); else discovery
- * order. Hook: topo/ (hwloc, PCI order) and MPLANE_PLANES (applied by plugin/net_core.c after us)
- * override this. */
-static void assign_planes(void) {
+/* IB ports that all keep the default GID prefix fe80:: (one SM, or one SM per plane that left its
+ * prefix alone): their subnets from LIDs, SM LIDs and a probe (ib_subnet.c). 1 decided. */
+static int planes_by_probe(const struct mplane_config *cfg) {
+  if (g.ndev < 2) return 0;
+  for (int d = 0; d < g.ndev; d++)
+    if (g.devs[d].link_layer != IBV_LINK_LAYER_INFINIBAND ||
+        be64toh(g.devs[d].gid.global.subnet_prefix) != 0xfe80000000000000ull)
+      return 0;
+  if (!cfg->ib_subnet_probe) {
+    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: every port has the default GID prefix fe80::, and MPLANE_IB_SUBNET_PROBE=0: "
+            "planes by discovery order (say one fabric with MPLANE_PLANES)");
+    return 0;
+  }
+  int group[MPIB_MAX_DEVS], rail[MPIB_MAX_DEVS] = {0};
+  char why[256];
+  int ng = mpib_subnet_groups(g.devs, g.ndev, group, why, sizeof(why));
+  if (ng < 0) {
+    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: every port has the default GID prefix fe80::; which share a subnet is "
+            "undecided (%s): planes by discovery order", why);
+    return 0;
+  }
+  for (int d = 0; d < g.ndev; d++) {
+    for (int e = 0; e < d; e++) rail[d] += group[e] == group[d];
+    g.devs[d].props.plane = group[d];
+    g.devs[d].props.rail = rail[d];
+  }
+  MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: every port has the default GID prefix fe80::; %s: %s", why,
+          ng == 1 ? "one plane, every NIC a rail of it (nothing relayed between them)"
+                  : "a plane per subnet, numbered by its first port");
+  return 1;
+}
+
+/* Planes: distinct IB subnet prefixes are distinct planes (ranked by prefix); ports that all keep the
+ * default prefix by their subnets as found (planes_by_probe); else discovery order. Hook: topo/
+ * (hwloc, PCI order) and MPLANE_PLANES (applied by plugin/net_core.c after us) override this. */
+static void assign_planes(const struct mplane_config *cfg) {
+  if (planes_by_probe(cfg)) return;
   uint64_t prefixes[MPIB_MAX_DEVS];
   int nprefix = 0;
   for (int d = 0; d < g.ndev; d++) {
@@ -503,6 +756,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
       d->port = port;
       d->link_layer = pa.link_layer;
       d->lid = pa.lid;
+      d->sm_lid = pa.sm_lid;
       d->mtu = pa.active_mtu;
       d->grh_required = (pa.flags & IBV_QPF_GRH_REQUIRED) != 0;
       char why[256];
@@ -532,7 +786,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
     MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: no active port selected (MPLANE_IB_HCA='%s')", cfg->ib_hca);
     return ncclSystemError;
   }
-  assign_planes();
+  assign_planes(cfg);
   for (int i = 0; i < g.nhca; i++) {
     if (pthread_create(&g.hcas[i].async_thread, NULL, async_thread, &g.hcas[i]) == 0) g.hcas[i].async_started = 1;
     else MP_WARN("NET/IB: cannot start the async event thread of %s", g.hcas[i].name);

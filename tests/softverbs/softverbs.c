@@ -90,6 +90,8 @@ struct sv_resp {
 struct sv_dev {
   struct ibv_device ibdev;
   int index, nports, link_layer, fabric;
+  int default_prefix; /* IB: GID prefix fe80:: whatever the subnet (each SM left its default) */
+  int lid0, sm_lid;   /* the first port's LID (0: derived from the index) and the SM's LID (0: 1) */
   int grh_required; /* IB ports that take only global addresses (SR-IOV VFs in cloud VMs) */
   int gid_shift;    /* RoCE: entries an added IPv6 address put before the IPv4 ones (gid_move_after) */
   uint32_t ece;     /* ECE options its QPs support; 0: no ECE (ibv_query_ece/ibv_set_ece say EOPNOTSUPP) */
@@ -301,6 +303,9 @@ static void parse_devices(void) {
       else if (!strncmp(f, "ip=", 3)) inet_pton(AF_INET, f + 3, &d->ip);
       else if (!strncmp(f, "subnet=", 7)) d->fabric = atoi(f + 7);
       else if (!strcmp(f, "grh")) d->grh_required = 1;
+      else if (!strcmp(f, "defprefix")) d->default_prefix = 1;
+      else if (!strncmp(f, "lid=", 4)) d->lid0 = atoi(f + 4);
+      else if (!strncmp(f, "smlid=", 6)) d->sm_lid = atoi(f + 6);
       else if (!strncmp(f, "ece=", 4)) d->ece = (uint32_t)strtoul(f + 4, NULL, 16);
     }
     if (d->nports < 1) d->nports = 1;
@@ -392,12 +397,14 @@ static uint32_t new_key(void) {
 }
 
 /* ------------------------------------------------------------------ addressing */
-static uint16_t port_lid(const struct sv_dev *d, int port) { return (uint16_t)(1 + d->index * 8 + port); }
+static uint16_t port_lid(const struct sv_dev *d, int port) {
+  return (uint16_t)(d->lid0 ? d->lid0 + port - 1 : 1 + d->index * 8 + port);
+}
 
 /* Fill gid for (dev, port, index); returns gid type, or -1 for an empty/invalid entry. */
 static int port_gid(const struct sv_dev *d, int port, int index, union ibv_gid *gid) {
   memset(gid, 0, sizeof(*gid));
-  uint64_t prefix = 0xfe80000000000000ull | (uint64_t)(unsigned)d->fabric;
+  uint64_t prefix = 0xfe80000000000000ull | (d->default_prefix ? 0 : (uint64_t)(unsigned)d->fabric);
   uint64_t iid = d->guid + (uint64_t)port;
   if (d->link_layer == IBV_LINK_LAYER_INFINIBAND) {
     if (index != 0) return -1;
@@ -702,7 +709,7 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port, struct _
   a->gid_tbl_len = gid_tbl_len(d);
   a->max_msg_sz = SV_MAX_MSG;
   a->lid = d->link_layer == IBV_LINK_LAYER_INFINIBAND ? port_lid(d, port) : 0;
-  a->sm_lid = 1;
+  a->sm_lid = (uint16_t)(d->sm_lid ? d->sm_lid : 1);
   a->max_vl_num = 4;
   a->active_width = 2;  /* 4x */
   a->active_speed = 64; /* HDR: 4 x 50 Gb/s */

@@ -2,10 +2,12 @@
  *
  * Environment:
  *   SOFTVERBS_DEVICES  devices, comma separated: NAME[:ib|:roce][:ports=N][:down=P][:ip=A.B.C.D][:subnet=N][:grh]
- *                      [:ece=HEX]
+ *                      [:ece=HEX][:defprefix][:lid=N][:smlid=N]
  *                      (grh: the ports require a GRH, as IB SR-IOV VFs do: RTR without one is EINVAL;
  *                      ece: ibv_query_ece/ibv_set_ece work, the QPs support these ECE options; without
- *                      it they answer EOPNOTSUPP, as rxe does)
+ *                      it they answer EOPNOTSUPP, as rxe does; defprefix: the IB GID prefix is fe80::
+ *                      whatever the subnet, as where each plane's SM keeps its default; lid: the first
+ *                      port's LID; smlid: the SM LID its ports report, default 1)
  *                      default "mlx5_0:ib,mlx5_1:ib". subnet is the fabric (plane): QPs of different
  *                      subnets cannot reach each other, as on a multi-plane cluster.
  *   SOFTVERBS_RECORD   a file; every QP's attributes are appended at RTR and RTS (one line each,

@@ -172,6 +172,7 @@ static const struct int_row int_rows[] = {
     {"MPLANE_NCCL_TOPO", F(nccl_topo), 0, 1, 1},
     {"MPLANE_NCCL_DEFAULTS", F(nccl_defaults), 0, 1, 1},
     {"MPLANE_IB_ECE", F(ib_ece), 0, 1, 1},
+    {"MPLANE_IB_SUBNET_PROBE", F(ib_subnet_probe), 0, 1, 1},
 };
 
 struct str_row {
