@@ -158,8 +158,8 @@ static const struct row rows[] = {
     {"MPLANE_IB_SUBNET_PROBE", K_BOOL, OFF(ib_subnet_probe), 0, "1", 0, 1, NULL, "0 or 1",
      "where every IB port keeps the default GID prefix, find which share a subnet (LIDs, SM LIDs, one RDMA write "
      "between the node's own ports) and make those one plane"},
-    {"MPLANE_IB_QPS", K_INT, OFF(ib_qps), 0, "2", 1, 16, NULL, "an integer from 1 to 16",
-     "queue pairs per connection; large messages are striped across them"},
+    {"MPLANE_IB_QPS", K_INT, OFF(ib_qps), 0, "1", 1, 16, NULL, "an integer from 1 to 16",
+     "queue pairs per connection (as NCCL's default, plus the flush QP); large messages are striped across them"},
     {"MPLANE_IBVERBS_LIB", K_STR, STR(ibverbs_lib), "libibverbs.so.1", 0, 0, NULL, "a library name or path",
      "the libibverbs to dlopen (tests point it at the software verbs double)"},
     {"MPLANE_DEBUG", K_INT, OFF(debug), 0, "0", 0, 2, NULL, "0, 1 (INFO) or 2 (INFO and TRACE)",
@@ -178,7 +178,7 @@ static const struct {
     {"MPLANE_IB_HCA", "NCCL_IB_HCA"},         {"MPLANE_IB_GID_INDEX", "NCCL_IB_GID_INDEX"},
     {"MPLANE_IB_SL", "NCCL_IB_SL"},           {"MPLANE_IB_TIMEOUT", "NCCL_IB_TIMEOUT"},
     {"MPLANE_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"}, {"MPLANE_IB_TC", "NCCL_IB_TC"},
-    {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},       {"MPLANE_IB_ECE", "NCCL_IB_ECE_ENABLE"},
+    {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},       {"MPLANE_IB_QPS", "NCCL_IB_QPS_PER_CONNECTION"},       {"MPLANE_IB_ECE", "NCCL_IB_ECE_ENABLE"},
 };
 
 static const char *nccl_alias(const char *name) {

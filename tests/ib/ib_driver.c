@@ -817,6 +817,7 @@ static int sc_relaxed_ordering(void) {
 static int sc_qp_sizes(void) {
   env_base("mlx5_0:ib");
   setenv("MPLANE_TC_MAP", "default=0:ar", 1);
+  setenv("MPLANE_IB_QPS", "2", 1);
   up();
   unlink(record_path);
   struct pair p;
@@ -934,6 +935,7 @@ static int ece_run(const char *devspec, int *set_ok, int *rtr_with) {
 
 static int sc_ece(void) {
   int set, rtr;
+  setenv("MPLANE_IB_QPS", "2", 1);
   ece_run("mlx5_0:ib:ece=5", &set, &rtr);
   /* 2 receiver QPs take the offer, 2 sender QPs the answer; all 4 reach RTR with it (not the flush QP) */
   if (set != 4 || rtr != 4) fail("ECE: %d QPs set, %d reached RTR with options 0x5; expected 4 and 4", set, rtr);

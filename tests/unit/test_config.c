@@ -160,7 +160,7 @@ static const struct int_row int_rows[] = {
     {"MPLANE_IB_SL", F(ib_sl), 0, 15, 0},
     {"MPLANE_IB_TIMEOUT", F(ib_timeout), 1, 31, 20},
     {"MPLANE_IB_RETRY_CNT", F(ib_retry_cnt), 0, 7, 7},
-    {"MPLANE_IB_QPS", F(ib_qps), 1, 16, 2},
+    {"MPLANE_IB_QPS", F(ib_qps), 1, 16, 1},
     {"MPLANE_IB_TC", F(ib_tc), -1, 255, -1},
     {"MPLANE_GIN_IB_TC", F(gin_ib_tc), -1, 255, -1},
     {"MPLANE_IB_PKEY", F(ib_pkey), 0, 65535, 0},
@@ -626,7 +626,7 @@ static void test_nccl_twins(void **state) {
   (void)state;
   struct mplane_config cfg;
   const char *twins[] = {"NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_SL", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT",
-                         "NCCL_IB_TC", "NCCL_IB_PKEY", "NCCL_GIN_IB_TC"};
+                         "NCCL_IB_TC", "NCCL_IB_PKEY", "NCCL_GIN_IB_TC", "NCCL_IB_QPS_PER_CONNECTION"};
   for (size_t i = 0; i < sizeof(twins) / sizeof(twins[0]); i++) unsetenv(twins[i]);
   setenv("NCCL_IB_GID_INDEX", "3", 1);
   setenv("NCCL_IB_HCA", "=mlx5_2", 1);
@@ -646,6 +646,9 @@ static void test_nccl_twins(void **state) {
   assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
   assert_int_equal(cfg.gin_ib_tc, 98);
   assert_string_equal(mplane_config_source("MPLANE_GIN_IB_TC"), "NCCL_GIN_IB_TC");
+  setenv("NCCL_IB_QPS_PER_CONNECTION", "2", 1); /* NCCL's name for it */
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.ib_qps, 2);
   unsetenv("MPLANE_IB_SL");
   setenv("NCCL_IB_TIMEOUT", "abc", 1);
   assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclInvalidArgument);
