@@ -46,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -288,7 +289,15 @@ out:
 /* --sender-netns PATH: the sending process moves into that network namespace (a /proc/PID/ns/net
  * or a bind mount of one) before it opens the plugin, so the two processes talk over a real link
  * (a veth pair) instead of loopback. */
-static void enter_netns(const char *path) {
+static void enter_netns(const char *spec) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s", spec);
+  struct stat st;
+  FILE *f = stat(spec, &st) == 0 && S_ISREG(st.st_mode) ? fopen(spec, "r") : NULL; /* a file naming it */
+  if (f) {
+    if (fscanf(f, "%4095s", path) != 1) snprintf(path, sizeof(path), "%s", spec);
+    fclose(f);
+  }
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
     fprintf(stderr, "mplane-netbench: --sender-netns '%s': %s\n", path, strerror(errno));
@@ -756,7 +765,11 @@ int main(int argc, char **argv) {
     plan.raw_len = raw.len;
   }
   if (write(pipefd[1], &plan, sizeof(plan)) != sizeof(plan)) die("pipe write failed");
-  while (!recv_comm) NCHECK(net->accept(listen_comm, &recv_comm, NULL));
+  int st;
+  while (!recv_comm) {
+    NCHECK(net->accept(listen_comm, &recv_comm, NULL));
+    if (!recv_comm && waitpid(pid, &st, WNOHANG) == pid) die("sender process failed before it connected");
+  }
   if (o.raw_streams > 0) raw_accept(&raw, o.raw_streams);
   /* Plugin and raw rounds alternate, so a noisy machine's drift hits both alike; the ratio is
    * taken pair by pair. */
@@ -781,7 +794,6 @@ int main(int argc, char **argv) {
            per_round, rg[r]);
     printf("ratio    plugin / raw TCP = %.0f%%\n", 100.0 * ratio[r]);
   }
-  int st;
   waitpid(pid, &st, 0);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) die("sender process failed");
   NCHECK(net->closeRecv(recv_comm));
