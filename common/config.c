@@ -112,8 +112,9 @@ static const struct row rows[] = {
      "process; with more, helper threads copy them in parallel"},
     {"MPLANE_SOCKET_SPEED", K_INT, OFF(socket_speed_mbps), 0, "-1", -1, 10000000, NULL,
      "-1 (automatic) or Mb/s from 1 to 10000000",
-     "speed reported where the driver reports none; NCCL sizes its channels by it (automatic: loopback "
-     "400000, since it has no link and moves bytes at memory speed; other interfaces 10000, NCCL's own guess)",
+     "speed reported where the driver reports none, and for loopback and veth; NCCL sizes its channels by it, "
+     "the socket transport its defaults (automatic: loopback and veth, whose bytes the host's cores copy, 25000 "
+     "per usable CPU, at most 400000; other interfaces 10000, NCCL's own guess)",
      speed_validate},
     {"MPLANE_SOCKET_SPIN_US", K_INT, OFF(socket_spin_us), 0, "0", 0, 10000, NULL,
      "microseconds, an integer from 0 to 10000",

@@ -159,8 +159,19 @@ struct mps_dev {
 };
 
 int mps_dev_count(void);
-/* 1 if a device found is loopback reported at the automatic speed (no MPLANE_SOCKET_SPEED). */
-int mps_loopback_auto_speed(void);
+/* What a link is decides the defaults (streams, NCCL's buffers and channels, tuner rows), the same
+ * rule on every kind: its rate, from the driver where it has one; a host-copied link (loopback, a
+ * veth pair: no device of their own, every byte copied by the host's cores, veth's 10 Gb/s is a
+ * constant of its driver) moves MPS_HOST_LINK_MBPS_PER_CPU per usable CPU, at most
+ * MPS_HOST_LINK_MBPS_MAX; MPLANE_SOCKET_SPEED replaces the rate of both kinds that report none. */
+#define MPS_HOST_LINK_MBPS_PER_CPU 25000
+#define MPS_HOST_LINK_MBPS_MAX 400000
+int mps_host_link_mbps(int ncpus);
+/* 1 if every device found runs at MPS_FAST_LINK_MBPS or more: NCCL's 4 MiB buffers on 8 channels
+ * and the transport's tuner rows (net/socket/socket_transport.c says why). */
+int mps_fast_links(void);
+/* The CPUs this process may run on (its affinity mask): where the helper threads run. */
+int mps_usable_cpus(void);
 const struct mps_dev *mps_dev_get(int dev);
 ncclResult_t mps_iface_discover(const struct mplane_config *cfg);
 const struct mplane_config *mps_config(void);

@@ -138,13 +138,6 @@ int mps_streams_for(const struct mplane_config *cfg, int speed_mbps, int ncpus) 
   return speed_mbps >= MPS_FAST_LINK_MBPS && ncpus >= 2 * 8 ? 8 : 4;
 }
 
-/* The CPUs this process may run on (its affinity mask), where the helper threads will run. */
-static int usable_cpus(void) {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return CPU_COUNT(&set);
-}
-
 static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, const struct mplane_handle *h,
                                struct mps_connect_stage **out) {
   const struct mplane_config *cfg = mps_config();
@@ -167,7 +160,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   }
   uint64_t nonce = 0;
   if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = (uint64_t)mplane_now_s() ^ (uint64_t)(uintptr_t)st;
-  int ncpus = usable_cpus();
+  int ncpus = mps_usable_cpus();
   int nstreams = mps_streams_for(cfg, d->props.speed_mbps, ncpus);
   static int said; /* once per process: what every connection of this kind opens */
   if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))

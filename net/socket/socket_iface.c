@@ -2,10 +2,15 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <limits.h>
+#include <linux/ethtool.h>
+#include <linux/sockios.h>
+#include <sched.h>
 #include <net/if.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include "../../common/log.h"
 #include "../relay.h"
@@ -85,29 +90,65 @@ static int read_sysfs_int(const char *ifname, const char *leaf, int dflt) {
   return v;
 }
 
-/* Speed for an interface whose driver reports none (MPLANE_SOCKET_SPEED, -1 = automatic). Loopback
- * has no link: it moves bytes at memory speed (about 200-300 Gb/s of TCP on an H200 host), and telling
- * NCCL 10 Gb/s makes it build too few channels to keep the host busy. */
-static int loopback_auto; /* a device is loopback at the automatic speed */
-
-static int unknown_speed(const struct mplane_config *cfg, int is_loopback) {
-  if (cfg->socket_speed_mbps > 0) return cfg->socket_speed_mbps;
-  if (is_loopback) loopback_auto = 1;
-  return is_loopback ? 400000 : 10000;
+int mps_usable_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
 }
 
-int mps_loopback_auto_speed(void) { return loopback_auto; }
+int mps_host_link_mbps(int ncpus) {
+  long r = (long)MPS_HOST_LINK_MBPS_PER_CPU * (ncpus > 0 ? ncpus : 1);
+  return r > MPS_HOST_LINK_MBPS_MAX ? MPS_HOST_LINK_MBPS_MAX : (int)r;
+}
 
-static void fill_props(struct mps_dev *d, int index, int speed_if_unknown) {
+/* veth (by its driver's name, ETHTOOL_GDRVINFO): a software link, bytes copied between two
+ * namespaces by the host like loopback's; its reported 10000 Mb/s is a constant of the driver. */
+static int is_veth(const char *ifname) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  struct ethtool_drvinfo info = {.cmd = ETHTOOL_GDRVINFO};
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof(ifr));
+  snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifname);
+  ifr.ifr_data = (char *)&info;
+  int veth = ioctl(fd, SIOCETHTOOL, &ifr) == 0 && strcmp(info.driver, "veth") == 0;
+  close(fd);
+  return veth;
+}
+
+/* The MTU by ioctl: sysfs shows the namespace it was mounted in, not necessarily this one. */
+static int iface_mtu(const char *ifname) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof(ifr));
+  snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifname);
+  int mtu = ioctl(fd, SIOCGIFMTU, &ifr) == 0 ? ifr.ifr_mtu : 0;
+  close(fd);
+  return mtu;
+}
+
+static int all_fast; /* every device found is at MPS_FAST_LINK_MBPS or more */
+
+int mps_fast_links(void) { return all_fast; }
+
+/* The rate of a link its driver does not measure: MPLANE_SOCKET_SPEED where set; a host-copied
+ * link the host's (it has no wire: telling NCCL 10 Gb/s makes it build too few channels to keep a
+ * 16-core host busy, where loopback TCP moved 290 Gb/s on 8 streams); any other 10000, NCCL's guess. */
+static int unknown_speed(const struct mplane_config *cfg, int host_copied, int ncpus) {
+  if (cfg->socket_speed_mbps > 0) return cfg->socket_speed_mbps;
+  return host_copied ? mps_host_link_mbps(ncpus) : 10000;
+}
+
+static void fill_props(struct mps_dev *d, int index, int host_copied, int speed_if_unknown) {
   struct mplane_dev_props *p = &d->props;
   memset(p, 0, sizeof(*p));
   snprintf(p->name, sizeof(p->name), "%s", d->ifname);
   char link[256], real[PATH_MAX];
   snprintf(link, sizeof(link), "/sys/class/net/%s/device", d->ifname);
   if (realpath(link, real) != NULL) snprintf(p->pci_path, sizeof(p->pci_path), "%s", real);
-  /* Virtual interfaces (virtio, veth, lo) report -1 or nothing: use MPLANE_SOCKET_SPEED (default
-   * 10 Gb/s, NCCL's own assumption). */
-  int speed = read_sysfs_int(d->ifname, "speed", -1);
+  /* Virtual interfaces (virtio, lo) report -1 or nothing, veth a constant: speed_if_unknown. */
+  int speed = host_copied ? -1 : read_sysfs_int(d->ifname, "speed", -1);
   p->speed_mbps = speed > 0 ? speed : speed_if_unknown;
   /* The guid tells NCCL which devices share a physical NIC: the PCI function's path, else the MAC. */
   char mac[64] = "";
@@ -139,7 +180,8 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
     return ncclSystemError;
   }
   ndevs = 0;
-  loopback_auto = 0;
+  all_fast = 1;
+  int ncpus = mps_usable_cpus();
   struct sockaddr_storage masks[MPS_MAX_DEVS]; /* for planes from subnets (net/relay.c) */
   /* IPv4 first, then IPv6, one device per interface: the order is stable across ranks. */
   for (int pass = 0; pass < 2; pass++) {
@@ -161,7 +203,12 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
       snprintf(d->ifname, sizeof(d->ifname), "%s", a->ifa_name);
       d->addrlen = family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
       memcpy(&d->addr, a->ifa_addr, d->addrlen);
-      fill_props(d, ndevs, unknown_speed(cfg, loop));
+      int host = loop || is_veth(a->ifa_name);
+      fill_props(d, ndevs, host, unknown_speed(cfg, host, ncpus));
+      if (d->props.speed_mbps < MPS_FAST_LINK_MBPS) all_fast = 0;
+      MP_INFO(NCCL_INIT | NCCL_NET, "socket: %s: %s link at %d Mb/s, MTU %d, %d CPUs usable", d->ifname,
+              host ? "host-copied" : "NIC", d->props.speed_mbps,
+              iface_mtu(d->ifname), ncpus);
       memset(&masks[ndevs], 0, sizeof(masks[ndevs]));
       if (a->ifa_netmask) memcpy(&masks[ndevs], a->ifa_netmask, d->addrlen);
       ndevs++;
@@ -179,6 +226,7 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
   for (int i = 0; i < ndevs; i++)
     if (planes[i] >= 0) devs[i].props.plane = planes[i];
   if (ndevs == 0) {
+    all_fast = 0;
     MP_WARN("socket: no interface matches MPLANE_SOCKET_IFNAME='%s' (loopback is used only when named, "
             "e.g. MPLANE_SOCKET_IFNAME=lo)", cfg->socket_ifname);
     return ncclSystemError;

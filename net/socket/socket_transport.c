@@ -77,35 +77,39 @@ static struct mplane_stats_req *socket_req_stats(void *request) {
   }
 }
 
-/* TCP moves each message through the kernel twice: bigger steps amortise the per-message cost.
- * 512 KiB point-to-point chunks and 8 MiB buffers (1 MiB steps) are what NCCL's own guidance and
- * aws-ofi-nccl use for software-driven transports. */
+/* The defaults follow what the link is (socket.h: its rate, from the driver, or the host's for a
+ * host-copied link such as loopback or a veth pair), one rule for every kind of link:
+ *
+ * Below MPS_FAST_LINK_MBPS (a 10/25/40 GbE NIC, loopback or a veth pair on a host of fewer than
+ * 4 CPUs): TCP moves each message through the kernel twice, and bigger steps amortise the per-message
+ * cost. 512 KiB point-to-point chunks and 8 MiB buffers (1 MiB steps) are what NCCL's own guidance
+ * and aws-ofi-nccl use for software-driven transports. */
 static const char *const socket_nccl_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "NCCL_BUFFSIZE=8388608", NULL};
 
-/* Loopback at the automatic speed (two emulated nodes on one host, where every byte is copied by
- * the host's cores at both ends) measures otherwise. There NCCL's own 4 MiB buffers (1 MiB slices)
- * with 8 channels moved all_reduce of 32 MiB 6-16%, 64 MiB 5-18% and 128 MiB 6-11% faster than 8
- * MiB buffers on 4 channels, in four calls on nvidia-h200; 4 MiB buffers on 4 channels lose 7-8% at
- * 128 MiB, and 8 channels up to 21% from 4 to 16 MiB, so the rows below keep those sizes on 4
- * (docs/benchmarks.md, "Buffers and channels for two emulated nodes"). */
-static const char *const socket_loopback_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "NCCL_BUFFSIZE=4194304",
-                                                  "NCCL_MIN_NCHANNELS=8", NULL};
+/* At MPS_FAST_LINK_MBPS or more (a 100 GbE NIC; loopback or a veth pair on 4+ CPUs, whose rate is
+ * the host's) one channel's TCP streams cannot fill the link, and the host's cores at both ends
+ * do: NCCL's own 4 MiB buffers (1 MiB slices) with 8 channels moved all_reduce of 32 MiB 6-16%,
+ * 64 MiB 5-18% and 128 MiB 6-11% faster than 8 MiB buffers on 4 channels, in four calls on
+ * nvidia-h200 (two emulated nodes over loopback, at 400 Gb/s); 4 MiB buffers on 4 channels lose
+ * 7-8% at 128 MiB, and 8 channels up to 21% from 4 to 16 MiB, so the rows below keep those sizes
+ * on 4 (docs/benchmarks.md, "Buffers and channels for two emulated nodes"; "Defaults by link" has
+ * the same choice measured on a veth pair). */
+static const char *const socket_fast_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "NCCL_BUFFSIZE=4194304",
+                                              "NCCL_MIN_NCHANNELS=8", NULL};
 
-static const char *const *socket_env_defaults(void) {
-  return mps_loopback_auto_speed() ? socket_loopback_env : socket_nccl_env;
-}
+static const char *const *socket_env_defaults(void) { return mps_fast_links() ? socket_fast_env : socket_nccl_env; }
 
-/* Loopback at the automatic 400 Gb/s (socket_iface.c) makes NCCL run all_reduce from 32 KiB to
- * 1 MiB as LL on 4 channels: over TCP, LL's many half-full steps cost 1.2-1.7x NCCL Socket's time,
- * which at 10 Gb/s gets Simple on 2 channels from 64 KiB (nvidia-h200, two emulated nodes, nccl-tests
- * 2.19.6 all_reduce, docs/benchmarks.md). These rows give those sizes Simple, on one channel up to
+/* At 100 Gb/s and more NCCL runs all_reduce from 32 KiB to 1 MiB as LL on 4 channels: over TCP,
+ * LL's many half-full steps cost 1.2-1.7x NCCL Socket's time, which at 10 Gb/s gets Simple on 2
+ * channels from 64 KiB (nvidia-h200, two emulated nodes at 400 Gb/s, nccl-tests 2.19.6 all_reduce,
+ * docs/benchmarks.md). These rows give those sizes Simple, on one channel up to
  * 512 KiB (each ring step then moves the whole slice in one message: 64-256 KiB took 0.75-0.80x the
  * time of 2 channels) and on 4 from 512 KiB to 1 MiB (where 2 took 20-29% longer at 512 KiB, and 1
  * took 4-5% longer at 512 KiB and 14-17% at 1 MiB), sizes above 2 MiB and below 32 MiB the 4
- * channels that double all_reduce's bandwidth there, and bigger ones all 8 that socket_loopback_env
+ * channels that double all_reduce's bandwidth there, and bigger ones all 8 that socket_fast_env
  * asks NCCL for. A table of the user's (MPLANE_TUNER_CONFIG) replaces them; without the tuner,
  * all_reduce from 2 to 32 MiB runs on 8 channels. */
-static const char socket_loopback_tuner[] =
+static const char socket_fast_tuner[] =
     "collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks\n"
     "allreduce,32K,65535,-1,-1,2,-1,-1\n"
     "allreduce,64K,524287,ring,simple,1,-1,-1\n"
@@ -113,7 +117,7 @@ static const char socket_loopback_tuner[] =
     "allreduce,1048577,2M,ring,simple,2,-1,-1\n"
     "allreduce,2097153,33554431,-1,-1,4,-1,-1\n";
 
-static const char *socket_tuner_defaults(void) { return mps_loopback_auto_speed() ? socket_loopback_tuner : NULL; }
+static const char *socket_tuner_defaults(void) { return mps_fast_links() ? socket_fast_tuner : NULL; }
 
 const struct mplane_transport_ops mplane_socket_ops = {
     .name = "socket",

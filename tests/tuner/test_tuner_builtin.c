@@ -1,15 +1,17 @@
 /* mplane tests: the socket transport's built-in tuner rows reach NCCL's calls.
  *
- * Loopback reported at the automatic speed (400 Gb/s) makes NCCL run mid-sized all_reduce as LL on
- * 4 channels, slower than NCCL Socket; the socket transport then hands the tuner rows for those
- * sizes (net/socket/socket_transport.c). This test loads the built plugin, inits its net side on
- * lo as NCCL does, then drives ncclTunerPlugin_v5. argv[1] names the environment the runner set:
- *   loopback     MPLANE_SOCKET_IFNAME=lo: 32K..64K-1 get 2 channels (NCCL's algorithm and protocol
+ * A link of 100 Gb/s or more (loopback on a host of 4+ CPUs included) makes NCCL run mid-sized
+ * all_reduce as LL on 4 channels, slower than NCCL Socket; the socket transport then hands the tuner
+ * rows for those sizes (net/socket/socket_transport.c). This test loads the built plugin, inits its
+ * net side on lo as NCCL does, then drives ncclTunerPlugin_v5. argv[1] names the environment the
+ * runner set:
+ *   loopback     MPLANE_SOCKET_IFNAME=lo at 100 Gb/s (MPLANE_SOCKET_SPEED=100000, a 100 GbE NIC's
+ *                rate, whatever this machine's CPUs): 32K..64K-1 get 2 channels (NCCL's algorithm and protocol
  *                stay), 64K..2M Ring/Simple (64K..512K-1 on 1 channel, 512K..1M on 4, then 2),
  *                2M+1..32M-1 4 channels
  *                (NCCL's algorithm and protocol stay); smaller and bigger sizes, and communicators
  *                of one node, are left alone
- *   speed        and MPLANE_SOCKET_SPEED=10000: no rows (the speed is the user's)
+ *   speed        and MPLANE_SOCKET_SPEED=10000: no rows (a slow link)
  *   nodefaults   and MPLANE_NCCL_DEFAULTS=0: no rows */
 #include <dlfcn.h>
 #include <setjmp.h>
