@@ -26,6 +26,7 @@
 #                         LL (default 32: with fewer its two ranks' kernels may not fit on one GPU)
 #     --iters N           timed iterations (default 10), --warmup N (3)
 #     --timeout S         seconds for each NCCL EP run (default 150)
+#     --mplane-timeout S  seconds for each libmplane-ep run (default 180; a run takes ~10-20 s)
 #     --shapes LIST       ht,small (default both)
 #     --no-validate       do not pass -V (validation) to ep_bench
 #     --out DIR           results (default $OUT, else build-ep-dev/side-by-side): side-by-side.md
@@ -43,6 +44,7 @@ ll_sms=32
 iters=10
 warmup=3
 timeout_s=150
+mplane_timeout=180
 shapes="ht,small"
 validate=1
 from_logs=0
@@ -58,15 +60,16 @@ while [ $# -gt 0 ]; do
     --iters) iters=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
+    --mplane-timeout) mplane_timeout=$2; shift 2 ;;
     --shapes) shapes=$2; shift 2 ;;
     --no-validate) validate=0; shift ;;
     --from-logs) from_logs=1; shift ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (--help lists them)" ;;
   esac
 done
-for v in sms ll_sms iters warmup timeout_s; do
+for v in sms ll_sms iters warmup timeout_s mplane_timeout; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || die "--${v//_/-} '${!v}': expected a whole number"
 done
 build="${EP_BUILD:-$here/build-ep-dev}"
@@ -82,6 +85,33 @@ say() { echo "ep-side-by-side: $*" | tee -a "$out/notes.txt"; }
 touch "$out/notes.txt"
 
 # =============================== running ===============================
+# Every long step runs in the background and is waited for: bash runs a trap only once the foreground
+# command has ended, so a TERM sent to this script (a `timeout` around it) would otherwise wait for
+# the step in flight. On TERM/INT the step (a `timeout` process, which passes the signal on to what
+# it runs) is stopped and the script ends; the EXIT trap then stops the MPS daemon.
+step_pid=""
+run_step() { # run_step LOG CMD...: CMD's output into LOG, its exit status returned
+  local log=$1
+  shift
+  "$@" >"$log" 2>&1 &
+  step_pid=$!
+  wait "$step_pid"
+  local rc=$?
+  step_pid=""
+  return $rc
+}
+on_signal() {
+  [ -n "$step_pid" ] && kill -TERM "$step_pid" 2>/dev/null
+  echo "ep-side-by-side: stopped by a signal" >&2
+  exit 143
+}
+trap on_signal TERM INT
+mps_stop() {
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  # a daemon started right after may find the old server still holding the GPU: wait (10 s at most)
+  local i
+  for i in $(seq 1 50); do pgrep -x nvidia-cuda-mps-server >/dev/null 2>&1 || break; sleep 0.2; done
+}
 prepare_run() {
   if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "ep-side-by-side: no GPU (nvidia-smi -L failed): nothing measured"
@@ -94,7 +124,7 @@ prepare_run() {
     say "no --ep-bench (NCCL_EP_BENCH): NCCL EP is not run; build ep_bench from contrib/nccl_ep of NCCL 2.30+ on this machine and give its path"
   fi
   # libmplane-ep and the plugin, built as scripts/ep-bench.sh builds them
-  EP_BUILD="$build" OUT="$out/build" "$here/scripts/ep-bench.sh" build >"$out/build-step.log" 2>&1 ||
+  run_step "$out/build-step.log" env EP_BUILD="$build" OUT="$out/build" "$here/scripts/ep-bench.sh" build ||
     { cat "$out/build-step.log"; die "building libmplane-ep failed (see $out/build)"; }
   grep -E "^ep-bench: (NCCL header|nvcc|date|  GPU)" "$out/build-step.log" | sed 's/^ep-bench: /  /' >>"$out/notes.txt"
   bench=""
@@ -116,7 +146,7 @@ prepare_run() {
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if nvidia-cuda-mps-control -d; then
       mps=1
-      trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
+      trap mps_stop EXIT
     fi
   fi
   if [ $mps = 1 ]; then say "MPS daemon started (pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
@@ -137,12 +167,12 @@ run_mplane() {
   tmp=$(mktemp -d "$out/nccl-mplane-$1-XXXX")
   local ld="$eplib_dir:$(dirname "$plugin"):${mplane_nccl_lib:+$mplane_nccl_lib:}$cuda_root/lib64:${LD_LIBRARY_PATH:-}"
   say "libmplane-ep $shape: $bench --gpus 2 --nodes 2 --share-gpus --mode bench --tokens $tokens --sms $sms --iters $iters --warmup $warmup"
-  env LD_LIBRARY_PATH="$ld" NCCL_NET_PLUGIN="$plugin" MPLANE_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 \
-    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$tmp/nccl.%h.%p.log" \
-    timeout -k 5 400 "$bench" --gpus 2 --nodes 2 --share-gpus --mode bench --tokens "$tokens" --hidden 7168 \
-    --experts 256 --topk 8 --groups 8 --topk-groups 4 --sms "$sms" --iters "$iters" --warmup "$warmup" --timeout 380 \
-    >"$log" 2>&1
-  echo "rc=$?" >"$out/mplane-$shape.status"
+  run_step "$log" env LD_LIBRARY_PATH="$ld" NCCL_NET_PLUGIN="$plugin" MPLANE_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo \
+    NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$tmp/nccl.%h.%p.log" \
+    timeout -k 5 "$mplane_timeout" "$bench" --gpus 2 --nodes 2 --share-gpus --mode bench --tokens "$tokens" --hidden 7168 \
+    --experts 256 --topk 8 --groups 8 --topk-groups 4 --sms "$sms" --iters "$iters" --warmup "$warmup" \
+    --timeout $((mplane_timeout - 10))
+  echo "rc=$? limit=$mplane_timeout" >"$out/mplane-$shape.status"
   net_lines "$tmp" "libmplane-ep $shape"
   rm -rf "$tmp"
 }
@@ -196,8 +226,8 @@ run_nccl_ep() {
   [ $mps = 1 ] && x+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
   say "NCCL EP $shape: mpirun -np 2 ... ep_bench ${args[*]} (limit ${timeout_s}s)"
   local t0; t0=$(date +%s)
-  timeout -k 10 "$timeout_s" "$mpirun" --allow-run-as-root -np 2 --oversubscribe --bind-to none "${x[@]}" \
-    "$out/rank-wrap.sh" "$ep_bench" "${args[@]}" >"$log" 2>&1
+  run_step "$log" timeout -k 10 "$timeout_s" "$mpirun" --allow-run-as-root -np 2 --oversubscribe --bind-to none "${x[@]}" \
+    "$out/rank-wrap.sh" "$ep_bench" "${args[@]}"
   echo "rc=$? seconds=$(( $(date +%s) - t0 )) limit=$timeout_s" >"$st"
   net_lines "$tmp" "NCCL EP $shape"
   rm -rf "$tmp"
@@ -212,7 +242,9 @@ parse_mplane() {
   rc=$(stat_get "$out/mplane-$shape.status" rc)
   local ncclv; ncclv=$(grep -oE "NCCL [0-9]+, device" "$log" 2>/dev/null | head -1 | tr -dc '0-9')
   if [ "${rc:-x}" != 0 ] || ! grep -q "^| node-limited |" "$log" 2>/dev/null; then
-    echo "$shape|libmplane-ep|node-limited|-|$sms|-|-|-|-|-|FAILED (exit ${rc:-?}; see mplane-$shape.log)" >>"$rows"
+    local why="exit ${rc:-?}"
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && why="did not finish within $(stat_get "$out/mplane-$shape.status" limit)s"
+    echo "$shape|libmplane-ep|node-limited|-|$sms|-|-|-|-|-|FAILED ($why; see mplane-$shape.log)" >>"$rows"
     return
   fi
   # | name | fmt | SMs | layout | dispatch | combine | dispatch wire (net+nvl) | dispatch DeepEP | combine wire | combine DeepEP | cold |
