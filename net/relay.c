@@ -426,13 +426,27 @@ static struct cu_signal_lane *lane_of(int gpu) {
  * returns at once while there are none (host windows only, or nothing new). */
 static int lanes_pending;
 
+/* With TRACE on (MPLANE_DEBUG=2): how long a driver call that queues work on a lane took, when it
+ * took longer than 100 us. Such a call runs on NCCL's GIN progress thread; while the driver holds it
+ * nothing else is served, so these lines show where a one-sided op's latency goes. */
+static uint64_t driver_t0(void) { return mplane_log_tracing() ? mplane_now_ns() : 0; }
+
+static void driver_took(uint64_t t0, const char *what, size_t n) {
+  if (!t0) return;
+  uint64_t us = (mplane_now_ns() - t0) / 1000;
+  if (us > 100) MP_TRACE(NCCL_NET, "CUDA %s (%zu) took %llu us", what, n, (unsigned long long)us);
+}
+
 /* Give the lane's pending writes to the driver in one call, in order (lock held). */
 static int lane_submit(struct cu_signal_lane *l) {
   int n = l->npending;
   if (n == 0) return 0;
   __atomic_store_n(&l->npending, 0, __ATOMIC_RELAXED);
   __atomic_sub_fetch(&lanes_pending, 1, __ATOMIC_RELAXED);
-  return cu.cuStreamBatchMemOp(l->stream, (unsigned)n, l->pending, 0) == CUDA_SUCCESS ? 0 : -1;
+  uint64_t t0 = driver_t0();
+  int rc = cu.cuStreamBatchMemOp(l->stream, (unsigned)n, l->pending, 0) == CUDA_SUCCESS ? 0 : -1;
+  driver_took(t0, "cuStreamBatchMemOp, writes", (size_t)n);
+  return rc;
 }
 
 int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now) {
@@ -508,8 +522,10 @@ uint64_t mplane_cuda_copy_async(int gpu, void *dst, const void *src, size_t byte
   struct cu_signal_lane *l = lane_of(gpu);
   if (!l || !l->done) return 0;
   pthread_mutex_lock(&l->lock);
+  uint64_t t0 = driver_t0();
   CUresult r = to_gpu ? cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, l->stream)
                       : cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, l->stream);
+  driver_took(t0, to_gpu ? "cuMemcpyHtoDAsync, bytes" : "cuMemcpyDtoHAsync, bytes", bytes);
   uint64_t seq = 0;
   if (r == CUDA_SUCCESS && lane_mark(l, l->seq + 1) == 0) seq = ++l->seq;
   pthread_mutex_unlock(&l->lock);
