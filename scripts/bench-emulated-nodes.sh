@@ -16,8 +16,22 @@
 #   --bw "ARGS"        ... of the bandwidth sweep (default "-b 32M -e 128M -f 4 -w 5 -n 20"), "" to
 #                      skip it: mplane against NCCL Socket at NCCL_NSOCKS_PERTHREAD x
 #                      NCCL_SOCKET_NTHREADS points, the best point's median taken
-#   --grid best|full   those points: best = 1x1 and 1x2 (the best points of every grid measured so
-#                      far; the default), full = {1,2,4,8} x {1,2,4}
+#   --grid best|full|"POINTS"
+#                      those points, each SxT (NCCL_NSOCKS_PERTHREAD=S NCCL_SOCKET_NTHREADS=T, S*T
+#                      at most 64) or SxT-CHUNK-BUFF (and NCCL_P2P_NET_CHUNKSIZE, NCCL_BUFFSIZE, K/M
+#                      suffixes): best = 1x1 1x2 4x4 4x4-512K-8M (the best points of every grid
+#                      measured so far, 4x4-512K-8M on nvidia-h200 2026-12-02; the default), full =
+#                      {1,2,4,8} x {1,2,4,8}, each at NCCL's sizes and at 512K-8M (32 points)
+#   --link lo|veth|both
+#                      the link between the two ranks (default lo): lo = loopback; veth = a veth
+#                      pair between two network namespaces (tools/mplane-netns; each rank enters its
+#                      namespace after MPI_Init through libnetns-after-mpi-init.so, so MPI keeps
+#                      loopback); both = one after the other, a summary each. Where this machine
+#                      cannot make namespaces (mplane-netns probe exits 77) the veth runs are
+#                      measured on loopback with MPLANE_SOCKET_SPEED=100000 (the rate, and so the
+#                      defaults, of a 100 GbE NIC) and the summary says so
+#   --netns-tools DIR  where mplane-netns and libnetns-after-mpi-init.so are (default: the plugin's
+#                      build folder's tools/)
 #   --warmup "ARGS"    one mplane run of the first test before the rounds, not counted (default
 #                      "-b 32M -e 32M -w 5 -n 20"; a fresh machine's first runs are slow), "" to skip
 #   --env VAR=VALUE    added to every mplane run; repeatable (e.g. --env NCCL_MIN_NCHANNELS=8)
@@ -42,7 +56,7 @@
 #
 # Both MPI ranks use GPU 0 (NCCL_TESTS_DEVICE=0) and each exports NCCL_HOSTID=node<rank>, so NCCL
 # sees two hosts and every byte goes through the network transport over loopback
-# (MPLANE_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo). MPS lets both ranks' kernels run at once; without
+# (MPLANE_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo) or the veth pair (=mpv0 / =mpv1's prefix mpv). MPS lets both ranks' kernels run at once; without
 # it they take turns on the GPU. NCCL_NVLS_ENABLE=0 always. Needs Open MPI's mpirun (MPIRUN, PATH, or
 # /usr/lib/x86_64-linux-gnu/openmpi/bin/mpirun) and nccl-tests built with MPI=1.
 #
@@ -59,6 +73,8 @@ time_args="-b 8 -e 1M -f 2 -w 10 -n 50"
 bw_args="-b 32M -e 128M -f 4 -w 5 -n 20"
 warmup_args="-b 32M -e 32M -w 5 -n 20"
 grid=best
+link=lo
+netns_tools=""
 out="$here/build/bench-emulated-nodes"
 mps=1
 summarize=""
@@ -80,6 +96,8 @@ while [ $# -gt 0 ]; do
     --bw) need "$@"; bw_args="$2"; shift 2 ;;
     --warmup) need "$@"; warmup_args="$2"; shift 2 ;;
     --grid) need "$@"; grid="$2"; shift 2 ;;
+    --link) need "$@"; link="$2"; shift 2 ;;
+    --netns-tools) need "$@"; netns_tools="$2"; shift 2 ;;
     --env) need "$@"; menv+=("$2"); shift 2 ;;
     --variant) need "$@"; read -r vn vv <<<"$2"; vnames+=("${vn:-}"); venvs+=("${vv:-}"); shift 2 ;;
     --gin) need "$@"; gin_args="$2"; shift 2 ;;
@@ -185,9 +203,9 @@ for test in tests:
 if lines:
     npoints = len({k[1] for k in rows if k[0] == "bw" and k[1].startswith("socket")})
     print(f"\nbusbw in GB/s, median of {runs} runs; Socket: the best of {npoints} NSOCKS_PERTHREAD x SOCKET_NTHREADS points")
-    print(f"{'test':>10} {'size':>8} {'mplane':>8} {'Socket':>8} {'point':>12} {'ratio':>7}")
+    print(f"{'test':>10} {'size':>8} {'mplane':>8} {'Socket':>8} {'point':>19} {'ratio':>7}")
     for test, s, m, best, b, r in lines:
-        print(f"{test:>10} {human(s):>8} {m:8.2f} {b:8.2f} {best:>12} {r:6.2f}x")
+        print(f"{test:>10} {human(s):>8} {m:8.2f} {b:8.2f} {best:>19} {r:6.2f}x")
     low = [l for l in lines if l[5] < 1.7]
     verdict = "met" if not low else "NOT met: " + ", ".join(f"{t} {human(s)} {r:.2f}x" for t, s, _, _, _, r in low)
     print(f"\nbusbw >= 1.7x NCCL Socket's best point: {verdict}")
@@ -270,10 +288,28 @@ fi
 
 case "$rounds" in ''|*[!0-9]*|0) die "--rounds '$rounds': expected a whole number from 1" ;; esac
 case "$grid" in
-  best) points=(1x1 1x2) ;;
-  full) points=(); for t in 1 2 4; do for s in 1 2 4 8; do points+=("${s}x$t"); done; done ;;
-  *) die "--grid '$grid': expected best or full" ;;
+  best) points=(1x1 1x2 4x4 4x4-512K-8M) ;;
+  full) points=(); for t in 1 2 4 8; do for s in 1 2 4 8; do points+=("${s}x$t" "${s}x$t-512K-8M"); done; done ;;
+  *) read -r -a points <<<"$grid"
+     [ ${#points[@]} -gt 0 ] || die "--grid '$grid': expected best, full or points SxT[-CHUNK-BUFF]"
+     for p in "${points[@]}"; do
+       [[ $p =~ ^([0-9]+)x([0-9]+)(-[0-9]+[KM]?-[0-9]+[KM]?)?$ ]] && [ $((BASH_REMATCH[1] * BASH_REMATCH[2])) -ge 1 ] &&
+         [ $((BASH_REMATCH[1] * BASH_REMATCH[2])) -le 64 ] ||
+         die "--grid '$grid': '$p' is not SxT or SxT-CHUNK-BUFF (S*T from 1 to 64, sizes with K/M), or not best/full"
+     done ;;
 esac
+case "$link" in lo|veth|both) ;; *) die "--link '$link': expected lo, veth or both" ;; esac
+# point_env POINT: the NCCL variables of one Socket point, one a line
+point_env() {
+  local p=$1 st=${1%%-*} sz
+  echo "NCCL_NSOCKS_PERTHREAD=${st%x*}"
+  echo "NCCL_SOCKET_NTHREADS=${st#*x}"
+  [ "$p" = "$st" ] && return
+  bytes() { case "$1" in *K) echo $((${1%K} << 10)) ;; *M) echo $((${1%M} << 20)) ;; *) echo "$1" ;; esac; }
+  sz=${p#*-}
+  echo "NCCL_P2P_NET_CHUNKSIZE=$(bytes "${sz%-*}")"
+  echo "NCCL_BUFFSIZE=$(bytes "${sz#*-}")"
+}
 # gin_check: the GIN sweep's options; its nccl-tests default to NCCL_TESTS_DIR's.
 gin_check() {
   if [ -z "$gin_args" ]; then
@@ -315,14 +351,16 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   exit 77
 fi
 
-mkdir -p "$out/logs" || die "--out '$out': cannot create it"
-rowsf="$out/rows.txt"
-echo "# round sweep config test size time_us busbw_GBps wrong" >"$rowsf"
+mkdir -p "$out" || die "--out '$out': cannot create it"
 wrap="$out/hostid-wrap.sh"
 cat >"$wrap" <<'WRAP'
 #!/bin/sh
-# one emulated node per MPI rank
+# one emulated node per MPI rank; on the veth pair, rank r's threads enter namespace r after MPI_Init
 export NCCL_HOSTID=node$OMPI_COMM_WORLD_RANK
+if [ -n "${BENCH_NETNS_DIR:-}" ]; then
+  export NETNS_AFTER_MPI_INIT="$BENCH_NETNS_DIR/ns$OMPI_COMM_WORLD_RANK"
+  export LD_PRELOAD="$BENCH_NETNS_SHIM${LD_PRELOAD:+:$LD_PRELOAD}"
+fi
 exec "$@"
 WRAP
 chmod +x "$wrap"
@@ -342,7 +380,7 @@ run() {
   shift 6
   local log="$out/logs/$sweep-$config-$test-r$round.log"
   local x=(-x NCCL_TESTS_DEVICE=0 -x NCCL_NVLS_ENABLE=0 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT
-           -x NCCL_SOCKET_IFNAME=lo -x MPLANE_SOCKET_IFNAME=lo)
+           -x "NCCL_SOCKET_IFNAME=$ifname" -x "MPLANE_SOCKET_IFNAME=$ifname" ${link_env[@]+"${link_env[@]}"})
   [ $mps = 1 ] && x+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
   local kv
   for kv in "$@"; do x+=(-x "$kv"); done
@@ -389,34 +427,69 @@ run_gin() {
   [ "$2" = 0 ] || dflag=" -D $2"
   run "$1" gin "d$2" mplane alltoall "$gin_args -R 2$dflag" "${M[@]}" ${G[@]+"${G[@]}"}
 }
-first_test=${tests%% *}
-if [ -n "$warmup_args" ]; then
-  if [ -n "$time_args$bw_args" ]; then run 0 warmup mplane mplane "$first_test" "$warmup_args" "${M[@]}"
-  else # the GIN sweep alone: warm up with its nccl-tests and NCCL (perf_dir set for this call only)
-    perf_dir=$gin_dir run 0 warmup mplane mplane alltoall "$warmup_args -R 2" "${M[@]}" ${G[@]+"${G[@]}"}
-  fi
-fi
-for ((r = 1; r <= rounds; r++)); do
-  for t in $tests; do
-    if [ -n "$time_args" ]; then
-      run $r time mplane mplane "$t" "$time_args" "${M[@]}"
-      run_variants $r time "$t" "$time_args"
-      run $r time socket Socket "$t" "$time_args" "${S[@]}"
+# bench_link LINK DIR: every round on one link, rows, logs and summary under DIR.
+bench_link() {
+  local l=$1 out=$2 how
+  mkdir -p "$out/logs" || die "--out '$out': cannot create it"
+  rowsf="$out/rows.txt"
+  echo "# round sweep config test size time_us busbw_GBps wrong" >"$rowsf"
+  ifname=lo link_env=() how="loopback"
+  unset BENCH_NETNS_DIR BENCH_NETNS_SHIM
+  if [ "$l" = veth ]; then
+    local why
+    if why=$("$netns_tool" probe 2>&1); then
+      "$netns_tool" up "$out/netns" >"$out/netns.log" 2>&1 || { echo "FAIL: mplane-netns up: $(cat "$out/netns.log")"; failed=1; return; }
+      export BENCH_NETNS_DIR="$out/netns" BENCH_NETNS_SHIM="$netns_shim"
+      link_env=(-x BENCH_NETNS_DIR -x BENCH_NETNS_SHIM) ifname=mpv
+      how="a veth pair between two network namespaces ($(cat "$out/netns.log"))"
+    else
+      echo "veth: $why"
+      link_env=(-x MPLANE_SOCKET_SPEED=100000)
+      how="loopback with MPLANE_SOCKET_SPEED=100000 (a 100 GbE NIC's rate and defaults): no veth here: $why"
     fi
-    if [ -n "$bw_args" ]; then
-      run $r bw mplane mplane "$t" "$bw_args" "${M[@]}"
-      run_variants $r bw "$t" "$bw_args"
-      for p in "${points[@]}"; do # NSOCKS_PERTHREAD x SOCKET_NTHREADS
-        run $r bw "socket-$p" Socket "$t" "$bw_args" "${S[@]}" "NCCL_NSOCKS_PERTHREAD=${p%x*}" \
-          "NCCL_SOCKET_NTHREADS=${p#*x}"
-      done
+  fi
+  echo "# link: $how" >>"$rowsf"
+  first_test=${tests%% *}
+  if [ -n "$warmup_args" ]; then
+    if [ -n "$time_args$bw_args" ]; then run 0 warmup mplane mplane "$first_test" "$warmup_args" "${M[@]}"
+    else # the GIN sweep alone: warm up with its nccl-tests and NCCL (perf_dir set for this call only)
+      perf_dir=$gin_dir run 0 warmup mplane mplane alltoall "$warmup_args -R 2" "${M[@]}" ${G[@]+"${G[@]}"}
+    fi
+  fi
+  for ((r = 1; r <= rounds; r++)); do
+    for t in $tests; do
+      if [ -n "$time_args" ]; then
+        run $r time mplane mplane "$t" "$time_args" "${M[@]}"
+        run_variants $r time "$t" "$time_args"
+        run $r time socket Socket "$t" "$time_args" "${S[@]}"
+      fi
+      if [ -n "$bw_args" ]; then
+        run $r bw mplane mplane "$t" "$bw_args" "${M[@]}"
+        run_variants $r bw "$t" "$bw_args"
+        for p in "${points[@]}"; do # NSOCKS_PERTHREAD x SOCKET_NTHREADS [chunk, buffer]
+          mapfile -t pe < <(point_env "$p")
+          run $r bw "socket-$p" Socket "$t" "$bw_args" "${S[@]}" "${pe[@]}"
+        done
+      fi
+    done
+    if [ -n "$gin_args" ]; then
+      for d in 0 3 4; do run_gin $r $d; done
     fi
   done
-  if [ -n "$gin_args" ]; then
-    for d in 0 3 4; do run_gin $r $d; done
-  fi
-done
-summary "$rowsf" | tee "$out/summary.txt" || { echo "bench-emulated-nodes.sh: the summary failed"; failed=1; }
-echo
-echo "rows: $rowsf; logs: $out/logs"
+  [ "$l" = veth ] && [ -n "${BENCH_NETNS_DIR:-}" ] && "$netns_tool" down "$BENCH_NETNS_DIR"
+  { echo "link: $how"; summary "$rowsf"; } | tee "$out/summary.txt" || { echo "bench-emulated-nodes.sh: the summary failed"; failed=1; }
+  echo
+  echo "rows: $rowsf; logs: $out/logs"
+}
+
+netns_tools=${netns_tools:-$(dirname "$plugin")/tools}
+netns_tool="$netns_tools/mplane-netns" netns_shim="$netns_tools/libnetns-after-mpi-init.so"
+if [ "$link" != lo ]; then
+  [ -x "$netns_tool" ] && [ -r "$netns_shim" ] ||
+    die "--link $link: no mplane-netns and libnetns-after-mpi-init.so in '$netns_tools' (--netns-tools DIR)"
+fi
+case "$link" in
+  lo|veth) bench_link "$link" "$out" ;;
+  both) bench_link lo "$out/lo"; echo; bench_link veth "$out/veth" ;;
+esac
 exit $failed

@@ -44,6 +44,9 @@ cat >"$work/nt/fake_perf" <<'EOF'
 #!/bin/bash
 rank=${OMPI_COMM_WORLD_RANK:?}
 [ "${NCCL_HOSTID:-}" = "node$rank" ] || { echo "rank $rank: NCCL_HOSTID '${NCCL_HOSTID:-}'"; exit 3; }
+[ -n "${FAKE_ENV:-}" ] && echo "rank=$rank net=${NCCL_NET:-} socks=${NCCL_NSOCKS_PERTHREAD:-} threads=${NCCL_SOCKET_NTHREADS:-}" \
+  "chunk=${NCCL_P2P_NET_CHUNKSIZE:-} buff=${NCCL_BUFFSIZE:-} if=${NCCL_SOCKET_IFNAME:-}/${MPLANE_SOCKET_IFNAME:-}" \
+  "ns=${NETNS_AFTER_MPI_INIT:-} preload=${LD_PRELOAD:-} speed=${MPLANE_SOCKET_SPEED:-}" >>"$FAKE_ENV"
 [ "${NCCL_TESTS_DEVICE:-}" = 0 ] && [ "${NCCL_NVLS_ENABLE:-}" = 0 ] || { echo "device/NVLS not set"; exit 3; }
 net=${NCCL_NET:?}
 [ -n "${FAKE_NET:-}" ] && [ "$net" = mplane ] && net=$FAKE_NET
@@ -97,8 +100,8 @@ bench() { "$script" --plugin "$work/plugin.so" --no-mps --rounds 2 --time "-b 1K
 
 out=$(bench --tests "sendrecv all_reduce") || fail "the run failed: $out"
 echo "$out" | grep -q "FAIL" && fail "a run failed: $out"
-# 2 rounds x 2 tests x (2 configurations x 3 sizes + 3 x 2), and the warm-up's one row.
-[ "$(grep -vc '^#' "$work/out/rows.txt")" = $((2 * 2 * (2 * 3 + 3 * 2) + 1)) ] || fail "rows.txt: $(cat "$work/out/rows.txt")"
+# 2 rounds x 2 tests x (2 configurations x 3 sizes + (mplane and 4 Socket points) x 2), and the warm-up's one row.
+[ "$(grep -vc '^#' "$work/out/rows.txt")" = $((2 * 2 * (2 * 3 + 5 * 2) + 1)) ] || fail "rows.txt: $(cat "$work/out/rows.txt")"
 grep -q "^0 warmup mplane sendrecv 33554432 " "$work/out/rows.txt" || fail "no warm-up row: $(cat "$work/out/rows.txt")"
 # 1 KiB: 10.10 us against 20.10; 1 MiB: 114.86 against 124.86.
 echo "$out" | grep -qE '^ +1 KiB +20\.1 +10\.1 +0\.50x +20\.1-20\.1 +10\.1-10\.1 +2/2$' || fail "no 1 KiB time row at 0.50x: $out"
@@ -107,9 +110,60 @@ echo "$out" | grep -q "time <= NCCL Socket's default: met (highest ratio 0.92x" 
 # 32 MiB: mplane 9.97 GB/s, Socket 1x2 6.65 (1x1 4.99): 1.50x against the better point.
 echo "$out" | grep -qE 'all_reduce +32 MiB +[0-9.]+ +[0-9.]+ +socket-1x2 +1\.50x$' || fail "no 32 MiB row against 1x2 at 1.50x: $out"
 echo "$out" | grep -q "busbw >= 1.7x NCCL Socket's best point: NOT met: sendrecv 32 MiB 1.50x" || fail "bandwidth verdict: $out"
-echo "$out" | grep -q "best of 2 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "grid size: $out"
+echo "$out" | grep -q "best of 4 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "grid size: $out"
 echo "$out" | grep -q "all_reduce: time in us, median of 2 runs" || fail "run count: $out"
+echo "$out" | grep -q "^link: loopback$" || fail "no link line: $out"
 echo "PASS: time and bandwidth tables, verdicts, rows"
+
+# The Socket grid: best has the measured best point with its chunk and buffer sizes, full is
+# {1,2,4,8} x {1,2,4,8} at NCCL's sizes and at 512K-8M, a list of points is taken as given.
+out=$(FAKE_ENV="$work/env" bench --tests sendrecv --time "" --warmup "" --rounds 1) || fail "best grid: $out"
+for p in 1x1 1x2 4x4 4x4-512K-8M; do grep -q " socket-$p sendrecv " "$work/out/rows.txt" || fail "no point $p: $(cat "$work/out/rows.txt")"; done
+grep -q "rank=0 net=Socket socks=4 threads=4 chunk=524288 buff=8388608 if=lo/lo " "$work/env" || fail "4x4-512K-8M env: $(cat "$work/env")"
+grep -q "rank=0 net=Socket socks=4 threads=4 chunk= buff= " "$work/env" || fail "4x4 env: $(cat "$work/env")"
+out=$(bench --tests sendrecv --time "" --warmup "" --rounds 1 --grid full) || fail "full grid: $out"
+[ "$(awk '$2 == "bw" && $3 ~ /^socket-/ {print $3}' "$work/out/rows.txt" | sort -u | wc -l)" = 32 ] || fail "full grid points: $(cat "$work/out/rows.txt")"
+grep -q " socket-8x8-512K-8M " "$work/out/rows.txt" && grep -q " socket-2x8 " "$work/out/rows.txt" || fail "full grid corners: $(cat "$work/out/rows.txt")"
+out=$(bench --tests sendrecv --time "" --warmup "" --rounds 1 --grid "2x2-1M-4M") || fail "listed point: $out"
+grep -q " socket-2x2-1M-4M sendrecv " "$work/out/rows.txt" || fail "listed point: $(cat "$work/out/rows.txt")"
+echo "$out" | grep -q "best of 1 NSOCKS_PERTHREAD" || fail "one listed point: $out"
+for bad in 9x9 4x4-512K 0x1 "1x1 x"; do
+  out=$(bench --grid "$bad"); rc=$?
+  { [ $rc = 2 ] && echo "$out" | grep -q -- "--grid"; } || fail "--grid '$bad': rc $rc: $out"
+done
+echo "PASS: Socket grid"
+
+# --link veth: a fake mplane-netns makes the pair; each rank gets its namespace and the shim, and
+# both transports the veth's interfaces. Where namespaces cannot be made, loopback at a 100 GbE
+# NIC's rate, said in the summary. --link both: a summary for each link.
+mkdir -p "$work/nstools"
+cat >"$work/nstools/mplane-netns" <<'EOF'
+#!/bin/sh
+case "$1" in
+  probe) [ -n "${FAKE_NO_NETNS:-}" ] && { echo "mplane-netns: this machine cannot make a veth pair between namespaces: unshare(CLONE_NEWNET): Operation not permitted"; exit 77; }; exit 0 ;;
+  up) mkdir -p "$2" && echo /proc/1/ns/net >"$2/ns0" && echo /proc/2/ns/net >"$2/ns1" && echo "mpv0 198.19.250.1/24 <-> mpv1" ;;
+  down) echo down >>"$2/../downs" ;;
+esac
+EOF
+chmod +x "$work/nstools/mplane-netns"; touch "$work/nstools/libnetns-after-mpi-init.so"
+rm -f "$work/env"
+out=$(FAKE_ENV="$work/env" bench --tests sendrecv --rounds 1 --link veth --netns-tools "$work/nstools") || fail "veth: $out"
+echo "$out" | grep -q "^link: a veth pair between two network namespaces (mpv0 198.19.250.1/24 <-> mpv1)$" || fail "veth link line: $out"
+grep -q "rank=0 net=mplane .* if=mpv/mpv ns=$work/out/netns/ns0 preload=$work/nstools/libnetns-after-mpi-init.so " "$work/env" || fail "rank 0 on veth: $(cat "$work/env")"
+grep -q "rank=1 net=Socket .* if=mpv/mpv ns=$work/out/netns/ns1 " "$work/env" || fail "rank 1 on veth: $(cat "$work/env")"
+[ -s "$work/out/downs" ] || fail "the pair was not taken down"
+rm -f "$work/env"
+out=$(FAKE_NO_NETNS=1 FAKE_ENV="$work/env" bench --tests sendrecv --rounds 1 --link veth --netns-tools "$work/nstools") || fail "no netns: $out"
+echo "$out" | grep -q "^link: loopback with MPLANE_SOCKET_SPEED=100000 .*: no veth here: mplane-netns: this machine cannot" || fail "fallback link line: $out"
+grep -q "rank=0 net=mplane .* if=lo/lo ns= preload= speed=100000" "$work/env" || fail "fallback env: $(cat "$work/env")"
+out=$(bench --tests sendrecv --rounds 1 --link both --netns-tools "$work/nstools") || fail "both: $out"
+[ -s "$work/out/lo/summary.txt" ] && [ -s "$work/out/veth/summary.txt" ] || fail "both: no summary per link: $(ls -R "$work/out")"
+[ "$(echo "$out" | grep -c "^time <= NCCL Socket's default")" = 2 ] || fail "both: two verdicts expected: $out"
+out=$(bench --link veth --netns-tools "$work/none"); rc=$?
+{ [ $rc = 2 ] && echo "$out" | grep -q -- "--netns-tools"; } || fail "no netns tools: rc $rc: $out"
+out=$(bench --link wire); rc=$?
+{ [ $rc = 2 ] && echo "$out" | grep -q -- "--link 'wire'"; } || fail "--link wire: rc $rc: $out"
+echo "PASS: links"
 
 # A slower median whose runs reach Socket's is marked as within the runs' spread: mplane's two runs
 # take 1x and 3x the model's time, a median of 2x, against Socket's 20 us + the same.
@@ -144,7 +198,7 @@ out=$(bench --tests all_reduce --variant "slow FAKE_SLOW=1") || fail "the varian
 [ "$(grep -c ' mplane-slow all_reduce ' "$work/out/rows.txt")" = $((2 * (3 + 2))) ] || fail "variant rows: $(cat "$work/out/rows.txt")"
 echo "$out" | grep -qE '^ +time +all_reduce +1 KiB +10\.10 +20\.20 +2\.00x +\(us\)$' || fail "no variant time row at 2.00x: $out"
 echo "$out" | grep -qE '^ +bw +all_reduce +32 MiB +9\.97 +4\.9[89] +0\.50x +\(GB/s\)$' || fail "no variant busbw row at 0.50x: $out"
-echo "$out" | grep -q "best of 2 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "a variant counted as a Socket point: $out"
+echo "$out" | grep -q "best of 4 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "a variant counted as a Socket point: $out"
 echo "$out" | grep -q "busbw >= 1.7x NCCL Socket's best point: NOT met: all_reduce 32 MiB 1.50x" || fail "verdict not mplane's: $out"
 for bad in "slow" "slow NOEQUALS" "=x A=1" "a/b A=1"; do
   out=$(bench --variant "$bad"); rc=$?
