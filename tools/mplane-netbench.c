@@ -11,7 +11,8 @@
  * between the same two processes over the same address (device 0's), as many bytes: the ceiling the
  * plugin is judged against. --repeat N alternates the two N times (plugin, raw, plugin, raw ...) and
  * prints each pair and the min / median / max of both and of the pair-by-pair ratio: on a shared
- * machine one plugin run and one raw run seconds apart can differ 2x by load alone.
+ * machine one plugin run and one raw run seconds apart can differ 2x by load alone. Without
+ * --rounds a first pair, not counted, sizes the pairs to --seconds at the rate it measured.
  * --sender-netns PATH runs the sending process in another network namespace (scripts/netns or
  * tools/mplane-netns makes a pair joined by a veth), so the bytes cross a real interface.
  * Each process opens the plugin itself after the fork, as two ranks would (verbs contexts do not
@@ -688,6 +689,7 @@ struct bench_plan {
   long rounds;
   struct sockaddr_storage raw_addr;
   socklen_t raw_len;
+  int calibrate; /* 1: one pair first, not counted, sizes the rounds to --seconds at the rate it saw */
 };
 
 /* The sending process: its own plugin, connect to the handle the receiver sends, then --repeat
@@ -705,13 +707,14 @@ static void sender_main(const struct opts *o, int fd) {
   memcpy(&raw.addr, &plan.raw_addr, sizeof(raw.addr));
   if (o->raw_streams > 0) raw_connect(&raw, o->raw_streams);
   size_t per_round = o->size * (size_t)o->window;
-  for (int r = 0; r < o->repeat; r++) {
+  long rounds = plan.rounds;
+  for (int r = -plan.calibrate; r < o->repeat; r++) {
     double secs;
-    plugin_side(net, send_comm, 1, o, plan.rounds, &secs);
-    if (o->raw_streams == 0) continue;
-    char go;
-    if (read(fd, &go, 1) != 1) _exit(1);
-    raw_round(&raw, o->raw_streams, per_round * (size_t)plan.rounds, per_round, 1);
+    plugin_side(net, send_comm, 1, o, rounds, &secs);
+    long next; /* the receiver's go, with the rounds of the next pair */
+    if (read(fd, &next, sizeof(next)) != sizeof(next)) _exit(1);
+    if (o->raw_streams > 0) raw_round(&raw, o->raw_streams, per_round * (size_t)rounds, per_round, 1);
+    rounds = next;
   }
   NCHECK(net->closeSend(send_comm));
   for (int i = 0; i < o->raw_streams; i++) close(raw.fds[i]);
@@ -756,6 +759,10 @@ int main(int argc, char **argv) {
   long rounds = o.rounds ? o.rounds : (long)(o.seconds * 4e9 / (double)(per_round ? per_round : 1)) + 2; /* ~4 GB/s */
   if (!o.rounds && rounds > 100000) rounds = 100000;
   plan.rounds = rounds;
+  /* The first guess assumes 4 GB/s: a host that moves 20 would time a fifth of --seconds, mostly
+   * ramp-up. With --repeat (and no --rounds) a first pair, not counted, measures the rate and the
+   * counted pairs move --seconds' worth at it. */
+  plan.calibrate = o.repeat > 1 && !o.rounds;
   char ip[INET6_ADDRSTRLEN];
   iface_ip(p0.name, ip, sizeof(ip));
   struct raw_link raw = {.lfd = -1};
@@ -774,22 +781,38 @@ int main(int argc, char **argv) {
   /* Plugin and raw rounds alternate, so a noisy machine's drift hits both alike; the ratio is
    * taken pair by pair. */
   double pg[1000], rg[1000], ratio[1000];
-  for (int r = 0; r < o.repeat; r++) {
+  for (int r = -plan.calibrate; r < o.repeat; r++) {
     double secs;
     plugin_side(net, recv_comm, 0, &o, rounds, &secs);
-    pg[r] = (double)per_round * rounds / secs / 1e9;
-    if (o.repeat > 1 || o.raw_streams == 0)
-      printf("plugin   %-10s %zu-byte messages, %d in flight: %.2f GB/s (%ld rounds, %.2f s, bytes checked), "
-             "%.0f messages/s\n", p0.name, o.size, o.window, pg[r], rounds, secs, (double)o.window * rounds / secs);
-    if (o.raw_streams == 0) continue;
-    char go = 1;
-    if (write(pipefd[1], &go, 1) != 1) die("pipe write failed");
+    double gbs = (double)per_round * rounds / secs / 1e9;
+    long next = rounds;
+    if (r < 0) {
+      next = (long)(o.seconds * gbs * 1e9 / (double)per_round) + 2;
+      if (next > 100000) next = 100000;
+    }
+    if (r < 0) {
+      printf("calibration pair (not counted): plugin %.2f GB/s over %ld rounds; the counted pairs move %ld\n", gbs,
+             rounds, next);
+    } else {
+      pg[r] = gbs;
+      if (o.repeat > 1 || o.raw_streams == 0)
+        printf("plugin   %-10s %zu-byte messages, %d in flight: %.2f GB/s (%ld rounds, %.2f s, bytes checked), "
+               "%.0f messages/s\n", p0.name, o.size, o.window, pg[r], rounds, secs, (double)o.window * rounds / secs);
+    }
+    if (write(pipefd[1], &next, sizeof(next)) != sizeof(next)) die("pipe write failed");
+    if (o.raw_streams == 0) {
+      rounds = next;
+      continue;
+    }
     double rs = raw_round(&raw, o.raw_streams, per_round * (size_t)rounds, per_round, 0);
-    rg[r] = (double)per_round * rounds / rs / 1e9;
+    long moved = rounds;
+    rounds = next;
+    if (r < 0) continue;
+    rg[r] = (double)per_round * moved / rs / 1e9;
     ratio[r] = pg[r] / rg[r];
     if (o.repeat == 1)
       printf("plugin   %-10s %zu-byte messages, %d in flight: %.2f GB/s (%ld rounds, %.2f s, bytes checked), "
-             "%.0f messages/s\n", p0.name, o.size, o.window, pg[r], rounds, secs, (double)o.window * rounds / secs);
+             "%.0f messages/s\n", p0.name, o.size, o.window, pg[r], moved, secs, (double)o.window * moved / secs);
     printf("raw-tcp  %-10s %d streams, 1 MiB writes over %zu bytes of buffer: %.2f GB/s\n", ip, o.raw_streams,
            per_round, rg[r]);
     printf("ratio    plugin / raw TCP = %.0f%%\n", 100.0 * ratio[r]);
