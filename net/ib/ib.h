@@ -150,11 +150,13 @@ int mpib_ptr_support(int nvidia, int peermem, int dmabuf);
 int mpib_pick_gid(int n, const union ibv_gid *gids, const int *types, const int *valid);
 
 /* ---- comms ---- */
+struct mpib_reg;
 struct mpib_mr {
   struct ibv_mr *mr;
   int type;
   void *addr;
   size_t size;
+  struct mpib_reg *cached; /* the registration cache's entry it shares (plain registrations), or NULL */
 };
 
 /* The FIFO on the wire: per receive, one 64-byte element per buffer, written by the receiver into

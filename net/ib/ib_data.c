@@ -3,6 +3,7 @@
  * completion, an async event, the peer's side channel closing - becomes an error of test() for every
  * request not complete by then (one already complete still reports success). */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,58 @@ static struct ibv_mr *reg_data_dmabuf(struct ibv_pd *pd, uint64_t offset, size_t
   return mpib_v.reg_dmabuf_mr(pd, offset, len, iova, fd, MPIB_ACCESS);
 }
 
+/* The registration cache (plain registrations): NCCL registers the same buffer once per comm, and with
+ * user-buffer registration once per peer; each ibv_reg_mr pins the pages again. A regMr whose pages
+ * lie within a live registration of the same protection domain (HCA) shares it, refcounted; the last
+ * deregMr releases it. dma-buf registrations are not cached (their fd is the caller's). */
+struct mpib_reg {
+  struct ibv_pd *pd;
+  uintptr_t start;
+  size_t len;
+  struct ibv_mr *mr;
+  int refs;
+  struct mpib_reg *next;
+};
+static pthread_mutex_t reg_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct mpib_reg *reg_cache;
+
+static struct mpib_reg *reg_cached(struct ibv_pd *pd, uintptr_t start, size_t len) {
+  pthread_mutex_lock(&reg_cache_lock);
+  struct mpib_reg *e = reg_cache;
+  for (; e; e = e->next)
+    if (e->pd == pd && start >= e->start && start + len <= e->start + e->len) break;
+  if (!e) {
+    e = calloc(1, sizeof(*e));
+    if (e) e->mr = reg_data(pd, (void *)start, len);
+    if (e && !e->mr) {
+      int err = errno;
+      free(e);
+      e = NULL;
+      errno = err;
+    } else if (e) {
+      *e = (struct mpib_reg){.pd = pd, .start = start, .len = len, .mr = e->mr, .next = reg_cache};
+      reg_cache = e;
+    }
+  }
+  if (e) e->refs++;
+  pthread_mutex_unlock(&reg_cache_lock);
+  return e;
+}
+
+static void reg_release(struct mpib_reg *e) {
+  pthread_mutex_lock(&reg_cache_lock);
+  if (--e->refs == 0) {
+    for (struct mpib_reg **p = &reg_cache; *p; p = &(*p)->next)
+      if (*p == e) {
+        *p = e->next;
+        break;
+      }
+    mpib_v.dereg_mr(e->mr);
+    free(e);
+  }
+  pthread_mutex_unlock(&reg_cache_lock);
+}
+
 static ncclResult_t reg_common(void *comm, void *data, size_t size, int type, int fd, uint64_t offset,
                                void **mhandle) {
   struct mpib_comm_base *b = comm;
@@ -127,7 +180,8 @@ static ncclResult_t reg_common(void *comm, void *data, size_t size, int type, in
     /* whole pages, as the kernel pins pages anyway */
     uintptr_t start = (uintptr_t)data & ~(uintptr_t)4095;
     size_t len = (((uintptr_t)data + size + 4095) & ~(uintptr_t)4095) - start;
-    m->mr = reg_data(b->dev->hca->pd, (void *)start, len ? len : 4096);
+    m->cached = reg_cached(b->dev->hca->pd, start, len ? len : 4096);
+    m->mr = m->cached ? m->cached->mr : NULL;
   }
   if (!m->mr) {
     int e = errno;
@@ -155,7 +209,8 @@ ncclResult_t mpib_dereg_mr(void *comm, void *mhandle) {
   (void)comm;
   struct mpib_mr *m = mhandle;
   if (!m) return ncclSuccess;
-  if (m->mr) mpib_v.dereg_mr(m->mr);
+  if (m->cached) reg_release(m->cached);
+  else if (m->mr) mpib_v.dereg_mr(m->mr);
   free(m);
   return ncclSuccess;
 }

@@ -342,6 +342,38 @@ static int sc_sl_map_own_tc(void) {
   return 0;
 }
 
+/* The registration cache: the same pages registered by two comms of one HCA, and a range inside
+ * them, pin them once (one ibv_reg_mr); the last deregMr releases them (one ibv_dereg_mr). */
+static int sc_reg_cache(void) {
+  env_base("mlx5_0:ib");
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  char *buf = aligned_alloc(4096, 4 * 4096);
+  if (!buf) fail("out of memory");
+  unlink(record_path);
+  void *mh[3];
+  if (mplane_net_reg_mr(p.sc, buf, 3 * 4096 + 100, NCCL_PTR_HOST, &mh[0]) != ncclSuccess ||
+      mplane_net_reg_mr(p.rc, buf, 3 * 4096 + 100, NCCL_PTR_HOST, &mh[1]) != ncclSuccess ||
+      mplane_net_reg_mr(p.sc, buf + 4096, 100, NCCL_PTR_HOST, &mh[2]) != ncclSuccess)
+    fail("regMr");
+  struct rec r[8];
+  int n = rec_find(r, 8, "event=reg_mr", NULL);
+  if (n != 1) fail("3 regMr of the same pages: %d ibv_reg_mr, expected 1 (the cache)", n);
+  mplane_net_dereg_mr(p.sc, mh[0]);
+  mplane_net_dereg_mr(p.rc, mh[1]);
+  if ((n = rec_find(r, 8, "event=dereg_mr", NULL)) != 0) fail("%d ibv_dereg_mr while a regMr still holds the pages", n);
+  mplane_net_dereg_mr(p.sc, mh[2]);
+  if ((n = rec_find(r, 8, "event=dereg_mr", "length=16384", NULL)) != 1) fail("the last deregMr: %d ibv_dereg_mr, expected 1", n);
+  if (mplane_net_reg_mr(p.sc, buf, 100, NCCL_PTR_HOST, &mh[0]) != ncclSuccess) fail("regMr after release");
+  if ((n = rec_find(r, 8, "event=reg_mr", NULL)) != 2) fail("a regMr after the release: %d ibv_reg_mr in all, expected 2", n);
+  mplane_net_dereg_mr(p.sc, mh[0]);
+  pair_close(&p);
+  free(buf);
+  note("3 regMr of one buffer on 2 comms: 1 ibv_reg_mr, released at the last deregMr");
+  return 0;
+}
+
 /* RoCE: RoCE v2 IPv4-mapped GID chosen; the class's DSCP in the traffic class; GID override. */
 static int sc_roce(void) {
   env_base("mlx5_0:roce:ip=198.18.0.1");
@@ -986,7 +1018,7 @@ int main(int argc, char **argv) {
   struct {
     const char *name;
     int (*fn)(void);
-  } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"sl-site", sc_sl_site}, {"sl-nomap", sc_sl_nomap}, {"sl-map-wins", sc_sl_map_wins},
+  } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"reg-cache", sc_reg_cache}, {"sl-site", sc_sl_site}, {"sl-nomap", sc_sl_nomap}, {"sl-map-wins", sc_sl_map_wins},
                  {"sl-map-own-tc", sc_sl_map_own_tc}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"cross-plane-staged", sc_cross_plane_staged},

@@ -829,6 +829,7 @@ SV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, s
 
 SV_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
   struct sv_mr *m = (struct sv_mr *)mr;
+  record("event=dereg_mr pid=%d length=%zu", (int)getpid(), m->mr.length);
   lock();
   m->dead = 1; /* the struct stays: in-flight operations see `dead` and fail instead of touching memory */
   if (m->map) munmap(m->map, m->maplen);
