@@ -19,8 +19,10 @@
 #   --grid best|full|"POINTS"
 #                      those points, each SxT (NCCL_NSOCKS_PERTHREAD=S NCCL_SOCKET_NTHREADS=T, S*T
 #                      at most 64) or SxT-CHUNK-BUFF (and NCCL_P2P_NET_CHUNKSIZE, NCCL_BUFFSIZE, K/M
-#                      suffixes): best = 1x1 1x2 4x4 4x4-512K-8M (the best points of every grid
-#                      measured so far, 4x4-512K-8M on nvidia-h200 2026-12-02; the default), full =
+#                      suffixes): best = 1x1 1x2 4x4 4x4-512K-8M 8x4-512K-8M 2x8-512K-8M (the
+#                      best points of every grid measured so far: on nvidia-h200 2026-12-02 over
+#                      loopback 4x4-512K-8M, over a veth pair 1x2 for all_reduce, 8x4-512K-8M for
+#                      alltoall, 2x8-512K-8M for sendrecv; the default), full =
 #                      {1,2,4,8} x {1,2,4,8}, each at NCCL's sizes and at 512K-8M (32 points)
 #   --link lo|veth|both
 #                      the link between the two ranks (default lo): lo = loopback; veth = a veth
@@ -288,7 +290,7 @@ fi
 
 case "$rounds" in ''|*[!0-9]*|0) die "--rounds '$rounds': expected a whole number from 1" ;; esac
 case "$grid" in
-  best) points=(1x1 1x2 4x4 4x4-512K-8M) ;;
+  best) points=(1x1 1x2 4x4 4x4-512K-8M 8x4-512K-8M 2x8-512K-8M) ;;
   full) points=(); for t in 1 2 4 8; do for s in 1 2 4 8; do points+=("${s}x$t" "${s}x$t-512K-8M"); done; done ;;
   *) read -r -a points <<<"$grid"
      [ ${#points[@]} -gt 0 ] || die "--grid '$grid': expected best, full or points SxT[-CHUNK-BUFF]"

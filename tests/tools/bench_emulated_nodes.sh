@@ -100,8 +100,8 @@ bench() { "$script" --plugin "$work/plugin.so" --no-mps --rounds 2 --time "-b 1K
 
 out=$(bench --tests "sendrecv all_reduce") || fail "the run failed: $out"
 echo "$out" | grep -q "FAIL" && fail "a run failed: $out"
-# 2 rounds x 2 tests x (2 configurations x 3 sizes + (mplane and 4 Socket points) x 2), and the warm-up's one row.
-[ "$(grep -vc '^#' "$work/out/rows.txt")" = $((2 * 2 * (2 * 3 + 5 * 2) + 1)) ] || fail "rows.txt: $(cat "$work/out/rows.txt")"
+# 2 rounds x 2 tests x (2 configurations x 3 sizes + (mplane and 6 Socket points) x 2), and the warm-up's one row.
+[ "$(grep -vc '^#' "$work/out/rows.txt")" = $((2 * 2 * (2 * 3 + 7 * 2) + 1)) ] || fail "rows.txt: $(cat "$work/out/rows.txt")"
 grep -q "^0 warmup mplane sendrecv 33554432 " "$work/out/rows.txt" || fail "no warm-up row: $(cat "$work/out/rows.txt")"
 # 1 KiB: 10.10 us against 20.10; 1 MiB: 114.86 against 124.86.
 echo "$out" | grep -qE '^ +1 KiB +20\.1 +10\.1 +0\.50x +20\.1-20\.1 +10\.1-10\.1 +2/2$' || fail "no 1 KiB time row at 0.50x: $out"
@@ -110,7 +110,7 @@ echo "$out" | grep -q "time <= NCCL Socket's default: met (highest ratio 0.92x" 
 # 32 MiB: mplane 9.97 GB/s, Socket 1x2 6.65 (1x1 4.99): 1.50x against the better point.
 echo "$out" | grep -qE 'all_reduce +32 MiB +[0-9.]+ +[0-9.]+ +socket-1x2 +1\.50x$' || fail "no 32 MiB row against 1x2 at 1.50x: $out"
 echo "$out" | grep -q "busbw >= 1.7x NCCL Socket's best point: NOT met: sendrecv 32 MiB 1.50x" || fail "bandwidth verdict: $out"
-echo "$out" | grep -q "best of 4 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "grid size: $out"
+echo "$out" | grep -q "best of 6 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "grid size: $out"
 echo "$out" | grep -q "all_reduce: time in us, median of 2 runs" || fail "run count: $out"
 echo "$out" | grep -q "^link: loopback$" || fail "no link line: $out"
 echo "PASS: time and bandwidth tables, verdicts, rows"
@@ -118,7 +118,7 @@ echo "PASS: time and bandwidth tables, verdicts, rows"
 # The Socket grid: best has the measured best point with its chunk and buffer sizes, full is
 # {1,2,4,8} x {1,2,4,8} at NCCL's sizes and at 512K-8M, a list of points is taken as given.
 out=$(FAKE_ENV="$work/env" bench --tests sendrecv --time "" --warmup "" --rounds 1) || fail "best grid: $out"
-for p in 1x1 1x2 4x4 4x4-512K-8M; do grep -q " socket-$p sendrecv " "$work/out/rows.txt" || fail "no point $p: $(cat "$work/out/rows.txt")"; done
+for p in 1x1 1x2 4x4 4x4-512K-8M 8x4-512K-8M 2x8-512K-8M; do grep -q " socket-$p sendrecv " "$work/out/rows.txt" || fail "no point $p: $(cat "$work/out/rows.txt")"; done
 grep -q "rank=0 net=Socket socks=4 threads=4 chunk=524288 buff=8388608 if=lo/lo " "$work/env" || fail "4x4-512K-8M env: $(cat "$work/env")"
 grep -q "rank=0 net=Socket socks=4 threads=4 chunk= buff= " "$work/env" || fail "4x4 env: $(cat "$work/env")"
 out=$(bench --tests sendrecv --time "" --warmup "" --rounds 1 --grid full) || fail "full grid: $out"
@@ -198,7 +198,7 @@ out=$(bench --tests all_reduce --variant "slow FAKE_SLOW=1") || fail "the varian
 [ "$(grep -c ' mplane-slow all_reduce ' "$work/out/rows.txt")" = $((2 * (3 + 2))) ] || fail "variant rows: $(cat "$work/out/rows.txt")"
 echo "$out" | grep -qE '^ +time +all_reduce +1 KiB +10\.10 +20\.20 +2\.00x +\(us\)$' || fail "no variant time row at 2.00x: $out"
 echo "$out" | grep -qE '^ +bw +all_reduce +32 MiB +9\.97 +4\.9[89] +0\.50x +\(GB/s\)$' || fail "no variant busbw row at 0.50x: $out"
-echo "$out" | grep -q "best of 4 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "a variant counted as a Socket point: $out"
+echo "$out" | grep -q "best of 6 NSOCKS_PERTHREAD x SOCKET_NTHREADS points" || fail "a variant counted as a Socket point: $out"
 echo "$out" | grep -q "busbw >= 1.7x NCCL Socket's best point: NOT met: all_reduce 32 MiB 1.50x" || fail "verdict not mplane's: $out"
 for bad in "slow" "slow NOEQUALS" "=x A=1" "a/b A=1"; do
   out=$(bench --variant "$bad"); rc=$?
