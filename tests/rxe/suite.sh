@@ -88,9 +88,13 @@ perftest() {
   # 2 QPs of 100 x 1 MiB: the plugin's shape below (MPLANE_IB_QPS=2 stripes each 1 MiB over both)
   timeout 120 ib_write_bw -d rxe0 -x "$g0" -F -q 2 -s 1048576 -n 100 >"$LOGS/ib_write_bw-server.log" 2>&1 &
   spid=$!
-  sleep 1
-  timeout 120 ib_write_bw -d rxe1 -x "$g1" -F -q 2 -s 1048576 -n 100 198.18.0.1 >"$LOGS/ib_write_bw-client.log" 2>&1
-  rc=$?
+  # The server may take seconds to listen in an emulated guest on a loaded host: dial again while it lives.
+  for try in $(seq 1 20); do
+    sleep 1
+    timeout 120 ib_write_bw -d rxe1 -x "$g1" -F -q 2 -s 1048576 -n 100 198.18.0.1 >"$LOGS/ib_write_bw-client.log" 2>&1
+    rc=$?
+    grep -q "Couldn't connect" "$LOGS/ib_write_bw-client.log" && kill -0 "$spid" 2>/dev/null || break
+  done
   wait "$spid" || rc=1
   cat "$LOGS/ib_write_bw-client.log"
   # the result row: bytes, iterations, peak MB/s, average MB/s, Mpps
