@@ -152,6 +152,13 @@ static const struct row rows[] = {
      "RoCE GRH traffic class of every connection (default: the DSCP of its class's SL, << 2)"},
     {"MPLANE_GIN_IB_TC", K_INT, OFF(gin_ib_tc), 0, "-1", -1, 255, NULL, "-1 (as MPLANE_IB_TC) or 0..255",
      "RoCE GRH traffic class of the one-sided (GIN) QPs (default: MPLANE_IB_TC's rule)"},
+    {"MPLANE_GIN_LANE", K_ENUM, OFF(gin_lane), 0, "stream", 0, 0, "stream|kernel", "stream or kernel",
+     "how the socket transport's one-sided ops reach GPU memory: stream (a CUDA stream op each) or kernel (a "
+     "resident kernel of one block reads them from pinned memory; docs/gin.md)"},
+    {"MPLANE_GIN_LANE_IDLE_US", K_INT, OFF(gin_lane_idle_us), 0, "5000", 10, 1000000, NULL,
+     "microseconds, an integer from 10 to 1000000", "the lane kernel exits after this long with nothing to do"},
+    {"MPLANE_GIN_LANE_KERNEL_MAX", K_INT, OFF(gin_lane_kernel_max), 0, "262144", 0, 67108864, NULL,
+     "bytes, an integer from 0 to 67108864", "with MPLANE_GIN_LANE=kernel, larger copies go to the copy engine"},
     {"MPLANE_IB_PKEY", K_INT, OFF(ib_pkey), 0, "0", 0, 65535, NULL, "an integer from 0 to 65535",
      "partition key index of every QP"},
     {"MPLANE_IB_ECE", K_BOOL, OFF(ib_ece), 0, "1", 0, 1, NULL, "0 or 1",

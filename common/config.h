@@ -12,6 +12,7 @@
 #include "nccl/err.h"
 
 enum mplane_transport_choice { MPLANE_TRANSPORT_AUTO = 0, MPLANE_TRANSPORT_IB, MPLANE_TRANSPORT_SOCKET };
+enum mplane_gin_lane { MPLANE_GIN_LANE_STREAM = 0, MPLANE_GIN_LANE_KERNEL };
 enum mplane_relay_mode { MPLANE_RELAY_AUTO = 0, MPLANE_RELAY_NVLINK, MPLANE_RELAY_PCIE, MPLANE_RELAY_HOST,
                          MPLANE_RELAY_OFF };
 
@@ -46,6 +47,9 @@ struct mplane_config {
   int ib_retry_cnt;
   int ib_tc;                                 /* RoCE GRH traffic class of every QP; -1: from the class */
   int gin_ib_tc;                             /* the same for the one-sided (GIN) QPs; -1: as ib_tc */
+  int gin_lane;                              /* enum mplane_gin_lane: how GPU memory ops are run */
+  int gin_lane_idle_us;                      /* the lane kernel exits after this long idle */
+  int gin_lane_kernel_max;                   /* copies up to this many bytes by the lane kernel */
   int ib_pkey;                               /* partition key index of every QP */
   int ib_ece;                                /* negotiate ECE on IB connections where supported */
   int ib_qps;                                /* QPs per connection */

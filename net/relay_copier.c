@@ -4,6 +4,8 @@
  * transports' staging state machines run, byte-checked, on machines without a GPU. */
 #include "relay.h"
 
+#include "../common/cuda.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>

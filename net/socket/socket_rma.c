@@ -27,6 +27,7 @@
 
 #include "../../common/log.h"
 #include "../../common/nccl/rma.h"
+#include "../../common/cuda.h"
 #include "../relay.h"
 #include "../rma_ctrl.h"
 #include "../tc.h"

@@ -34,6 +34,7 @@
 #include "../../common/clock.h"
 #include "../../common/log.h"
 #include "../../common/nccl/rma.h"
+#include "../../common/cuda.h"
 #include "../relay.h"
 #include "../rma_ctrl.h"
 #include "socket.h"
@@ -650,7 +651,7 @@ static uint16_t check_put(struct mpr_group *g, const struct mpr_msg *m, struct m
 }
 
 /* Add to a 64-bit signal word. Host memory: one atomic add (release: the data is before it). GPU
- * memory: the CUDA driver's signal lane (relay.h), one per GPU for the process, so the adds of every
+ * memory: the CUDA driver's signal lane (common/cuda.h), one per GPU for the process, so the adds of every
  * connection's reader are atomic against one another (NCCL's GPU only reads its indexed signals,
  * and resets a VA signal only while no op targets it). */
 static int signal_apply(const struct mpr_win *w, uint64_t off, uint64_t add, uint64_t *now) {

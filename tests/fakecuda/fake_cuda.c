@@ -12,6 +12,8 @@
 
 #include "fake_cuda.h"
 
+#include "../../common/cuda_lane_ring.h"
+
 #define FC_EXPORT __attribute__((visibility("default")))
 #define FC_CTX_MAGIC 0x46434358u
 #define FC_EVENT_MAGIC 0x46434556u
@@ -327,12 +329,13 @@ static int is_device(CUdeviceptr p, size_t n) { return region_find((uintptr_t)p,
 
 /* ================================================================ streams and events */
 
-enum { OP_COPY, OP_WRITES, OP_MARK };
+enum { OP_COPY, OP_WRITES, OP_MARK, OP_KERNEL };
 
 struct fc_write {
   uintptr_t addr;
   uint64_t value;
   int wide; /* 64-bit, else 32-bit */
+  int wait; /* wait until the 64-bit word >= value instead */
 };
 
 struct CUevent_st {
@@ -351,6 +354,8 @@ struct fc_op {
   size_t n;
   struct CUevent_st *ev; /* OP_MARK */
   uint64_t gen;
+  struct mplane_lane_ctl *kctl; /* OP_KERNEL: the lane kernel's arguments */
+  uint64_t kepoch;
   unsigned nwrites; /* OP_WRITES */
   struct fc_write writes[];
 };
@@ -402,9 +407,36 @@ static void land_copy(char *dst, const char *src, size_t n) {
 /* Release stores: whoever reads the value (acquire) then sees every earlier op of the stream. */
 static void land_writes(const struct fc_write *w, unsigned n) {
   for (unsigned i = 0; i < n; i++) {
-    if (w[i].wide) __atomic_store_n((uint64_t *)w[i].addr, w[i].value, __ATOMIC_RELEASE);
+    if (w[i].wait)
+      while (__atomic_load_n((uint64_t *)w[i].addr, __ATOMIC_ACQUIRE) < w[i].value) sched_yield();
+    else if (w[i].wide) __atomic_store_n((uint64_t *)w[i].addr, w[i].value, __ATOMIC_RELEASE);
     else __atomic_store_n((uint32_t *)w[i].addr, (uint32_t)w[i].value, __ATOMIC_RELEASE);
   }
+}
+
+/* The lane kernel (common/cuda_lane_kernel.cu) in C: the same protocol, one thread. */
+static void lane_kernel_run(struct mplane_lane_ctl *c, uint64_t epoch) {
+  __atomic_store_n(&c->started, epoch, __ATOMIC_RELEASE);
+  uint64_t next = __atomic_load_n(&c->done, __ATOMIC_ACQUIRE) + 1;
+  for (;;) {
+    struct mplane_lane_cmd *k = &c->ring[next % MPLANE_LANE_SLOTS];
+    uint64_t t0 = now_ns(), idle = __atomic_load_n(&c->idle_ns, __ATOMIC_RELAXED);
+    int go = 0;
+    while (!(go = __atomic_load_n(&k->seq, __ATOMIC_ACQUIRE) == next)) {
+      if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) || now_ns() - t0 > idle) break;
+      sched_yield();
+    }
+    if (!go) break;
+    if (k->op == MPLANE_LANE_COPY) land_copy((char *)(uintptr_t)k->dst, (const char *)(uintptr_t)k->src, k->bytes);
+    else if (k->op == MPLANE_LANE_WRITE64) __atomic_store_n((uint64_t *)(uintptr_t)k->dst, k->value, __ATOMIC_RELEASE);
+    else if (k->op == MPLANE_LANE_WAIT)
+      while (__atomic_load_n((uint64_t *)(uintptr_t)k->src, __ATOMIC_ACQUIRE) < k->value &&
+             !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
+        sched_yield();
+    __atomic_store_n(&c->done, next, __ATOMIC_RELEASE);
+    next++;
+  }
+  __atomic_store_n(&c->exited, epoch, __ATOMIC_RELEASE);
 }
 
 static void op_run(struct fc_op *op) {
@@ -414,6 +446,9 @@ static void op_run(struct fc_op *op) {
     break;
   case OP_WRITES:
     land_writes(op->writes, op->nwrites);
+    break;
+  case OP_KERNEL:
+    lane_kernel_run(op->kctl, op->kepoch);
     break;
   case OP_MARK: {
     uint64_t seen = __atomic_load_n(&op->ev->reached, __ATOMIC_RELAXED);
@@ -696,16 +731,19 @@ FC_EXPORT CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CU
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
   for (unsigned i = 0; i < count; i++) {
     const CUstreamBatchMemOpParams *p = &paramArray[i];
-    int wide = p->operation == CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    int wait = p->operation == CU_STREAM_MEM_OP_WAIT_VALUE_64;
+    int wide = wait || p->operation == CU_STREAM_MEM_OP_WRITE_VALUE_64;
     CUresult bad = CUDA_SUCCESS;
     if (!wide && p->operation != CU_STREAM_MEM_OP_WRITE_VALUE_32) bad = CUDA_ERROR_NOT_SUPPORTED;
+    else if (wait && p->writeValue.flags != 0) bad = CUDA_ERROR_NOT_SUPPORTED; /* GEQ only */
     else if (!word_ok(p->writeValue.address, wide ? 8 : 4)) bad = CUDA_ERROR_INVALID_VALUE;
     if (bad != CUDA_SUCCESS) {
       free(op);
       return bad;
     }
     op->writes[i] = (struct fc_write){.addr = (uintptr_t)p->writeValue.address,
-                                      .value = wide ? p->writeValue.value64 : p->writeValue.value, .wide = wide};
+                                      .value = wide ? p->writeValue.value64 : p->writeValue.value, .wide = wide,
+                                      .wait = wait};
   }
   op->nwrites = count;
   return writes_push(stream, op);
@@ -743,5 +781,56 @@ FC_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t
   if (!is_device(dstDevice, N)) return CUDA_ERROR_INVALID_VALUE;
   drain_blocking();
   memset((void *)(uintptr_t)dstDevice, uc, N);
+  return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- the lane kernel */
+
+static struct CUmod_st {
+  int magic;
+} lane_module = {1};
+static struct CUfunc_st {
+  int magic;
+} lane_function = {2};
+static int kernel_launches;
+
+/* For tests: how many kernels were launched in this process. */
+FC_EXPORT int fake_cuda_kernel_launches(void) { return __atomic_load_n(&kernel_launches, __ATOMIC_RELAXED); }
+
+/* Any image that declares the lane kernel's entry loads; anything else is not PTX we can run. */
+FC_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+  if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+  if (!strstr(image, ".entry " MPLANE_LANE_KERNEL "(")) return CUDA_ERROR_INVALID_PTX;
+  *module = &lane_module;
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+  if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!hfunc || hmod != &lane_module || !name) return CUDA_ERROR_INVALID_VALUE;
+  if (strcmp(name, MPLANE_LANE_KERNEL) != 0) return CUDA_ERROR_NOT_FOUND;
+  *hfunc = &lane_function;
+  return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, unsigned gridDimY, unsigned gridDimZ,
+                                  unsigned blockDimX, unsigned blockDimY, unsigned blockDimZ, unsigned sharedMemBytes,
+                                  CUstream hStream, void **kernelParams, void **extra) {
+  (void)blockDimX, (void)blockDimY, (void)blockDimZ, (void)sharedMemBytes;
+  if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (f != &lane_function || !kernelParams || extra || gridDimX * gridDimY * gridDimZ != 1)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUstream_st *s = stream_of(hStream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  struct mplane_lane_ctl *ctl = *(struct mplane_lane_ctl **)kernelParams[0];
+  if (region_find((uintptr_t)ctl, sizeof(*ctl), FC_MEM_HOST, NULL) != 0) return CUDA_ERROR_INVALID_VALUE;
+  struct fc_op *op = calloc(1, sizeof(*op));
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->kind = OP_KERNEL;
+  op->kctl = ctl;
+  op->kepoch = *(unsigned long long *)kernelParams[1];
+  __atomic_add_fetch(&kernel_launches, 1, __ATOMIC_RELAXED);
+  stream_push(s, op);
   return CUDA_SUCCESS;
 }

@@ -22,7 +22,8 @@
  *   MPLANE_FAKE_CUDA_FAIL=copy:N  the N-th asynchronous copy of the process (1-based) fails at
  *                                 submission with CUDA_ERROR_UNKNOWN; read by cuInit
  *
- * Not modelled: kernels, graphs, memory pools, IPC, dma-bufs (cuMemGetHandleForAddressRange says
+ * Kernels: the plugin's lane kernel only (cuLaunchKernel), its loop written again in C.
+ * Not modelled: other kernels, graphs, memory pools, IPC, dma-bufs (cuMemGetHandleForAddressRange says
  * CUDA_ERROR_NOT_SUPPORTED), streams surviving a fork (load the library after forking).
  */
 #ifndef MPLANE_FAKE_CUDA_H
@@ -63,6 +64,11 @@ typedef struct CUevent_st *CUevent;
 
 #define CU_STREAM_MEM_OP_WRITE_VALUE_32 2
 #define CU_STREAM_MEM_OP_WRITE_VALUE_64 5
+#define CU_STREAM_MEM_OP_WAIT_VALUE_64 4 /* flags 0 (GEQ): wait until the word >= value */
+#define CUDA_ERROR_INVALID_PTX 218
+#define CUDA_ERROR_NOT_FOUND 500
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
 
 /* CUstreamBatchMemOpParams's write member; the union is 48 bytes (cuuint64_t pad[6]). */
 typedef union {
@@ -110,6 +116,16 @@ CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdevice
 CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned int flags);
 CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray,
                                unsigned int flags);
+
+/* Kernels: only the plugin's lane kernel (common/cuda_lane_ring.h), run by a C stand-in on the
+ * stream's thread until it exits, as a kernel holds its stream. */
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, unsigned gridDimY, unsigned gridDimZ, unsigned blockDimX,
+                        unsigned blockDimY, unsigned blockDimZ, unsigned sharedMemBytes, CUstream hStream,
+                        void **kernelParams, void **extra);
+
+int fake_cuda_kernel_launches(void); /* kernels launched in this process (tests) */
 
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
 CUresult cuStreamDestroy_v2(CUstream hStream);
