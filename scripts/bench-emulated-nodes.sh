@@ -49,6 +49,11 @@
 #                      against the GIN targets (docs/gin.md). Leave -D and -R out of ARGS;
 #                      --env applies to these runs, --variant does not
 #                      --time "" --bw "" --gin "ARGS" runs the GIN sweep alone
+#   --gin-variant "NAME VAR=VALUE ..."
+#                      one more configuration of the GIN sweep: -D 3 and -D 4 with these variables
+#                      added, in every round beside the others; repeatable. The GIN summary adds
+#                      each one's medians, their ratios to the same rounds' -D 0 and -D 4, and the
+#                      GIN targets' verdicts for it (e.g. --gin-variant "kernel MPLANE_GIN_LANE=kernel")
 #   --gin-tests-dir DIR  nccl-tests (MPI=1) of the GIN sweep, built against NCCL 2.30+ (-D needs its
 #                      device API); default NCCL_TESTS_DIR
 #   --gin-nccl-lib DIR   prepended to LD_LIBRARY_PATH in the GIN sweep's runs (that NCCL's lib)
@@ -84,6 +89,7 @@ gin_args=""
 gin_dir=""
 gin_lib=""
 menv=()
+gvnames=() gvenvs=() # --gin-variant: the same for the GIN sweep
 vnames=() # --variant: names, and their variables as one space-separated string each
 venvs=()
 
@@ -103,6 +109,7 @@ while [ $# -gt 0 ]; do
     --env) need "$@"; menv+=("$2"); shift 2 ;;
     --variant) need "$@"; read -r vn vv <<<"$2"; vnames+=("${vn:-}"); venvs+=("${vv:-}"); shift 2 ;;
     --gin) need "$@"; gin_args="$2"; shift 2 ;;
+    --gin-variant) need "$@"; read -r vn vv <<<"$2"; gvnames+=("${vn:-}"); gvenvs+=("${vv:-}"); shift 2 ;;
     --gin-tests-dir) need "$@"; gin_dir="$2"; shift 2 ;;
     --gin-nccl-lib) need "$@"; gin_lib="$2"; shift 2 ;;
     --out) need "$@"; out="$2"; shift 2 ;;
@@ -277,6 +284,24 @@ if gin_sizes or gin_failed:
     else:
         runs_bad = ", ".join(f"{GIN.get(c, c)} round {r}" for r, _, c, _, _ in bad)
         print(f"GIN 0 wrong values: NOT met: {runs_bad or str(wrongs['gin']) + ' in the rows'}")
+    gvariants = sorted({k[1][3:] for k in rows if k[0] == "gin" and k[1].startswith("d4-")})
+    for v in gvariants:
+        print(f"\nGIN variant {v}: its -D 3 and -D 4, medians in us, against the same rounds' -D 0 and -D 4")
+        print(f"{'size':>10} {'-D 3 ' + v:>14} {'-D 4 ' + v:>14} {'D4/D0':>8} {'D3/D4':>8} {'vs -D 4':>8}")
+        vt = []
+        for s in gin_sizes:
+            d0, d4 = med(("gin", "d0", "alltoall", s), 0), med(("gin", "d4", "alltoall", s), 0)
+            v3, v4 = med(("gin", "d3-" + v, "alltoall", s), 0), med(("gin", "d4-" + v, "alltoall", s), 0)
+            r40 = v4 / d0 if v4 is not None and d0 else None
+            r34 = v3 / v4 if v3 is not None and v4 else None
+            rb = v4 / d4 if v4 is not None and d4 else None
+            vt.append((s, r40, r34))
+            print(f"{human(s):>10} {fmt(v3, '.1f', 14)} {fmt(v4, '.1f', 14)} {fmt(r40, '.2f', 7)}{'x' if r40 is not None else ' '} "
+                  f"{fmt(r34, '.2f', 7)}{'x' if r34 is not None else ' '} {fmt(rb, '.2f', 7)}{'x' if rb is not None else ' '}")
+        print(gin_verdict(f"{v}: -D 4 <= 2x -D 0 up to 64 KiB", [(s, a) for s, a, _ in vt if s <= 64 << 10], 2.0))
+        print(gin_verdict(f"{v}: -D 4 <= 1.2x -D 0 from 2 MiB to 16 MiB",
+                          [(s, a) for s, a, _ in vt if 2 << 20 <= s <= 16 << 20], 1.2))
+        print(gin_verdict(f"{v}: -D 3 <= 1.5x -D 4", [(s, b) for s, _, b in vt], 1.5))
     if gin_failed:
         print("GIN runs refused: " + ", ".join(f"{GIN.get(c, c)} round {r} ({why})" for r, _, c, _, why in gin_failed))
 PY
@@ -329,6 +354,15 @@ gin_check() {
 # kv_check OPTION WORD: WORD must be VAR=VALUE
 kv_check() { case "$2" in [A-Za-z_]*=*) ;; *) die "$1: '$2' is not VAR=VALUE" ;; esac; }
 for kv in ${menv[@]+"${menv[@]}"}; do kv_check --env "$kv"; done
+for i in ${gvnames[@]+"${!gvnames[@]}"}; do
+  [ -n "$gin_args" ] || die "--gin-variant needs --gin"
+  case "${gvnames[$i]}" in
+    ''|*[!A-Za-z0-9_.-]*|*=*) die "--gin-variant '${gvnames[$i]} ${gvenvs[$i]}': expected a NAME (letters, digits, _ . -) and VAR=VALUE ..." ;;
+  esac
+  [ -n "${gvenvs[$i]}" ] || die "--gin-variant '${gvnames[$i]}': no VAR=VALUE after the name"
+  for kv in ${gvenvs[$i]}; do kv_check "--gin-variant '${gvnames[$i]}'" "$kv"; done
+  for ((j = 0; j < i; j++)); do [ "${gvnames[$j]}" != "${gvnames[$i]}" ] || die "--gin-variant '${gvnames[$i]}' given twice"; done
+done
 for i in ${vnames[@]+"${!vnames[@]}"}; do
   case "${vnames[$i]}" in
     ''|*[!A-Za-z0-9_.-]*|*=*) die "--variant '${vnames[$i]} ${venvs[$i]}': expected a NAME (letters, digits, _ . -) and VAR=VALUE ..." ;;
@@ -427,7 +461,7 @@ run_gin() {
   local perf_dir=$gin_dir # bash scoping: run, called from here, sees this one
   local dflag=""
   [ "$2" = 0 ] || dflag=" -D $2"
-  run "$1" gin "d$2" mplane alltoall "$gin_args -R 2$dflag" "${M[@]}" ${G[@]+"${G[@]}"}
+  run "$1" gin "d$2${3:+-$3}" mplane alltoall "$gin_args -R 2$dflag" "${M[@]}" ${G[@]+"${G[@]}"} ${4:-}
 }
 # bench_link LINK DIR: every round on one link, rows, logs and summary under DIR.
 bench_link() {
@@ -476,6 +510,9 @@ bench_link() {
     done
     if [ -n "$gin_args" ]; then
       for d in 0 3 4; do run_gin $r $d; done
+      for i in ${gvnames[@]+"${!gvnames[@]}"}; do
+        for d in 3 4; do run_gin $r $d "${gvnames[$i]}" "${gvenvs[$i]}"; done
+      done
     fi
   done
   [ "$l" = veth ] && [ -n "${BENCH_NETNS_DIR:-}" ] && "$netns_tool" down "$BENCH_NETNS_DIR"

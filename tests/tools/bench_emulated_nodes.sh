@@ -79,9 +79,10 @@ if [ "$(basename "$0")" = alltoall_perf ]; then
   for z in 1 2; do printf "%12d %12d %9s %7s %7d %8.2f %7.2f %7.2f %6d %8.2f %7.2f %7.2f %6d\n" 0 0 float none -1 0.3 0 0 0 0.3 0 0 0; done
 fi
 for ((s = b; s <= e; s *= f)); do
-  awk -v s=$s -v net="$NCCL_NET" -v th="${NCCL_SOCKET_NTHREADS:-}" -v w=$wrong -v slow="${FAKE_SLOW:-}" -v triple="$triple" -v d=$d 'BEGIN {
+  awk -v s=$s -v net="$NCCL_NET" -v th="${NCCL_SOCKET_NTHREADS:-}" -v w=$wrong -v slow="${FAKE_SLOW:-}" -v triple="$triple" -v d=$d -v lane="${MPLANE_GIN_LANE:-}" 'BEGIN {
     if (net == "mplane") t = 10 + s / 10000; else if (th == "") t = 20 + s / 10000; else t = 10 + s / 10000 * (th == 2 ? 1.5 : 2)
     if (d == 4) t = t + 5; else if (d == 3) t = 2 * (t + 5)
+    if (lane == "kernel" && d != 0) t = t / 2
     if (slow != "") t = 2 * t
     if (triple != "") t = 3 * t
     bw = s / t / 1000
@@ -242,6 +243,22 @@ echo "$out" | grep -q "^GIN -D 3 <= 1.5x -D 4: NOT met at 3 of 3 sizes (highest 
 echo "$out" | grep -q "^GIN 0 wrong values: met (6 runs)$" || fail "GIN wrong-values verdict: $out"
 echo "$out" | grep -q "time <= NCCL Socket" && fail "a time verdict without a time sweep: $out"
 echo "PASS: GIN sweep alone"
+
+# --gin-variant: -D 3 and -D 4 again with its variables in every round (the fake halves their times
+# under MPLANE_GIN_LANE=kernel), a table against the same rounds' -D 0 and -D 4, and its verdicts.
+rm -f "$work/args"
+out=$(FAKE_ARGS="$work/args" gin_bench --rounds 2 --warmup "" --gin "-b 1K -e 4M -f 64" --gin-tests-dir "$work/gin" \
+  --gin-nccl-lib "$work/nccl230" --gin-variant "kern MPLANE_GIN_LANE=kernel") || fail "the GIN variant run failed: $out"
+[ "$(grep -c ' gin ' "$work/out/rows.txt")" = $((2 * 5 * 5)) ] || fail "GIN variant rows: $(cat "$work/out/rows.txt")"
+[ "$(grep -c ' gin d4-kern alltoall ' "$work/out/rows.txt")" = $((2 * 5)) ] || fail "no d4-kern rows: $(cat "$work/out/rows.txt")"
+echo "$out" | grep -q "^GIN variant kern: its -D 3 and -D 4" || fail "no GIN variant table: $out"
+# 1 KiB: -D 0 10.1, -D 4 15.1, kern -D 4 7.55 (0.75x of -D 0), -D 3 15.1 (2.00x), 0.50x of -D 4
+echo "$out" | grep -qE '^ +1 KiB +15\.1 +7\.5 +0\.75x +2\.00x +0\.50x$' || fail "no GIN variant 1 KiB row: $out"
+echo "$out" | grep -q "^GIN kern: -D 4 <= 2x -D 0 up to 64 KiB: met" || fail "no GIN variant verdict: $out"
+echo "$out" | grep -q "^GIN -D 4 <= 2x -D 0 up to 64 KiB: met (highest 1.50x at 1 KiB)$" || fail "the build's verdict moved: $out"
+out=$(gin_bench --rounds 1 --gin-variant "kern MPLANE_GIN_LANE=kernel") && fail "--gin-variant without --gin was taken: $out"
+out=$(gin_bench --rounds 1 --gin "-b 1K -e 1K" --gin-tests-dir "$work/gin" --gin-variant "kern") && fail "a variant without variables was taken: $out"
+echo "PASS: GIN variant"
 
 # The GIN sweep beside the others: the time sweep's tests from NCCL_TESTS_DIR, the GIN runs from theirs.
 out=$(FAKE_GIN_DIR="$work/gin" FAKE_NCCL230="$work/nccl230" bench --tests sendrecv --bw "" --gin "-b 1K -e 1K" \
