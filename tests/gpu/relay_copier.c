@@ -39,6 +39,7 @@
 #include "common/log.h"
 #define GPU_TEST_NAME "relay_copier"
 #include "gpu_test.h"
+#include "common/cuda.h"
 #include "net/relay.h"
 
 #define RING_SLOTS 4                  /* MPIB_STAGE_SLOTS (net/ib/ib.h) */

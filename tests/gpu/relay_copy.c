@@ -23,6 +23,7 @@
 
 #define GPU_TEST_NAME "relay_copy"
 #include "gpu_test.h"
+#include "common/cuda.h"
 #include "net/relay.h"
 
 
