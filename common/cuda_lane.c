@@ -303,6 +303,8 @@ int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now) {
       mplane_cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS) {
     *now = *l->word + add;
     rc = lane_write(l, p, *now);
+    /* kernel mode: the ring's later ops do not wait for the stream, so this write must be in first */
+    if (rc == 0 && l->kernel) rc = lane_wait(l->stream);
   }
   pthread_mutex_unlock(&l->lock);
   return rc;
