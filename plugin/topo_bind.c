@@ -51,6 +51,11 @@ ncclResult_t mplane_topo_annotate_props(struct mplane_topo *t, struct mplane_dev
     }
     if (props[d].speed_mbps > 0) nic->speed_mbps = props[d].speed_mbps;
     if (props[d].port > 0) nic->port = props[d].port;
+    /* What the transport found of its subnet, where the node's files show none (the default IB
+     * prefix): without it every such NIC would be a plane of its own by PCI order, and every
+     * connection between two NICs of one fabric relayed. */
+    if (props[d].subnet_kind && !nic->has_subnet)
+      mplane_topo_set_subnet(t, i, props[d].subnet_kind, props[d].subnet_key, props[d].subnet);
   }
   ncclResult_t res = mplane_topo_assign_planes(t, planes, err, errlen);
   if (res != ncclSuccess) return res;

@@ -185,7 +185,8 @@ ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes
 void mplane_topo_apply_cuda_visible(struct mplane_topo *t, const char *spec);
 
 /* Record the subnet a NIC is on, for plane assignment by fabric ("198.18.3.0/24",
- * "fec0:0000:0000:0001"). kind: 1 IB prefix, 2 IPv4, 3 IPv6. Call assign_planes afterwards. */
+ * "fec0:0000:0000:0001"). kind: 1 IB prefix, 2 IPv4, 3 IPv6, 4 a subnet a transport found (plugin/topo_bind.c
+ * passes the IB subnet probe's, MPLANE_SUBNET_PROBED). Call assign_planes afterwards. */
 void mplane_topo_set_subnet(struct mplane_topo *t, int nic, int kind, uint64_t key, const char *text);
 
 /* Sort NICs again (after virtual ones were added). */

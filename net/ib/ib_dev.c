@@ -619,6 +619,9 @@ static int planes_by_probe(const struct mplane_config *cfg) {
     for (int e = 0; e < d; e++) rail[d] += group[e] == group[d];
     g.devs[d].props.plane = group[d];
     g.devs[d].props.rail = rail[d];
+    g.devs[d].props.subnet_kind = MPLANE_SUBNET_PROBED; /* topo/ places planes by it */
+    g.devs[d].props.subnet_key = (uint64_t)group[d];
+    snprintf(g.devs[d].props.subnet, sizeof(g.devs[d].props.subnet), "fe80:: subnet %d (probed)", group[d]);
   }
   MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: every port has the default GID prefix fe80::; %s: %s", why,
           ng == 1 ? "one plane, every NIC a rail of it (nothing relayed between them)"

@@ -678,6 +678,52 @@ static void test_sysfs_fallback(void **state) {
 
 /* ------------------------------------------------------------------ annotate the plugin's devices */
 
+/* IB ports that all keep the default prefix fe80:: (the fixture's): the node's files cannot tell one
+ * fabric from a plane per NIC, and by PCI order every NIC would be a plane. The transport's subnet
+ * probe decides it: one subnet for all is one plane, every NIC a rail of it (nothing relayed); two
+ * subnets are two planes, numbered by the transport's subnet ids. */
+static void test_annotate_probed_subnets(void **state) {
+  (void)state;
+  for (int two = 0; two <= 1; two++) {
+    struct mplane_topo *t = load(FIX_A);
+    struct mplane_dev_props p[8];
+    memset(p, 0, sizeof(p));
+    for (int d = 0; d < 8; d++) {
+      snprintf(p[d].name, sizeof(p[d].name), "mlx5_%d:1", d);
+      p[d].plane = d;
+      p[d].guid = 100 + (uint64_t)d;
+      p[d].subnet_kind = MPLANE_SUBNET_PROBED;
+      p[d].subnet_key = two ? (uint64_t)(d % 2) : 0;
+      snprintf(p[d].subnet, sizeof(p[d].subnet), "fe80:: subnet %d (probed)", (int)p[d].subnet_key);
+    }
+    char err[1024];
+    assert_int_equal(mplane_topo_annotate_props(t, p, 8, NULL, err, sizeof(err)), ncclSuccess);
+    for (int d = 0; d < 8; d++) {
+      assert_int_equal(p[d].plane, two ? d % 2 : 0);
+      assert_int_equal(p[d].rail, two ? d / 2 : d);
+    }
+    assert_int_equal(t->nplanes, two ? 2 : 1);
+    assert_int_equal(t->plane_source, MPLANE_TOPO_PLANE_FABRIC);
+    mplane_topo_free(t);
+  }
+  /* a subnet the node's files do show wins over the transport's */
+  struct mplane_topo *t = load(FIX_A);
+  int n1 = nic(t, "mlx5_1");
+  mplane_topo_set_subnet(t, n1, 1, 0xfec0000000000001ull, "fec0:0000:0000:0001");
+  struct mplane_dev_props p[8];
+  memset(p, 0, sizeof(p));
+  for (int d = 0; d < 8; d++) {
+    snprintf(p[d].name, sizeof(p[d].name), "mlx5_%d:1", d);
+    p[d].subnet_kind = MPLANE_SUBNET_PROBED;
+  }
+  char err[1024];
+  assert_int_equal(mplane_topo_annotate_props(t, p, 8, NULL, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(t->nplanes, 2);
+  assert_int_equal(p[1].plane, 0); /* kind 1 sorts before the transport's kind 4 */
+  assert_int_equal(p[0].plane, 1);
+  mplane_topo_free(t);
+}
+
 static void test_annotate_props(void **state) {
   (void)state;
   struct mplane_topo *t = load(FIX_A);
@@ -1069,6 +1115,7 @@ int main(void) {
       cmocka_unit_test(test_cuda_visible),
       cmocka_unit_test(test_sysfs_fallback),
       cmocka_unit_test(test_annotate_props),
+      cmocka_unit_test(test_annotate_probed_subnets),
       cmocka_unit_test(test_nccl_xml_a),
       cmocka_unit_test(test_nccl_xml_bcd),
       cmocka_unit_test(test_nccl_xml_memfd),
