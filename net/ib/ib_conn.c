@@ -27,7 +27,6 @@
 
 #define MPIB_STAGE_OFFSET 120
 #define MPIB_PENDING_MAX 64
-#define MPIB_SILENT_TIMEOUT_S 10 /* an incoming side channel must send its first byte within this */
 #define MPIB_EVICT_SILENT_S 1.0  /* with the table full, a socket silent this long makes room */
 #define MPIB_READY 0x52
 
@@ -469,8 +468,12 @@ ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
       pending_drop(lc, i);
       continue;
     }
-    if (p->stage == 0 && p->done == 0 && mplane_now_s() - p->since > MPIB_SILENT_TIMEOUT_S) {
-      MP_WARN("NET/IB: connection from %s sent nothing in %d s; dropped", p->peer, MPIB_SILENT_TIMEOUT_S);
+    /* A silent side channel has the whole handshake deadline: at scale a peer busy with thousands
+     * of QP setups may call again long after its TCP connect. Only a full table (pending_evict_silent)
+     * drops a silent one sooner. */
+    if (p->stage == 0 && p->done == 0 && mplane_now_s() - p->since > cfg->connect_timeout_s) {
+      MP_WARN("NET/IB: connection from peer %s sent nothing in %d s (MPLANE_CONNECT_TIMEOUT); dropped", p->peer,
+              cfg->connect_timeout_s);
       pending_drop(lc, i);
       continue;
     }

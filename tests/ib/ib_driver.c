@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1008,6 +1009,50 @@ static int sc_qp_attrs(void) {
   return 0;
 }
 
+/* A peer that opens the side channel and then stays silent (a rank busy with thousands of QP
+ * setups) keeps its connection until MPLANE_CONNECT_TIMEOUT, not a fixed 10 s; past it the
+ * listener drops it. IB_TEST_SILENT_S: how long the peer stays silent; IB_TEST_SILENT_DROP: 1 if the
+ * listener must have dropped it by then. */
+static int sc_silent_peer(void) {
+  env_base("mlx5_0:ib");
+  up();
+  const char *w = getenv("IB_TEST_SILENT_S"), *dr = getenv("IB_TEST_SILENT_DROP");
+  double wait_s = w ? atof(w) : 11.5;
+  int want_drop = dr ? atoi(dr) : 0;
+  struct mplane_net_ctx *ctx = NULL;
+  if (mplane_net_ctx_create(1, NCCL_NET_TRAFFIC_CLASS_UNDEF, &ctx) != ncclSuccess) fail("ctx");
+  unsigned char handle[NCCL_NET_HANDLE_MAXSIZE];
+  memset(handle, 0, sizeof(handle));
+  void *lc = NULL, *rc = NULL;
+  if (mplane_net_listen(ctx, 0, handle, &lc) != ncclSuccess) fail("listen");
+  struct mplane_handle h;
+  char why[256];
+  struct sockaddr_storage ss;
+  socklen_t len = 0;
+  if (mplane_handle_decode(handle, &h, why, sizeof(why)) != ncclSuccess) fail("handle: %s", why);
+  if (mplane_handle_sockaddr(&h, &ss, &len, why, sizeof(why)) != ncclSuccess) fail("handle address: %s", why);
+  int fd = socket(ss.ss_family, SOCK_STREAM, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&ss, len) != 0) fail("TCP connect to the listener: %s", strerror(errno));
+  double t0 = now();
+  while (now() - t0 < wait_s) {
+    if (mplane_net_accept(lc, &rc) != ncclSuccess) fail("accept");
+    if (rc) fail("a silent peer was accepted");
+    usleep(10000);
+  }
+  char byte;
+  ssize_t r = recv(fd, &byte, 1, MSG_DONTWAIT);
+  int dropped = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  if (dropped != want_drop)
+    fail("after %.1f s of silence with MPLANE_CONNECT_TIMEOUT=%s the listener %s the connection", wait_s,
+         getenv("MPLANE_CONNECT_TIMEOUT"), dropped ? "dropped" : "kept");
+  note("silent %.1f s, MPLANE_CONNECT_TIMEOUT=%s: %s", wait_s, getenv("MPLANE_CONNECT_TIMEOUT"),
+       dropped ? "dropped" : "kept");
+  close(fd);
+  mplane_net_close_listen(lc);
+  mplane_net_ctx_destroy(ctx);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: ib_driver SCENARIO\n");
@@ -1025,7 +1070,7 @@ int main(int argc, char **argv) {
              {"cross-plane-staged-dmabuf", sc_cross_plane_staged_dmabuf},
              {"cross-plane-stage-fault", sc_cross_plane_stage_fault}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"ece", sc_ece}, {"ece-off", sc_ece_off}, {"ece-none", sc_ece_none}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
-             {"close-complete", sc_close_complete}};
+             {"close-complete", sc_close_complete}, {"silent-peer", sc_silent_peer}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {
       int rc = all[i].fn();
