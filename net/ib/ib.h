@@ -25,6 +25,7 @@
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -85,6 +86,29 @@ struct mpib_verbs {
   void (*ack_async_event)(struct ibv_async_event *);
 };
 extern struct mpib_verbs mpib_v;
+
+/* A port's attributes with room for fields newer rdma-core appends: rdma-core >= 48 adds
+ * active_speed_ex after port_cap_flags2 (XDR and later speeds do not fit active_speed's 8 bits; the
+ * kernel then leaves active_speed 0). The headers we build with may predate it, so it is read at its
+ * offset, and a library that does not know it leaves it 0. */
+#define MPIB_PORT_SPEED_EX_OFFSET 52
+_Static_assert(offsetof(struct ibv_port_attr, port_cap_flags2) + sizeof(uint16_t) <= MPIB_PORT_SPEED_EX_OFFSET,
+               "active_speed_ex follows port_cap_flags2");
+struct mpib_port_attr {
+  union {
+    struct ibv_port_attr a;
+    unsigned char raw[128];
+  };
+};
+/* ibv_query_port as rdma-core's verbs.h does it: through the context's size-aware query_port where
+ * the library has an extended context (it fills what both it and we know, zeroes the rest), else the
+ * exported ibv_query_port (which fills only the original fields, up to `flags`). 0 on success. */
+int mpib_query_port(struct ibv_context *ctx, int port, struct mpib_port_attr *out);
+/* active_speed_ex, 0 when the library did not report it. */
+uint32_t mpib_port_speed_ex(const struct mpib_port_attr *pa);
+/* A port's rate in Mb/s from active_speed, active_speed_ex (preferred when not 0) and
+ * active_width, as IB encodes them (speed: one bit per lane rate, SDR 1 .. XDR 256). */
+int mpib_port_speed_mbps(unsigned active_speed, uint32_t active_speed_ex, unsigned active_width);
 /* 0 on success; else a reason in why (library missing, symbol missing). */
 int mpib_verbs_load(const char *libname, char *why, size_t whylen);
 const char *mpib_wc_status_str(int status);

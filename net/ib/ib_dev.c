@@ -141,13 +141,12 @@ int mpib_dev_resolve_gid(const struct mpib_dev *d, int *index, union ibv_gid *gi
     snprintf(why, whylen, "cannot read GID 0");
     return -1;
   }
-  struct ibv_port_attr pa;
-  memset(&pa, 0, sizeof(pa));
-  if (mpib_v.query_port(h->ctx, (uint8_t)d->port, &pa) != 0) {
+  struct mpib_port_attr pa;
+  if (mpib_query_port(h->ctx, d->port, &pa) != 0) {
     snprintf(why, whylen, "cannot query the port");
     return -1;
   }
-  int tbl = pa.gid_tbl_len > 256 ? 256 : pa.gid_tbl_len;
+  int tbl = pa.a.gid_tbl_len > 256 ? 256 : pa.a.gid_tbl_len;
   union ibv_gid gids[256];
   int types[256], valid[256];
   for (int i = 0; i < tbl; i++) {
@@ -259,20 +258,26 @@ int mpib_ptr_support(int nvidia, int peermem, int dmabuf) {
   return p;
 }
 
-static int speed_mbps(const struct ibv_port_attr *a) {
-  int lane;
-  switch (a->active_speed) {
-    case 1: lane = 2500; break;
-    case 2: lane = 5000; break;
-    case 4: case 8: lane = 10000; break;
-    case 16: lane = 14000; break;
-    case 32: lane = 25000; break;
-    case 64: lane = 50000; break;
-    case 128: lane = 100000; break;
-    default: lane = 10000; break;
-  }
+/* Lane rate in Mb/s of the highest speed bit set; 0 unknown. */
+static int lane_mbps(uint32_t speed) {
+  static const struct {
+    uint32_t bit;
+    int mbps;
+  } lanes[] = {{256, 200000} /* XDR */, {128, 100000} /* NDR */, {64, 50000} /* HDR */, {32, 25000} /* EDR */,
+               {16, 14000} /* FDR */,   {8, 10000} /* FDR10 */,   {4, 10000} /* QDR */,  {2, 5000} /* DDR */,
+               {1, 2500} /* SDR */};
+  for (size_t i = 0; i < sizeof(lanes) / sizeof(lanes[0]); i++)
+    if (speed & lanes[i].bit) return lanes[i].mbps;
+  return 0;
+}
+
+int mpib_port_speed_mbps(unsigned active_speed, uint32_t active_speed_ex, unsigned active_width) {
+  int lane = lane_mbps(active_speed_ex ? active_speed_ex : active_speed);
+  /* An active port whose speed reads 0 runs faster than the 8-bit field holds (the kernel leaves it
+   * 0 for XDR) on a library too old to report active_speed_ex: XDR is the least it can be. */
+  if (lane == 0) lane = active_speed == 0 && active_speed_ex == 0 ? 200000 : 10000;
   int width;
-  switch (a->active_width) {
+  switch (active_width) {
     case 1: width = 1; break;
     case 2: width = 4; break;
     case 4: width = 8; break;
@@ -666,7 +671,8 @@ int mpib_max_comms(int max_qp, int max_cq, int nports, int nqps) {
   return n > 0 ? n : 1;
 }
 
-static void fill_props(struct mpib_dev *d, const struct ibv_port_attr *pa, int ptr) {
+static void fill_props(struct mpib_dev *d, const struct mpib_port_attr *pax, int ptr) {
+  const struct ibv_port_attr *pa = &pax->a;
   struct mplane_dev_props *p = &d->props;
   memset(p, 0, sizeof(*p));
   snprintf(p->name, sizeof(p->name), "%s:%d", d->hca->name, d->port);
@@ -678,7 +684,11 @@ static void fill_props(struct mpib_dev *d, const struct ibv_port_attr *pa, int p
   p->ptr_support = ptr;
   p->reg_is_global = 0;
   p->force_flush = 0;
-  p->speed_mbps = speed_mbps(pa);
+  uint32_t speed_ex = mpib_port_speed_ex(pax);
+  p->speed_mbps = mpib_port_speed_mbps(pa->active_speed, speed_ex, pa->active_width);
+  if (pa->active_speed == 0 && speed_ex == 0)
+    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s: active_speed reads 0 and the verbs library reports no active_speed_ex "
+            "(rdma-core < 48): a speed beyond the 8-bit field, taken as XDR (%d Mbps)", p->name, p->speed_mbps);
   p->port = d->port;
   p->latency_us = 0;
   p->max_comms = mpib_max_comms(d->hca->attr.max_qp, d->hca->attr.max_cq, d->hca->attr.phys_port_cnt,
@@ -735,9 +745,9 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
     int first = g.ndev;
     int dmabuf = 0, ptr = NCCL_PTR_HOST;
     for (int port = 1; port <= h->attr.phys_port_cnt && g.ndev < MPIB_MAX_DEVS; port++) {
-      struct ibv_port_attr pa;
-      memset(&pa, 0, sizeof(pa));
-      if (mpib_v.query_port(ctx, (uint8_t)port, &pa) != 0) continue;
+      struct mpib_port_attr pax;
+      if (mpib_query_port(ctx, port, &pax) != 0) continue;
+      const struct ibv_port_attr pa = pax.a;
       if (!mpib_hca_match(cfg->ib_hca, name, port)) continue;
       if (pa.state != IBV_PORT_ACTIVE) {
         MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s port %d is not active (state %d); skipped", name, port, pa.state);
@@ -767,7 +777,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
         MP_WARN("NET/IB: %s port %d: %s; skipped", name, port, why);
         continue;
       }
-      fill_props(d, &pa, ptr);
+      fill_props(d, &pax, ptr);
       pick_oob(cfg, d);
       char gs[INET6_ADDRSTRLEN] = "", os[INET6_ADDRSTRLEN] = "";
       inet_ntop(AF_INET6, d->gid.raw, gs, sizeof(gs));

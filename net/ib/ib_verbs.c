@@ -90,3 +90,16 @@ const char *mpib_event_str(int type) {
     default: return "event";
   }
 }
+
+int mpib_query_port(struct ibv_context *ctx, int port, struct mpib_port_attr *out) {
+  memset(out, 0, sizeof(*out));
+  struct verbs_context *vctx = verbs_get_ctx_op(ctx, query_port);
+  if (vctx) return vctx->query_port(ctx, (uint8_t)port, &out->a, sizeof(out->raw));
+  return mpib_v.query_port(ctx, (uint8_t)port, &out->a);
+}
+
+uint32_t mpib_port_speed_ex(const struct mpib_port_attr *pa) {
+  uint32_t v;
+  memcpy(&v, pa->raw + MPIB_PORT_SPEED_EX_OFFSET, sizeof(v));
+  return v;
+}

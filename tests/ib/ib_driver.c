@@ -703,10 +703,12 @@ static int sc_devices(void) {
     struct mplane_dev_props pp;
     if (mplane_ib_ops.get_properties(d, &pp) != ncclSuccess) fail("getProperties %d", d);
     char one[96];
-    snprintf(one, sizeof(one), "%s%s@%d", d ? "," : "", pp.name, pp.plane);
+    if (getenv("IB_TEST_WANT_SPEED")) snprintf(one, sizeof(one), "%s%s@%d", d ? "," : "", pp.name, pp.speed_mbps);
+    else snprintf(one, sizeof(one), "%s%s@%d", d ? "," : "", pp.name, pp.plane);
     strncat(names, one, sizeof(names) - strlen(names) - 1);
   }
-  const char *want = getenv("IB_TEST_WANT");
+  const char *want = getenv("IB_TEST_WANT_SPEED");
+  if (!want) want = getenv("IB_TEST_WANT");
   if (!want) want = "mlx5_0:1@0,mlx5_1:1@1,mlx5_10:1@2,mlx5_2:1@3";
   if (strcmp(names, want) != 0) fail("devices '%s', expected '%s' (MPLANE_IB_HCA='%s')", names, want, hca ? hca : "");
   note("MPLANE_IB_HCA='%s' -> %s", hca ? hca : "", names);

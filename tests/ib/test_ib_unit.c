@@ -28,6 +28,21 @@ static void test_hca_grammar(void **state) {
   assert_false(mpib_hca_match("ib", "mlx5_0", 1));
 }
 
+/* Port rates from IB's speed bits and widths: active_speed_ex wins when set (XDR does not fit
+ * active_speed, which then reads 0). */
+static void test_port_speed(void **state) {
+  (void)state;
+  assert_int_equal(mpib_port_speed_mbps(64, 0, 2), 200000);       /* HDR 4x, rdma-core < 48 */
+  assert_int_equal(mpib_port_speed_mbps(64, 64, 2), 200000);      /* HDR 4x */
+  assert_int_equal(mpib_port_speed_mbps(128, 128, 2), 400000);    /* NDR 4x */
+  assert_int_equal(mpib_port_speed_mbps(128, 0, 16), 200000);     /* NDR 2x */
+  assert_int_equal(mpib_port_speed_mbps(0, 256, 2), 800000);      /* XDR 4x */
+  assert_int_equal(mpib_port_speed_mbps(0, 256, 1), 200000);      /* XDR 1x */
+  assert_int_equal(mpib_port_speed_mbps(0, 0, 2), 800000);        /* 0 without speed_ex: beyond 8 bits */
+  assert_int_equal(mpib_port_speed_mbps(32, 0, 8), 300000);       /* EDR 12x */
+  assert_int_equal(mpib_port_speed_mbps(1, 0, 1), 2500);          /* SDR 1x */
+}
+
 /* A well-behaved sender's chunks complete an entry; a bad one's are refused, whatever its order. */
 static void test_recv_entry_chunks(void **state) {
   (void)state;
@@ -203,6 +218,7 @@ int main(void) {
       cmocka_unit_test(test_max_comms),
       cmocka_unit_test(test_fifo_take),
       cmocka_unit_test(test_oob_rank),
+      cmocka_unit_test(test_port_speed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

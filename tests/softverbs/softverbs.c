@@ -96,6 +96,9 @@ struct sv_dev {
   int gid_shift;    /* RoCE: entries an added IPv6 address put before the IPv4 ones (gid_move_after) */
   uint32_t ece;     /* ECE options its QPs support; 0: no ECE (ibv_query_ece/ibv_set_ece say EOPNOTSUPP) */
   uint32_t ip; /* network order, RoCE */
+  uint32_t speed;   /* lane speed bit (SDR 1 .. HDR 64, NDR 128, XDR 256); 0: HDR */
+  int verbs_version; /* the rdma-core it plays: < 48 reports no active_speed_ex (0: the newest) */
+  int no_ext_ctx;    /* its context is not extended: only the exported ibv_query_port answers */
   uint64_t guid;
   int port_state[SV_MAX_PORTS + 1];
 };
@@ -106,12 +109,16 @@ struct sv_event {
 };
 
 struct sv_ctx {
-  struct ibv_context ctx;
+  /* rdma-core's extended context (its ibv_context, vctx.context, is what callers get): only the
+   * size-aware query_port of its extended ops is set, the others read as absent */
+  struct verbs_context vctx;
   struct sv_dev *dev;
   int pipe[2];
   struct sv_event *head, *tail;
   struct sv_ctx *next;
 };
+
+#define SV_CTX(c) ((struct sv_ctx *)(void *)((char *)(c) - offsetof(struct sv_ctx, vctx.context)))
 
 /* READ data held back from GPU memory until its device flushes (see the model above). */
 struct sv_held {
@@ -278,6 +285,13 @@ static void record(const char *fmt, ...) {
 }
 
 /* ------------------------------------------------------------------ configuration */
+static uint32_t speed_bit(const char *name) {
+  static const char *names[] = {"sdr", "ddr", "qdr", "fdr10", "fdr", "edr", "hdr", "ndr", "xdr"};
+  for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    if (!strcmp(name, names[i])) return 1u << i;
+  return 0;
+}
+
 static void parse_devices(void) {
   const char *spec = getenv(SV_DEVICES_ENV);
   if (!spec || !*spec) spec = "mlx5_0:ib,mlx5_1:ib";
@@ -307,6 +321,9 @@ static void parse_devices(void) {
       else if (!strncmp(f, "lid=", 4)) d->lid0 = atoi(f + 4);
       else if (!strncmp(f, "smlid=", 6)) d->sm_lid = atoi(f + 6);
       else if (!strncmp(f, "ece=", 4)) d->ece = (uint32_t)strtoul(f + 4, NULL, 16);
+      else if (!strncmp(f, "speed=", 6)) d->speed = speed_bit(f + 6);
+      else if (!strncmp(f, "rdma=", 5)) d->verbs_version = atoi(f + 5);
+      else if (!strcmp(f, "noext")) d->no_ext_ctx = 1;
     }
     if (d->nports < 1) d->nports = 1;
     if (d->nports > SV_MAX_PORTS) d->nports = SV_MAX_PORTS;
@@ -457,7 +474,7 @@ static void cq_push(struct sv_cq *cq, const struct ibv_wc *wc, struct sv_qp *sq_
     if (!cq->overrun) {
       cq->overrun = 1;
       wake_nic(); /* the NIC thread fails the CQ's QPs (fail_overrun_qps) at its next turn */
-      struct sv_ctx *c = (struct sv_ctx *)cq->cq.context;
+      struct sv_ctx *c = SV_CTX(cq->cq.context);
       struct sv_event *e = calloc(1, sizeof(*e));
       if (e) {
         e->ev.event_type = IBV_EVENT_CQ_ERR;
@@ -627,6 +644,7 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context);
 static int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 static int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+static int sv_query_port_ext(struct ibv_context *context, uint8_t port, struct ibv_port_attr *a, size_t len);
 
 SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
   struct sv_ctx *c = calloc(1, sizeof(*c));
@@ -636,23 +654,28 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
     return NULL;
   }
   c->dev = (struct sv_dev *)device;
-  c->ctx.device = device;
-  c->ctx.ops.poll_cq = sv_poll_cq;
-  c->ctx.ops.post_send = sv_post_send;
-  c->ctx.ops.post_recv = sv_post_recv;
-  c->ctx.cmd_fd = -1;
-  c->ctx.async_fd = c->pipe[0];
-  c->ctx.num_comp_vectors = 1;
-  pthread_mutex_init(&c->ctx.mutex, NULL);
+  c->vctx.context.device = device;
+  c->vctx.context.ops.poll_cq = sv_poll_cq;
+  c->vctx.context.ops.post_send = sv_post_send;
+  c->vctx.context.ops.post_recv = sv_post_recv;
+  c->vctx.context.cmd_fd = -1;
+  c->vctx.context.async_fd = c->pipe[0];
+  c->vctx.context.num_comp_vectors = 1;
+  pthread_mutex_init(&c->vctx.context.mutex, NULL);
+  if (!c->dev->no_ext_ctx) {
+    c->vctx.sz = sizeof(c->vctx);
+    c->vctx.query_port = sv_query_port_ext;
+    c->vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  }
   lock();
   c->next = G.ctxs;
   G.ctxs = c;
   unlock();
-  return &c->ctx;
+  return &c->vctx.context;
 }
 
 SV_EXPORT int ibv_close_device(struct ibv_context *context) {
-  struct sv_ctx *c = (struct sv_ctx *)context;
+  struct sv_ctx *c = SV_CTX(context);
   lock();
   for (struct sv_ctx **p = &G.ctxs; *p; p = &(*p)->next)
     if (*p == c) {
@@ -672,7 +695,7 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context) {
 }
 
 SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *a) {
-  struct sv_dev *d = ((struct sv_ctx *)context)->dev;
+  struct sv_dev *d = SV_CTX(context)->dev;
   memset(a, 0, sizeof(*a));
   snprintf(a->fw_ver, sizeof(a->fw_ver), "softverbs-1.0");
   a->node_guid = htobe64(d->guid);
@@ -695,12 +718,16 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
   return 0;
 }
 
-SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port, struct _compat_ibv_port_attr *compat) {
-  struct ibv_port_attr *a = (struct ibv_port_attr *)compat;
-  struct sv_dev *d = ((struct sv_ctx *)context)->dev;
+/* rdma-core >= 48's struct ibv_port_attr: active_speed_ex follows port_cap_flags2 (offset 52). */
+#define SV_PORT_ATTR_LEN 56
+#define SV_PORT_ATTR_LEN_OLD 52 /* rdma-core < 48 */
+#define SV_SPEED_EX_OFFSET 52
+
+/* What the library's provider fills: the whole struct of the rdma-core played. */
+static int port_fill(struct sv_dev *d, uint8_t port, unsigned char *buf) {
   if (port < 1 || port > d->nports) return EINVAL;
-  /* Callers may pass the smaller compat struct: fill only up to and including `flags`. */
-  memset(a, 0, offsetof(struct ibv_port_attr, flags) + sizeof(a->flags));
+  memset(buf, 0, SV_PORT_ATTR_LEN);
+  struct ibv_port_attr *a = (struct ibv_port_attr *)buf;
   lock();
   a->state = d->port_state[port];
   unlock();
@@ -711,16 +738,48 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port, struct _
   a->lid = d->link_layer == IBV_LINK_LAYER_INFINIBAND ? port_lid(d, port) : 0;
   a->sm_lid = (uint16_t)(d->sm_lid ? d->sm_lid : 1);
   a->max_vl_num = 4;
-  a->active_width = 2;  /* 4x */
-  a->active_speed = 64; /* HDR: 4 x 50 Gb/s */
+  a->active_width = 2; /* 4x */
+  /* the kernel's speed, HDR by default; one beyond 8 bits (XDR) leaves active_speed 0 */
+  uint32_t speed = d->speed ? d->speed : 64;
+  a->active_speed = speed <= 0xff ? (uint8_t)speed : 0;
   a->phys_state = a->state == IBV_PORT_ACTIVE ? 5 : 3;
   a->link_layer = (uint8_t)d->link_layer;
   a->flags = d->grh_required ? IBV_QPF_GRH_REQUIRED : 0;
+  if (d->verbs_version == 0 || d->verbs_version >= 48) memcpy(buf + SV_SPEED_EX_OFFSET, &speed, sizeof(speed));
+  return 0;
+}
+
+static size_t port_attr_len(const struct sv_dev *d) {
+  return d->verbs_version == 0 || d->verbs_version >= 48 ? SV_PORT_ATTR_LEN : SV_PORT_ATTR_LEN_OLD;
+}
+
+/* The extended context's query_port: as rdma-core, it fills at most len bytes and zeroes what it
+ * does not know of a longer caller's struct. */
+static int sv_query_port_ext(struct ibv_context *context, uint8_t port, struct ibv_port_attr *a, size_t len) {
+  struct sv_dev *d = SV_CTX(context)->dev;
+  unsigned char buf[SV_PORT_ATTR_LEN];
+  int rc = port_fill(d, port, buf);
+  if (rc) return rc;
+  size_t known = port_attr_len(d);
+  memset(a, 0, len);
+  memcpy(a, buf, len < known ? len : known);
+  return 0;
+}
+
+/* The exported ibv_query_port: as rdma-core, only the original struct's fields (up to `flags`),
+ * whatever the caller's struct holds. */
+SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port, struct _compat_ibv_port_attr *compat) {
+  struct ibv_port_attr *a = (struct ibv_port_attr *)compat;
+  struct sv_dev *d = SV_CTX(context)->dev;
+  unsigned char buf[SV_PORT_ATTR_LEN];
+  int rc = port_fill(d, port, buf);
+  if (rc) return rc;
+  memcpy(a, buf, offsetof(struct ibv_port_attr, flags) + sizeof(a->flags));
   return 0;
 }
 
 SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index, union ibv_gid *gid) {
-  struct sv_dev *d = ((struct sv_ctx *)context)->dev;
+  struct sv_dev *d = SV_CTX(context)->dev;
   if (port < 1 || port > d->nports || index < 0 || index >= gid_tbl_len(d)) return -1;
   port_gid(d, port, index, gid); /* an empty entry reads as zeros, as in sysfs */
   return 0;
@@ -728,7 +787,7 @@ SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index
 
 SV_EXPORT int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port, uint32_t index,
                                 struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size) {
-  struct sv_dev *d = ((struct sv_ctx *)context)->dev;
+  struct sv_dev *d = SV_CTX(context)->dev;
   if (flags || entry_size < sizeof(*entry)) return EINVAL;
   if (port < 1 || (int)port > d->nports || index >= (uint32_t)gid_tbl_len(d)) return EINVAL;
   int type = port_gid(d, (int)port, (int)index, &entry->gid);
@@ -979,9 +1038,9 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
     return NULL;
   }
   q->cap = ia->cap; /* inline data as asked: a post with more fails, as it may on hardware */
-  q->ece = ((struct sv_ctx *)pd->context)->dev->ece;
+  q->ece = SV_CTX(pd->context)->dev->ece;
   q->sq_sig_all = ia->sq_sig_all;
-  q->sctx = (struct sv_ctx *)pd->context;
+  q->sctx = SV_CTX(pd->context);
   q->qp.context = pd->context;
   q->qp.qp_context = ia->qp_context;
   q->qp.pd = pd;
@@ -1204,7 +1263,7 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
 
 /* ------------------------------------------------------------------ async events */
 SV_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event) {
-  struct sv_ctx *c = (struct sv_ctx *)context;
+  struct sv_ctx *c = SV_CTX(context);
   char b;
   for (;;) {
     ssize_t r = read(c->pipe[0], &b, 1);
