@@ -521,6 +521,14 @@ static ncclResult_t cx_open(struct ibr_ctxset *s, int c, int k, const struct mpl
   for (int p = 0; p < g->nranks; p++)
     nconn += is_connected_peer(g, s->stride, p) && (g->car_of[p] == k || (k == 0 && crosses(g, p)));
   if (nconn == 0) return ncclSuccess;
+  /* The signal is an RDMA atomic (above), and there is no other: an HCA without atomics would fail
+   * every putSignal on the wire, so the context is refused now. IBV_ATOMIC_HCA suffices: only this
+   * HCA's own atomics ever touch a signal word. */
+  if (d->hca->attr.atomic_cap == IBV_ATOMIC_NONE) {
+    MP_WARN("RMA createContext: %s has no RDMA atomics (atomic_cap IBV_ATOMIC_NONE), which the one-sided signals "
+            "need; use NCCL's own GIN transport on it, or exclude it with MPLANE_IB_HCA", d->props.name);
+    return ncclSystemError;
+  }
   x->set = s;
   x->index = c;
   x->car = k;

@@ -99,6 +99,7 @@ struct sv_dev {
   uint32_t speed;   /* lane speed bit (SDR 1 .. HDR 64, NDR 128, XDR 256); 0: HDR */
   int verbs_version; /* the rdma-core it plays: < 48 reports no active_speed_ex (0: the newest) */
   int no_ext_ctx;    /* its context is not extended: only the exported ibv_query_port answers */
+  int no_atomics;    /* atomic_cap IBV_ATOMIC_NONE: an atomic it is asked to serve is an invalid request */
   uint64_t guid;
   int port_state[SV_MAX_PORTS + 1];
 };
@@ -324,6 +325,7 @@ static void parse_devices(void) {
       else if (!strncmp(f, "speed=", 6)) d->speed = speed_bit(f + 6);
       else if (!strncmp(f, "rdma=", 5)) d->verbs_version = atoi(f + 5);
       else if (!strcmp(f, "noext")) d->no_ext_ctx = 1;
+      else if (!strcmp(f, "noatomic")) d->no_atomics = 1;
     }
     if (d->nports < 1) d->nports = 1;
     if (d->nports > SV_MAX_PORTS) d->nports = SV_MAX_PORTS;
@@ -713,7 +715,7 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
   a->max_pd = 1 << 16;
   a->max_qp_rd_atom = 16;
   a->max_qp_init_rd_atom = 16;
-  a->atomic_cap = IBV_ATOMIC_HCA;
+  a->atomic_cap = d->no_atomics ? IBV_ATOMIC_NONE : IBV_ATOMIC_HCA;
   a->phys_port_cnt = (uint8_t)d->nports;
   return 0;
 }
@@ -1710,13 +1712,14 @@ static void in_respond(struct sv_in *in, uint32_t seq, uint32_t status, const ch
 /* An atomic runs here, after every earlier request of this stream was placed (the responder serves a
  * QP in order, as an RC responder does), and atomically against the other QPs' atomics. A word
  * outside a window that allows remote atomics is an access error, a word not 8-byte aligned an
- * invalid request, as on real HCAs. The response carries the old value. */
+ * invalid request, as on real HCAs, and so is any atomic on a device without atomics. The response
+ * carries the old value. */
 static void in_fetch_add(struct sv_in *in) {
   struct sv_qp *q = in->qp;
   struct sv_req *r = &in->req;
   struct sv_mr *m = mr_find(r->rkey, 1, q->qp.pd, r->raddr, 8, IBV_ACCESS_REMOTE_ATOMIC);
   uint32_t status = IBV_WC_SUCCESS;
-  if (r->len != 8 || (r->raddr & 7)) status = IBV_WC_REM_INV_REQ_ERR;
+  if (r->len != 8 || (r->raddr & 7) || q->sctx->dev->no_atomics) status = IBV_WC_REM_INV_REQ_ERR;
   else if (!m || !(q->access & IBV_ACCESS_REMOTE_ATOMIC)) status = IBV_WC_REM_ACCESS_ERR;
   uint64_t old = 0;
   if (status == IBV_WC_SUCCESS && mr_is_gpu(m)) held_release(q->sctx->dev, "atomic");
