@@ -59,13 +59,16 @@ extern "C" __global__ void __launch_bounds__(MPLANE_LANE_THREADS) mplane_lane_ru
     }
     __syncthreads();
     if (!go) break;
-    if (cmd.op == MPLANE_LANE_COPY) copy_bytes(cmd.dst, cmd.src, cmd.bytes);
-    __syncthreads(); // every thread's stores are issued before thread 0 publishes
+    if (cmd.op == MPLANE_LANE_COPY) {
+      copy_bytes(cmd.dst, cmd.src, cmd.bytes);
+      __threadfence_system(); // each thread's own stores visible system-wide before the barrier
+    }
+    __syncthreads(); // then thread 0 publishes
     if (threadIdx.x == 0) {
       if (cmd.op == MPLANE_LANE_WAIT)
         while (*(volatile mplane_u64 *)cmd.src < cmd.value && !v->stop) {
         }
-      __threadfence_system(); // cumulative: the block's copy is visible before what follows
+      __threadfence_system();
       if (cmd.op == MPLANE_LANE_WRITE64) *(volatile mplane_u64 *)cmd.dst = cmd.value;
       __threadfence_system();
       v->done = next;
