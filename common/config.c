@@ -166,6 +166,10 @@ static const struct row rows[] = {
     {"MPLANE_IB_SUBNET_PROBE", K_BOOL, OFF(ib_subnet_probe), 0, "1", 0, 1, NULL, "0 or 1",
      "where every IB port keeps the default GID prefix, find which share a subnet (LIDs, SM LIDs, one RDMA write "
      "between the node's own ports) and make those one plane"},
+    {"MPLANE_IB_SOCKET_FAMILY", K_ENUM, OFF(ib_socket_family), 0, "any", 0, 0, "any|AF_INET|AF_INET6",
+     "any, AF_INET or AF_INET6",
+     "address family of the IB transport's TCP side channel (any: IPv4 where an interface has both, else IPv6; "
+     "link-local IPv6 never)"},
     {"MPLANE_IB_QPS", K_INT, OFF(ib_qps), 0, "1", 1, 16, NULL, "an integer from 1 to 16",
      "queue pairs per connection (as NCCL's default, plus the flush QP); large messages are striped across them"},
     {"MPLANE_IBVERBS_LIB", K_STR, STR(ibverbs_lib), "libibverbs.so.1", 0, 0, NULL, "a library name or path",
@@ -187,6 +191,7 @@ static const struct {
     {"MPLANE_IB_SL", "NCCL_IB_SL"},           {"MPLANE_IB_TIMEOUT", "NCCL_IB_TIMEOUT"},
     {"MPLANE_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"}, {"MPLANE_IB_TC", "NCCL_IB_TC"},
     {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},       {"MPLANE_IB_QPS", "NCCL_IB_QPS_PER_CONNECTION"},       {"MPLANE_IB_ECE", "NCCL_IB_ECE_ENABLE"},
+    {"MPLANE_IB_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY"},
 };
 
 static const char *nccl_alias(const char *name) {

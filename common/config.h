@@ -16,6 +16,9 @@ enum mplane_gin_lane { MPLANE_GIN_LANE_STREAM = 0, MPLANE_GIN_LANE_KERNEL };
 enum mplane_relay_mode { MPLANE_RELAY_AUTO = 0, MPLANE_RELAY_NVLINK, MPLANE_RELAY_PCIE, MPLANE_RELAY_HOST,
                          MPLANE_RELAY_OFF };
 
+/* The IB side channel's address family (NCCL_SOCKET_FAMILY's values). */
+enum mplane_ib_socket_family { MPLANE_IB_FAMILY_ANY = 0, MPLANE_IB_FAMILY_INET, MPLANE_IB_FAMILY_INET6 };
+
 #define MPLANE_CONFIG_STR 256
 
 struct mplane_config {
@@ -54,6 +57,7 @@ struct mplane_config {
   int ib_ece;                                /* negotiate ECE on IB connections where supported */
   int ib_qps;                                /* QPs per connection */
   int ib_subnet_probe;                       /* default-prefix IB ports: find their subnets at init */
+  int ib_socket_family;                      /* enum mplane_ib_socket_family: the side channel's addresses */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */
   int debug;                                 /* MPLANE_DEBUG; log.c reads it directly (before config) */

@@ -165,6 +165,11 @@ int mpib_hca_match(const char *spec, const char *name, int port);
 /* How good an interface is for the side channel when nothing names one: 0 IPoIB (ib*), 1 another,
  * -1 never (docker*, loopback), as NCCL's default. */
 int mpib_oob_rank(const char *ifname, int loopback);
+/* How good an address is for the side channel under MPLANE_IB_SOCKET_FAMILY (family): 0 IPv4, 1 IPv6,
+ * -1 never (the other family, link-local IPv6, neither). */
+int mpib_oob_family_rank(const struct sockaddr *sa, int family);
+/* The side channel's address of d, as text. */
+void mpib_oob_str(const struct mpib_dev *d, char *buf, size_t len);
 /* maxComms of a port: every connection is nqps QPs on each side, plus the receiver's flush QP, and
  * its own CQ; the HCA's max_qp and max_cq are shared by its nports ports (NCCL reports max_qp). */
 int mpib_max_comms(int max_qp, int max_cq, int nports, int nqps);

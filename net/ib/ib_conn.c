@@ -292,7 +292,8 @@ ncclResult_t mpib_listen(int dev, void *handle, void **listen_comm) {
   if (!d) return ncclInvalidArgument;
   int fd = socket(d->oob.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   struct sockaddr_storage sa = d->oob;
-  ((struct sockaddr_in *)&sa)->sin_port = 0;
+  if (sa.ss_family == AF_INET6) ((struct sockaddr_in6 *)&sa)->sin6_port = 0;
+  else ((struct sockaddr_in *)&sa)->sin_port = 0;
   char where[96];
   addr_str((struct sockaddr *)&d->oob, where, sizeof(where));
   if (fd < 0 || bind(fd, (struct sockaddr *)&sa, d->ooblen) != 0 || listen(fd, 1024) != 0) {

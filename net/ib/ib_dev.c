@@ -176,55 +176,112 @@ int mpib_oob_rank(const char *ifname, int loopback) {
   return !strncmp(ifname, "ib", 2) ? 0 : 1;              /* IPoIB first, as NCCL */
 }
 
-/* The IPv4 address of ifname; with ifname NULL, of the best interface by mpib_oob_rank. */
-static int ipv4_of_ifname(const char *ifname, struct sockaddr_storage *out, socklen_t *len) {
-  struct ifaddrs *ifas = NULL, *ifa;
+int mpib_oob_family_rank(const struct sockaddr *sa, int family) {
+  if (family == MPLANE_IB_FAMILY_INET && sa->sa_family != AF_INET) return -1;
+  if (family == MPLANE_IB_FAMILY_INET6 && sa->sa_family != AF_INET6) return -1;
+  if (sa->sa_family == AF_INET) return 0;
+  if (sa->sa_family != AF_INET6) return -1;
+  /* a link-local address is reachable only with the scope (interface index) of the host that
+   * dials, which the handle cannot carry: never */
+  const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+  return IN6_IS_ADDR_LINKLOCAL(a) ? -1 : 1;
+}
+
+/* Which interfaces an address search takes: those MPLANE_SOCKET_IFNAME's grammar names, one by its
+ * exact name, or every one by mpib_oob_rank. */
+enum oob_scope { OOB_SPEC, OOB_EXACT, OOB_BEST };
+
+/* The best address on the interfaces of scope (name: the spec or the exact name): interfaces by
+ * their rank, then IPv4 before IPv6. 1 and the address and its interface, or 0. */
+static int oob_find(enum oob_scope scope, const char *name, int family, struct mpib_dev *d, char *ifname,
+                    size_t iflen) {
+  struct ifaddrs *ifas = NULL;
   int best = -1;
   if (getifaddrs(&ifas) != 0) return 0;
-  for (ifa = ifas; ifa; ifa = ifa->ifa_next) {
-    if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET || !(ifa->ifa_flags & IFF_UP)) continue;
-    int rank = ifname ? (strcmp(ifa->ifa_name, ifname) == 0 ? 0 : -1)
-                      : mpib_oob_rank(ifa->ifa_name, (ifa->ifa_flags & IFF_LOOPBACK) != 0);
-    if (rank < 0 || (best >= 0 && rank >= best)) continue;
-    memcpy(out, ifa->ifa_addr, sizeof(struct sockaddr_in));
-    *len = sizeof(struct sockaddr_in);
-    best = rank;
+  for (struct ifaddrs *ifa = ifas; ifa; ifa = ifa->ifa_next) {
+    if (!ifa->ifa_addr || !(ifa->ifa_flags & IFF_UP)) continue;
+    int fam = mpib_oob_family_rank(ifa->ifa_addr, family);
+    int rank = scope == OOB_SPEC    ? (mpib_hca_match(name, ifa->ifa_name, -1) ? 0 : -1)
+               : scope == OOB_EXACT ? (strcmp(ifa->ifa_name, name) == 0 ? 0 : -1)
+                                    : mpib_oob_rank(ifa->ifa_name, (ifa->ifa_flags & IFF_LOOPBACK) != 0);
+    if (fam < 0 || rank < 0) continue;
+    int score = rank * 2 + fam;
+    if (best >= 0 && score >= best) continue;
+    socklen_t len = ifa->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+    memset(&d->oob, 0, sizeof(d->oob));
+    memcpy(&d->oob, ifa->ifa_addr, len);
+    d->ooblen = len;
+    snprintf(ifname, iflen, "%s", ifa->ifa_name);
+    best = score;
   }
   freeifaddrs(ifas);
   return best >= 0;
 }
 
-/* MPLANE_SOCKET_IFNAME when set; else the port's own netdev (IPoIB / RoCE); else the first up ib*
- * interface, else any other but docker* and lo; else loopback (peers on this host only). NCCL's IB
- * transport chooses the same way. */
-static void pick_oob(const struct mplane_config *cfg, struct mpib_dev *d) {
-  struct ifaddrs *ifas = NULL;
-  if (cfg->socket_ifname[0] && getifaddrs(&ifas) == 0) {
-    for (struct ifaddrs *ifa = ifas; ifa; ifa = ifa->ifa_next) {
-      if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET || !(ifa->ifa_flags & IFF_UP)) continue;
-      if (!mpib_hca_match(cfg->socket_ifname, ifa->ifa_name, -1)) continue;
-      memcpy(&d->oob, ifa->ifa_addr, sizeof(struct sockaddr_in));
-      d->ooblen = sizeof(struct sockaddr_in);
-      freeifaddrs(ifas);
-      return;
-    }
-    freeifaddrs(ifas);
+static const char *family_name(int family) {
+  return family == MPLANE_IB_FAMILY_INET ? "AF_INET" : family == MPLANE_IB_FAMILY_INET6 ? "AF_INET6" : "any";
+}
+
+/* The loopback address of the family (IPv4 unless only IPv6 is allowed). */
+static void oob_loopback(struct mpib_dev *d, int family) {
+  memset(&d->oob, 0, sizeof(d->oob));
+  if (family == MPLANE_IB_FAMILY_INET6) {
+    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&d->oob;
+    sin6->sin6_family = AF_INET6;
+    sin6->sin6_addr = in6addr_loopback;
+    d->ooblen = sizeof(*sin6);
+  } else {
+    struct sockaddr_in *sin = (struct sockaddr_in *)&d->oob;
+    sin->sin_family = AF_INET;
+    sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    d->ooblen = sizeof(*sin);
   }
-  char path[PATH_MAX], ifname[IF_NAMESIZE + 2] = "";
+}
+
+/* The port's own netdev (IPoIB / RoCE), from sysfs; "" when unknown. */
+static void port_netdev(const struct mpib_dev *d, char *ifname, size_t len) {
+  char path[PATH_MAX];
+  ifname[0] = 0;
   snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/ndevs/%d", d->hca->name, d->port,
            d->gid_index);
   FILE *f = fopen(path, "r");
-  if (f) {
-    if (fgets(ifname, sizeof(ifname), f)) ifname[strcspn(ifname, "\n")] = 0;
-    fclose(f);
+  if (!f) return;
+  if (fgets(ifname, (int)len, f)) ifname[strcspn(ifname, "\n")] = 0;
+  else ifname[0] = 0;
+  fclose(f);
+}
+
+/* MPLANE_SOCKET_IFNAME when set; else the port's own netdev (IPoIB / RoCE); else the first up ib*
+ * interface, else any other but docker* and lo; else loopback (peers on this host only). NCCL's IB
+ * transport chooses the same way. IPv4 or IPv6 (MPLANE_IB_SOCKET_FAMILY); INFO says which and why. */
+static void pick_oob(const struct mplane_config *cfg, struct mpib_dev *d) {
+  int family = cfg->ib_socket_family;
+  char ifname[IF_NAMESIZE + 2] = "", netdev[IF_NAMESIZE + 2];
+  const char *why;
+  port_netdev(d, netdev, sizeof(netdev));
+  if (cfg->socket_ifname[0] && oob_find(OOB_SPEC, cfg->socket_ifname, family, d, ifname, sizeof(ifname)))
+    why = "MPLANE_SOCKET_IFNAME names it";
+  else if (netdev[0] && oob_find(OOB_EXACT, netdev, family, d, ifname, sizeof(ifname)))
+    why = "the port's own interface";
+  else if (oob_find(OOB_BEST, NULL, family, d, ifname, sizeof(ifname)))
+    why = "the first usable interface, IPoIB (ib*) first, docker* and lo never";
+  else {
+    oob_loopback(d, family);
+    snprintf(ifname, sizeof(ifname), "lo");
+    why = "no usable interface: loopback, so only peers on this host can connect";
   }
-  if (ifname[0] && ipv4_of_ifname(ifname, &d->oob, &d->ooblen)) return;
-  if (ipv4_of_ifname(NULL, &d->oob, &d->ooblen)) return;
-  struct sockaddr_in *sin = (struct sockaddr_in *)&d->oob;
-  memset(sin, 0, sizeof(*sin));
-  sin->sin_family = AF_INET;
-  sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  d->ooblen = sizeof(*sin);
+  char where[INET6_ADDRSTRLEN + 16];
+  mpib_oob_str(d, where, sizeof(where));
+  MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s side channel on %s %s (%s; MPLANE_IB_SOCKET_FAMILY=%s)", d->props.name,
+          ifname, where, why, family_name(family));
+}
+
+void mpib_oob_str(const struct mpib_dev *d, char *buf, size_t len) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  if (d->oob.ss_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)&d->oob)->sin_addr, ip, sizeof(ip));
+  else if (d->oob.ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)&d->oob)->sin6_addr, ip, sizeof(ip));
+  snprintf(buf, len, "%s", ip);
 }
 
 /* ------------------------------------------------------------------ GPUDirect */
@@ -779,9 +836,9 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
       }
       fill_props(d, &pax, ptr);
       pick_oob(cfg, d);
-      char gs[INET6_ADDRSTRLEN] = "", os[INET6_ADDRSTRLEN] = "";
+      char gs[INET6_ADDRSTRLEN] = "", os[INET6_ADDRSTRLEN + 16] = "";
       inet_ntop(AF_INET6, d->gid.raw, gs, sizeof(gs));
-      inet_ntop(AF_INET, &((struct sockaddr_in *)&d->oob)->sin_addr, os, sizeof(os));
+      mpib_oob_str(d, os, sizeof(os));
       MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s %s lid %u gid[%d] %s speed %d Mbps ptrSupport 0x%x%s side channel %s",
               d->props.name, d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "IB" : "RoCE", d->lid, d->gid_index, gs,
               d->props.speed_mbps, ptr, dmabuf ? " (dma-buf)" : "", os);

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1055,6 +1057,50 @@ static int sc_silent_peer(void) {
   return 0;
 }
 
+/* The side channel over IPv6 (MPLANE_IB_SOCKET_FAMILY=AF_INET6 on lo, ::1): the handle carries an
+ * IPv6 address and a connection is made and carries data. Skipped where lo has no IPv6. */
+static int lo_has_ipv6(void) {
+  struct ifaddrs *ifas = NULL;
+  int found = 0;
+  if (getifaddrs(&ifas) != 0) return 0;
+  for (struct ifaddrs *ifa = ifas; ifa; ifa = ifa->ifa_next)
+    found |= ifa->ifa_addr && ifa->ifa_addr->sa_family == AF_INET6 && !strcmp(ifa->ifa_name, "lo");
+  freeifaddrs(ifas);
+  return found;
+}
+
+static int sc_side_ipv6(void) {
+  env_base("mlx5_0:ib");
+  if (!lo_has_ipv6()) {
+    note("SKIP: lo has no IPv6 address");
+    exit(77);
+  }
+  setenv("MPLANE_IB_SOCKET_FAMILY", "AF_INET6", 1);
+  up();
+  struct mpib_dev *d = mpib_dev_get(0);
+  if (!d || d->oob.ss_family != AF_INET6) fail("the side channel is not IPv6 (family %d)", d ? d->oob.ss_family : -1);
+  struct mplane_net_ctx *ctx = NULL;
+  if (mplane_net_ctx_create(1, NCCL_NET_TRAFFIC_CLASS_UNDEF, &ctx) != ncclSuccess) fail("ctx");
+  unsigned char handle[NCCL_NET_HANDLE_MAXSIZE];
+  void *lc = NULL;
+  if (mplane_net_listen(ctx, 0, handle, &lc) != ncclSuccess) fail("listen on ::1");
+  struct mplane_handle h;
+  char why[256];
+  struct sockaddr_storage ss;
+  socklen_t len = 0;
+  if (mplane_handle_decode(handle, &h, why, sizeof(why)) != ncclSuccess) fail("handle: %s", why);
+  if (mplane_handle_sockaddr(&h, &ss, &len, why, sizeof(why)) != ncclSuccess) fail("handle address: %s", why);
+  if (ss.ss_family != AF_INET6) fail("the handle carries family %d, not AF_INET6", ss.ss_family);
+  mplane_net_close_listen(lc);
+  mplane_net_ctx_destroy(ctx);
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  transfer(&p, 1 << 20, 10, 1);
+  pair_close(&p);
+  note("side channel on ::1: connected, 1 MiB checked");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: ib_driver SCENARIO\n");
@@ -1072,7 +1118,7 @@ int main(int argc, char **argv) {
              {"cross-plane-staged-dmabuf", sc_cross_plane_staged_dmabuf},
              {"cross-plane-stage-fault", sc_cross_plane_stage_fault}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"ece", sc_ece}, {"ece-off", sc_ece_off}, {"ece-none", sc_ece_none}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
-             {"close-complete", sc_close_complete}, {"silent-peer", sc_silent_peer}};
+             {"close-complete", sc_close_complete}, {"silent-peer", sc_silent_peer}, {"side-ipv6", sc_side_ipv6}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {
       int rc = all[i].fn();

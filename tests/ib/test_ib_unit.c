@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <arpa/inet.h>
 
 #include "net/ib/ib.h"
 #include "net/tc.h"
@@ -26,6 +27,22 @@ static void test_hca_grammar(void **state) {
   assert_false(mpib_hca_match("^=mlx5_0", "mlx5_0", 1));
   assert_true(mpib_hca_match("^=mlx5_0", "mlx5_00", 1));
   assert_false(mpib_hca_match("ib", "mlx5_0", 1));
+}
+
+/* Side-channel addresses: IPv4 before IPv6, link-local IPv6 never, the family variable obeyed. */
+static void test_oob_family(void **state) {
+  (void)state;
+  struct sockaddr_in v4 = {.sin_family = AF_INET};
+  struct sockaddr_in6 v6 = {.sin6_family = AF_INET6}, ll = {.sin6_family = AF_INET6};
+  inet_pton(AF_INET6, "2001:db8::1", &v6.sin6_addr);
+  inet_pton(AF_INET6, "fe80::1", &ll.sin6_addr);
+  assert_int_equal(mpib_oob_family_rank((struct sockaddr *)&v4, MPLANE_IB_FAMILY_ANY), 0);
+  assert_int_equal(mpib_oob_family_rank((struct sockaddr *)&v6, MPLANE_IB_FAMILY_ANY), 1);
+  assert_int_equal(mpib_oob_family_rank((struct sockaddr *)&ll, MPLANE_IB_FAMILY_ANY), -1);
+  assert_int_equal(mpib_oob_family_rank((struct sockaddr *)&ll, MPLANE_IB_FAMILY_INET6), -1);
+  assert_int_equal(mpib_oob_family_rank((struct sockaddr *)&v4, MPLANE_IB_FAMILY_INET6), -1);
+  assert_int_equal(mpib_oob_family_rank((struct sockaddr *)&v6, MPLANE_IB_FAMILY_INET6), 1);
+  assert_int_equal(mpib_oob_family_rank((struct sockaddr *)&v6, MPLANE_IB_FAMILY_INET), -1);
 }
 
 /* Port rates from IB's speed bits and widths: active_speed_ex wins when set (XDR does not fit
@@ -219,6 +236,7 @@ int main(void) {
       cmocka_unit_test(test_fifo_take),
       cmocka_unit_test(test_oob_rank),
       cmocka_unit_test(test_port_speed),
+      cmocka_unit_test(test_oob_family),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
