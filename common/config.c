@@ -166,6 +166,10 @@ static const struct row rows[] = {
     {"MPLANE_IB_SUBNET_PROBE", K_BOOL, OFF(ib_subnet_probe), 0, "1", 0, 1, NULL, "0 or 1",
      "where every IB port keeps the default GID prefix, find which share a subnet (LIDs, SM LIDs, one RDMA write "
      "between the node's own ports) and make those one plane"},
+    {"MPLANE_IB_PCI_RELAXED_ORDERING", K_INT, OFF(ib_relaxed_ordering), 0, "2", 0, 2, NULL,
+     "0 (off), 1 or 2 (on where the verbs take it)",
+     "register NCCL's data buffers with PCIe relaxed ordering (never the FIFO, length records or one-sided "
+     "windows); 0 turns it off, e.g. where a platform's relaxed ordering is broken"},
     {"MPLANE_IB_SOCKET_FAMILY", K_ENUM, OFF(ib_socket_family), 0, "any", 0, 0, "any|AF_INET|AF_INET6",
      "any, AF_INET or AF_INET6",
      "address family of the IB transport's TCP side channel (any: IPv4 where an interface has both, else IPv6; "
@@ -191,7 +195,7 @@ static const struct {
     {"MPLANE_IB_SL", "NCCL_IB_SL"},           {"MPLANE_IB_TIMEOUT", "NCCL_IB_TIMEOUT"},
     {"MPLANE_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"}, {"MPLANE_IB_TC", "NCCL_IB_TC"},
     {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},       {"MPLANE_IB_QPS", "NCCL_IB_QPS_PER_CONNECTION"},       {"MPLANE_IB_ECE", "NCCL_IB_ECE_ENABLE"},
-    {"MPLANE_IB_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY"},
+    {"MPLANE_IB_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY"}, {"MPLANE_IB_PCI_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING"},
 };
 
 static const char *nccl_alias(const char *name) {

@@ -57,6 +57,7 @@ struct mplane_config {
   int ib_ece;                                /* negotiate ECE on IB connections where supported */
   int ib_qps;                                /* QPs per connection */
   int ib_subnet_probe;                       /* default-prefix IB ports: find their subnets at init */
+  int ib_relaxed_ordering;                   /* 0: never; 1, 2: data buffers where the verbs take it */
   int ib_socket_family;                      /* enum mplane_ib_socket_family: the side channel's addresses */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */

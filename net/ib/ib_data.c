@@ -71,11 +71,17 @@ ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c) {
  * ibv_reg_mr_iova2 (NCCL's net_ib does the same; GPUDirect bandwidth needs it on many hosts). The
  * flag is optional: a kernel that does not know it ignores it. Never on the FIFO or the length
  * records (reg_local): their order is what a reader relies on. A library or provider that refuses
- * the flag outright (EINVAL/EOPNOTSUPP) is asked once more without it, and no more after that. */
+ * the flag outright (EINVAL/EOPNOTSUPP) is asked once more without it, and no more after that.
+ * MPLANE_IB_PCI_RELAXED_ORDERING=0 (NCCL_IB_PCI_RELAXED_ORDERING=0) leaves it off, for platforms
+ * whose relaxed ordering is broken or slow. */
 static int relaxed_refused;
 
+static int relaxed_wanted(void) {
+  return mpib_config()->ib_relaxed_ordering != 0 && !__atomic_load_n(&relaxed_refused, __ATOMIC_RELAXED);
+}
+
 static struct ibv_mr *reg_data(struct ibv_pd *pd, void *addr, size_t len) {
-  if (mpib_v.reg_mr_iova2 && !__atomic_load_n(&relaxed_refused, __ATOMIC_RELAXED)) {
+  if (mpib_v.reg_mr_iova2 && relaxed_wanted()) {
     struct ibv_mr *mr = mpib_v.reg_mr_iova2(pd, addr, len, (uint64_t)(uintptr_t)addr,
                                             MPIB_ACCESS | IBV_ACCESS_RELAXED_ORDERING);
     if (mr || (errno != EINVAL && errno != EOPNOTSUPP)) return mr;
@@ -87,7 +93,7 @@ static struct ibv_mr *reg_data(struct ibv_pd *pd, void *addr, size_t len) {
 }
 
 static struct ibv_mr *reg_data_dmabuf(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd) {
-  if (!__atomic_load_n(&relaxed_refused, __ATOMIC_RELAXED)) {
+  if (relaxed_wanted()) {
     struct ibv_mr *mr = mpib_v.reg_dmabuf_mr(pd, offset, len, iova, fd, MPIB_ACCESS | IBV_ACCESS_RELAXED_ORDERING);
     if (mr || (errno != EINVAL && errno != EOPNOTSUPP)) return mr;
   }
