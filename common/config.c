@@ -1,6 +1,7 @@
 /* mplane: MPLANE_* environment parsing (see config.h). */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +33,30 @@ struct row {
   /* Optional rewrite of a stored K_STR value into the form its users read. */
   void (*normalize)(char *field);
 };
+
+int mplane_cidr_parse(const char *text, struct mplane_cidr *out, char *why, size_t whylen) {
+  char addr[64];
+  const char *slash = strchr(text, '/');
+  size_t alen = slash ? (size_t)(slash - text) : 0;
+  memset(out, 0, sizeof(*out));
+  if (!slash || alen == 0 || alen >= sizeof(addr)) goto bad;
+  memcpy(addr, text, alen);
+  addr[alen] = 0;
+  out->v6 = strchr(addr, ':') != NULL;
+  if (inet_pton(out->v6 ? AF_INET6 : AF_INET, addr, out->addr) != 1) goto bad;
+  long bits;
+  if (mplane_parse_long(slash + 1, 0, out->v6 ? 128 : 32, &bits) != 0) goto bad;
+  out->bits = (int)bits;
+  return 0;
+bad:
+  snprintf(why, whylen, "'%s' is not an address range; expected ADDR/BITS, e.g. 198.18.0.0/15 or fd00::/8", text);
+  return -1;
+}
+
+static int cidr_validate(const char *value, char *why, size_t whylen) {
+  struct mplane_cidr c;
+  return value[0] ? mplane_cidr_parse(value, &c, why, whylen) : 0;
+}
 
 static int planes_validate(const char *value, char *why, size_t whylen) {
   struct mplane_planes_spec spec;
@@ -166,6 +191,13 @@ static const struct row rows[] = {
     {"MPLANE_IB_SUBNET_PROBE", K_BOOL, OFF(ib_subnet_probe), 0, "1", 0, 1, NULL, "0 or 1",
      "where every IB port keeps the default GID prefix, find which share a subnet (LIDs, SM LIDs, one RDMA write "
      "between the node's own ports) and make those one plane"},
+    {"MPLANE_IB_ROCE_VERSION_NUM", K_INT, OFF(ib_roce_version), 0, "0", 0, 2, NULL,
+     "0 (automatic: v2, then v1), 1 or 2", "RoCE version of the GID a RoCE port uses (MPLANE_IB_GID_INDEX wins)"},
+    {"MPLANE_IB_ADDR_FAMILY", K_ENUM, OFF(ib_addr_family), 0, "any", 0, 0, "any|AF_INET|AF_INET6",
+     "any, AF_INET or AF_INET6",
+     "address family of the GID a RoCE port uses (any: IPv4-mapped first; MPLANE_IB_GID_INDEX wins)"},
+    {"MPLANE_IB_ADDR_RANGE", K_STR, STR(ib_addr_range), "", 0, 0, NULL, "ADDR/BITS, e.g. 198.18.0.0/15 or fd00::/8",
+     "address range the GID a RoCE port uses must lie in, e.g. one VLAN's subnet (default: any)", cidr_validate},
     {"MPLANE_IB_PCI_RELAXED_ORDERING", K_INT, OFF(ib_relaxed_ordering), 0, "2", 0, 2, NULL,
      "0 (off), 1 or 2 (on where the verbs take it)",
      "register NCCL's data buffers with PCIe relaxed ordering (never the FIFO, length records or one-sided "
@@ -196,6 +228,8 @@ static const struct {
     {"MPLANE_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"}, {"MPLANE_IB_TC", "NCCL_IB_TC"},
     {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},       {"MPLANE_IB_QPS", "NCCL_IB_QPS_PER_CONNECTION"},       {"MPLANE_IB_ECE", "NCCL_IB_ECE_ENABLE"},
     {"MPLANE_IB_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY"}, {"MPLANE_IB_PCI_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING"},
+    {"MPLANE_IB_ROCE_VERSION_NUM", "NCCL_IB_ROCE_VERSION_NUM"}, {"MPLANE_IB_ADDR_FAMILY", "NCCL_IB_ADDR_FAMILY"},
+    {"MPLANE_IB_ADDR_RANGE", "NCCL_IB_ADDR_RANGE"},
 };
 
 static const char *nccl_alias(const char *name) {

@@ -58,6 +58,9 @@ struct mplane_config {
   int ib_qps;                                /* QPs per connection */
   int ib_subnet_probe;                       /* default-prefix IB ports: find their subnets at init */
   int ib_relaxed_ordering;                   /* 0: never; 1, 2: data buffers where the verbs take it */
+  int ib_roce_version;                       /* RoCE GID version: 0 automatic (v2 first), 1 or 2 */
+  int ib_addr_family;                        /* enum mplane_ib_socket_family: RoCE GIDs' address family */
+  char ib_addr_range[64];                    /* RoCE GIDs' address range (CIDR), "" any */
   int ib_socket_family;                      /* enum mplane_ib_socket_family: the side channel's addresses */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */
@@ -117,5 +120,14 @@ int mplane_planes_parse(const char *value, struct mplane_planes_spec *out, char 
  * block the reader forever; a device, directory or socket is no input either), with "VAR='path' is
  * not a regular file (a FIFO); expected <expected>" in err. */
 int mplane_open_regular_file(const char *var, const char *path, const char *expected, char *err, size_t errlen);
+
+/* An address range "ADDR/BITS" (IPv4 or IPv6). */
+struct mplane_cidr {
+  int v6;
+  unsigned char addr[16]; /* IPv4: the first 4 bytes */
+  int bits;
+};
+/* 0 and out, or -1 and why (the accepted form). */
+int mplane_cidr_parse(const char *text, struct mplane_cidr *out, char *why, size_t whylen);
 
 #endif

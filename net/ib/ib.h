@@ -177,6 +177,20 @@ int mpib_max_comms(int max_qp, int max_cq, int nports, int nqps);
 int mpib_ptr_support(int nvidia, int peermem, int dmabuf);
 /* Pick the RoCE GID: RoCE v2 IPv4-mapped first, then RoCE v2, then any; -1 if none. types[i]: 1 = v2. */
 int mpib_pick_gid(int n, const union ibv_gid *gids, const int *types, const int *valid);
+/* What a site asks of a RoCE GID (MPLANE_IB_ROCE_VERSION_NUM, _ADDR_FAMILY, _ADDR_RANGE and their
+ * NCCL_IB_* twins): version 0 any, else 1 or 2; family enum mplane_ib_socket_family (IPv4-mapped
+ * GIDs are AF_INET); a range of that family. */
+struct mpib_gid_want {
+  int version;
+  int family;
+  int has_range;
+  struct mplane_cidr range;
+};
+/* 1 if GID g (RoCE v2 when v2) is what w asks; w NULL asks nothing. */
+int mpib_gid_wanted(const union ibv_gid *g, int v2, const struct mpib_gid_want *w);
+/* mpib_pick_gid among the GIDs want accepts. */
+int mpib_pick_gid_want(int n, const union ibv_gid *gids, const int *types, const int *valid,
+                       const struct mpib_gid_want *want);
 
 /* ---- comms ---- */
 struct mpib_reg;

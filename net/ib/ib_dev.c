@@ -93,10 +93,30 @@ static int gid_is_v4mapped(const union ibv_gid *g) {
 }
 static int gid_is_linklocal(const union ibv_gid *g) { return g->raw[0] == 0xfe && (g->raw[1] & 0xc0) == 0x80; }
 
+int mpib_gid_wanted(const union ibv_gid *g, int v2, const struct mpib_gid_want *w) {
+  if (!w) return 1;
+  if (w->version && w->version != (v2 ? 2 : 1)) return 0;
+  int v4 = gid_is_v4mapped(g);
+  if ((w->family == MPLANE_IB_FAMILY_INET && !v4) || (w->family == MPLANE_IB_FAMILY_INET6 && v4)) return 0;
+  if (!w->has_range) return 1;
+  if (w->range.v6 == v4) return 0; /* the range is of the other family */
+  const unsigned char *a = v4 ? g->raw + 12 : g->raw;
+  for (int bit = 0; bit < w->range.bits; bit++) {
+    int mask = 0x80 >> (bit % 8);
+    if ((a[bit / 8] & mask) != (w->range.addr[bit / 8] & mask)) return 0;
+  }
+  return 1;
+}
+
 int mpib_pick_gid(int n, const union ibv_gid *gids, const int *types, const int *valid) {
+  return mpib_pick_gid_want(n, gids, types, valid, NULL);
+}
+
+int mpib_pick_gid_want(int n, const union ibv_gid *gids, const int *types, const int *valid,
+                       const struct mpib_gid_want *want) {
   int best = -1, best_score = -1;
   for (int i = 0; i < n; i++) {
-    if (!valid[i] || gid_is_zero(&gids[i])) continue;
+    if (!valid[i] || gid_is_zero(&gids[i]) || !mpib_gid_wanted(&gids[i], types[i] == 1, want)) continue;
     int score = 0; /* RoCE v1 */
     if (types[i] == 1) score = gid_is_v4mapped(&gids[i]) ? 3 : gid_is_linklocal(&gids[i]) ? 1 : 2;
     if (score > best_score) {
@@ -130,6 +150,17 @@ static int gid_type(struct mpib_hca *h, int port, int index, union ibv_gid *gid)
 }
 
 /* ------------------------------------------------------------------ GIDs */
+/* What MPLANE_IB_ROCE_VERSION_NUM / _ADDR_FAMILY / _ADDR_RANGE ask of a RoCE GID; 0 when nothing. */
+static int gid_want_of(const struct mplane_config *cfg, struct mpib_gid_want *w) {
+  memset(w, 0, sizeof(*w));
+  w->version = cfg->ib_roce_version;
+  w->family = cfg->ib_addr_family;
+  char why[160];
+  /* the config checked the grammar at load */
+  w->has_range = cfg->ib_addr_range[0] && mplane_cidr_parse(cfg->ib_addr_range, &w->range, why, sizeof(why)) == 0;
+  return w->version || w->family || w->has_range;
+}
+
 /* The GID a connection of d uses, read from the port's table now: on RoCE the table follows the
  * interface's addresses, so an index chosen at init may name another address (or none) later, and
  * NCCL's net_ib looks it up at each connection too. IB: index 0. 0 on success, else why. */
@@ -154,15 +185,24 @@ int mpib_dev_resolve_gid(const struct mpib_dev *d, int *index, union ibv_gid *gi
     valid[i] = types[i] >= 0;
     if (types[i] < 0) types[i] = 0;
   }
-  int idx = mpib_config()->ib_gid_index;
+  const struct mplane_config *cfg = mpib_config();
+  int idx = cfg->ib_gid_index;
+  struct mpib_gid_want want;
+  int wanted = gid_want_of(cfg, &want);
   if (idx >= 0) {
     if (idx >= tbl || !valid[idx] || gid_is_zero(&gids[idx])) {
       snprintf(why, whylen, "MPLANE_IB_GID_INDEX=%d names no GID (table of %d); expected an index listed by "
                "'show_gids'", idx, tbl);
       return -1;
     }
-  } else if ((idx = mpib_pick_gid(tbl, gids, types, valid)) < 0) {
-    snprintf(why, whylen, "no usable RoCE GID (is an IP address configured on its interface?)");
+  } else if ((idx = mpib_pick_gid_want(tbl, gids, types, valid, wanted ? &want : NULL)) < 0) {
+    if (wanted)
+      snprintf(why, whylen, "no RoCE GID matches MPLANE_IB_ROCE_VERSION_NUM=%d, MPLANE_IB_ADDR_FAMILY=%s, "
+               "MPLANE_IB_ADDR_RANGE='%s' (or their NCCL_IB_* twins); 'show_gids' lists the port's GIDs",
+               cfg->ib_roce_version, cfg->ib_addr_family == MPLANE_IB_FAMILY_INET ? "AF_INET"
+                                     : cfg->ib_addr_family == MPLANE_IB_FAMILY_INET6 ? "AF_INET6" : "any",
+               cfg->ib_addr_range);
+    else snprintf(why, whylen, "no usable RoCE GID (is an IP address configured on its interface?)");
     return -1;
   }
   *index = idx;

@@ -379,7 +379,8 @@ static int sc_reg_cache(void) {
 
 /* RoCE: RoCE v2 IPv4-mapped GID chosen; the class's DSCP in the traffic class; GID override. */
 static int sc_roce(void) {
-  env_base("mlx5_0:roce:ip=198.18.0.1");
+  const char *devs = getenv("IB_TEST_DEVS");
+  env_base(devs ? devs : "mlx5_0:roce:ip=198.18.0.1");
   setenv("MPLANE_TC_MAP", "default=3", 1);
   if (getenv("IB_TEST_GID_INDEX")) setenv("MPLANE_IB_GID_INDEX", getenv("IB_TEST_GID_INDEX"), 1);
   up();
@@ -388,12 +389,17 @@ static int sc_roce(void) {
   struct rec r[8];
   if (rec_find(r, 8, "event=modify", "state=RTR", NULL) < 1) fail("no RTR record");
   long gidx = rec_val(&r[0], "sgid_index"), glob = rec_val(&r[0], "is_global");
-  long want_idx = getenv("IB_TEST_GID_INDEX") ? atol(getenv("IB_TEST_GID_INDEX")) : 3;
+  long want_idx = getenv("IB_TEST_GID_INDEX") ? atol(getenv("IB_TEST_GID_INDEX"))
+                 : getenv("IB_TEST_WANT_GID")  ? atol(getenv("IB_TEST_WANT_GID"))
+                                               : 3;
+  const char *want_dgid = getenv("IB_TEST_WANT_DGID") ? getenv("IB_TEST_WANT_DGID") : "::ffff:198.18.0.1";
   if (glob != 1) fail("RoCE QP is not global (is_global=%ld)", glob);
   if (gidx != want_idx) fail("RoCE QP uses GID index %ld, expected %ld", gidx, want_idx);
   if (sl != 3 || tclass != (mplane_tc_dscp(3) << 2)) fail("SL %d traffic class %d, expected 3 and %d", sl, tclass, mplane_tc_dscp(3) << 2);
-  if (!getenv("IB_TEST_GID_INDEX") && !strstr(r[0].line, "dgid=::ffff:198.18.0.1"))
-    fail("destination GID is not the IPv4-mapped one: %s", r[0].line);
+  char dgid_kv[96];
+  snprintf(dgid_kv, sizeof(dgid_kv), "dgid=%s ", want_dgid);
+  if (!getenv("IB_TEST_GID_INDEX") && want_dgid[0] && !strstr(r[0].line, dgid_kv))
+    fail("destination GID is not %s: %s", want_dgid, r[0].line);
   note("RoCE: GID index %ld, SL %d, traffic class %d", gidx, sl, tclass);
   return 0;
 }

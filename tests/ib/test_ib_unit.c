@@ -154,6 +154,41 @@ static void test_gid_choice(void **state) {
   assert_int_equal(mpib_pick_gid(5, g, types, valid), -1);
 }
 
+/* A site's GID wishes: version, family (IPv4-mapped is AF_INET), range of either family. */
+static void test_gid_want(void **state) {
+  (void)state;
+  union ibv_gid g[4];
+  int types[4] = {1, 0, 1, 1}, valid[4] = {1, 1, 1, 1};
+  gid_v4(&g[0], 1);
+  gid_v4(&g[1], 2);
+  gid_v4(&g[2], 2);
+  memset(&g[3], 0, sizeof(g[3]));
+  inet_pton(AF_INET6, "2001:db8::5", g[3].raw);
+  gid_v4(&g[0], 1);
+  g[0].raw[12] = 198, g[0].raw[13] = 18, g[0].raw[14] = 0, g[0].raw[15] = 1;
+  g[1].raw[12] = 198, g[1].raw[13] = 19, g[1].raw[14] = 5, g[1].raw[15] = 1;
+  g[2].raw[12] = 198, g[2].raw[13] = 19, g[2].raw[14] = 5, g[2].raw[15] = 1;
+  struct mpib_gid_want w = {0};
+  char why[128];
+  assert_int_equal(mpib_pick_gid_want(4, g, types, valid, &w), 0);
+  assert_int_equal(mplane_cidr_parse("198.19.0.0/16", &w.range, why, sizeof(why)), 0);
+  w.has_range = 1;
+  assert_int_equal(mpib_pick_gid_want(4, g, types, valid, &w), 2); /* in range, v2 first */
+  w.version = 1;
+  assert_int_equal(mpib_pick_gid_want(4, g, types, valid, &w), 1);
+  w = (struct mpib_gid_want){.family = MPLANE_IB_FAMILY_INET6};
+  assert_int_equal(mpib_pick_gid_want(4, g, types, valid, &w), 3);
+  assert_int_equal(mplane_cidr_parse("2001:db8::/32", &w.range, why, sizeof(why)), 0);
+  w = (struct mpib_gid_want){.has_range = 1, .range = w.range};
+  assert_int_equal(mpib_pick_gid_want(4, g, types, valid, &w), 3);
+  assert_int_equal(mplane_cidr_parse("10.0.0.0/8", &w.range, why, sizeof(why)), 0);
+  assert_int_equal(mpib_pick_gid_want(4, g, types, valid, &w), -1);
+  assert_int_equal(mplane_cidr_parse("198.19.0.0", &w.range, why, sizeof(why)), -1);
+  assert_int_equal(mplane_cidr_parse("198.19.0.0/33", &w.range, why, sizeof(why)), -1);
+  assert_int_equal(mplane_cidr_parse("fd00::/129", &w.range, why, sizeof(why)), -1);
+  assert_int_equal(mplane_cidr_parse("0.0.0.0/0", &w.range, why, sizeof(why)), 0);
+}
+
 static void test_imm_layout(void **state) {
   (void)state;
   uint32_t imm = mpib_imm(31, 7, 16, 15, MPIB_IMM_AR, 0x12345);
@@ -237,6 +272,7 @@ int main(void) {
       cmocka_unit_test(test_oob_rank),
       cmocka_unit_test(test_port_speed),
       cmocka_unit_test(test_oob_family),
+      cmocka_unit_test(test_gid_want),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,6 +96,9 @@ struct sv_dev {
   int gid_shift;    /* RoCE: entries an added IPv6 address put before the IPv4 ones (gid_move_after) */
   uint32_t ece;     /* ECE options its QPs support; 0: no ECE (ibv_query_ece/ibv_set_ece say EOPNOTSUPP) */
   uint32_t ip; /* network order, RoCE */
+  uint32_t ip2;           /* RoCE: a second IPv4 address (another VLAN's), GID entries 4 and 5 */
+  struct in6_addr ip6;    /* RoCE: a global IPv6 address, GID entries 6 and 7 */
+  int has_ip6;
   uint32_t speed;   /* lane speed bit (SDR 1 .. HDR 64, NDR 128, XDR 256); 0: HDR */
   int verbs_version; /* the rdma-core it plays: < 48 reports no active_speed_ex (0: the newest) */
   int no_ext_ctx;    /* its context is not extended: only the exported ibv_query_port answers */
@@ -293,6 +296,15 @@ static uint32_t speed_bit(const char *name) {
   return 0;
 }
 
+/* ip6= takes '-' for ':', which separates a device's fields: 2001-db8--5 is 2001:db8::5. */
+static int parse_ip6(const char *text, struct in6_addr *out) {
+  char buf[64];
+  snprintf(buf, sizeof(buf), "%s", text);
+  for (char *p = buf; *p; p++)
+    if (*p == '-') *p = ':';
+  return inet_pton(AF_INET6, buf, out) == 1;
+}
+
 static void parse_devices(void) {
   const char *spec = getenv(SV_DEVICES_ENV);
   if (!spec || !*spec) spec = "mlx5_0:ib,mlx5_1:ib";
@@ -316,6 +328,8 @@ static void parse_devices(void) {
       else if (!strncmp(f, "ports=", 6)) d->nports = atoi(f + 6);
       else if (!strncmp(f, "down=", 5)) down |= 1 << atoi(f + 5);
       else if (!strncmp(f, "ip=", 3)) inet_pton(AF_INET, f + 3, &d->ip);
+      else if (!strncmp(f, "ip2=", 4)) inet_pton(AF_INET, f + 4, &d->ip2);
+      else if (!strncmp(f, "ip6=", 4)) d->has_ip6 = parse_ip6(f + 4, &d->ip6);
       else if (!strncmp(f, "subnet=", 7)) d->fabric = atoi(f + 7);
       else if (!strcmp(f, "grh")) d->grh_required = 1;
       else if (!strcmp(f, "defprefix")) d->default_prefix = 1;
@@ -453,13 +467,26 @@ static int port_gid(const struct sv_dev *d, int port, int index, union ibv_gid *
       gid->raw[11] = 0xff;
       memcpy(gid->raw + 12, &d->ip, 4);
       return index == 2 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
+    case 4:
+    case 5:
+      if (!d->ip2) return -1;
+      gid->raw[10] = 0xff;
+      gid->raw[11] = 0xff;
+      memcpy(gid->raw + 12, &d->ip2, 4);
+      return index == 4 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
+    case 6:
+    case 7:
+      if (!d->has_ip6) return -1;
+      memcpy(gid->raw, &d->ip6, 16);
+      return index == 6 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
     default:
       return -1;
   }
 }
 
 static int gid_tbl_len(const struct sv_dev *d) {
-  return d->link_layer == IBV_LINK_LAYER_INFINIBAND ? 1 : 4 + d->gid_shift;
+  if (d->link_layer == IBV_LINK_LAYER_INFINIBAND) return 1;
+  return (d->ip2 || d->has_ip6 ? 8 : 4) + d->gid_shift;
 }
 
 static void qp_sockname(uint32_t qpn, struct sockaddr_un *sa, socklen_t *len) {
