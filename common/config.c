@@ -202,6 +202,9 @@ static const struct row rows[] = {
      "0 (off), 1 or 2 (on where the verbs take it)",
      "register NCCL's data buffers with PCIe relaxed ordering (never the FIFO, length records or one-sided "
      "windows); 0 turns it off, e.g. where a platform's relaxed ordering is broken"},
+    {"MPLANE_IB_GDR_FLUSH_DISABLE", K_BOOL, OFF(ib_gdr_flush_disable), 0, "0", 0, 1, NULL, "0 or 1",
+     "1: iflush after a receive into GPU memory posts no RDMA read and completes at once (only where the "
+     "platform makes the NIC's writes visible to the GPU by itself)"},
     {"MPLANE_IB_SOCKET_FAMILY", K_ENUM, OFF(ib_socket_family), 0, "any", 0, 0, "any|AF_INET|AF_INET6",
      "any, AF_INET or AF_INET6",
      "address family of the IB transport's TCP side channel (any: IPv4 where an interface has both, else IPv6; "
@@ -229,7 +232,7 @@ static const struct {
     {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},       {"MPLANE_IB_QPS", "NCCL_IB_QPS_PER_CONNECTION"},       {"MPLANE_IB_ECE", "NCCL_IB_ECE_ENABLE"},
     {"MPLANE_IB_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY"}, {"MPLANE_IB_PCI_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING"},
     {"MPLANE_IB_ROCE_VERSION_NUM", "NCCL_IB_ROCE_VERSION_NUM"}, {"MPLANE_IB_ADDR_FAMILY", "NCCL_IB_ADDR_FAMILY"},
-    {"MPLANE_IB_ADDR_RANGE", "NCCL_IB_ADDR_RANGE"},
+    {"MPLANE_IB_ADDR_RANGE", "NCCL_IB_ADDR_RANGE"}, {"MPLANE_IB_GDR_FLUSH_DISABLE", "NCCL_IB_GDR_FLUSH_DISABLE"},
 };
 
 static const char *nccl_alias(const char *name) {

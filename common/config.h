@@ -61,6 +61,7 @@ struct mplane_config {
   int ib_roce_version;                       /* RoCE GID version: 0 automatic (v2 first), 1 or 2 */
   int ib_addr_family;                        /* enum mplane_ib_socket_family: RoCE GIDs' address family */
   char ib_addr_range[64];                    /* RoCE GIDs' address range (CIDR), "" any */
+  int ib_gdr_flush_disable;                  /* 1: iflush never reads (the platform orders GPU writes) */
   int ib_socket_family;                      /* enum mplane_ib_socket_family: the side channel's addresses */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */

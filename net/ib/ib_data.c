@@ -729,6 +729,9 @@ ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void *
     if (sizes[i] > 0 && m && m->type == NCCL_PTR_CUDA) last = i;
   }
   if (last < 0) return ncclSuccess; /* host memory is coherent: nothing to flush */
+  /* The site says its platform orders the NIC's writes before the GPU's reads (NCCL's
+   * NCCL_IB_GDR_FLUSH_DISABLE): NULL, done, and no flush QP is ever made. */
+  if (mpib_config()->ib_gdr_flush_disable) return ncclSuccess;
   MP_CHECK(mpib_error_check(&c->b.err));
   if (!c->flush_qp) {
     ncclResult_t res = flush_setup(c);

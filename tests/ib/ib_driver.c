@@ -609,6 +609,31 @@ static int sc_flush(void) {
   return 0;
 }
 
+/* NCCL_IB_GDR_FLUSH_DISABLE=1 (or its MPLANE_IB_* twin): iflush of GPU memory completes at once
+ * (a NULL request), and no flush QP is made. */
+static int sc_flush_disabled(void) {
+  env_base("mlx5_0:ib");
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  void *buf = calloc(1, 65536), *mh = NULL, *req = NULL;
+  if (mplane_net_reg_mr(p.rc, buf, 65536, NCCL_PTR_HOST, &mh) != ncclSuccess) fail("regMr");
+  ((struct mpib_mr *)mh)->type = NCCL_PTR_CUDA;
+  int size = 65536;
+  if (mplane_net_iflush(p.rc, 1, &buf, &size, &mh, &req) != ncclSuccess) fail("iflush failed");
+  if (req) fail("iflush of GPU memory gave a request though GDR flushes are disabled");
+  mplane_net_dereg_mr(p.rc, mh);
+  pair_close(&p);
+  free(buf);
+  struct rec m[16];
+  int k = rec_find(m, 16, "event=modify", "state=RTR", NULL), loop = 0;
+  for (int i = 0; i < k; i++)
+    if (rec_val(&m[i], "qpn") == rec_val(&m[i], "dest_qpn")) loop++;
+  if (loop) fail("a loopback flush QP was made though GDR flushes are disabled");
+  note("GDR flush disabled: iflush of GPU memory done at once, no flush QP");
+  return 0;
+}
+
 /* The sender closes as soon as its sends completed, before the receiver tested anything. The receives
  * whose data and immediates arrived must report success with their data, even after the connection
  * has failed: the receiver first notices the close on a receive that never gets data (side-channel
@@ -1130,7 +1155,7 @@ int main(int argc, char **argv) {
              {"cross-plane-staged-dmabuf", sc_cross_plane_staged_dmabuf},
              {"cross-plane-stage-fault", sc_cross_plane_stage_fault}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"ece", sc_ece}, {"ece-off", sc_ece_off}, {"ece-none", sc_ece_none}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
-             {"close-complete", sc_close_complete}, {"silent-peer", sc_silent_peer}, {"side-ipv6", sc_side_ipv6}};
+             {"close-complete", sc_close_complete}, {"silent-peer", sc_silent_peer}, {"side-ipv6", sc_side_ipv6}, {"flush-disabled", sc_flush_disabled}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {
       int rc = all[i].fn();
