@@ -1,6 +1,6 @@
 /* The software verbs double's own semantics, checked through dlopen as the transport uses it: QP
  * state rules, RDMA write/read/write-with-immediate/send/fetch-and-add, rkey and bounds checks, flushes, send-queue
- * credit, CQ overrun, max_msg_sz, write placement. One process, two QPs connected to each other. */
+ * credit, CQ overrun, max_msg_sz, write placement, port attributes by struct size. One process, two QPs connected to each other. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -146,6 +146,32 @@ static int post_write_flags(struct ibv_qp *qp, enum ibv_wr_opcode op, void *src,
 static int post_write(struct ibv_qp *qp, enum ibv_wr_opcode op, void *src, size_t len, uint32_t lkey,
                       uint64_t raddr, uint32_t rkey, uint64_t id) {
   return post_write_flags(qp, op, src, len, lkey, raddr, rkey, id, IBV_SEND_SIGNALED);
+}
+
+/* Port attributes as rdma-core gives them: the exported ibv_query_port fills only the original
+ * fields (up to `flags`); the extended context's size-aware query_port fills what both sides know
+ * (active_speed_ex at 52, rdma-core >= 48) and zeroes the rest of a longer struct, never past len. */
+static void test_query_port_sizes(void **state) {
+  (void)state;
+  load();
+  unsigned char buf[128];
+  size_t orig = offsetof(struct ibv_port_attr, flags) + 1;
+  memset(buf, 0xaa, sizeof(buf));
+  assert_int_equal(V.query_port(V.ctx, 1, (struct ibv_port_attr *)(void *)buf), 0);
+  assert_int_equal(buf[orig], 0xaa);
+  assert_int_equal(buf[52], 0xaa);
+  struct verbs_context *vctx = verbs_get_ctx_op(V.ctx, query_port);
+  assert_non_null(vctx);
+  memset(buf, 0xaa, sizeof(buf));
+  assert_int_equal(vctx->query_port(V.ctx, 1, (struct ibv_port_attr *)(void *)buf, sizeof(buf)), 0);
+  uint32_t speed_ex;
+  memcpy(&speed_ex, buf + 52, sizeof(speed_ex));
+  assert_int_equal(speed_ex, 64); /* HDR */
+  for (size_t i = 56; i < sizeof(buf); i++) assert_int_equal(buf[i], 0);
+  memset(buf, 0xaa, sizeof(buf));
+  assert_int_equal(vctx->query_port(V.ctx, 1, (struct ibv_port_attr *)(void *)buf, 40), 0);
+  assert_int_equal(buf[40], 0xaa);
+  assert_int_equal(((struct ibv_port_attr *)(void *)buf)->state, IBV_PORT_ACTIVE);
 }
 
 static void test_state_rules(void **state) {
@@ -511,6 +537,7 @@ static void test_placement(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_query_port_sizes),
       cmocka_unit_test(test_state_rules),
       cmocka_unit_test(test_data_and_keys),
       cmocka_unit_test(test_bad_rkey),
