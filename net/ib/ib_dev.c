@@ -370,9 +370,10 @@ static int lane_mbps(uint32_t speed) {
 
 int mpib_port_speed_mbps(unsigned active_speed, uint32_t active_speed_ex, unsigned active_width) {
   int lane = lane_mbps(active_speed_ex ? active_speed_ex : active_speed);
-  /* An active port whose speed reads 0 runs faster than the 8-bit field holds (the kernel leaves it
-   * 0 for XDR) on a library too old to report active_speed_ex: XDR is the least it can be. */
-  if (lane == 0) lane = active_speed == 0 && active_speed_ex == 0 ? 200000 : 10000;
+  /* An active port whose speed reads 0 (the kernel leaves active_speed 0 for XDR, and a library
+   * before rdma-core 48 has no active_speed_ex) or names a rate beyond this table runs at least at
+   * XDR's. */
+  if (lane == 0) lane = 200000;
   int width;
   switch (active_width) {
     case 1: width = 1; break;

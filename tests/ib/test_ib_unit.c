@@ -58,6 +58,7 @@ static void test_port_speed(void **state) {
   assert_int_equal(mpib_port_speed_mbps(0, 0, 2), 800000);        /* 0 without speed_ex: beyond 8 bits */
   assert_int_equal(mpib_port_speed_mbps(32, 0, 8), 300000);       /* EDR 12x */
   assert_int_equal(mpib_port_speed_mbps(1, 0, 1), 2500);          /* SDR 1x */
+  assert_int_equal(mpib_port_speed_mbps(0, 512, 2), 800000);      /* beyond the table: at least XDR */
 }
 
 /* A well-behaved sender's chunks complete an entry; a bad one's are refused, whatever its order. */
