@@ -381,7 +381,13 @@ static ncclResult_t accept_build(struct mpib_listen_comm *lc, struct mpib_pendin
   return ncclSuccess;
 }
 
-/* The table is full: drop the oldest side channel that has said nothing for a while, so that
+/* 1 if a connection waits in the listen socket's backlog. */
+static int backlog_waiting(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+/* The table is full and another connection waits: drop the oldest side channel that has said nothing for a while, so that
  * silent strangers cannot keep real peers out. 1 if one was dropped. */
 static int pending_evict_silent(struct mpib_listen_comm *lc) {
   int oldest = -1;
@@ -400,7 +406,7 @@ static int pending_evict_silent(struct mpib_listen_comm *lc) {
 ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
   struct mpib_listen_comm *lc = listen_comm;
   *recv_comm = NULL;
-  while (lc->npending < MPIB_PENDING_MAX || pending_evict_silent(lc)) {
+  while (lc->npending < MPIB_PENDING_MAX || (backlog_waiting(lc->fd) && pending_evict_silent(lc))) {
     struct sockaddr_storage from;
     socklen_t len = sizeof(from);
     int fd = accept4(lc->fd, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);

@@ -1050,6 +1050,13 @@ static int sc_qp_attrs(void) {
   return 0;
 }
 
+/* 1 if the listener closed our end's peer. */
+static int fd_dropped(int fd) {
+  char byte;
+  ssize_t r = recv(fd, &byte, 1, MSG_DONTWAIT);
+  return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
 /* A peer that opens the side channel and then stays silent (a rank busy with thousands of QP
  * setups) keeps its connection until MPLANE_CONNECT_TIMEOUT, not a fixed 10 s; past it the
  * listener drops it. IB_TEST_SILENT_S: how long the peer stays silent; IB_TEST_SILENT_DROP: 1 if the
@@ -1072,23 +1079,34 @@ static int sc_silent_peer(void) {
   socklen_t len = 0;
   if (mplane_handle_decode(handle, &h, why, sizeof(why)) != ncclSuccess) fail("handle: %s", why);
   if (mplane_handle_sockaddr(&h, &ss, &len, why, sizeof(why)) != ncclSuccess) fail("handle address: %s", why);
-  int fd = socket(ss.ss_family, SOCK_STREAM, 0);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&ss, len) != 0) fail("TCP connect to the listener: %s", strerror(errno));
+  /* IB_TEST_SILENT_N peers at once: a full table of pending side channels (64) drops none of them
+   * while nobody else waits */
+  const char *ns = getenv("IB_TEST_SILENT_N");
+  int npeers = ns ? atoi(ns) : 1, fds[64];
+  if (npeers < 1 || npeers > 64) fail("IB_TEST_SILENT_N=%d: 1 to 64", npeers);
+  for (int i = 0; i < npeers; i++) {
+    fds[i] = socket(ss.ss_family, SOCK_STREAM, 0);
+    if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&ss, len) != 0)
+      fail("TCP connect %d to the listener: %s", i, strerror(errno));
+  }
+  int fd = fds[0];
   double t0 = now();
   while (now() - t0 < wait_s) {
     if (mplane_net_accept(lc, &rc) != ncclSuccess) fail("accept");
     if (rc) fail("a silent peer was accepted");
     usleep(10000);
   }
-  char byte;
-  ssize_t r = recv(fd, &byte, 1, MSG_DONTWAIT);
-  int dropped = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  int dropped = fd_dropped(fd);
   if (dropped != want_drop)
     fail("after %.1f s of silence with MPLANE_CONNECT_TIMEOUT=%s the listener %s the connection", wait_s,
          getenv("MPLANE_CONNECT_TIMEOUT"), dropped ? "dropped" : "kept");
-  note("silent %.1f s, MPLANE_CONNECT_TIMEOUT=%s: %s", wait_s, getenv("MPLANE_CONNECT_TIMEOUT"),
+  int ndropped = 0;
+  for (int i = 0; i < npeers; i++) ndropped += fd_dropped(fds[i]);
+  if (ndropped != (want_drop ? npeers : 0))
+    fail("%d of %d silent peers dropped after %.1f s, expected %d", ndropped, npeers, wait_s, want_drop ? npeers : 0);
+  note("%d silent %.1f s, MPLANE_CONNECT_TIMEOUT=%s: %s", npeers, wait_s, getenv("MPLANE_CONNECT_TIMEOUT"),
        dropped ? "dropped" : "kept");
-  close(fd);
+  for (int i = 0; i < npeers; i++) close(fds[i]);
   mplane_net_close_listen(lc);
   mplane_net_ctx_destroy(ctx);
   return 0;
