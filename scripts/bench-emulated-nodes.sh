@@ -20,7 +20,7 @@
 #                      those points, each SxT (NCCL_NSOCKS_PERTHREAD=S NCCL_SOCKET_NTHREADS=T, S*T
 #                      at most 64) or SxT-CHUNK-BUFF (and NCCL_P2P_NET_CHUNKSIZE, NCCL_BUFFSIZE, K/M
 #                      suffixes): best = 1x1 1x2 4x4 4x4-512K-8M 8x4-512K-8M 2x8-512K-8M (the
-#                      best points of every grid measured so far: on nvidia-h200 2026-12-02 over
+#                      best points of every grid measured so far: on one H200 2026-12-02 over
 #                      loopback 4x4-512K-8M, over a veth pair 1x2 for all_reduce, 8x4-512K-8M for
 #                      alltoall, 2x8-512K-8M for sendrecv; the default), full =
 #                      {1,2,4,8} x {1,2,4,8}, each at NCCL's sizes and at 512K-8M (32 points)

@@ -89,8 +89,8 @@ static const char *const socket_nccl_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "
 /* At MPS_FAST_LINK_MBPS or more (a 100 GbE NIC; loopback or a veth pair on 4+ CPUs, whose rate is
  * the host's) one channel's TCP streams cannot fill the link, and the host's cores at both ends
  * do: NCCL's own 4 MiB buffers (1 MiB slices) with 8 channels moved all_reduce of 32 MiB 6-16%,
- * 64 MiB 5-18% and 128 MiB 6-11% faster than 8 MiB buffers on 4 channels, in four calls on
- * nvidia-h200 (two emulated nodes over loopback, at 400 Gb/s); 4 MiB buffers on 4 channels lose
+ * 64 MiB 5-18% and 128 MiB 6-11% faster than 8 MiB buffers on 4 channels, in four sets of runs on
+ * one H200 with 16 cores (two emulated nodes over loopback, at 400 Gb/s); 4 MiB buffers on 4 channels lose
  * 7-8% at 128 MiB, and 8 channels up to 21% from 4 to 16 MiB, so the rows below keep those sizes
  * on 4 (docs/benchmarks.md, "Buffers and channels for two emulated nodes"; "Defaults by link" has
  * the same choice measured on a veth pair). */
@@ -101,7 +101,7 @@ static const char *const *socket_env_defaults(void) { return mps_fast_links() ? 
 
 /* At 100 Gb/s and more NCCL runs all_reduce from 32 KiB to 1 MiB as LL on 4 channels: over TCP,
  * LL's many half-full steps cost 1.2-1.7x NCCL Socket's time, which at 10 Gb/s gets Simple on 2
- * channels from 64 KiB (nvidia-h200, two emulated nodes at 400 Gb/s, nccl-tests 2.19.6 all_reduce,
+ * channels from 64 KiB (one H200 with 16 cores, two emulated nodes at 400 Gb/s, nccl-tests 2.19.6 all_reduce,
  * docs/benchmarks.md). These rows give those sizes Simple, on one channel up to
  * 512 KiB (each ring step then moves the whole slice in one message: 64-256 KiB took 0.75-0.80x the
  * time of 2 channels) and on 4 from 512 KiB to 1 MiB (where 2 took 20-29% longer at 512 KiB, and 1
