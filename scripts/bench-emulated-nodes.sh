@@ -354,23 +354,23 @@ gin_check() {
 # kv_check OPTION WORD: WORD must be VAR=VALUE
 kv_check() { case "$2" in [A-Za-z_]*=*) ;; *) die "$1: '$2' is not VAR=VALUE" ;; esac; }
 for kv in ${menv[@]+"${menv[@]}"}; do kv_check --env "$kv"; done
-for i in ${gvnames[@]+"${!gvnames[@]}"}; do
-  [ -n "$gin_args" ] || die "--gin-variant needs --gin"
-  case "${gvnames[$i]}" in
-    ''|*[!A-Za-z0-9_.-]*|*=*) die "--gin-variant '${gvnames[$i]} ${gvenvs[$i]}': expected a NAME (letters, digits, _ . -) and VAR=VALUE ..." ;;
-  esac
-  [ -n "${gvenvs[$i]}" ] || die "--gin-variant '${gvnames[$i]}': no VAR=VALUE after the name"
-  for kv in ${gvenvs[$i]}; do kv_check "--gin-variant '${gvnames[$i]}'" "$kv"; done
-  for ((j = 0; j < i; j++)); do [ "${gvnames[$j]}" != "${gvnames[$i]}" ] || die "--gin-variant '${gvnames[$i]}' given twice"; done
-done
-for i in ${vnames[@]+"${!vnames[@]}"}; do
-  case "${vnames[$i]}" in
-    ''|*[!A-Za-z0-9_.-]*|*=*) die "--variant '${vnames[$i]} ${venvs[$i]}': expected a NAME (letters, digits, _ . -) and VAR=VALUE ..." ;;
-  esac
-  [ -n "${venvs[$i]}" ] || die "--variant '${vnames[$i]}': no VAR=VALUE after the name"
-  for kv in ${venvs[$i]}; do kv_check "--variant '${vnames[$i]}'" "$kv"; done
-  for ((j = 0; j < i; j++)); do [ "${vnames[$j]}" != "${vnames[$i]}" ] || die "--variant '${vnames[$i]}' given twice"; done
-done
+# variants_check OPTION NAMES ENVS: each name (of the arrays named NAMES and ENVS) is letters, digits,
+# _ . -, given once, and has VAR=VALUE words
+variants_check() {
+  local opt=$1 i j kv
+  local -n names=$2 envs=$3
+  for i in ${names[@]+"${!names[@]}"}; do
+    case "${names[$i]}" in
+      ''|*[!A-Za-z0-9_.-]*|*=*) die "$opt '${names[$i]} ${envs[$i]}': expected a NAME (letters, digits, _ . -) and VAR=VALUE ..." ;;
+    esac
+    [ -n "${envs[$i]}" ] || die "$opt '${names[$i]}': no VAR=VALUE after the name"
+    for kv in ${envs[$i]}; do kv_check "$opt '${names[$i]}'" "$kv"; done
+    for ((j = 0; j < i; j++)); do [ "${names[$j]}" != "${names[$i]}" ] || die "$opt '${names[$i]}' given twice"; done
+  done
+}
+[ ${#gvnames[@]} -eq 0 ] || [ -n "$gin_args" ] || die "--gin-variant needs --gin"
+variants_check --gin-variant gvnames gvenvs
+variants_check --variant vnames venvs
 gin_check
 [ -n "$time_args$bw_args$gin_args" ] || die "--time, --bw and --gin are all empty: nothing to run"
 if [ -n "$time_args$bw_args" ]; then # the GIN sweep alone needs only its own nccl-tests
