@@ -563,15 +563,30 @@ static int sc_qp_fatal(void) {
   return 0;
 }
 
+/* The flush scenarios' setup: one device, a connected pair, 64 KiB of host memory registered as host. */
+static void *flush_pair_open(struct pair *p, void **mh) {
+  env_base("mlx5_0:ib");
+  up();
+  pair_open(p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  void *buf = calloc(1, 65536);
+  if (mplane_net_reg_mr(p->rc, buf, 65536, NCCL_PTR_HOST, mh) != ncclSuccess) fail("regMr");
+  return buf;
+}
+
+/* QPs softverbs saw brought to RTR facing themselves: the flush QPs. */
+static int loopback_qps(void) {
+  struct rec m[16];
+  int k = rec_find(m, 16, "event=modify", "state=RTR", NULL), loop = 0;
+  for (int i = 0; i < k; i++)
+    if (rec_val(&m[i], "qpn") == rec_val(&m[i], "dest_qpn")) loop++;
+  return loop;
+}
+
 /* iflush: a GPU-registered buffer is flushed by an RDMA read on a loopback QP. softverbs has no GPU,
  * so the buffer is host memory registered as host and then marked as GPU memory in its handle. */
 static int sc_flush(void) {
-  env_base("mlx5_0:ib");
-  up();
   struct pair p;
-  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
-  void *buf = calloc(1, 65536), *mh = NULL, *req = NULL;
-  if (mplane_net_reg_mr(p.rc, buf, 65536, NCCL_PTR_HOST, &mh) != ncclSuccess) fail("regMr");
+  void *mh = NULL, *req = NULL, *buf = flush_pair_open(&p, &mh);
   int size = 65536;
   if (mplane_net_iflush(p.rc, 1, &buf, &size, &mh, &req) != ncclSuccess || req)
     fail("iflush of host memory should need no request");
@@ -599,11 +614,7 @@ static int sc_flush(void) {
   mplane_net_dereg_mr(p.rc, mh);
   pair_close(&p);
   struct rec r[16];
-  int n = rec_find(r, 16, "event=destroy", "reads=257", NULL), loop = 0;
-  struct rec m[16];
-  int k = rec_find(m, 16, "event=modify", "state=RTR", NULL);
-  for (int i = 0; i < k; i++)
-    if (rec_val(&m[i], "qpn") == rec_val(&m[i], "dest_qpn")) loop++;
+  int n = rec_find(r, 16, "event=destroy", "reads=257", NULL), loop = loopback_qps();
   if (n != 1 || loop != 1) fail("expected one loopback QP doing 257 RDMA reads; %d read, %d loopback", n, loop);
   note("flush by RDMA read on a loopback QP; %d flushes in flight, the next one an error", MPIB_MAX_FLUSHES);
   return 0;
@@ -612,12 +623,8 @@ static int sc_flush(void) {
 /* NCCL_IB_GDR_FLUSH_DISABLE=1 (or its MPLANE_IB_* twin): iflush of GPU memory completes at once
  * (a NULL request), and no flush QP is made. */
 static int sc_flush_disabled(void) {
-  env_base("mlx5_0:ib");
-  up();
   struct pair p;
-  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
-  void *buf = calloc(1, 65536), *mh = NULL, *req = NULL;
-  if (mplane_net_reg_mr(p.rc, buf, 65536, NCCL_PTR_HOST, &mh) != ncclSuccess) fail("regMr");
+  void *mh = NULL, *req = NULL, *buf = flush_pair_open(&p, &mh);
   ((struct mpib_mr *)mh)->type = NCCL_PTR_CUDA;
   int size = 65536;
   if (mplane_net_iflush(p.rc, 1, &buf, &size, &mh, &req) != ncclSuccess) fail("iflush failed");
@@ -625,11 +632,7 @@ static int sc_flush_disabled(void) {
   mplane_net_dereg_mr(p.rc, mh);
   pair_close(&p);
   free(buf);
-  struct rec m[16];
-  int k = rec_find(m, 16, "event=modify", "state=RTR", NULL), loop = 0;
-  for (int i = 0; i < k; i++)
-    if (rec_val(&m[i], "qpn") == rec_val(&m[i], "dest_qpn")) loop++;
-  if (loop) fail("a loopback flush QP was made though GDR flushes are disabled");
+  if (loopback_qps()) fail("a loopback flush QP was made though GDR flushes are disabled");
   note("GDR flush disabled: iflush of GPU memory done at once, no flush QP");
   return 0;
 }

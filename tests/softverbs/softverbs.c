@@ -435,6 +435,13 @@ static uint16_t port_lid(const struct sv_dev *d, int port) {
 }
 
 /* Fill gid for (dev, port, index); returns gid type, or -1 for an empty/invalid entry. */
+/* ::ffff:a.b.c.d, the GID of an IPv4 address (ip in network order). */
+static void ipv4_mapped_gid(union ibv_gid *gid, uint32_t ip) {
+  gid->raw[10] = 0xff;
+  gid->raw[11] = 0xff;
+  memcpy(gid->raw + 12, &ip, 4);
+}
+
 static int port_gid(const struct sv_dev *d, int port, int index, union ibv_gid *gid) {
   memset(gid, 0, sizeof(*gid));
   uint64_t prefix = 0xfe80000000000000ull | (d->default_prefix ? 0 : (uint64_t)(unsigned)d->fabric);
@@ -463,16 +470,12 @@ static int port_gid(const struct sv_dev *d, int port, int index, union ibv_gid *
     case 2:
     case 3:
       if (!d->ip) return -1;
-      gid->raw[10] = 0xff;
-      gid->raw[11] = 0xff;
-      memcpy(gid->raw + 12, &d->ip, 4);
+      ipv4_mapped_gid(gid, d->ip);
       return index == 2 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
     case 4:
     case 5:
       if (!d->ip2) return -1;
-      gid->raw[10] = 0xff;
-      gid->raw[11] = 0xff;
-      memcpy(gid->raw + 12, &d->ip2, 4);
+      ipv4_mapped_gid(gid, d->ip2);
       return index == 4 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
     case 6:
     case 7:
