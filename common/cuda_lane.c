@@ -112,6 +112,7 @@ static void klane_init(struct cu_signal_lane *l, int gpu, const struct mplane_co
   l->ctl = ctl;
   l->ctl->idle_ns = (uint64_t)cfg->gin_lane_idle_us * 1000;
   l->kmax = (size_t)cfg->gin_lane_kernel_max;
+  mplane_cu.cuMemFreeHost((void *)l->done); /* the stream's done word: the ring's takes its place */
   l->done = &l->ctl->done;
   l->kernel = 1;
   klane_gpus[klane_count] = gpu;
