@@ -30,7 +30,7 @@
  * rank +- k*rankStride); a rank's ops to itself go through a QP connected to a second QP of its
  * own. A completion error (the QP goes to ERR, later ops of that QP are flushed) or a peer whose
  * control socket closed ends every request on that QP with ncclRemoteError, and
- * query_last_error reports it; later ops to that peer in that context fail at once.
+ * query_last_error reports it; later ops to that peer in any context fail at once.
  *
  * Planes. The plugin gives the group its ranks' planes (route). A pair of ranks on different planes
  * has one QP per direction and context, as NCCL's PXN sends: a rank's own ops to the peer leave
@@ -505,6 +505,7 @@ static ncclResult_t rma_destroy_context(void *ctx) {
     if (s->cx[c].set) pthread_mutex_destroy(&s->cx[c].lock);
   }
   free(s->conns);
+  free(s->faulted);
   free(s->cx);
   free(s);
   return ncclSuccess;
@@ -688,7 +689,9 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   }
   struct ibr_ctxset *s = calloc(1, sizeof(*s));
   size_t nconn = (size_t)o->ncontexts * (size_t)g->nranks;
-  if (!s || !(s->conns = calloc(nconn, sizeof(*s->conns)))) {
+  if (!s || !(s->conns = calloc(nconn, sizeof(*s->conns))) ||
+      !(s->faulted = calloc((size_t)g->nranks, sizeof(*s->faulted)))) {
+    if (s) free(s->conns);
     free(s);
     return ncclSystemError;
   }
@@ -698,6 +701,7 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
   s->ncar = g->ncar;
   if (!(s->cx = calloc((size_t)o->ncontexts * (size_t)g->ncar, sizeof(*s->cx)))) {
     free(s->conns);
+    free(s->faulted);
     free(s);
     return ncclSystemError;
   }
@@ -769,9 +773,14 @@ static ncclResult_t op_conn(struct ibr_ctxset *s, int context, uint32_t rank, co
     return ncclInvalidUsage;
   }
   struct ibr_conn *c = s->conns[context * g->nranks + (int)rank];
-  if (__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE) || __atomic_load_n(&g->gone[rank], __ATOMIC_ACQUIRE)) {
-    MP_WARN("RMA %s to rank %u (context %d): %s", what, rank, context,
-            c->failed ? c->why : "the peer is gone (its control socket closed)");
+  struct ibr_conn *f = __atomic_load_n(&s->faulted[rank], __ATOMIC_ACQUIRE);
+  if (f || __atomic_load_n(&g->gone[rank], __ATOMIC_ACQUIRE)) {
+    if (f && f != c)
+      MP_WARN("RMA %s to rank %u (context %d): its connection in context %d failed: %s", what, rank, context,
+              f->cx->index, f->why);
+    else
+      MP_WARN("RMA %s to rank %u (context %d): %s", what, rank, context,
+              f ? f->why : "the peer is gone (its control socket closed)");
     return ncclRemoteError;
   }
   *out = c;

@@ -133,6 +133,7 @@ struct ibr_ctxset {
   int ncontexts, stride, ncar;
   struct ibr_cx *cx;        /* [context * ncar + carrier]; no CQ where the carrier has no peer */
   struct ibr_conn **conns;  /* [context * nranks + peer], NULL: not connected */
+  struct ibr_conn **faulted; /* [peer] atomic: its first failed connection in any context, NULL: none */
   int has_error;            /* atomic */
 };
 

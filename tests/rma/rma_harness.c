@@ -858,6 +858,37 @@ static void scenario_kill(void) {
   CHECK(rma->finalize(e.ctx));
 }
 
+/* ---- peerfault: an op that fails on one context fails the peer in every context ----
+ * Rank 0's first work request ends in error (the verbs double's err_wr=1, set for rank 0 only): a
+ * get on context 1. A put on context 0 to the same peer must then be refused, not delivered: on
+ * real verbs a peer that is dying still takes writes on its other QPs while its memory is torn
+ * down, and a completed put there would be a lost one that NCCL counts as delivered. */
+static void scenario_peerfault(void) {
+  if (g_n != 2) die("peerfault runs 2 ranks");
+  struct env e = {0};
+  setup(&e, 1);
+  barrier(2);
+  if (g_rank == 0) {
+    void *r = NULL;
+    CHECK(rma->iget(e.rc, 1, 0, e.mh_src, 4096, 0, e.mh_getw, 1, &r));
+    expect_refused(e.cc, r, "get whose work request ends in error");
+    r = NULL;
+    ncclResult_t res = rma->iput(e.rc, 0, 0, e.mh_src, 512, 0, e.mh_recv, 1, &r);
+    if (res == ncclSuccess) expect_refused(e.cc, r, "put on another context to the peer that failed");
+    bool err = false;
+    CHECK(rma->queryLastError(e.rc, &err));
+    if (!err) die("queryLastError reports nothing after a completion in error");
+    check_expected_warn();
+  }
+  barrier(3);
+  if (g_rank == 1) check_zero(e.recv, 0, 512, "window where the refused put would have landed");
+  barrier(4);
+  g_ctx = NULL;
+  CHECK(rma->destroyContext(e.rc));
+  CHECK(rma->closeColl(e.cc));
+  CHECK(rma->finalize(e.ctx));
+}
+
 /* ---- stall: a peer alive but not serving (SIGSTOP): ops to it fail after the timeout, not before ---- */
 static void scenario_stall(void) {
   struct env e = {0};
@@ -1714,6 +1745,7 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "oob") ? scenario_oob : !strcmp(scenario, "stride") ? scenario_stride
                      : !strcmp(scenario, "kill") ? scenario_kill
                      : !strcmp(scenario, "stall") ? scenario_stall
+                     : !strcmp(scenario, "peerfault") ? scenario_peerfault
                      : !strcmp(scenario, "regfail") ? scenario_regfail
                      : !strcmp(scenario, "rate") ? scenario_rate
                      : !strcmp(scenario, "proxyloop") ? scenario_proxyloop
