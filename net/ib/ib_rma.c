@@ -774,6 +774,7 @@ static ncclResult_t op_conn(struct ibr_ctxset *s, int context, uint32_t rank, co
   }
   struct ibr_conn *c = s->conns[context * g->nranks + (int)rank];
   struct ibr_conn *f = __atomic_load_n(&s->faulted[rank], __ATOMIC_ACQUIRE);
+  if (!f && __atomic_load_n(&c->failed, __ATOMIC_ACQUIRE)) f = c;
   if (f || __atomic_load_n(&g->gone[rank], __ATOMIC_ACQUIRE)) {
     if (f && f != c)
       MP_WARN("RMA %s to rank %u (context %d): its connection in context %d failed: %s", what, rank, context,
@@ -1001,7 +1002,8 @@ static void poll_cx(struct ibr_cx *x) {
         snprintf(why, sizeof(why), "a completion in error: %s (status %d)", mpib_wc_status_str(wc[i].status),
                  wc[i].status);
         ibr_req_fail_conn(r, c->failed ? c->why : why);
-        ibr_conn_fail(c, why);
+        if (!c->failed && wc[i].status != IBV_WC_WR_FLUSH_ERR) ibr_peer_fault(c, why);
+        else ibr_conn_fail(c, why);
       }
     }
     if (n < 16) return;

@@ -133,7 +133,7 @@ struct ibr_ctxset {
   int ncontexts, stride, ncar;
   struct ibr_cx *cx;        /* [context * ncar + carrier]; no CQ where the carrier has no peer */
   struct ibr_conn **conns;  /* [context * nranks + peer], NULL: not connected */
-  struct ibr_conn **faulted; /* [peer] atomic: its first failed connection in any context, NULL: none */
+  struct ibr_conn **faulted; /* [peer] atomic: its first connection the wire failed (ibr_peer_fault), NULL: none */
   int has_error;            /* atomic */
 };
 
@@ -177,6 +177,7 @@ struct ibr_slot;
 int ibr_timeout_ms(void);
 /* Fail every op queued or in flight on c, once. */
 void ibr_conn_fail(struct ibr_conn *c, const char *why);
+void ibr_peer_fault(struct ibr_conn *c, const char *why); /* ibr_conn_fail, and the peer's ops in every context fail */
 void ibr_req_fail(struct ibr_req *r, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Fail r because its connection failed (or is failing): the op, its rank and range, and why. */
 void ibr_req_fail_conn(struct ibr_req *r, const char *why);

@@ -107,15 +107,21 @@ ncclResult_t ibr_post_op_locked(struct ibr_conn *c, struct ibr_req *r, const str
 }
 
 /* ---- completions ---- */
+/* The wire refused an op of c (a completion in error that is not a flush of an already failed QP):
+ * the fault is the peer's in every context. A dying process still takes writes on its other QPs
+ * while its memory is torn down piece by piece, and such a write must not count as delivered.
+ * Local faults (a failed copy or post) stay the connection's: the peer is not to blame. */
+void ibr_peer_fault(struct ibr_conn *c, const char *why) {
+  ibr_conn_fail(c, why);
+  struct ibr_conn *none = NULL;
+  __atomic_compare_exchange_n(&c->cx->set->faulted[c->peer], &none, c, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
 void ibr_conn_fail(struct ibr_conn *c, const char *why) {
   if (__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE)) return;
   snprintf(c->why, sizeof(c->why), "%s", why);
   __atomic_store_n(&c->failed, 1, __ATOMIC_RELEASE);
   __atomic_store_n(&c->cx->set->has_error, 1, __ATOMIC_RELEASE);
-  /* A fault is the peer's in every context: a dying process can still take a write on another QP
-   * (its memory is torn down piece by piece), and that write must not count as delivered. */
-  struct ibr_conn *none = NULL;
-  __atomic_compare_exchange_n(&c->cx->set->faulted[c->peer], &none, c, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
   /* ERR flushes whatever is still posted, so every request on it completes (in error) soon. */
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
   mpib_v.modify_qp(c->qp, &a, IBV_QP_STATE);
