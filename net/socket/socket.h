@@ -51,7 +51,8 @@
  * MPS_CHUNK_FLAG_BITS; the receiver reads and drops them. Why: Linux takes a segment shorter than
  * its estimate of the peer's MSS (536 bytes at first) as a small "pushed" one and, from the second
  * such segment on, sends a bare ACK from inside the reader's recv(), which on the critical path of
- * every small message costs about 1 us each way (mplane-netbench --pingpong, docs/benchmarks.md).
+ * every small message costs about 1 us each way (mplane-netbench --pingpong,
+ * docs/results/2026-12-01-padded-small-messages.md).
  * Segments of at least 536 bytes and one size become that estimate, and are ACKed every second
  * segment from the receive softirq or ride the CTS records. */
 #ifndef MPLANE_NET_SOCKET_H

@@ -520,7 +520,8 @@ static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size,
  * MPLANE_SOCKET_SPLIT_BYTES; above, as many chunks as there are streams, but none below
  * MPLANE_SOCKET_CHUNK_BYTES, in 4 KiB multiples so receivers copy aligned pages. Each chunk costs
  * a hand-off to a helper thread and a wake-up at both ends; NCCL keeps several steps in flight per
- * channel, so the streams a message leaves idle carry the next one (docs/benchmarks.md). */
+ * channel, so the streams a message leaves idle carry the next one
+ * (docs/results/2026-12-01-eight-streams.md). */
 static size_t chunk_size(const struct mps_send_comm *c, size_t size) {
   if (size < c->split_bytes) return size;
   size_t n = size / c->chunk_bytes;

@@ -92,8 +92,8 @@ static const char *const socket_nccl_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "
  * 64 MiB 5-18% and 128 MiB 6-11% faster than 8 MiB buffers on 4 channels, in four sets of runs on
  * one H200 with 16 cores (two emulated nodes over loopback, at 400 Gb/s); 4 MiB buffers on 4 channels lose
  * 7-8% at 128 MiB, and 8 channels up to 21% from 4 to 16 MiB, so the rows below keep those sizes
- * on 4 (docs/benchmarks.md, "Buffers and channels for two emulated nodes"; "Defaults by link" has
- * the same choice measured on a veth pair). */
+ * on 4 (docs/results/2026-12-02-buffers-and-channels.md; docs/results/2026-12-02-defaults-by-link-veth.md
+ * has the same choice measured on a veth pair). */
 static const char *const socket_fast_env[] = {"NCCL_P2P_NET_CHUNKSIZE=524288", "NCCL_BUFFSIZE=4194304",
                                               "NCCL_MIN_NCHANNELS=8", NULL};
 
@@ -102,7 +102,7 @@ static const char *const *socket_env_defaults(void) { return mps_fast_links() ? 
 /* At 100 Gb/s and more NCCL runs all_reduce from 32 KiB to 1 MiB as LL on 4 channels: over TCP,
  * LL's many half-full steps cost 1.2-1.7x NCCL Socket's time, which at 10 Gb/s gets Simple on 2
  * channels from 64 KiB (one H200 with 16 cores, two emulated nodes at 400 Gb/s, nccl-tests 2.19.6 all_reduce,
- * docs/benchmarks.md). These rows give those sizes Simple, on one channel up to
+ * docs/results/2026-12-01-eager-small-messages.md). These rows give those sizes Simple, on one channel up to
  * 512 KiB (each ring step then moves the whole slice in one message: 64-256 KiB took 0.75-0.80x the
  * time of 2 channels) and on 4 from 512 KiB to 1 MiB (where 2 took 20-29% longer at 512 KiB, and 1
  * took 4-5% longer at 512 KiB and 14-17% at 1 MiB), sizes above 2 MiB and below 32 MiB the 4
