@@ -8,7 +8,7 @@
  *   mplane-netns exec NSPATH CMD ...   run CMD in that namespace
  *
  * The ends are mpv0 (198.19.250.1/24, in ns0) and mpv1 (198.19.250.2/24, in ns1), from the
- * benchmarking range 198.18.0.0/15 (DESIGN.md), MTU 1500 unless --mtu says otherwise; loopback is
+ * benchmarking range 198.18.0.0/15 (docs/planes.md), MTU 1500 unless --mtu says otherwise; loopback is
  * up in both. A namespace lives as long as its holder: `down` or killing the holders removes all of
  * it. Needs CAP_SYS_ADMIN and CAP_NET_ADMIN (root); `probe` says which step a machine refuses
  * (unshare, the veth, an address, a move) so a test can skip with that reason. */
