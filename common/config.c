@@ -145,7 +145,7 @@ static const struct row rows[] = {
      "microseconds, an integer from 0 to 10000",
      "how long a helper thread polls for the next message before it sleeps (0: sleep at once); every "
      "helper of every connection polls, so under NCCL's many connections even 100 slows collectives "
-     "(docs/benchmarks.md)"},
+     "(docs/results/2026-12-01-lone-message-stream.md)"},
     {"MPLANE_NCCL_DEFAULTS", K_BOOL, OFF(nccl_defaults), 0, "1", 0, 1, NULL, "0 or 1",
      "set NCCL tuning variables the user left unset to values suited to the transport (logged at INFO)"},
     {"MPLANE_CONNECT_TIMEOUT", K_INT, OFF(connect_timeout_s), 0, "120", 1, 3600, NULL,
