@@ -1,107 +1,18 @@
-/* mplane: plane-aware connect and the CUDA relay copy engine (see relay.h). */
+/* mplane: the relay decision and the CUDA relay copy engine (see relay.h). */
 #include "relay.h"
 
-#include <arpa/inet.h>
 #include <dlfcn.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/config.h" /* enum mplane_relay_mode, mplane_planes_parse */
+#include "../common/config.h" /* enum mplane_relay_mode */
 #include "../common/clock.h"
 #include "../common/cuda.h"
 #include "../common/cuda_driver.h"
 #include "../common/log.h"
-
-/* ================================================================ planes of devices */
-
-int mplane_plane_from_fabric_ip(const struct sockaddr *addr) {
-  if (!addr || addr->sa_family != AF_INET) return -1;
-  const uint8_t *a = (const uint8_t *)&((const struct sockaddr_in *)addr)->sin_addr;
-  if (a[0] == 198 && a[1] == 18 && a[2] < 128) return a[2];
-  return -1;
-}
-
-struct subnet {
-  int family;
-  uint8_t net[16];
-};
-
-static int subnet_of(const struct sockaddr *addr, const struct sockaddr *mask, struct subnet *out) {
-  memset(out, 0, sizeof(*out));
-  if (!addr || !mask || addr->sa_family != mask->sa_family) return -1;
-  const uint8_t *a, *m;
-  int len;
-  if (addr->sa_family == AF_INET) {
-    a = (const uint8_t *)&((const struct sockaddr_in *)addr)->sin_addr;
-    m = (const uint8_t *)&((const struct sockaddr_in *)mask)->sin_addr;
-    len = 4;
-  } else if (addr->sa_family == AF_INET6) {
-    a = (const uint8_t *)&((const struct sockaddr_in6 *)addr)->sin6_addr;
-    m = (const uint8_t *)&((const struct sockaddr_in6 *)mask)->sin6_addr;
-    len = 16;
-  } else {
-    return -1;
-  }
-  out->family = addr->sa_family;
-  for (int i = 0; i < len; i++) out->net[i] = a[i] & m[i];
-  return 0;
-}
-
-static int subnet_cmp(const struct subnet *x, const struct subnet *y) {
-  if (x->family != y->family) return x->family < y->family ? -1 : 1;
-  return memcmp(x->net, y->net, sizeof(x->net));
-}
-
-void mplane_planes_from_subnets(int n, const struct sockaddr *const *addrs, const struct sockaddr *const *masks,
-                                int *planes) {
-  struct subnet nets[256];
-  int ok[256];
-  if (n > 256) n = 256;
-  int ndistinct = 0;
-  for (int i = 0; i < n; i++) {
-    planes[i] = mplane_plane_from_fabric_ip(addrs[i]);
-    ok[i] = subnet_of(addrs[i], masks ? masks[i] : NULL, &nets[i]) == 0;
-    if (!ok[i]) continue;
-    int seen = 0;
-    for (int j = 0; j < i; j++) seen |= ok[j] && subnet_cmp(&nets[i], &nets[j]) == 0;
-    ndistinct += !seen;
-  }
-  if (ndistinct < 2) return; /* one subnet for all: the subnets say nothing */
-  for (int i = 0; i < n; i++) {
-    if (planes[i] >= 0 || !ok[i]) continue;
-    /* rank = distinct subnets sorted before this one */
-    int rank = 0;
-    for (int j = 0; j < n; j++) {
-      if (!ok[j] || subnet_cmp(&nets[j], &nets[i]) >= 0) continue;
-      int dup = 0;
-      for (int k = 0; k < j; k++) dup |= ok[k] && subnet_cmp(&nets[k], &nets[j]) == 0;
-      rank += !dup;
-    }
-    planes[i] = rank;
-  }
-}
-
-static int name_matches(const char *entry, size_t len, const char *devname) {
-  size_t dl = strlen(devname);
-  if (dl == len && strncmp(entry, devname, len) == 0) return 1;
-  /* "mlx5_0" names every port of mlx5_0 ("mlx5_0:1") */
-  return dl > len && devname[len] == ':' && strncmp(entry, devname, len) == 0;
-}
-
-int mplane_planes_apply(const char *spec, struct mplane_dev_props *props, int ndev, char *why, size_t whylen) {
-  struct mplane_planes_spec parsed;
-  if (mplane_planes_parse(spec, &parsed, why, whylen) != 0) return -1; /* common/config.c: the one grammar */
-  for (int i = 0; i < parsed.n; i++) {
-    size_t len = strlen(parsed.entry[i].nic);
-    for (int d = 0; d < ndev; d++)
-      if (name_matches(parsed.entry[i].nic, len, props[d].name)) props[d].plane = parsed.entry[i].plane;
-  }
-  return 0;
-}
 
 /* ================================================================ the relay decision */
 

@@ -1,39 +1,20 @@
-/* mplane: plane-aware connect and the cross-plane relay.
+/* mplane: the cross-plane relay: which NIC carries a connection, and the copies that feed it.
  *
  * Planes share no switch, so a connection from a local NIC on plane a to a peer listening on plane
  * b != a can only be carried by this node's NIC on plane b (the relay NIC). Host buffers go
  * straight out of it. GPU buffers are first moved by a CUDA copy engine (no SMs: copies only,
  * never a kernel) into a staging buffer on the GPU beside the relay NIC and sent from there: the
  * relay copy engine below. CUDA is opened with dlopen at run time; the plugin never links it.
- * MPLANE_RELAY=auto|nvlink|pcie|host|off chooses how (off: a cross-plane connect fails). */
+ * MPLANE_RELAY=auto|nvlink|pcie|host|off chooses how (off: a cross-plane connect fails). Which plane
+ * a NIC is on is topo/'s to say (topo/planes.h); this file only reads it. */
 #ifndef MPLANE_NET_RELAY_H
 #define MPLANE_NET_RELAY_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/socket.h>
 
 #include "../common/nccl/err.h"
 #include "transport.h"
-
-/* ---------------------------------------------------------------- planes of devices */
-
-/* Plane of an IPv4 address in the emulated fabric's range: 198.18.p.x -> p (198.18.0.0/16, p < 128).
- * -1 for any other address. */
-int mplane_plane_from_fabric_ip(const struct sockaddr *addr);
-
-/* Planes of n interfaces from their IP subnets (different planes are different subnets): the
- * fabric range gives its third octet; otherwise, when the interfaces are in at least two subnets,
- * each interface's plane is the rank of its subnet among the distinct subnets, sorted by address.
- * Writes -1 where the subnets say nothing (one subnet for all, unknown family). */
-void mplane_planes_from_subnets(int n, const struct sockaddr *const *addrs, const struct sockaddr *const *masks,
-                                int *planes);
-
-/* Apply MPLANE_PLANES ("name=plane,...", parsed by mplane_planes_parse, the grammar's one parser;
- * names as the transport reports them, "mlx5_0" also matching "mlx5_0:1") to props. Devices it
- * does not name keep their plane, and names no device has are left to topo/ to refuse. 0 on
- * success, else -1 with the reason in why (props unchanged). */
-int mplane_planes_apply(const char *spec, struct mplane_dev_props *props, int ndev, char *why, size_t whylen);
 
 /* ---------------------------------------------------------------- the relay decision */
 

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "../common/nccl/net.h"
+#include "../topo/planes.h" /* enum mplane_subnet_kind */
 
 struct mplane_config;
 struct mplane_stats_comm;
@@ -37,14 +38,14 @@ struct mplane_dev_props {
   int rail;              /* rail id (= local NIC index on its plane), -1 unknown */
   char near_gpu[16];     /* PCI bus id of a GPU paired with this NIC ("0000:19:00.0"), "" none: where
                           * a relayed connection carried by this NIC stages GPU buffers */
-  /* A subnet the transport found that the node's files do not show (IB ports that all keep the
-   * default GID prefix: the subnet probe), for topo/ to place planes by: devices with equal
-   * (subnet_kind, subnet_key) share a subnet. subnet_kind 0: none found. */
-  int subnet_kind;       /* MPLANE_SUBNET_PROBED, or 0 */
+  /* The subnet the transport found the device on (an IB port's GID prefix; where every port keeps
+   * the default prefix, what the subnet probe found): a fact for topo/ to place planes by
+   * (topo/planes.c), used where the node's files show none. Devices with equal (subnet_kind,
+   * subnet_key) share a subnet. */
+  int subnet_kind;       /* enum mplane_subnet_kind (topo/planes.h); MPLANE_SUBNET_NONE: none found */
   uint64_t subnet_key;
   char subnet[48];       /* how INFO lines name it */
 };
-#define MPLANE_SUBNET_PROBED 4 /* topo/'s subnet kinds are 1-3 (IB prefix, IPv4, IPv6); this one is the transport's */
 
 /* Per-communicator settings (net v10+ init/connect config, v11 setNetAttr). */
 struct mplane_comm_opts {

@@ -40,12 +40,7 @@ static ncclResult_t try_transport(const struct mplane_transport_ops *ops, const 
     res = ops->get_properties(d, &g.props[d]);
     if (res != ncclSuccess) return res;
   }
-  char why[256];
-  if (mplane_planes_apply(cfg->planes, g.props, n, why, sizeof(why)) != 0) { /* net/relay.c */
-    MP_WARN("MPLANE_PLANES='%s' is not valid: %s; expected NIC=plane pairs, e.g. mlx5_0=0,mlx5_1=1", cfg->planes,
-            why);
-    return ncclInvalidArgument;
-  }
+  /* Planes are topo/'s (topo/planes.c): mplane_topo_plugin_init applies MPLANE_PLANES and the fabric. */
   g.ndev = n;
   g.ops = ops;
   return ncclSuccess;

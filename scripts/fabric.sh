@@ -10,7 +10,10 @@
 # Plane p is one Linux bridge, mplane-br<p>, in the switch namespace mplane-sw; it joins veth<p> of
 # every node through switch ports n<n>p<p>. Nothing joins two planes. Inside a node, policy routing
 # keeps each NIC to its own plane: a packet from 198.18.p.x leaves through veth<p> or not at all,
-# as on a real multi-plane cluster where a plane-0 NIC has no path to plane 3.
+# as on a real multi-plane cluster where a plane-0 NIC has no path to plane 3. mplane numbers planes
+# from these subnets as from any (topo/planes.c: plane = rank of the subnet), so veth<p> is plane p
+# on a node that runs on all P planes; the address range itself means nothing to mplane (a node run
+# on some planes only names them with MPLANE_PLANES=veth<p>=<p>).
 #
 # Run a program on node n:      ip netns exec mplane-n1 <program>
 # Plane p's byte counters:      ip netns exec mplane-sw cat /sys/class/net/n1p<p>/statistics/tx_bytes

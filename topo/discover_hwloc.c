@@ -79,9 +79,9 @@ static void add_ib_details(struct mplane_topo_nic *nic, hwloc_obj_t os) {
     uint64_t prefix;
     const char *gid = hwloc_obj_get_info_by_name(os, key);
     /* fe80:: is every subnet's default: it tells planes apart only when the SM sets others. */
-    if (parse_groups64(gid, &prefix) == 0 && prefix != 0xfe80000000000000ULL) {
+    if (parse_groups64(gid, &prefix) == 0 && mplane_ib_prefix_names_subnet(prefix)) {
       nic->has_subnet = 1;
-      nic->subnet_kind = 1;
+      nic->subnet_kind = MPLANE_SUBNET_IB;
       nic->subnet_key = prefix;
       snprintf(nic->subnet, sizeof(nic->subnet), "%.19s", gid);
     }

@@ -160,11 +160,10 @@ static void add_ibdev(void *vctx, const char *name) {
     nic->port = port;
     if (sscanf(buf, "%4x:%4x:%4x:%4x", &g[0], &g[1], &g[2], &g[3]) == 4) {
       uint64_t prefix = ((uint64_t)g[0] << 48) | ((uint64_t)g[1] << 32) | ((uint64_t)g[2] << 16) | g[3];
-      if (prefix != 0xfe80000000000000ULL) {
-        nic->has_subnet = 1;
-        nic->subnet_kind = 1;
-        nic->subnet_key = prefix;
-        snprintf(nic->subnet, sizeof(nic->subnet), "%.19s", buf);
+      if (mplane_ib_prefix_names_subnet(prefix)) {
+        char text[24];
+        snprintf(text, sizeof(text), "%.19s", buf);
+        mplane_topo_set_subnet(c->t, n, MPLANE_SUBNET_IB, prefix, text);
       }
     }
     break;
@@ -341,15 +340,6 @@ void mplane_topo_read_speeds(struct mplane_topo *t, const char *root) {
   }
 }
 
-static int prefix_len4(uint32_t mask) {
-  int n = 0;
-  while (mask & 0x80000000u) {
-    n++;
-    mask <<= 1;
-  }
-  return n;
-}
-
 void mplane_topo_read_interfaces(struct mplane_topo *t, int add_virtual) {
   struct ifaddrs *ifas = NULL;
   if (getifaddrs(&ifas) != 0) return;
@@ -370,31 +360,11 @@ void mplane_topo_read_interfaces(struct mplane_topo *t, int add_virtual) {
       }
       struct mplane_topo_nic *nic = &t->nics[n];
       if (nic->has_subnet) continue; /* an IB prefix, or the IPv4 subnet already */
-      char text[80], host[INET6_ADDRSTRLEN];
-      if (fam == AF_INET) {
-        uint32_t addr = ntohl(((const struct sockaddr_in *)a->ifa_addr)->sin_addr.s_addr);
-        uint32_t mask = ntohl(((const struct sockaddr_in *)a->ifa_netmask)->sin_addr.s_addr);
-        struct in_addr net = {.s_addr = htonl(addr & mask)};
-        inet_ntop(AF_INET, &net, host, sizeof(host));
-        int len = prefix_len4(mask);
-        snprintf(text, sizeof(text), "%s/%d", host, len);
-        mplane_topo_set_subnet(t, n, 2, ((uint64_t)(addr & mask) << 8) | (uint64_t)len, text);
-      } else {
-        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)a->ifa_addr;
-        const struct sockaddr_in6 *m6 = (const struct sockaddr_in6 *)a->ifa_netmask;
-        if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr)) continue;
-        struct in6_addr net;
-        int len = 0;
-        for (int b = 0; b < 16; b++) {
-          net.s6_addr[b] = s6->sin6_addr.s6_addr[b] & m6->sin6_addr.s6_addr[b];
-          for (int k = 7; k >= 0; k--) len += (m6->sin6_addr.s6_addr[b] >> k) & 1;
-        }
-        uint64_t key = 0;
-        for (int b = 0; b < 8; b++) key = (key << 8) | net.s6_addr[b];
-        inet_ntop(AF_INET6, &net, host, sizeof(host));
-        snprintf(text, sizeof(text), "%s/%d", host, len);
-        mplane_topo_set_subnet(t, n, 3, key, text);
-      }
+      if (fam == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((const struct sockaddr_in6 *)a->ifa_addr)->sin6_addr)) continue;
+      struct mplane_subnet sn;
+      char text[80];
+      if (mplane_subnet_of_ip(a->ifa_addr, a->ifa_netmask, &sn, text, sizeof(text)) == 0)
+        mplane_topo_set_subnet(t, n, sn.kind, sn.key, text);
     }
   }
   freeifaddrs(ifas);

@@ -1,10 +1,9 @@
-/* mplane: the node model: GPU/NIC pairs, link classes, planes (see topo.h). */
+/* mplane: the node model: GPU/NIC pairs and link classes (see topo.h); planes are topo/planes.c's. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/config.h"
 #include "../common/log.h"
 #include "topo_internal.h"
 
@@ -263,45 +262,18 @@ int mplane_topo_find_nic(const struct mplane_topo *t, const char *name) {
   return -1;
 }
 
-void mplane_topo_set_subnet(struct mplane_topo *t, int nic, int kind, uint64_t key, const char *text) {
-  if (nic < 0 || nic >= t->nnics) return;
-  struct mplane_topo_nic *n = &t->nics[nic];
-  n->has_subnet = 1;
-  n->subnet_kind = (uint64_t)kind;
-  n->subnet_key = key;
-  snprintf(n->subnet, sizeof(n->subnet), "%s", text ? text : "");
-}
-
-/* ------------------------------------------------------------------ MPLANE_PLANES */
-
-static void list_nic_names(const struct mplane_topo *t, char *buf, size_t len) {
-  size_t o = 0;
-  buf[0] = '\0';
-  for (int i = 0; i < t->nnics; i++) {
-    const struct mplane_topo_nic *n = &t->nics[i];
-    int k;
-    if (n->ibdev[0] && n->netdev[0] && strcmp(n->name, n->netdev) != 0)
-      k = snprintf(buf + o, len - o, "%s%s (%s)", i ? ", " : "", n->name, n->netdev);
-    else
-      k = snprintf(buf + o, len - o, "%s%s", i ? ", " : "", n->name);
-    if (k < 0 || o + (size_t)k >= len) break;
-    o += (size_t)k;
-  }
-  if (t->nnics == 0) snprintf(buf, len, "none");
-}
-
-/* ------------------------------------------------------------------ pairing and planes */
+/* ------------------------------------------------------------------ pairing */
 
 /* NICs without a PCI device (veth, bond, lo) have no locality: GPUs pair with them only on a node
  * whose every candidate NIC is one (the emulated fabric on a GPU machine). */
-static int have_pci_candidates(const struct mplane_topo *t) {
+int mplane_topo_have_pci_candidates(const struct mplane_topo *t) {
   for (int n = 0; n < t->nnics; n++)
     if (!t->nics[n].excluded && t->nics[n].pci >= 0) return 1;
   return 0;
 }
 
-static void pair_gpus(struct mplane_topo *t) {
-  int pci_only = have_pci_candidates(t);
+void mplane_topo_pair_gpus(struct mplane_topo *t) {
+  int pci_only = mplane_topo_have_pci_candidates(t);
   for (int n = 0; n < t->nnics; n++) t->nics[n].ngpus = 0;
   for (int g = 0; g < t->ngpus; g++) {
     int best = -1;
@@ -319,122 +291,6 @@ static void pair_gpus(struct mplane_topo *t) {
     t->gpus[g].link = best < 0 ? MPLANE_TOPO_LINK_SYS : best_link;
     if (best >= 0) t->nics[best].ngpus++;
   }
-}
-
-static int cmp_subnet(const struct mplane_topo_nic *a, const struct mplane_topo_nic *b) {
-  if (a->subnet_kind != b->subnet_kind) return a->subnet_kind < b->subnet_kind ? -1 : 1;
-  if (a->subnet_key != b->subnet_key) return a->subnet_key < b->subnet_key ? -1 : 1;
-  return 0;
-}
-
-ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes, char *err, size_t errlen) {
-  struct mplane_planes_spec spec;
-  char why[256];
-  if (mplane_planes_parse(planes, &spec, why, sizeof(why)) != 0) {
-    snprintf(err, errlen, "MPLANE_PLANES='%s' is not valid: %s; expected NIC=plane pairs, e.g. mlx5_0=0,mlx5_1=1",
-             planes, why);
-    return ncclInvalidArgument;
-  }
-  int named[MPLANE_TOPO_MAX_NICS];
-  for (int n = 0; n < t->nnics; n++) {
-    named[n] = -1;
-    t->nics[n].excluded = 0;
-    t->nics[n].compute = 0;
-    t->nics[n].plane = t->nics[n].rail = -1;
-    t->nics[n].plane_source = MPLANE_TOPO_PLANE_NONE;
-  }
-  for (int i = 0; i < spec.n; i++) {
-    int n = mplane_topo_find_nic(t, spec.entry[i].nic);
-    if (n < 0) {
-      char names[1024];
-      list_nic_names(t, names, sizeof(names));
-      snprintf(err, errlen, "MPLANE_PLANES='%s' names NIC '%s', which this node does not have (its NICs: %s)",
-               planes, spec.entry[i].nic, names);
-      return ncclInvalidArgument;
-    }
-    if (named[n] >= 0) {
-      snprintf(err, errlen, "MPLANE_PLANES='%s' names NIC %s twice ('%s' and '%s')", planes, t->nics[n].name,
-               spec.entry[named[n]].nic, spec.entry[i].nic);
-      return ncclInvalidArgument;
-    }
-    named[n] = i;
-  }
-  if (spec.n > 0)
-    for (int n = 0; n < t->nnics; n++) t->nics[n].excluded = named[n] < 0;
-
-  pair_gpus(t);
-
-  int ncompute = 0, compute[MPLANE_TOPO_MAX_NICS];
-  int pci_only = have_pci_candidates(t);
-  for (int n = 0; n < t->nnics; n++) {
-    struct mplane_topo_nic *nic = &t->nics[n];
-    if (spec.n > 0)
-      nic->compute = named[n] >= 0;
-    else /* no GPU, or no PCI NIC: every NIC is the node's network */
-      nic->compute = t->ngpus == 0 || nic->ngpus > 0 || (!pci_only && nic->pci < 0);
-    if (nic->compute) compute[ncompute++] = n;
-  }
-
-  enum mplane_topo_plane_source src = MPLANE_TOPO_PLANE_NONE;
-  if (spec.n > 0) {
-    src = MPLANE_TOPO_PLANE_CONFIG;
-    /* NICs given one plane are its rails, numbered in the node's NIC order (PCI, then name) */
-    for (int n = 0; n < t->nnics; n++) {
-      if (named[n] < 0) continue;
-      int plane = spec.entry[named[n]].plane, rail = 0;
-      for (int m = 0; m < n; m++) rail += named[m] >= 0 && spec.entry[named[m]].plane == plane;
-      t->nics[n].plane = plane;
-      t->nics[n].rail = rail;
-    }
-  } else if (ncompute > 0) {
-    /* The fabric decides when it tells every compute NIC's subnet: one subnet is one plane (its NICs
-     * are rails of it: they reach each other, so no connection between them is relayed), several
-     * are planes ranked by subnet. */
-    int all_known = 1, distinct = 0;
-    for (int i = 0; i < ncompute; i++) all_known &= t->nics[compute[i]].has_subnet;
-    if (all_known) {
-      for (int i = 0; i < ncompute; i++) {
-        int seen = 0;
-        for (int j = 0; j < i; j++) seen |= cmp_subnet(&t->nics[compute[i]], &t->nics[compute[j]]) == 0;
-        distinct += !seen;
-      }
-    }
-    if (all_known && distinct >= 1) {
-      src = MPLANE_TOPO_PLANE_FABRIC;
-      for (int i = 0; i < ncompute; i++) {
-        struct mplane_topo_nic *a = &t->nics[compute[i]];
-        int below = 0, rail = 0;
-        /* plane = number of distinct subnets sorting before this one */
-        for (int j = 0; j < ncompute; j++) {
-          const struct mplane_topo_nic *b = &t->nics[compute[j]];
-          if (cmp_subnet(b, a) >= 0) continue;
-          int first = 1;
-          for (int k = 0; k < j; k++) first &= cmp_subnet(&t->nics[compute[k]], b) != 0;
-          below += first;
-        }
-        for (int j = 0; j < i; j++) rail += cmp_subnet(&t->nics[compute[j]], a) == 0;
-        a->plane = below;
-        a->rail = rail;
-      }
-    } else {
-      src = MPLANE_TOPO_PLANE_PCI;
-      for (int i = 0; i < ncompute; i++) {
-        t->nics[compute[i]].plane = i;
-        t->nics[compute[i]].rail = 0;
-      }
-    }
-  }
-  int distinct_planes = 0;
-  for (int n = 0; n < t->nnics; n++) {
-    if (t->nics[n].plane < 0) continue;
-    t->nics[n].plane_source = src;
-    int seen = 0;
-    for (int m = 0; m < n; m++) seen |= t->nics[m].plane == t->nics[n].plane;
-    distinct_planes += !seen;
-  }
-  t->nplanes = distinct_planes;
-  t->plane_source = distinct_planes ? src : MPLANE_TOPO_PLANE_NONE;
-  return ncclSuccess;
 }
 
 /* ------------------------------------------------------------------ CUDA_VISIBLE_DEVICES */

@@ -11,7 +11,7 @@
  *   - NICs paired with a GPU (all NICs on a node without GPU) are compute NICs; the others are
  *     storage / front-end NICs and sit on no plane;
  *   - every compute NIC gets a plane: MPLANE_PLANES first, then the fabric (InfiniBand subnet prefix,
- *     IP subnet: different planes are different subnets), then PCI order;
+ *     IP subnet: different planes are different subnets), then PCI order (planes.h, planes.c);
  *   - the NCCL topology XML of the node (with NIC planes) can be written for NCCL_TOPO_FILE.
  *
  * Planes never depend on CUDA_VISIBLE_DEVICES: every process on a node must agree on them, so they
@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "../common/nccl/err.h"
+#include "planes.h"
 
 
 #define MPLANE_TOPO_MAX_GPUS 64
@@ -101,7 +102,7 @@ struct mplane_topo_nic {
   int speed_mbps; /* 0 unknown */
   int port;       /* IB port, 0 for Ethernet */
   int has_subnet; /* the fabric says which subnet the NIC is on */
-  uint64_t subnet_kind; /* 1 IB subnet prefix, 2 IPv4 subnet, 3 IPv6 subnet: planes sort by kind, key */
+  uint64_t subnet_kind; /* enum mplane_subnet_kind (planes.h): planes sort by kind, key */
   uint64_t subnet_key;
   char subnet[64]; /* "fec0:0000:0000:0001" or "198.18.3.0/24" */
   int ngpus;       /* GPUs paired with it */
@@ -173,21 +174,11 @@ const char *mplane_topo_nic_kind_name(enum mplane_topo_nic_kind kind);
  * mlx5_0. -1 when none. */
 int mplane_topo_find_nic(const struct mplane_topo *t, const char *name);
 
-/* MPLANE_PLANES is parsed by mplane_planes_parse (common/config.h), the grammar's one parser. */
-
-/* Pair GPUs with NICs and assign planes again, e.g. after NICs were added or the fabric was read.
- * planes is the MPLANE_PLANES value ("" or NULL: none); a NIC it names that does not exist, or
- * two names for one NIC, is an error that names the variable. */
-ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes, char *err, size_t errlen);
+/* Planes (MPLANE_PLANES, the fabric, PCI order): planes.h, included above. */
 
 /* Apply CUDA_VISIBLE_DEVICES (NULL = unset): indices and GPU-UUID prefixes, as CUDA reads them
  * (an entry that names no GPU ends the list). Sets every GPU's cuda_dev. */
 void mplane_topo_apply_cuda_visible(struct mplane_topo *t, const char *spec);
-
-/* Record the subnet a NIC is on, for plane assignment by fabric ("198.18.3.0/24",
- * "fec0:0000:0000:0001"). kind: 1 IB prefix, 2 IPv4, 3 IPv6, 4 a subnet a transport found (plugin/topo_bind.c
- * passes the IB subnet probe's, MPLANE_SUBNET_PROBED). Call assign_planes afterwards. */
-void mplane_topo_set_subnet(struct mplane_topo *t, int nic, int kind, uint64_t key, const char *text);
 
 /* Sort NICs again (after virtual ones were added). */
 void mplane_topo_sort_nics(struct mplane_topo *t);

@@ -38,6 +38,12 @@ int mplane_topo_nic_for_pci(struct mplane_topo *t, int pci);
  * numbered; NICs sorted (PCI ones by bus id, then virtual ones by name); names and guids filled. */
 void mplane_topo_finish(struct mplane_topo *t);
 
+/* GPU-NIC pairing (model.c), which planes.c runs before it decides planes: each GPU's nearest NIC
+ * among those MPLANE_PLANES did not leave out. */
+void mplane_topo_pair_gpus(struct mplane_topo *t);
+/* 1 when some NIC not left out has a PCI device (then GPUs pair only with such NICs). */
+int mplane_topo_have_pci_candidates(const struct mplane_topo *t);
+
 void mplane_topo_read_speeds(struct mplane_topo *t, const char *root);
 
 /* The NCCL view of the PCI tree: PCI nodes NCCL keeps between a device and its CPU (every second

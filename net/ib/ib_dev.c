@@ -698,19 +698,20 @@ int mpib_subnet_groups(struct mpib_dev *devs, int n, int *group, char *why, size
 
 /* ------------------------------------------------------------------ discovery */
 /* IB ports that all keep the default GID prefix fe80:: (one SM, or one SM per plane that left its
- * prefix alone): their subnets from LIDs, SM LIDs and a probe (ib_subnet.c). 1 decided. */
+ * prefix alone): their subnets from LIDs, SM LIDs and a probe (ib_subnet.c), as facts in each
+ * device's props. 1 decided. */
 static int planes_by_probe(const struct mplane_config *cfg) {
   if (g.ndev < 2) return 0;
   for (int d = 0; d < g.ndev; d++)
     if (g.devs[d].link_layer != IBV_LINK_LAYER_INFINIBAND ||
-        be64toh(g.devs[d].gid.global.subnet_prefix) != 0xfe80000000000000ull)
+        mplane_ib_prefix_names_subnet(be64toh(g.devs[d].gid.global.subnet_prefix)))
       return 0;
   if (!cfg->ib_subnet_probe) {
     MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: every port has the default GID prefix fe80::, and MPLANE_IB_SUBNET_PROBE=0: "
             "planes by discovery order (say one fabric with MPLANE_PLANES)");
     return 0;
   }
-  int group[MPIB_MAX_DEVS], rail[MPIB_MAX_DEVS] = {0};
+  int group[MPIB_MAX_DEVS];
   char why[256];
   int ng = mpib_subnet_groups(g.devs, g.ndev, group, why, sizeof(why));
   if (ng < 0) {
@@ -719,10 +720,7 @@ static int planes_by_probe(const struct mplane_config *cfg) {
     return 0;
   }
   for (int d = 0; d < g.ndev; d++) {
-    for (int e = 0; e < d; e++) rail[d] += group[e] == group[d];
-    g.devs[d].props.plane = group[d];
-    g.devs[d].props.rail = rail[d];
-    g.devs[d].props.subnet_kind = MPLANE_SUBNET_PROBED; /* topo/ places planes by it */
+    g.devs[d].props.subnet_kind = MPLANE_SUBNET_PROBED; /* groups are numbered by their first port */
     g.devs[d].props.subnet_key = (uint64_t)group[d];
     snprintf(g.devs[d].props.subnet, sizeof(g.devs[d].props.subnet), "fe80:: subnet %d (probed)", group[d]);
   }
@@ -732,32 +730,31 @@ static int planes_by_probe(const struct mplane_config *cfg) {
   return 1;
 }
 
-/* Planes: distinct IB subnet prefixes are distinct planes (ranked by prefix); ports that all keep the
- * default prefix by their subnets as found (planes_by_probe); else discovery order. Hook: topo/
- * (hwloc, PCI order) and MPLANE_PLANES (applied by plugin/net_core.c after us) override this. */
+/* Planes: this transport reports what it knows of each port's subnet (an IB port's GID prefix, or
+ * the probe's groups where every port keeps the default prefix) and takes topo/'s one rule for
+ * them (topo/planes.c); where a port's subnet is unknown (RoCE, the default prefix undecided),
+ * discovery order. topo/ (the node's files, these facts) and MPLANE_PLANES decide the planes the
+ * plugin reports (plugin/topo_bind.c). */
 static void assign_planes(const struct mplane_config *cfg) {
-  if (planes_by_probe(cfg)) return;
-  uint64_t prefixes[MPIB_MAX_DEVS];
-  int nprefix = 0;
-  for (int d = 0; d < g.ndev; d++) {
-    if (g.devs[d].link_layer != IBV_LINK_LAYER_INFINIBAND) {
-      nprefix = 0;
-      break;
+  if (!planes_by_probe(cfg)) {
+    for (int d = 0; d < g.ndev; d++) {
+      struct mplane_dev_props *p = &g.devs[d].props;
+      uint64_t prefix = be64toh(g.devs[d].gid.global.subnet_prefix);
+      if (g.devs[d].link_layer != IBV_LINK_LAYER_INFINIBAND || !mplane_ib_prefix_names_subnet(prefix)) continue;
+      p->subnet_kind = MPLANE_SUBNET_IB;
+      p->subnet_key = prefix;
+      snprintf(p->subnet, sizeof(p->subnet), "%04x:%04x:%04x:%04x", (unsigned)(prefix >> 48),
+               (unsigned)(prefix >> 32) & 0xffff, (unsigned)(prefix >> 16) & 0xffff, (unsigned)prefix & 0xffff);
     }
-    uint64_t p = g.devs[d].gid.global.subnet_prefix;
-    int seen = 0;
-    for (int i = 0; i < nprefix; i++) seen |= prefixes[i] == p;
-    if (!seen) prefixes[nprefix++] = p;
   }
+  struct mplane_subnet subnets[MPIB_MAX_DEVS];
+  int plane[MPIB_MAX_DEVS], rail[MPIB_MAX_DEVS];
+  for (int d = 0; d < g.ndev; d++)
+    subnets[d] = (struct mplane_subnet){.kind = g.devs[d].props.subnet_kind, .key = g.devs[d].props.subnet_key};
+  int by_subnet = mplane_planes_by_subnet(g.ndev, subnets, plane, rail) > 0;
   for (int d = 0; d < g.ndev; d++) {
-    int plane = d;
-    if (nprefix >= 2) {
-      plane = 0;
-      uint64_t mine = be64toh(g.devs[d].gid.global.subnet_prefix);
-      for (int i = 0; i < nprefix; i++) plane += be64toh(prefixes[i]) < mine;
-    }
-    g.devs[d].props.plane = plane;
-    g.devs[d].props.rail = 0;
+    g.devs[d].props.plane = by_subnet ? plane[d] : d;
+    g.devs[d].props.rail = by_subnet ? rail[d] : 0;
   }
 }
 

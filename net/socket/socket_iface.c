@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "../../common/log.h"
-#include "../relay.h"
 #include "socket.h"
 
 static struct mps_dev devs[MPS_MAX_DEVS];
@@ -169,7 +168,7 @@ static void fill_props(struct mps_dev *d, int index, int host_copied, int speed_
   p->max_recvs = MPS_MAX_RECVS;
   p->max_p2p_bytes = 1UL << 40; /* NCCL's own socket limit: 1 TB */
   p->max_coll_bytes = 1UL << 40;
-  p->plane = index; /* PCI/discovery order until topo/ says otherwise */
+  p->plane = index; /* discovery order; topo/ decides from the interfaces' subnets (topo/planes.c) */
   p->rail = 0;
 }
 
@@ -182,7 +181,6 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
   ndevs = 0;
   all_fast = 1;
   int ncpus = mps_usable_cpus();
-  struct sockaddr_storage masks[MPS_MAX_DEVS]; /* for planes from subnets (net/relay.c) */
   /* IPv4 first, then IPv6, one device per interface: the order is stable across ranks. */
   for (int pass = 0; pass < 2; pass++) {
     int family = pass == 0 ? AF_INET : AF_INET6;
@@ -209,22 +207,10 @@ ncclResult_t mps_iface_discover(const struct mplane_config *cfg) {
       MP_INFO(NCCL_INIT | NCCL_NET, "socket: %s: %s link at %d Mb/s, MTU %d, %d CPUs usable", d->ifname,
               host ? "host-copied" : "NIC", d->props.speed_mbps,
               iface_mtu(d->ifname), ncpus);
-      memset(&masks[ndevs], 0, sizeof(masks[ndevs]));
-      if (a->ifa_netmask) memcpy(&masks[ndevs], a->ifa_netmask, d->addrlen);
       ndevs++;
     }
   }
   freeifaddrs(ifas);
-  /* Different planes are different subnets: where they say so, that is the plane (else PCI order). */
-  const struct sockaddr *addrs[MPS_MAX_DEVS], *maskp[MPS_MAX_DEVS];
-  int planes[MPS_MAX_DEVS];
-  for (int i = 0; i < ndevs; i++) {
-    addrs[i] = &devs[i].addr.sa;
-    maskp[i] = (const struct sockaddr *)&masks[i];
-  }
-  mplane_planes_from_subnets(ndevs, addrs, maskp, planes);
-  for (int i = 0; i < ndevs; i++)
-    if (planes[i] >= 0) devs[i].props.plane = planes[i];
   if (ndevs == 0) {
     all_fast = 0;
     MP_WARN("socket: no interface matches MPLANE_SOCKET_IFNAME='%s' (loopback is used only when named, "

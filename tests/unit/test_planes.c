@@ -1,5 +1,7 @@
 /* cmocka tests of planes on the wire: MPLANE_TC_MAP grammar and class resolution (net/tc.c), the
- * relay decision and plane sources (net/relay.c). The counters (net/stats.c) are in test_stats.c. */
+ * relay decision (net/relay.c), and where planes come from (topo/planes.c: MPLANE_PLANES against a
+ * node's NICs, the fabric rule). The counters (net/stats.c) are in test_stats.c; the node model's
+ * planes from its files in tests/topo. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <setjmp.h>
@@ -17,6 +19,8 @@
 #include "net/relay.h"
 #include "net/tc.h"
 #include "common/config.h"
+#include "topo/planes.h"
+#include "topo/topo_internal.h"
 
 static char why[256];
 
@@ -200,39 +204,65 @@ static void test_relay_pick(void **state) {
   assert_int_equal(c.relayed, 0);
 }
 
+/* A node whose NICs are the plugin's devices of devs4 (veth0, veth1, mlx5_2:1 of HCA mlx5_2, veth3)
+ * and extra, with no GPU: every NIC is a compute NIC. */
+static struct mplane_topo *node_of(const char *extra) {
+  struct mplane_topo *t = malloc(sizeof(*t));
+  assert_non_null(t);
+  mplane_topo_init(t);
+  for (int d = 0; d < 4; d++) assert_true(mplane_topo_add_virtual_nic(t, devs4[d].name) == d);
+  snprintf(t->nics[2].ibdev, sizeof(t->nics[2].ibdev), "mlx5_2");
+  if (extra) assert_true(mplane_topo_add_virtual_nic(t, extra) == 4);
+  return t;
+}
+
 static void test_planes_apply(void **state) {
   (void)state;
   snprintf(devs4[2].name, sizeof(devs4[2].name), "mlx5_2:1");
-  assert_int_equal(mplane_planes_apply("veth0=7,mlx5_2=5,nosuch=1", devs4, 4, why, sizeof(why)), 0);
-  assert_int_equal(devs4[0].plane, 7);
-  assert_int_equal(devs4[1].plane, 1);
-  assert_int_equal(devs4[2].plane, 5);
-  assert_int_equal(mplane_planes_apply("", devs4, 4, why, sizeof(why)), 0);
-  assert_int_equal(devs4[0].plane, 7);
-  assert_int_not_equal(mplane_planes_apply("veth0=x", devs4, 4, why, sizeof(why)), 0);
-  assert_non_null(strstr(why, "veth0"));
-  assert_int_not_equal(mplane_planes_apply("veth0", devs4, 4, why, sizeof(why)), 0);
-  assert_int_not_equal(mplane_planes_apply("veth1=200", devs4, 4, why, sizeof(why)), 0);
-  assert_int_equal(devs4[1].plane, 1); /* a refused spec changes nothing */
+  struct mplane_topo *t = node_of(NULL);
+  char err[1024];
+  assert_int_equal(mplane_topo_assign_planes(t, "veth0=7,mlx5_2=5", err, sizeof(err)), ncclSuccess);
+  assert_int_equal(t->nics[0].plane, 7);
+  assert_int_equal(t->nics[1].plane, -1); /* not named: on no plane */
+  assert_int_equal(t->nics[2].plane, 5);  /* "mlx5_2" names every port of mlx5_2 */
+  assert_int_equal(t->plane_source, MPLANE_TOPO_PLANE_CONFIG);
+  /* a name no NIC has: refused, naming it and the node's NICs */
+  assert_int_equal(mplane_topo_assign_planes(t, "veth0=7,nosuch=1", err, sizeof(err)), ncclInvalidArgument);
+  assert_non_null(strstr(err, "'nosuch'"));
+  assert_non_null(strstr(err, "veth3"));
+  /* bad values: refused, the model unchanged */
+  assert_int_equal(mplane_topo_assign_planes(t, "veth0=2", err, sizeof(err)), ncclSuccess);
+  assert_int_equal(mplane_topo_assign_planes(t, "veth0=x", err, sizeof(err)), ncclInvalidArgument);
+  assert_non_null(strstr(err, "veth0"));
+  assert_int_not_equal(mplane_topo_assign_planes(t, "veth0", err, sizeof(err)), ncclSuccess);
+  assert_int_not_equal(mplane_topo_assign_planes(t, "veth1=200", err, sizeof(err)), ncclSuccess);
+  assert_int_equal(t->nics[0].plane, 2);
+  assert_int_equal(t->nics[1].plane, -1);
+  /* none: no subnet known, so PCI (here name) order */
+  assert_int_equal(mplane_topo_assign_planes(t, "", err, sizeof(err)), ncclSuccess);
+  for (int n = 0; n < 4; n++) assert_int_equal(t->nics[n].plane, n);
+  assert_int_equal(t->plane_source, MPLANE_TOPO_PLANE_PCI);
+  free(t);
 }
 
-/* MPLANE_PLANES has one grammar, so mplane-config --check (the config load) and the transport's early
- * apply at init agree on every value. They once had two parsers: 'lo=0 ' passed --check and then
- * failed init; 'veth0=0,' and 'veth0=0,veth1=0' passed init's and failed --check; planes 64..127
- * passed one and not the other; a plane of 16 or more characters was cut to its first 15. */
+/* MPLANE_PLANES has one grammar, so mplane-config --check (the config load) and init (topo/'s
+ * assign_planes against the node) agree on every value. They once had two parsers: 'lo=0 ' passed
+ * --check and then failed init; 'veth0=0,' and 'veth0=0,veth1=0' passed init's and failed --check;
+ * planes 64..127 passed one and not the other; a plane of 16 or more characters was cut to its
+ * first 15. */
 static void test_planes_one_grammar(void **state) {
   (void)state;
   struct {
     const char *value;
     int ok;
-    int plane0; /* veth0's plane after apply, when ok */
+    int plane0; /* veth0's plane after assign, when ok */
   } cases[] = {
       {"veth0=0 ", 1, 0},
       {"veth0=2\t", 1, 2},
       {" veth0 = 3 , veth1=1", 1, 3},
       {"veth0=63", 1, 63},
       {"veth0=abcdefghijklmnopqrstuvwxyz=1", 0, 0},
-      {"abcdefghijklmnopqrstu=5,veth0=6", 1, 6}, /* a long name that matches no device */
+      {"abcdefghijklmnopqrstu=5,veth0=6", 1, 6}, /* a long name */
       {"veth0=+1", 0, 0},
       {"veth0=01", 0, 0},
       {"veth0=0000000000000001x", 0, 0},
@@ -249,18 +279,19 @@ static void test_planes_one_grammar(void **state) {
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     setup_devs(NULL);
+    struct mplane_topo *t = node_of("abcdefghijklmnopqrstu");
     setenv("MPLANE_PLANES", cases[i].value, 1);
     struct mplane_config cfg;
-    char err[1024];
+    char err[1024], aerr[1024] = "";
     int checked = mplane_config_load(&cfg, err, sizeof(err)) == ncclSuccess;
     unsetenv("MPLANE_PLANES");
-    int applied = mplane_planes_apply(cases[i].value, devs4, 4, why, sizeof(why)) == 0;
+    int applied = mplane_topo_assign_planes(t, cases[i].value, aerr, sizeof(aerr)) == ncclSuccess;
     if (checked != cases[i].ok || applied != cases[i].ok)
-      fail_msg("MPLANE_PLANES='%s': config load %s, init's apply %s; expected both to %s (%s)", cases[i].value,
+      fail_msg("MPLANE_PLANES='%s': config load %s, init's assign %s; expected both to %s (%s)", cases[i].value,
                checked ? "accepts" : "refuses", applied ? "accepts" : "refuses", cases[i].ok ? "accept" : "refuse",
-               checked ? why : err);
-    if (cases[i].ok) assert_int_equal(devs4[0].plane, cases[i].plane0);
-    else assert_int_equal(devs4[0].plane, 0); /* a refused value changes nothing */
+               checked ? aerr : err);
+    if (cases[i].ok) assert_int_equal(t->nics[0].plane, cases[i].plane0);
+    free(t);
   }
 }
 
@@ -270,33 +301,67 @@ static struct sockaddr_in sin4(const char *ip) {
   return s;
 }
 
-static void test_planes_from_subnets(void **state) {
+/* The subnets of n IPv4 interfaces (/24), as discovery reads them. */
+static void subnets_of(int n, const char *const *ips, struct mplane_subnet *out) {
+  struct sockaddr_in m = sin4("255.255.255.0");
+  for (int i = 0; i < n; i++) {
+    struct sockaddr_in a = sin4(ips[i]);
+    char text[64];
+    assert_int_equal(mplane_subnet_of_ip((struct sockaddr *)&a, (struct sockaddr *)&m, &out[i], text, sizeof(text)), 0);
+    assert_int_equal(out[i].kind, MPLANE_SUBNET_IPV4);
+  }
+}
+
+static void test_planes_by_subnet(void **state) {
   (void)state;
-  /* the fabric range gives its third octet, whatever else is there */
-  struct sockaddr_in a[4] = {sin4("198.18.3.1"), sin4("198.18.0.1"), sin4("198.18.2.1"), sin4("198.18.1.1")};
-  struct sockaddr_in m[4] = {sin4("255.255.255.0"), sin4("255.255.255.0"), sin4("255.255.255.0"), sin4("255.255.255.0")};
-  const struct sockaddr *ap[4], *mp[4];
-  for (int i = 0; i < 4; i++) ap[i] = (struct sockaddr *)&a[i], mp[i] = (struct sockaddr *)&m[i];
-  int planes[4];
-  mplane_planes_from_subnets(4, ap, mp, planes);
-  assert_int_equal(planes[0], 3);
-  assert_int_equal(planes[1], 0);
-  assert_int_equal(planes[2], 2);
-  assert_int_equal(planes[3], 1);
-  /* other subnets: rank of the subnet (documentation ranges; nothing is sent) */
-  a[0] = sin4("203.0.113.9");
-  a[1] = sin4("198.51.100.7");
-  a[2] = sin4("203.0.113.10");
-  mplane_planes_from_subnets(3, ap, mp, planes);
-  assert_int_equal(planes[0], 1);
-  assert_int_equal(planes[1], 0);
-  assert_int_equal(planes[2], 1);
-  /* one subnet for all: says nothing */
-  a[1] = sin4("203.0.113.11");
-  mplane_planes_from_subnets(3, ap, mp, planes);
-  assert_int_equal(planes[0], -1);
-  assert_int_equal(planes[1], -1);
-  assert_int_equal(mplane_plane_from_fabric_ip((struct sockaddr *)&a[0]), -1);
+  struct mplane_subnet sn[4];
+  int plane[4], rail[4];
+  /* the emulated fabric's addresses (198.18.p.n/24) are subnets like any other: plane = rank */
+  const char *fabric[4] = {"198.18.3.1", "198.18.0.1", "198.18.2.1", "198.18.1.1"};
+  subnets_of(4, fabric, sn);
+  char text[64];
+  struct sockaddr_in a = sin4("198.18.3.1"), m = sin4("255.255.255.0");
+  assert_int_equal(mplane_subnet_of_ip((struct sockaddr *)&a, (struct sockaddr *)&m, &sn[0], text, sizeof(text)), 0);
+  assert_string_equal(text, "198.18.3.0/24");
+  assert_int_equal(mplane_planes_by_subnet(4, sn, plane, rail), 4);
+  assert_int_equal(plane[0], 3);
+  assert_int_equal(plane[1], 0);
+  assert_int_equal(plane[2], 2);
+  assert_int_equal(plane[3], 1);
+  for (int i = 0; i < 4; i++) assert_int_equal(rail[i], 0);
+  /* no address range means a plane by itself: a node with only that fabric's planes 2 and 3 has
+   * planes 0 and 1 (MPLANE_PLANES says otherwise where it must) */
+  assert_int_equal(mplane_planes_by_subnet(2, sn + 2, plane, rail), 2);
+  assert_int_equal(plane[0], 1);
+  assert_int_equal(plane[1], 0);
+  /* other subnets: rank of the subnet, rails within one (documentation ranges; nothing is sent) */
+  const char *docs[3] = {"203.0.113.9", "198.51.100.7", "203.0.113.10"};
+  subnets_of(3, docs, sn);
+  assert_int_equal(mplane_planes_by_subnet(3, sn, plane, rail), 2);
+  assert_int_equal(plane[0], 1);
+  assert_int_equal(plane[1], 0);
+  assert_int_equal(plane[2], 1);
+  assert_int_equal(rail[0], 0);
+  assert_int_equal(rail[2], 1);
+  /* one subnet for all: one plane, every NIC a rail of it */
+  const char *one[3] = {"203.0.113.9", "203.0.113.11", "203.0.113.10"};
+  subnets_of(3, one, sn);
+  assert_int_equal(mplane_planes_by_subnet(3, sn, plane, rail), 1);
+  for (int i = 0; i < 3; i++) assert_int_equal(plane[i], 0), assert_int_equal(rail[i], i);
+  /* one subnet unknown: the fabric does not decide, nothing written */
+  sn[1].kind = MPLANE_SUBNET_NONE;
+  plane[0] = plane[1] = plane[2] = -7;
+  assert_int_equal(mplane_planes_by_subnet(3, sn, plane, rail), 0);
+  assert_int_equal(plane[0], -7);
+  assert_int_equal(mplane_planes_by_subnet(0, sn, plane, rail), 0);
+  /* kinds sort before keys: an IB prefix ranks before any IP subnet */
+  subnets_of(2, docs, sn);
+  sn[2] = (struct mplane_subnet){.kind = MPLANE_SUBNET_IB, .key = 0xfec0000000000009ull};
+  assert_int_equal(mplane_planes_by_subnet(3, sn, plane, rail), 3);
+  assert_int_equal(plane[2], 0);
+  /* the default GID prefix names no subnet */
+  assert_int_equal(mplane_ib_prefix_names_subnet(MPLANE_IB_DEFAULT_GID_PREFIX), 0);
+  assert_int_equal(mplane_ib_prefix_names_subnet(0xfec0000000000001ull), 1);
 }
 
 int main(void) {
@@ -309,7 +374,7 @@ int main(void) {
       cmocka_unit_test_setup(test_relay_pick, setup_devs),
       cmocka_unit_test_setup(test_planes_apply, setup_devs),
       cmocka_unit_test(test_planes_one_grammar),
-      cmocka_unit_test(test_planes_from_subnets),
+      cmocka_unit_test(test_planes_by_subnet),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
