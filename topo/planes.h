@@ -1,6 +1,6 @@
 /* mplane: which plane each NIC is on, decided in one place.
  *
- * Sources, strongest first (DESIGN.md, Planes; docs/topology.md, Planes, is the reference):
+ * Sources, strongest first (docs/topology.md, Planes, is the reference):
  *   1. MPLANE_PLANES ("mlx5_0=0,mlx5_1=1", interface names, plugin device names): the NICs it names
  *      and their planes; NICs given one plane are its rails; NICs it does not name are on no plane;
  *   2. the fabric: different planes are different subnets (an IB port's GID prefix, an IP subnet, or
