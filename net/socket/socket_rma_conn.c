@@ -614,15 +614,35 @@ static void send_queued_locked(struct mpr_conn *c) {
   else write_failed(c, rc);
 }
 
+/* A reply: the queue holds an op of ours and an answer owed to the peer (it sent us an op we have
+ * not answered yet, and what we post now is likely what it waits for). */
+static int reply_queued_locked(const struct mpr_conn *c) {
+  int op = 0, answer = 0;
+  for (const struct mpr_req *r = c->q_head; r && !(op && answer); r = r->next) {
+    if (is_answer(r->kind)) answer = 1;
+    else op = 1;
+  }
+  return op && answer;
+}
+
 /* rmaProgress's half of deferred sending: a connection's deferred records go once no op joined them
- * since the previous call (the poster's burst is over), or the oldest waited 20 us, or they fill a batch. */
+ * since the previous call (the poster's burst is over), or the oldest waited 20 us, or they fill a
+ * batch - or at once, in the pass that posted them, when they are a reply (an op of ours beside the
+ * answer owed to the peer's op) and nothing of ours is on the wire unanswered: the peer is then
+ * likely waiting for this op, and a round trip (a barrier's signal and its answer) would lose a
+ * pass at each end waiting for a burst that is not coming. A burst of ops to one peer still goes
+ * in batches (no answers ride with it), and answers alone still wait a pass for the op their
+ * poster may add next. */
 static void flush_deferred(struct mpr_conn *c, uint64_t now) {
   if (!__atomic_load_n(&c->deferred, __ATOMIC_RELAXED)) return;
   pthread_mutex_lock(&c->lock);
   uint64_t added = c->ops_added;
-  int idle = added == c->ops_seen, old = now - c->deferred_ns > 20000;
+  /* now is when this rmaProgress began: records its own reading queued are younger (no wrap) */
+  int idle = added == c->ops_seen, old = now > c->deferred_ns && now - c->deferred_ns > 20000;
   c->ops_seen = added;
-  if (!c->deferred || c->held || c->wbusy || !c->q_head || !(idle || old || queued_locked(c) >= MPR_BATCH)) {
+  int reply = !c->p_head && reply_queued_locked(c);
+  if (!c->deferred || c->held || c->wbusy || !c->q_head ||
+      !(idle || old || reply || queued_locked(c) >= MPR_BATCH)) {
     pthread_mutex_unlock(&c->lock);
     return;
   }
