@@ -12,12 +12,13 @@
  * plugin is judged against. --repeat N alternates the two N times (plugin, raw, plugin, raw ...) and
  * prints each pair and the min / median / max of both and of the pair-by-pair ratio: on a shared
  * machine one plugin run and one raw run seconds apart can differ 2x by load alone. Without
- * --rounds a first pair, not counted, sizes the pairs to --seconds at the rate it measured.
+ * --rounds a short first plugin run, not counted, sizes the runs so that each plugin run lasts
+ * about --seconds at the rate it measured (each raw run moves the same bytes).
  * --sender-netns PATH runs the sending process in another network namespace (scripts/netns or
  * tools/mplane-netns makes a pair joined by a veth), so the bytes cross a real interface.
  * Each process opens the plugin itself after the fork, as two ranks would (verbs contexts do not
  * survive a fork); --sender-env sets variables in the sending process only, e.g. its own HCA.
- * --rounds fixes the number of windows moved (default: about --seconds at 4 GB/s).
+ * --rounds fixes the number of windows moved instead (no first run).
  *
  * --pingpong measures latency instead: for each size from --min-size (8) to --max-size (1 MiB), x4
  * apart, one process sends a message through the plugin and the other sends it back, --iters times
@@ -689,7 +690,7 @@ struct bench_plan {
   long rounds;
   struct sockaddr_storage raw_addr;
   socklen_t raw_len;
-  int calibrate; /* 1: one pair first, not counted, sizes the rounds to --seconds at the rate it saw */
+  int calibrate; /* 1: a first plugin run, not counted (no raw run), sizes the rounds to --seconds at its rate */
 };
 
 /* The sending process: its own plugin, connect to the handle the receiver sends, then --repeat
@@ -713,7 +714,7 @@ static void sender_main(const struct opts *o, int fd) {
     plugin_side(net, send_comm, 1, o, rounds, &secs);
     long next; /* the receiver's go, with the rounds of the next pair */
     if (read(fd, &next, sizeof(next)) != sizeof(next)) _exit(1);
-    if (o->raw_streams > 0) raw_round(&raw, o->raw_streams, per_round * (size_t)rounds, per_round, 1);
+    if (r >= 0 && o->raw_streams > 0) raw_round(&raw, o->raw_streams, per_round * (size_t)rounds, per_round, 1);
     rounds = next;
   }
   NCHECK(net->closeSend(send_comm));
@@ -756,13 +757,15 @@ int main(int argc, char **argv) {
   void *listen_comm = NULL, *recv_comm = NULL;
   NCHECK(net->listen(ctx, 0, plan.handle, &listen_comm));
   size_t per_round = o.size * (size_t)o.window;
-  long rounds = o.rounds ? o.rounds : (long)(o.seconds * 4e9 / (double)(per_round ? per_round : 1)) + 2; /* ~4 GB/s */
+  /* Without --rounds a first plugin run, not counted and with no raw run beside it, measures the
+   * rate: a tenth of --seconds at a first guess of 4 GB/s (a host that moves 1 GB/s takes 0.4 of
+   * it, one that moves 20 a fiftieth), so the counted runs move --seconds' worth at the rate the
+   * host really has (a fixed 4 GB/s guess made `--seconds 2` run 7.5 s at 1 GB/s, plus the raw
+   * run of the same bytes). */
+  long rounds = o.rounds ? o.rounds : (long)(o.seconds * 0.1 * 4e9 / (double)(per_round ? per_round : 1)) + 2;
   if (!o.rounds && rounds > 100000) rounds = 100000;
   plan.rounds = rounds;
-  /* The first guess assumes 4 GB/s: a host that moves 20 would time a fifth of --seconds, mostly
-   * ramp-up. With --repeat (and no --rounds) a first pair, not counted, measures the rate and the
-   * counted pairs move --seconds' worth at it. */
-  plan.calibrate = o.repeat > 1 && !o.rounds;
+  plan.calibrate = !o.rounds;
   char ip[INET6_ADDRSTRLEN];
   iface_ip(p0.name, ip, sizeof(ip));
   struct raw_link raw = {.lfd = -1};
@@ -791,7 +794,7 @@ int main(int argc, char **argv) {
       if (next > 100000) next = 100000;
     }
     if (r < 0) {
-      printf("calibration pair (not counted): plugin %.2f GB/s over %ld rounds; the counted pairs move %ld\n", gbs,
+      printf("calibration (not counted): plugin %.2f GB/s over %ld rounds; the counted runs move %ld\n", gbs,
              rounds, next);
     } else {
       pg[r] = gbs;
@@ -800,7 +803,7 @@ int main(int argc, char **argv) {
                "%.0f messages/s\n", p0.name, o.size, o.window, pg[r], rounds, secs, (double)o.window * rounds / secs);
     }
     if (write(pipefd[1], &next, sizeof(next)) != sizeof(next)) die("pipe write failed");
-    if (o.raw_streams == 0) {
+    if (o.raw_streams == 0 || r < 0) {
       rounds = next;
       continue;
     }

@@ -25,4 +25,10 @@ out=$("$nb" --plugin "$plugin" --size 4K --window 2 --rounds 3 2>&1) || fail "a 
 echo "$out" | grep -q "4096-byte messages" || fail "--size 4K did not move 4096-byte messages: $out"
 out=$("$nb" --plugin "$plugin" --size 2G 2>&1) && fail "--size 2G was taken"
 echo "$out" | grep -q -- "--size must be at most 1G" || fail "--size 2G: $out"
-echo "PASS: bad numbers refused, 4K read as 4096"
+# --seconds without --rounds: a first run measures the rate (a fixed 4 GB/s guess made --seconds 2
+# run 7.5 s on a host that moves 1 GB/s), and the counted run is sized from it.
+out=$("$nb" --plugin "$plugin" --size 64K --window 4 --seconds 0.3 2>&1) || fail "a --seconds 0.3 run failed: $out"
+echo "$out" | grep -q "^calibration (not counted): plugin .* GB/s over [0-9]* rounds; the counted runs move [0-9]*" ||
+  fail "--seconds without --rounds: no calibration run: $out"
+echo "$out" | grep -q "65536-byte messages" || fail "--seconds 0.3: no counted plugin run: $out"
+echo "PASS: bad numbers refused, 4K read as 4096, --seconds sized by a measured rate"
