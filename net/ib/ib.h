@@ -34,6 +34,7 @@
 #include "../stats.h"
 #include "../tag_wait.h"
 #include "../transport.h"
+#include "../transport_base.h"
 
 #define MPIB_MAX_DEVS 64
 #define MPIB_MAX_QPS 16
@@ -114,14 +115,12 @@ int mpib_verbs_load(const char *libname, char *why, size_t whylen);
 const char *mpib_wc_status_str(int status);
 const char *mpib_event_str(int type);
 
-/* ---- errors shared by a comm's users (proxy thread, async thread) ---- */
-struct mpib_error {
-  int state; /* 0 ok, -1 being written, else an ncclResult_t (atomic) */
-  int warned;
-  char msg[384];
-};
-void mpib_error_set(struct mpib_error *e, ncclResult_t res, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-ncclResult_t mpib_error_check(struct mpib_error *e);
+/* ---- errors shared by a comm's users (proxy thread, async thread): the transport base's slot
+ * (net/transport_base.h) ---- */
+#define mpib_error_set mplane_error_set
+/* The error (with a WARN the first time) or ncclSuccess; a message being written reads ncclSuccess
+ * until it is (the callers look again on their next call). */
+static inline ncclResult_t mpib_error_check(struct mplane_error *e) { return mplane_error_peek(e, "NET/IB"); }
 
 /* ---- devices ---- */
 struct mpib_hca { /* one opened HCA, shared by its ports */
@@ -276,7 +275,7 @@ struct mpib_comm_base {
   struct ibv_cq *cq;
   int nqps;
   struct ibv_qp *qps[MPIB_MAX_QPS];
-  struct mpib_error err;
+  struct mplane_error err;
   int sl, tclass, ar, tc_class;
   int gid_index;          /* this connection's GID, read from the port's table when it was made */
   int ece;                /* 1: the QPs run with the ECE both sides agreed on */

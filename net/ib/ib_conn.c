@@ -21,7 +21,7 @@
 
 #include "../../common/clock.h"
 #include "../../common/log.h"
-#include "../stage_set.h"
+#include "../transport_base.h"
 #include "../tc.h"
 #include "ib.h"
 
@@ -505,7 +505,7 @@ struct mpib_connect_stage {
 };
 
 /* Connect keeps a pointer to its state in NCCL's handle buffer (past our header): see
- * net/stage_set.h. */
+ * net/transport_base.h. */
 static struct mplane_stage_set connect_stages = MPLANE_STAGE_SET_INIT;
 
 static void stage_free(struct mpib_connect_stage *st) {
@@ -622,10 +622,8 @@ static ncclResult_t stage_progress(struct mpib_connect_stage *st, int *done) {
 
 ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm) {
   *send_comm = NULL;
-  struct mpib_connect_stage *st = NULL;
-  memcpy(&st, (char *)handle + MPIB_STAGE_OFFSET, sizeof(st));
-  if (!mplane_stage_live(&connect_stages, st)) {
-    st = NULL;
+  struct mpib_connect_stage *st = mplane_connect_stage_find(&connect_stages, handle, MPIB_STAGE_OFFSET);
+  if (!st) {
     struct mplane_handle h;
     char why[256];
     ncclResult_t res = mplane_handle_decode(handle, &h, why, sizeof(why));
@@ -641,11 +639,10 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
     if (!mpib_dev_get(dev)) return ncclInvalidArgument;
     MP_CHECK(stage_open(dev, opts, &h, &st));
     st->comm->b.devindex = dev;
-    if (mplane_stage_add(&connect_stages, st) != 0) {
+    if (mplane_connect_stage_keep(&connect_stages, handle, MPIB_STAGE_OFFSET, st) != 0) {
       stage_free(st);
       return ncclSystemError;
     }
-    memcpy((char *)handle + MPIB_STAGE_OFFSET, &st, sizeof(st));
   }
   int done = 0;
   ncclResult_t res = stage_progress(st, &done);
@@ -655,15 +652,15 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
     res = ncclRemoteError;
   }
   if (res != ncclSuccess) {
+    mplane_connect_stage_drop(&connect_stages, handle, MPIB_STAGE_OFFSET, st);
     stage_free(st);
-    memset((char *)handle + MPIB_STAGE_OFFSET, 0, sizeof(st));
     return res;
   }
   if (!done) return ncclSuccess;
   struct mpib_send_comm *c = st->comm;
   st->comm = NULL;
+  mplane_connect_stage_drop(&connect_stages, handle, MPIB_STAGE_OFFSET, st);
   stage_free(st);
-  memset((char *)handle + MPIB_STAGE_OFFSET, 0, sizeof(st));
   mpib_comm_register(&c->b);
   MP_INFO(NCCL_NET, "NET/IB: %s connected to peer %s: %d QPs, SL %d, traffic class %d, adaptive routing %s, %s",
           c->b.dev->props.name, c->b.peer, c->b.nqps, c->b.sl, c->b.tclass, c->b.ar ? "on" : "off", ece_str(&c->b));

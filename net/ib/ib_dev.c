@@ -30,24 +30,6 @@ int mpib_dev_count(void) { return g.ndev; }
 struct mpib_dev *mpib_dev_get(int dev) { return dev >= 0 && dev < g.ndev ? &g.devs[dev] : NULL; }
 const struct mplane_config *mpib_config(void) { return g.cfg; }
 
-/* ------------------------------------------------------------------ errors */
-void mpib_error_set(struct mpib_error *e, ncclResult_t res, const char *fmt, ...) {
-  int expected = 0;
-  if (!__atomic_compare_exchange_n(&e->state, &expected, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
-  va_end(ap);
-  __atomic_store_n(&e->state, (int)res, __ATOMIC_RELEASE);
-}
-
-ncclResult_t mpib_error_check(struct mpib_error *e) {
-  int st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
-  if (st <= 0) return ncclSuccess;
-  if (!__atomic_exchange_n(&e->warned, 1, __ATOMIC_ACQ_REL)) MP_WARN("NET/IB: %s", e->msg);
-  return (ncclResult_t)st;
-}
-
 /* ------------------------------------------------------------------ NCCL_IB_HCA grammar */
 /* "[^][=]name[:port][,name[:port]...]": names are prefixes unless '=' asks for exact names; '^'
  * selects everything the list does not name. An empty spec selects everything. */

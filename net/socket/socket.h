@@ -69,6 +69,7 @@
 #include "../stats.h"
 #include "../tag_wait.h"
 #include "../transport.h"
+#include "../transport_base.h"
 
 #define MPS_MAX_STREAMS 16
 #define MPS_MAX_RECVS 8
@@ -195,16 +196,11 @@ uint64_t mps_spin_ns(const struct mplane_config *cfg);
 int mps_iface_match(const char *spec, const char *ifname, int is_loopback);
 void mps_addr_str(const struct sockaddr *sa, char *buf, size_t len);
 
-/* ---- error state shared by a comm's threads and the proxy thread ---- */
-struct mps_error {
-  int state; /* 0 ok, else an ncclResult_t, set once (atomic) */
-  int warned;
-  char msg[256];
-};
-void mps_error_set(struct mps_error *e, ncclResult_t res, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* The error (with a WARN the first time) or ncclSuccess. */
-ncclResult_t mps_error_check(struct mps_error *e);
+/* ---- error state shared by a comm's threads and the proxy thread: the transport base's slot
+ * (net/transport_base.h) ---- */
+#define mps_error_set mplane_error_set
+/* The error (with a WARN the first time) or ncclSuccess; a message being written is waited for. */
+static inline ncclResult_t mps_error_check(struct mplane_error *e) { return mplane_error_check(e, "socket"); }
 
 /* Requests carry a kind in their first word so test() can tell sends from receives. */
 #define MPS_REQ_SEND 0x53454e44u
@@ -277,7 +273,7 @@ struct mps_send_comm {
   struct mps_queue queues[MPS_MAX_STREAMS];
   pthread_t threads[MPS_MAX_STREAMS];
   int threads_started;
-  struct mps_error err;
+  struct mplane_error err;
   struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
   struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
   size_t inline_bytes;             /* messages up to this size go on the control socket */
@@ -380,7 +376,7 @@ struct mps_recv_comm {
   } rx;
   pthread_t threads[MPS_MAX_STREAMS];
   int threads_started;
-  struct mps_error err;
+  struct mplane_error err;
   struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
 };
 

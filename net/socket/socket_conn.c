@@ -13,7 +13,7 @@
 
 #include "../../common/clock.h"
 #include "../../common/log.h"
-#include "../stage_set.h"
+#include "../transport_base.h"
 #include "../tc.h"
 #include "socket.h"
 
@@ -188,10 +188,6 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
     set_nonblocking(fd, 1);
     if (connect(fd, &peer.sa, peer_len) != 0 && errno != EINPROGRESS) goto fail;
   }
-  if (mplane_stage_add(&connect_stages, st) != 0) {
-    stage_free(st);
-    return ncclSystemError;
-  }
   *out = st;
   return ncclSuccess;
 fail:
@@ -244,10 +240,8 @@ ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *han
     MP_WARN("socket: connect: %s", why);
     return dres;
   }
-  struct mps_connect_stage *st = NULL;
-  memcpy(&st, (char *)handle + MPS_STAGE_OFFSET, sizeof(st));
-  if (!mplane_stage_live(&connect_stages, st)) {
-    st = NULL;
+  struct mps_connect_stage *st = mplane_connect_stage_find(&connect_stages, handle, MPS_STAGE_OFFSET);
+  if (!st) {
     if (h.transport != MPLANE_HANDLE_SOCKET) {
       MP_WARN("socket: connect: peer listens on the IB transport, this rank runs sockets: set the same "
               "MPLANE_TRANSPORT on every node");
@@ -255,7 +249,10 @@ ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *han
     }
     if (!mps_dev_get(dev)) return ncclInvalidArgument;
     MP_CHECK(stage_open(dev, opts, &h, &st));
-    memcpy((char *)handle + MPS_STAGE_OFFSET, &st, sizeof(st));
+    if (mplane_connect_stage_keep(&connect_stages, handle, MPS_STAGE_OFFSET, st) != 0) {
+      stage_free(st);
+      return ncclSystemError;
+    }
   }
   int all_done = 0;
   ncclResult_t res = stage_progress(st, &all_done);
@@ -266,8 +263,8 @@ ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *han
   }
   if (res != ncclSuccess || !all_done) {
     if (res != ncclSuccess) {
+      mplane_connect_stage_drop(&connect_stages, handle, MPS_STAGE_OFFSET, st);
       stage_free(st);
-      memset((char *)handle + MPS_STAGE_OFFSET, 0, sizeof(st));
     }
     return res;
   }
@@ -278,9 +275,8 @@ ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *han
   c->nstreams = st->nsock - 1;
   for (int i = 0; i < c->nstreams; i++) c->fds[i] = st->fds[i + 1];
   snprintf(c->peer, sizeof(c->peer), "%s", st->peer);
-  mplane_stage_remove(&connect_stages, st);
+  mplane_connect_stage_drop(&connect_stages, handle, MPS_STAGE_OFFSET, st);
   free(st); /* fds now belong to c */
-  memset((char *)handle + MPS_STAGE_OFFSET, 0, sizeof(st));
   res = mps_send_comm_start(c, mps_config());
   if (res != ncclSuccess) {
     mps_close_send(c);

@@ -25,35 +25,6 @@
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
 
-/* ------------------------------------------------------------------ errors */
-
-void mps_error_set(struct mps_error *e, ncclResult_t res, const char *fmt, ...) {
-  int expected = 0;
-  /* Claim the slot first so exactly one thread writes the message. */
-  if (!__atomic_compare_exchange_n(&e->state, &expected, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
-  va_end(ap);
-  STORE(&e->state, (int)res);
-}
-
-ncclResult_t mps_error_check(struct mps_error *e) {
-  int st = LOAD(&e->state);
-  /* -1: another thread claimed the slot and is formatting its message; it stores the result right
-   * after (one vsnprintf, no lock, no I/O), so wait for it rather than call a failing comm healthy. */
-  while (st == -1) {
-    sched_yield();
-    st = LOAD(&e->state);
-  }
-  if (st == 0) return ncclSuccess;
-  if (!e->warned) {
-    e->warned = 1;
-    MP_WARN("socket: %s", e->msg);
-  }
-  return (ncclResult_t)st;
-}
-
 /* ------------------------------------------------------------------ blocking I/O helpers */
 
 int mps_sendv_all(int fd, struct iovec *iov, int n) { return mps_sendv_flags(fd, iov, n, 0); }

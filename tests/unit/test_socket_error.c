@@ -1,5 +1,5 @@
-/* The socket transport's error slot: a comm whose error another thread is writing is never
- * reported healthy. mps_error_set claims the slot (state -1) before it formats the message; a check
+/* The socket transport's error slot (the transport base's, net/transport_base.h): a comm whose
+ * error another thread is writing is never reported healthy. mps_error_set claims the slot (state -1) before it formats the message; a check
  * that lands in that window used to answer ncclSuccess, so a caller went on with a failed comm. */
 #include <pthread.h>
 #include <setjmp.h>
@@ -15,7 +15,7 @@
 
 /* The writer's second half, slowed down: the message and the result arrive 50 ms after the claim. */
 static void *finish_later(void *arg) {
-  struct mps_error *e = arg;
+  struct mplane_error *e = arg;
   usleep(50 * 1000);
   strcpy(e->msg, "peer 127.0.0.1:1 closed the connection");
   __atomic_store_n(&e->state, (int)ncclRemoteError, __ATOMIC_RELEASE);
@@ -24,7 +24,7 @@ static void *finish_later(void *arg) {
 
 static void test_check_waits_for_the_writer(void **state) {
   (void)state;
-  struct mps_error e;
+  struct mplane_error e;
   memset(&e, 0, sizeof(e));
   __atomic_store_n(&e.state, -1, __ATOMIC_RELEASE); /* claimed, as mps_error_set does first */
   pthread_t t;
@@ -36,7 +36,7 @@ static void test_check_waits_for_the_writer(void **state) {
 
 static void test_set_once(void **state) {
   (void)state;
-  struct mps_error e;
+  struct mplane_error e;
   memset(&e, 0, sizeof(e));
   assert_int_equal(mps_error_check(&e), ncclSuccess);
   mps_error_set(&e, ncclSystemError, "first %d", 1);
