@@ -89,6 +89,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tcp_segs.h"
 #include "common/nccl/rma_v14.h"
 
 #define MAX_RANKS 8
@@ -1253,6 +1254,36 @@ static void scenario_proxyloop(void) {
   teardown(&e);
 }
 
+/* ---- replies: a signal ping-pong in NCCL's proxy loop sends one segment per leg ----
+ * Each side answers the other's signal (its ACK) and posts its own reply in the next pass; the
+ * answer must ride with the reply in one send. It went alone (an age test that wrapped made every
+ * answer count as old), so each leg cost two sends, a pass and the peer's second read: the signal
+ * round trip was 3.5x raw TCP's. Counted from outside the plugin: the data segments of this
+ * process's TCP sockets (TCP_NODELAY on loopback: one per send). Socket transport only. */
+static void scenario_replies(void) {
+  if (g_n != 2) die("replies needs 2 ranks");
+  struct env e = {0};
+  setup(&e, 1);
+  struct ploop l = {.e = &e};
+  enum { TRIPS = 300 };
+  double med = 0, p99 = 0;
+  ploop_pingpong(&l, 0, 20, &med, &p99); /* warm: the first sends find nothing to ride with */
+  barrier(2);
+  uint64_t before = tcp_data_segs_out();
+  ploop_pingpong(&l, 0, TRIPS, &med, &p99);
+  uint64_t segs = tcp_data_segs_out() - before;
+  barrier(3);
+  if (!before && !segs) die("replies: this kernel counts no TCP data segments (tcpi_data_segs_out)");
+  printf("rank %d: %llu data segments for %d signal round trips (%.2f per trip), median round trip %.1f us\n", g_rank,
+         (unsigned long long)segs, TRIPS, (double)segs / TRIPS, med);
+  /* one per trip and rank, plus the drain's last answer and a few answers that waited past 20 us */
+  if (segs > TRIPS + TRIPS / 5)
+    die("replies: %llu segments for %d round trips: answers are sent alone, not with the reply", (unsigned long long)segs,
+        TRIPS);
+  barrier(4);
+  teardown(&e);
+}
+
 /* SOFTVERBS_RECORD, when set: this process registered a buffer of `length` bytes through its dma-buf. */
 static void expect_dmabuf_reg(size_t length, const char *what) {
   const char *rec = getenv("SOFTVERBS_RECORD");
@@ -1749,6 +1780,7 @@ int main(int argc, char **argv) {
                      : !strcmp(scenario, "regfail") ? scenario_regfail
                      : !strcmp(scenario, "rate") ? scenario_rate
                      : !strcmp(scenario, "proxyloop") ? scenario_proxyloop
+                     : !strcmp(scenario, "replies") ? scenario_replies
                      : !strcmp(scenario, "dmabuf") ? scenario_dmabuf
                      : !strcmp(scenario, "noroute") ? scenario_noroute
                      : !strcmp(scenario, "gpurelay") ? scenario_gpurelay
