@@ -200,11 +200,22 @@ static const struct row rows[] = {
      "address range the GID a RoCE port uses must lie in, e.g. one VLAN's subnet (default: any)", cidr_validate},
     {"MPLANE_IB_PCI_RELAXED_ORDERING", K_INT, OFF(ib_relaxed_ordering), 0, "2", 0, 2, NULL,
      "0 (off), 1 or 2 (on where the verbs take it)",
-     "register NCCL's data buffers with PCIe relaxed ordering (never the FIFO, length records or one-sided "
-     "windows); 0 turns it off, e.g. where a platform's relaxed ordering is broken"},
+     "register NCCL's data buffers and one-sided data windows with PCIe relaxed ordering (never the FIFO, "
+     "length records or signal windows); 0 turns it off, e.g. where a platform's relaxed ordering is broken"},
     {"MPLANE_IB_GDR_FLUSH_DISABLE", K_BOOL, OFF(ib_gdr_flush_disable), 0, "0", 0, 1, NULL, "0 or 1",
-     "1: iflush after a receive into GPU memory posts no RDMA read and completes at once (only where the "
-     "platform makes the NIC's writes visible to the GPU by itself)"},
+     "1: iflush after a receive or a one-sided get into GPU memory posts no RDMA read and completes at once, "
+     "and a staged get reads no slot back (only where the platform makes the NIC's writes visible to the GPU "
+     "by itself)"},
+    {"MPLANE_IB_ADAPTIVE_ROUTING", K_INT, OFF(ib_adaptive_routing), 0, "-1", -1, 1, NULL,
+     "-1 (per link: on for IB, off for RoCE), 0 or 1",
+     "send two-sided data in the adaptive-routing form (a write, then a write with immediate) above "
+     "MPLANE_IB_AR_THRESHOLD; one-sided ops always keep static routes"},
+    {"MPLANE_IB_AR_THRESHOLD", K_SIZE, OFF(ib_ar_threshold), 0, "8K", 0, 1L << 30, NULL,
+     "bytes, an integer from 0 to 1G (K, M, G suffixes)",
+     "messages up to this size go as one write with immediate even where adaptive routing is on"},
+    {"MPLANE_IB_SPLIT_DATA_ON_QPS", K_BOOL, OFF(ib_split_data_on_qps), 0, "1", 0, 1, NULL, "0 or 1",
+     "1: a message above 64 KiB is striped over the connection's QPs; 0: each message goes whole on one QP, "
+     "round-robin (with MPLANE_IB_QPS > 1)"},
     {"MPLANE_IB_SOCKET_FAMILY", K_ENUM, OFF(ib_socket_family), 0, "any", 0, 0, "any|AF_INET|AF_INET6",
      "any, AF_INET or AF_INET6",
      "address family of the IB transport's TCP side channel (any: IPv4 where an interface has both, else IPv6; "
@@ -233,6 +244,8 @@ static const struct {
     {"MPLANE_IB_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY"}, {"MPLANE_IB_PCI_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING"},
     {"MPLANE_IB_ROCE_VERSION_NUM", "NCCL_IB_ROCE_VERSION_NUM"}, {"MPLANE_IB_ADDR_FAMILY", "NCCL_IB_ADDR_FAMILY"},
     {"MPLANE_IB_ADDR_RANGE", "NCCL_IB_ADDR_RANGE"}, {"MPLANE_IB_GDR_FLUSH_DISABLE", "NCCL_IB_GDR_FLUSH_DISABLE"},
+    {"MPLANE_IB_ADAPTIVE_ROUTING", "NCCL_IB_ADAPTIVE_ROUTING"}, {"MPLANE_IB_AR_THRESHOLD", "NCCL_IB_AR_THRESHOLD"},
+    {"MPLANE_IB_SPLIT_DATA_ON_QPS", "NCCL_IB_SPLIT_DATA_ON_QPS"},
 };
 
 static const char *nccl_alias(const char *name) {

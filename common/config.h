@@ -62,6 +62,9 @@ struct mplane_config {
   int ib_addr_family;                        /* enum mplane_ib_socket_family: RoCE GIDs' address family */
   char ib_addr_range[64];                    /* RoCE GIDs' address range (CIDR), "" any */
   int ib_gdr_flush_disable;                  /* 1: iflush never reads (the platform orders GPU writes) */
+  int ib_adaptive_routing;                   /* two-sided data in the AR form: -1 per link (IB on, RoCE off), 0, 1 */
+  long ib_ar_threshold;                      /* the AR form only for messages larger than this (bytes) */
+  int ib_split_data_on_qps;                  /* 1: large messages striped over the QPs; 0: whole, round-robin */
   int ib_socket_family;                      /* enum mplane_ib_socket_family: the side channel's addresses */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */

@@ -15,8 +15,9 @@
  * immediate (imm = slot, entry, chunk, chunk count, seq); the receiver counts chunks and bytes from
  * its completions. A send whose tag the oldest slot does not offer (untaken) waits with a NULL
  * request: a later group's send on a shared comm (net/tag_wait.h). With adaptive routing (per
- * class) a chunk is a plain RDMA write followed by an 8-byte write with immediate carrying the
- * chunk's length, as packets may then arrive out of order.
+ * connection, mpib_ar_choose) a chunk of a message above MPLANE_IB_AR_THRESHOLD is a plain RDMA write
+ * followed by an 8-byte write with immediate carrying the chunk's length, as packets may then arrive
+ * out of order. MPLANE_IB_SPLIT_DATA_ON_QPS=0 sends each message whole on one QP, round-robin.
  * A message that does not fit sends only an immediate with the TRUNC bit: both sides fail with
  * ncclInvalidUsage and nothing is written. */
 #ifndef MPLANE_NET_IB_H
@@ -351,6 +352,8 @@ struct mpib_send_comm {
   uint64_t *lens;
   struct ibv_mr *lens_mr;
   unsigned next_qp;
+  size_t ar_threshold;         /* with b.ar: messages above this many bytes go in the AR form */
+  int split;                   /* MPLANE_IB_SPLIT_DATA_ON_QPS: stripe large messages over the QPs */
   struct mpib_send_req reqs[MPIB_MAX_SENDS];
   int outstanding[MPIB_MAX_QPS];
   struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
@@ -422,6 +425,9 @@ ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32
 /* 1 if a QP of comm b to the peer's GID needs a GRH: always on RoCE; on IB when the port requires
  * one or the peer is in another subnet (its GID's 64-bit prefix differs), as NCCL's net_ib decides. */
 int mpib_needs_grh(const struct mpib_comm_base *b, const uint8_t *rgid);
+/* Adaptive routing of a two-sided connection on a port of this link layer whose class's map flag is
+ * class_ar (ib_conn.c); *why names what decided it. */
+int mpib_ar_choose(int link_layer, int class_ar, const char **why);
 /* The GID index and GID a new connection of d uses, from the port's table now. 0, or -1 and why. */
 int mpib_dev_resolve_gid(const struct mpib_dev *d, int *index, union ibv_gid *gid, char *why, size_t whylen);
 void mpib_comm_base_destroy(struct mpib_comm_base *b);
@@ -441,6 +447,14 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_close_send(void *send_comm);
 ncclResult_t mpib_close_recv(void *recv_comm);
 ncclResult_t mpib_post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr);
+/* How a message of `size` bytes is cut for nqps QPs: the chunk count (at most nqps), each chunk
+ * *per bytes but the last. split 0: always one chunk (whole messages, round-robin over the QPs). */
+int mpib_chunks(size_t size, int nqps, int split, size_t *per);
+/* Data memory (NCCL's buffers, one-sided data windows) with `access`, plus PCIe relaxed ordering
+ * where MPLANE_IB_PCI_RELAXED_ORDERING allows it and the verbs take it; never for memory whose
+ * order a reader relies on (FIFO, length records, signal windows: register those plainly). */
+struct ibv_mr *mpib_reg_data(struct ibv_pd *pd, void *addr, size_t len, int access);
+struct ibv_mr *mpib_reg_data_dmabuf(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd, int access);
 
 /* staging on relayed connections (ib_stage.c) */
 int mpib_stage_wanted(const struct mpib_send_comm *c, const struct mpib_mr *m, size_t size);

@@ -94,6 +94,36 @@ int mpib_needs_grh(const struct mpib_comm_base *b, const uint8_t *rgid) {
   return d->link_layer == IBV_LINK_LAYER_ETHERNET || d->grh_required || memcmp(rgid, b->gid.raw, 8) != 0;
 }
 
+/* Adaptive routing is decided per path from its ordering facts. A two-sided message in the AR form
+ * completes through a separate write with immediate, which the QP orders after the data write, so
+ * packets that take different routes cannot show the receiver a message before its bytes: this path
+ * may take adaptive routes, as NCCL's net_ib does (on for IB, off for RoCE). One-sided ops (ib_rma.c)
+ * have no such form - a signal's atomic follows its put in arrival order - and never ask for it.
+ * Strongest first: MPLANE_IB_ADAPTIVE_ROUTING by its own name; an explicit MPLANE_TC_MAP (the class's
+ * ":ar"/":noar", else on for lowlat only); NCCL_IB_ADAPTIVE_ROUTING; the link layer. */
+int mpib_ar_choose(int link_layer, int class_ar, const char **why) {
+  const struct mplane_config *cfg = mpib_config();
+  const char *from = mplane_config_source("MPLANE_IB_ADAPTIVE_ROUTING");
+  int own = from && !strcmp(from, "MPLANE_IB_ADAPTIVE_ROUTING");
+  if (!own && mplane_config_source("MPLANE_TC_MAP")) {
+    *why = "MPLANE_TC_MAP";
+    return class_ar != 0;
+  }
+  if (from && cfg->ib_adaptive_routing >= 0) {
+    *why = from;
+    return cfg->ib_adaptive_routing;
+  }
+  *why = link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE link" : "IB link";
+  return link_layer != IBV_LINK_LAYER_ETHERNET;
+}
+
+/* "on above 8192 B (IB link)", "off (RoCE link)" */
+static const char *ar_str(int ar, size_t threshold, const char *why, char *buf, size_t len) {
+  if (ar) snprintf(buf, len, "on above %zu B (%s)", threshold, why);
+  else snprintf(buf, len, "off (%s)", why);
+  return buf;
+}
+
 ncclResult_t mpib_qp_connect(struct mpib_comm_base *b, struct ibv_qp *qp, uint32_t rqpn, uint32_t rlid,
                              const uint8_t *rgid, int rmtu) {
   const struct mplane_config *cfg = mpib_config();
@@ -502,6 +532,7 @@ struct mpib_connect_stage {
   struct mpib_send_comm *comm;
   struct mpib_conn_info out, in;
   size_t done;
+  const char *ar_why; /* what decided adaptive routing (mpib_ar_choose), for the INFO line */
 };
 
 /* Connect keeps a pointer to its state in NCCL's handle buffer (past our header): see
@@ -542,7 +573,9 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   st->deadline = mplane_now_s() + cfg->connect_timeout_s;
   c->b.sl = opts->service_level;
   c->b.tc_class = opts->tc_class;
-  c->b.ar = opts->adaptive_routing;
+  c->b.ar = mpib_ar_choose(d->link_layer, opts->adaptive_routing, &st->ar_why);
+  c->ar_threshold = (size_t)cfg->ib_ar_threshold;
+  c->split = cfg->ib_split_data_on_qps;
   c->relayed = opts->relayed;
   snprintf(c->staging_gpu, sizeof(c->staging_gpu), "%s", opts->staging_gpu);
   /* RoCE: the class's DSCP in the IP header's traffic-class byte (DSCP << 2, ECN bits left 0), or
@@ -658,12 +691,15 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
   }
   if (!done) return ncclSuccess;
   struct mpib_send_comm *c = st->comm;
+  const char *ar_why = st->ar_why;
   st->comm = NULL;
   mplane_connect_stage_drop(&connect_stages, handle, MPIB_STAGE_OFFSET, st);
   stage_free(st);
   mpib_comm_register(&c->b);
-  MP_INFO(NCCL_NET, "NET/IB: %s connected to peer %s: %d QPs, SL %d, traffic class %d, adaptive routing %s, %s",
-          c->b.dev->props.name, c->b.peer, c->b.nqps, c->b.sl, c->b.tclass, c->b.ar ? "on" : "off", ece_str(&c->b));
+  char ar[96];
+  MP_INFO(NCCL_NET, "NET/IB: %s connected to peer %s: %d QPs (%s), SL %d, traffic class %d, adaptive routing %s, %s",
+          c->b.dev->props.name, c->b.peer, c->b.nqps, c->split ? "large messages striped" : "whole messages, round-robin",
+          c->b.sl, c->b.tclass, ar_str(c->b.ar, c->ar_threshold, ar_why, ar, sizeof(ar)), ece_str(&c->b));
   *send_comm = c;
   return ncclSuccess;
 }

@@ -67,10 +67,12 @@ ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c) {
 }
 
 /* ------------------------------------------------------------------ memory registration */
-/* NCCL's data buffers are registered with PCIe relaxed ordering where libibverbs has
- * ibv_reg_mr_iova2 (NCCL's net_ib does the same; GPUDirect bandwidth needs it on many hosts). The
- * flag is optional: a kernel that does not know it ignores it. Never on the FIFO or the length
- * records (reg_local): their order is what a reader relies on. A library or provider that refuses
+/* NCCL's data buffers and the one-sided data windows are registered with PCIe relaxed ordering where
+ * libibverbs has ibv_reg_mr_iova2 (NCCL's net_ib does the same; GPUDirect bandwidth needs it on many
+ * hosts). The flag is optional: a kernel that does not know it ignores it. Never on the FIFO, the
+ * length records (reg_local) or signal windows: their order is what a reader relies on (a strongly
+ * ordered write never passes the relaxed ones before it, so data stays ahead of what announces it).
+ * A library or provider that refuses
  * the flag outright (EINVAL/EOPNOTSUPP) is asked once more without it, and no more after that.
  * MPLANE_IB_PCI_RELAXED_ORDERING=0 (NCCL_IB_PCI_RELAXED_ORDERING=0) leaves it off, for platforms
  * whose relaxed ordering is broken or slow. */
@@ -80,24 +82,28 @@ static int relaxed_wanted(void) {
   return mpib_config()->ib_relaxed_ordering != 0 && !__atomic_load_n(&relaxed_refused, __ATOMIC_RELAXED);
 }
 
-static struct ibv_mr *reg_data(struct ibv_pd *pd, void *addr, size_t len) {
+struct ibv_mr *mpib_reg_data(struct ibv_pd *pd, void *addr, size_t len, int access) {
   if (mpib_v.reg_mr_iova2 && relaxed_wanted()) {
     struct ibv_mr *mr = mpib_v.reg_mr_iova2(pd, addr, len, (uint64_t)(uintptr_t)addr,
-                                            MPIB_ACCESS | IBV_ACCESS_RELAXED_ORDERING);
+                                            (unsigned)access | IBV_ACCESS_RELAXED_ORDERING);
     if (mr || (errno != EINVAL && errno != EOPNOTSUPP)) return mr;
     __atomic_store_n(&relaxed_refused, 1, __ATOMIC_RELAXED);
     MP_INFO(NCCL_NET, "NET/IB: memory registration refuses relaxed ordering (%s); registering without it",
             strerror(errno));
   }
-  return mpib_v.reg_mr(pd, addr, len, MPIB_ACCESS);
+  return mpib_v.reg_mr(pd, addr, len, access);
 }
 
-static struct ibv_mr *reg_data_dmabuf(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd) {
+struct ibv_mr *mpib_reg_data_dmabuf(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd, int access) {
   if (relaxed_wanted()) {
-    struct ibv_mr *mr = mpib_v.reg_dmabuf_mr(pd, offset, len, iova, fd, MPIB_ACCESS | IBV_ACCESS_RELAXED_ORDERING);
+    struct ibv_mr *mr = mpib_v.reg_dmabuf_mr(pd, offset, len, iova, fd, access | IBV_ACCESS_RELAXED_ORDERING);
     if (mr || (errno != EINVAL && errno != EOPNOTSUPP)) return mr;
   }
-  return mpib_v.reg_dmabuf_mr(pd, offset, len, iova, fd, MPIB_ACCESS);
+  return mpib_v.reg_dmabuf_mr(pd, offset, len, iova, fd, access);
+}
+
+static struct ibv_mr *reg_data(struct ibv_pd *pd, void *addr, size_t len) {
+  return mpib_reg_data(pd, addr, len, MPIB_ACCESS);
 }
 
 /* The registration cache (plain registrations): NCCL registers the same buffer once per comm, and with
@@ -181,7 +187,7 @@ static ncclResult_t reg_common(void *comm, void *data, size_t size, int type, in
       MP_WARN("NET/IB: regMrDmaBuf: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core >= 34 needed)");
       return ncclInvalidUsage;
     }
-    m->mr = reg_data_dmabuf(b->dev->hca->pd, offset, size, (uint64_t)(uintptr_t)data, fd);
+    m->mr = mpib_reg_data_dmabuf(b->dev->hca->pd, offset, size, (uint64_t)(uintptr_t)data, fd, MPIB_ACCESS);
   } else {
     /* whole pages, as the kernel pins pages anyway */
     uintptr_t start = (uintptr_t)data & ~(uintptr_t)4095;
@@ -219,6 +225,20 @@ ncclResult_t mpib_dereg_mr(void *comm, void *mhandle) {
   else if (m->mr) mpib_v.dereg_mr(m->mr);
   free(m);
   return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ striping */
+/* Large messages are striped in chunks of at least MPIB_CHUNK_MIN (4 KiB aligned) over up to every
+ * QP: smaller pieces gain nothing from another QP and cost a completion each. */
+int mpib_chunks(size_t size, int nqps, int split, size_t *per) {
+  *per = size;
+  if (!split || nqps <= 1 || size <= MPIB_CHUNK_MIN) return 1;
+  size_t nch = (size + MPIB_CHUNK_MIN - 1) / MPIB_CHUNK_MIN;
+  if (nch > (size_t)nqps) nch = (size_t)nqps;
+  size_t p = (size + nch - 1) / nch;
+  p = (p + 4095) & ~(size_t)4095;
+  *per = p;
+  return (int)((size + p - 1) / p);
 }
 
 /* ------------------------------------------------------------------ completions */
@@ -490,15 +510,8 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
     return ncclInvalidUsage;
   }
   int nqps = c->b.nqps;
-  int nch = 1;
-  size_t per = size;
-  if (nqps > 1 && size > MPIB_CHUNK_MIN) {
-    nch = (int)((size + MPIB_CHUNK_MIN - 1) / MPIB_CHUNK_MIN);
-    if (nch > nqps) nch = nqps;
-    per = (size + (size_t)nch - 1) / (size_t)nch;
-    per = (per + 4095) & ~(size_t)4095;
-    nch = (int)((size + per - 1) / per);
-  }
+  size_t per;
+  int nch = mpib_chunks(size, nqps, c->split, &per);
   if (mpib_stage_wanted(c, m, size)) {
     /* relayed: the bytes leave from the staging ring beside this NIC (ib_stage.c), same chunks */
     r->src = data;
@@ -521,6 +534,8 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
     *request = r;
     return ncclSuccess;
   }
+  /* As NCCL's net_ib: only a message above the threshold pays the second work request. */
+  int ar_form = c->b.ar && size > c->ar_threshold;
   for (int i = 0; i < nch; i++) {
     int q = (int)((first + (unsigned)i) % (unsigned)nqps);
     size_t off = (size_t)i * per;
@@ -529,7 +544,7 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
                           .lkey = m ? m->mr->lkey : 0};
     struct ibv_send_wr wr[2];
     memset(wr, 0, sizeof(wr));
-    if (!c->b.ar) {
+    if (!ar_form) {
       wr[0].wr_id = MPIB_WRID(MPIB_WR_DATA, ri, i);
       wr[0].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
       wr[0].send_flags = IBV_SEND_SIGNALED;

@@ -7,14 +7,20 @@
  *   iflush      after gets into GPU memory: a 1-byte RDMA READ of a GPU window through the rank's QP
  *               to itself (the NIC reading that GPU's memory pushes its earlier writes there first,
  *               so the GPU sees the gets' bytes once it completes, as NCCL's GPUDirect flush); a
- *               NULL request (done) where no get into GPU memory came since the last flush
+ *               NULL request (done) where no get into GPU memory came since the last flush, or
+ *               where MPLANE_IB_GDR_FLUSH_DISABLE says the platform needs none
+ *
+ * Adaptive routing: none of these ops has a form that survives packets of one QP arriving out of
+ * order (a signal's atomic follows its put in arrival order), so the one-sided QPs keep static
+ * routes whatever MPLANE_IB_ADAPTIVE_ROUTING says; only two-sided data takes the AR form.
  *   test        polls the context's CQ; every work request is signaled, a request is done when all
  *               of its work requests completed
  *
  * Why an atomic for the signal, not a write with immediate: an RC responder executes the requests
  * of one QP in order, and an atomic is a read-modify-write the HCA issues after the earlier write's
- * data was placed (PCIe reads do not pass posted writes, and the windows are registered without
- * relaxed ordering, so those writes stay ordered too). The signal therefore never becomes visible
+ * data was placed (PCIe reads do not pass posted writes; data windows take relaxed ordering, as in
+ * NCCL's GIN, but signal windows - NCCL_NET_MR_FLAG_FORCE_SO - never do, and a strongly ordered
+ * access does not pass the relaxed writes before it). The signal therefore never becomes visible
  * before its data, nor before any earlier put of the same context to the same rank: every signal is
  * a strong signal, with no target-side thread, receive queue or progress call. A write with
  * immediate would need the target's CPU to poll a CQ and apply the add.
@@ -340,7 +346,7 @@ static int rma_carrier(void *ctx, uint32_t rank) {
 
 /* ---- windows ---- */
 static ncclResult_t win_register_dmabuf(struct mpib_dev *d, void *data, size_t size, int type, uint64_t offset,
-                                        int fd, struct ibv_mr **mr) {
+                                        int fd, int relaxed, struct ibv_mr **mr) {
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
     MP_WARN("RMA regMrSymDmaBuf: memory type %d; expected NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type);
     return ncclInvalidArgument;
@@ -349,8 +355,9 @@ static ncclResult_t win_register_dmabuf(struct mpib_dev *d, void *data, size_t s
     MP_WARN("RMA regMrSymDmaBuf: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core >= 34 needed)");
     return ncclInvalidUsage;
   }
-  /* Never relaxed ordering: a signal's atomic must not pass the data before it. */
-  *mr = mpib_v.reg_dmabuf_mr(d->hca->pd, offset, size ? size : 1, (uint64_t)(uintptr_t)data, fd, IBR_ACCESS);
+  uint64_t iova = (uint64_t)(uintptr_t)data;
+  *mr = relaxed ? mpib_reg_data_dmabuf(d->hca->pd, offset, size ? size : 1, iova, fd, IBR_ACCESS)
+                : mpib_v.reg_dmabuf_mr(d->hca->pd, offset, size ? size : 1, iova, fd, IBR_ACCESS);
   if (!*mr) {
     MP_WARN("RMA regMrSymDmaBuf: %s: registering %zu bytes of dma-buf %d (offset %llu) at %p failed: %s",
             d->props.name, size, fd, (unsigned long long)offset, data, strerror(errno));
@@ -360,10 +367,11 @@ static ncclResult_t win_register_dmabuf(struct mpib_dev *d, void *data, size_t s
 }
 
 /* fd >= 0: through the dma-buf (GPU memory without nvidia-peermem), addressed by data as its iova
- * so that peers name it as they name any window. */
+ * so that peers name it as they name any window. relaxed: a data window, with PCIe relaxed ordering
+ * where MPLANE_IB_PCI_RELAXED_ORDERING and the verbs allow it (mpib_reg_data). */
 static ncclResult_t win_register_on(struct mpib_dev *d, void *data, size_t size, int type, uint64_t offset, int fd,
-                                    struct ibv_mr **mr) {
-  if (fd >= 0) return win_register_dmabuf(d, data, size, type, offset, fd, mr);
+                                    int relaxed, struct ibv_mr **mr) {
+  if (fd >= 0) return win_register_dmabuf(d, data, size, type, offset, fd, relaxed, mr);
   if (type == NCCL_PTR_CUDA && !(d->props.ptr_support & NCCL_PTR_CUDA)) {
     MP_WARN("RMA regMrSym: %p (%zu bytes) is GPU memory, but %s has no nvidia-peermem to register it with",
             data, size, d->props.name);
@@ -373,10 +381,12 @@ static ncclResult_t win_register_on(struct mpib_dev *d, void *data, size_t size,
     MP_WARN("RMA regMrSym: memory type %d; expected NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type);
     return ncclInvalidArgument;
   }
-  /* Whole pages, as the kernel pins them anyway; never relaxed ordering (the signal's guarantee). */
+  /* Whole pages, as the kernel pins them anyway. */
   uintptr_t start = (uintptr_t)data & ~(uintptr_t)4095;
   size_t len = (((uintptr_t)data + size + 4095) & ~(uintptr_t)4095) - start;
-  *mr = mpib_v.reg_mr(d->hca->pd, (void *)start, len ? len : 4096, IBR_ACCESS);
+  if (!len) len = 4096;
+  *mr = relaxed ? mpib_reg_data(d->hca->pd, (void *)start, len, IBR_ACCESS)
+                : mpib_v.reg_mr(d->hca->pd, (void *)start, len, IBR_ACCESS);
   if (!*mr) {
     MP_WARN("RMA regMrSym: %s: registering %zu bytes of %s memory at %p failed: %s", d->props.name, size,
             type == NCCL_PTR_CUDA ? "GPU" : "host", data, strerror(errno));
@@ -388,45 +398,48 @@ static ncclResult_t win_register_on(struct mpib_dev *d, void *data, size_t size,
 /* On the group's own device, where every peer's op lands, and host memory also on each relay device
  * (this rank's own ops to cross-plane peers read from it or read into it there). GPU memory is not
  * registered on relay devices: the relay NIC is not the one beside its GPU, so this rank's ops from
- * or into it are staged (staged_window). */
+ * or into it are staged (staged_window).
+ * As NCCL's GIN does, a window with NCCL_NET_MR_FLAG_FORCE_SO (a signal window) is registered
+ * strongly ordered and every other one with relaxed ordering: a signal's atomic then never passes the
+ * put before it on the PCIe bus (a strongly ordered write does not pass earlier writes), while the
+ * data itself may be placed in any order. */
 static ncclResult_t win_register(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
-                                 struct ibr_win *w) {
-  MP_CHECK(win_register_on(g->d, data, size, type, offset, fd, &w->mr[0]));
+                                 uint64_t flags, struct ibr_win *w) {
+  int relaxed = !(flags & NCCL_NET_MR_FLAG_FORCE_SO);
+  MP_CHECK(win_register_on(g->d, data, size, type, offset, fd, relaxed, &w->mr[0]));
   w->base = data;
   w->size = size;
   w->type = type;
   for (int k = 1; k < g->ncar && type != NCCL_PTR_CUDA; k++)
-    MP_CHECK(win_register_on(g->car[k].d, data, size, type, offset, fd, &w->mr[k]));
+    MP_CHECK(win_register_on(g->car[k].d, data, size, type, offset, fd, relaxed, &w->mr[k]));
   return ncclSuccess;
 }
 
 static ncclResult_t reg_window(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
-                               void **mhandle);
+                               uint64_t flags, void **mhandle);
 
 static ncclResult_t rma_reg_mr_sym(void *group, void *data, size_t size, int type, uint64_t flags, void **mhandle) {
-  (void)flags; /* FORCE_SO: every signal comes after its data anyway */
-  return reg_window(group, data, size, type, 0, -1, mhandle);
+  return reg_window(group, data, size, type, 0, -1, flags, mhandle);
 }
 
 static ncclResult_t rma_reg_mr_sym_dmabuf(void *group, void *data, size_t size, int type, uint64_t offset, int fd,
                                           uint64_t flags, void **mhandle) {
-  (void)flags;
   if (fd < 0) {
     MP_WARN("RMA regMrSymDmaBuf: no dma-buf (fd %d) for the window at %p", fd, data);
-    return reg_window(group, data, size, -1, 0, -1, mhandle); /* collective: the others fail with it */
+    return reg_window(group, data, size, -1, 0, -1, flags, mhandle); /* collective: the others fail with it */
   }
-  return reg_window(group, data, size, type, offset, fd, mhandle);
+  return reg_window(group, data, size, type, offset, fd, flags, mhandle);
 }
 
 static ncclResult_t reg_window(struct ibr_group *g, void *data, size_t size, int type, uint64_t offset, int fd,
-                               void **mhandle) {
+                               uint64_t flags, void **mhandle) {
   *mhandle = NULL;
   struct ibr_win *w = calloc(1, sizeof(*w));
   if (!w || !(w->peers = calloc((size_t)g->nranks, sizeof(*w->peers)))) {
     free(w);
     return ncclSystemError;
   }
-  ncclResult_t res = win_register(g, data, size, type, offset, fd, w);
+  ncclResult_t res = win_register(g, data, size, type, offset, fd, flags, w);
   pthread_mutex_lock(&g->lock);
   w->id = g->nwins;
   pthread_mutex_unlock(&g->lock);
@@ -679,6 +692,14 @@ static void fill_record(const struct ibr_ctxset *s, char *mine) {
   }
 }
 
+/* Where a site asked for adaptive routing, the RMA INFO line says it is not taken here. */
+static const char *ar_note(void) {
+  const char *from = mplane_config_source("MPLANE_IB_ADAPTIVE_ROUTING");
+  if (!from || mpib_config()->ib_adaptive_routing != 1) return "";
+  return !strcmp(from, "MPLANE_IB_ADAPTIVE_ROUTING") ? "; MPLANE_IB_ADAPTIVE_ROUTING=1 applies to two-sided data only"
+                                                      : "; NCCL_IB_ADAPTIVE_ROUTING=1 applies to two-sided data only";
+}
+
 static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_opts *o, void **out) {
   struct ibr_group *g = group;
   *out = NULL;
@@ -744,8 +765,9 @@ static ncclResult_t rma_create_context(void *group, const struct mplane_rma_ctx_
     n += snprintf(relays + n, n < (int)sizeof(relays) ? sizeof(relays) - (size_t)n : 0, "%s%s (plane %d)",
                   k == 1 ? ", relaying through " : ", ", g->car[k].d->props.name, g->car[k].plane);
   MP_INFO(NCCL_INIT | NCCL_NET, "RMA: rank %d: %d context(s), rank stride %d, class %s (SL %d), over %s%s (RDMA write, "
-          "atomic signal, RDMA read)", g->rank, o->ncontexts, o->rank_stride, mplane_tc_class_name(o->tc_class),
-          o->service_level, g->d->props.name, relays);
+          "atomic signal, RDMA read; static routes: a signal follows its put in arrival order%s)", g->rank,
+          o->ncontexts, o->rank_stride, mplane_tc_class_name(o->tc_class), o->service_level, g->d->props.name, relays,
+          ar_note());
   *out = s;
   return ncclSuccess;
 }
@@ -933,7 +955,10 @@ static struct ibr_win *flush_window(struct ibr_group *g, struct ibr_conn *c, voi
 /* A get's READ completion, seen by the CPU, does not mean the GPU sees its bytes: after gets into
  * GPU memory (not staged: a staged get's slot is flushed before its copy), NCCL's GIN proxy asks for
  * a flush (ncclGinProxyOpFlush) and the GPU reads the bytes once it is done. The flush covers the
- * gets that completed before it was asked for, as NCCL's own. */
+ * gets that completed before it was asked for, as NCCL's own. MPLANE_IB_GDR_FLUSH_DISABLE=1 (or
+ * NCCL_IB_GDR_FLUSH_DISABLE) says the platform makes the NIC's writes visible to the GPU by itself:
+ * no read, done at once, as for two-sided receives (NCCL's GIN reads through the flush QP of its
+ * receive comm, which that variable leaves unmade). */
 static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t rank, void **request) {
   struct ibr_ctxset *s = ctx;
   struct ibr_group *g = s->g;
@@ -944,6 +969,7 @@ static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t r
     return ncclInvalidUsage;
   }
   struct ibr_conn *c = s->conns[context * g->nranks + (int)rank];
+  if (mpib_config()->ib_gdr_flush_disable) return ncclSuccess;
   if (!__atomic_load_n(&c->gpu_gets, __ATOMIC_ACQUIRE)) return ncclSuccess; /* host memory is coherent */
   struct ibr_conn *self = s->conns[context * g->nranks + g->rank]; /* on the own device, beside the GPU */
   struct ibr_win *w = flush_window(g, c, mhandle);

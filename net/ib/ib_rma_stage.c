@@ -18,8 +18,8 @@
  *   get   RDMA READ a piece into a slot, then a 1-byte READ of the slot through a QP of the relay
  *         device connected to itself (the READ's completion, seen by the CPU, does not mean the GPU
  *         sees its bytes; the NIC reading that memory again pushes its earlier writes there first,
- *         as NCCL's GPUDirect flush does), then copy the slot into the window; the slot is free,
- *         and the piece done, once the copy ended
+ *         as NCCL's GPUDirect flush does; none under MPLANE_IB_GDR_FLUSH_DISABLE=1), then copy the
+ *         slot into the window; the slot is free, and the piece done, once the copy ended
  * Large ops go in slot-sized pieces, pipelined: piece j is copied while j - 1 is on the wire. Each
  * context on a relay device has its ring (made at its first staged op) and a queue: the staged ops
  * and, behind them, any op of a connection that has queued ones, so every op of a connection is
@@ -105,7 +105,7 @@ static ncclResult_t stage_create(struct ibr_cx *x, struct ibr_req *r, const void
              e || !bytes ? "registering" : "allocating", bytes, where, e ? strerror(e) : "out of memory");
     return ncclSystemError;
   }
-  if (!x->flush_qp) {
+  if (!x->flush_qp && !mpib_config()->ib_gdr_flush_disable) {
     struct mpib_dev *d = x->b.dev;
     ncclResult_t fr = mpib_create_qp(&x->b, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE, MPIB_STAGE_SLOTS, 0, 0,
                                      &x->flush_qp);
@@ -306,10 +306,16 @@ static void stage_copy_out(struct ibr_cx *x, struct ibr_stage *st) {
   }
 }
 
-/* A staged work request completed: a write's slot is free, a get's piece goes on to its copy out. */
+/* A staged work request completed: a write's slot is free, a get's piece goes on to its copy out,
+ * through the slot's flush read unless the site says its platform needs none
+ * (MPLANE_IB_GDR_FLUSH_DISABLE, as for iflush). */
 void ibr_stage_wr_done(struct ibr_slot *sl, int ok) {
-  if ((sl->state == SLOT_READING || sl->state == SLOT_FLUSHING) && ok) {
-    sl->state = sl->state == SLOT_READING ? SLOT_READ_DONE : SLOT_FLUSHED;
+  if (sl->state == SLOT_READING && ok) {
+    sl->state = mpib_config()->ib_gdr_flush_disable ? SLOT_FLUSHED : SLOT_READ_DONE;
+    return;
+  }
+  if (sl->state == SLOT_FLUSHING && ok) {
+    sl->state = SLOT_FLUSHED;
     return;
   }
   if (sl->state == SLOT_READING || sl->state == SLOT_FLUSHING) sl->r->copies--; /* nothing to copy: it failed */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <ifaddrs.h>
@@ -19,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/nccl/rma.h"
 #include "net/ib/ib.h"
 #include "net/tc.h"
 #include "plugin/net_core.h"
@@ -888,6 +890,234 @@ static int sc_relaxed_ordering(void) {
   return 0;
 }
 
+/* ------------------------------------------------------------------ adaptive routing, QP splitting */
+/* "1M" -> 1048576; "4K", "100" */
+static size_t size_arg(const char *s, char **end) {
+  size_t v = strtoul(s, end, 10);
+  if (**end == 'K') v <<= 10, (*end)++;
+  else if (**end == 'M') v <<= 20, (*end)++;
+  return v;
+}
+
+/* One message of `size` bytes on a new connection of class cls: 1 if its data went in the AR form
+ * (a plain RDMA write before its write with immediate), 0 if as one write with immediate. The only
+ * other plain write of the connection is the receiver's FIFO write. */
+static int ar_form_used(int cls, size_t size) {
+  unlink(record_path);
+  struct pair p;
+  pair_open(&p, cls, NULL, 0, 0);
+  transfer(&p, size, 20, 1);
+  pair_close(&p);
+  struct rec r[64];
+  int n = rec_find(r, 64, "event=destroy", NULL);
+  long writes = 0;
+  for (int i = 0; i < n; i++) writes += rec_val(&r[i], "writes");
+  return writes > 1;
+}
+
+/* Adaptive routing per two-sided connection: IB_TEST_AR lists CLASS:SIZE:WANT cases (class a name or
+ * "none", WANT 1 for the AR form), under whatever MPLANE_* / NCCL_IB_* the test sets. */
+static int sc_ar(void) {
+  const char *devs = getenv("IB_TEST_DEVS");
+  env_base(devs ? devs : "mlx5_0:ib");
+  up();
+  const char *cases = getenv("IB_TEST_AR");
+  if (!cases) fail("IB_TEST_AR is unset");
+  for (const char *c = cases; *c;) {
+    const char *colon = strchr(c, ':');
+    if (!colon) fail("IB_TEST_AR '%s': expected CLASS:SIZE:WANT", c);
+    int cls = strncmp(c, "none", 4) == 0 ? NCCL_NET_TRAFFIC_CLASS_UNDEF : mplane_tc_class_by_name(c, (size_t)(colon - c));
+    if (cls < 0 && cls != NCCL_NET_TRAFFIC_CLASS_UNDEF) fail("IB_TEST_AR: unknown class in '%s'", c);
+    char *end;
+    size_t size = size_arg(colon + 1, &end);
+    if (*end != ':') fail("IB_TEST_AR '%s': expected CLASS:SIZE:WANT", c);
+    int want = end[1] == '1';
+    int got = ar_form_used(cls, size);
+    if (got != want)
+      fail("class %s, %zu bytes: data %s the AR form (write, then write with immediate); expected %s "
+           "(MPLANE_TC_MAP='%s' MPLANE_IB_ADAPTIVE_ROUTING='%s' NCCL_IB_ADAPTIVE_ROUTING='%s' NCCL_IB_AR_THRESHOLD='%s')",
+           cls < 0 ? "none" : mplane_tc_class_name(cls), size, got ? "went in" : "did not go in", want ? "it" : "one write with immediate",
+           getenv("MPLANE_TC_MAP") ? getenv("MPLANE_TC_MAP") : "", getenv("MPLANE_IB_ADAPTIVE_ROUTING") ? getenv("MPLANE_IB_ADAPTIVE_ROUTING") : "",
+           getenv("NCCL_IB_ADAPTIVE_ROUTING") ? getenv("NCCL_IB_ADAPTIVE_ROUTING") : "",
+           getenv("NCCL_IB_AR_THRESHOLD") ? getenv("NCCL_IB_AR_THRESHOLD") : "");
+    note("class %s, %zu bytes: %s", cls < 0 ? "none" : mplane_tc_class_name(cls), size,
+         got ? "AR form" : "one write with immediate");
+    c = end + 2;
+    if (*c == ',') c++;
+  }
+  return 0;
+}
+
+/* MPLANE_IB_QPS=4: four 1 MiB messages. Striped (MPLANE_IB_SPLIT_DATA_ON_QPS=1, the default), each
+ * sender QP carries a chunk of each; split off (0, or NCCL_IB_SPLIT_DATA_ON_QPS=0), each message goes
+ * whole on one QP, round-robin: one write with immediate per QP. IB_TEST_WANT_IMMS: per QP. */
+static int sc_split(void) {
+  env_base("mlx5_0:ib");
+  setenv("MPLANE_IB_QPS", "4", 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  for (int i = 0; i < 4; i++) transfer(&p, 1 << 20, 20, 1);
+  pair_close(&p);
+  long want = getenv("IB_TEST_WANT_IMMS") ? atol(getenv("IB_TEST_WANT_IMMS")) : 4;
+  struct rec r[64];
+  int n = rec_find(r, 64, "event=destroy", NULL), senders = 0;
+  for (int i = 0; i < n; i++) {
+    long imms = rec_val(&r[i], "write_imms");
+    if (imms <= 0) continue;
+    senders++;
+    if (imms != want)
+      fail("a sender QP carried %ld writes with immediate for four 1 MiB messages, expected %ld (%s) "
+           "(MPLANE_IB_SPLIT_DATA_ON_QPS='%s' NCCL_IB_SPLIT_DATA_ON_QPS='%s')", imms, want,
+           want == 1 ? "whole messages, round-robin" : "each striped over every QP",
+           getenv("MPLANE_IB_SPLIT_DATA_ON_QPS") ? getenv("MPLANE_IB_SPLIT_DATA_ON_QPS") : "",
+           getenv("NCCL_IB_SPLIT_DATA_ON_QPS") ? getenv("NCCL_IB_SPLIT_DATA_ON_QPS") : "");
+  }
+  if (senders != 4) fail("%d sender QPs carried data, expected all 4", senders);
+  note("four 1 MiB messages on 4 QPs: %ld write(s) with immediate on each", want);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ one-sided ops in one process */
+/* A group of one rank on device 0: its ops to itself go through its QP to its mirror, as any rank's. */
+struct rma1 {
+  void *lc, *group, *ctx;
+};
+
+static void rma1_open(struct rma1 *m) {
+  const struct mplane_rma_ops *o = &mpib_rma_ops;
+  unsigned char handle[NCCL_NET_HANDLE_MAXSIZE];
+  memset(handle, 0, sizeof(handle));
+  if (o->listen(0, handle, &m->lc) != ncclSuccess) fail("RMA listen");
+  void *handles[1] = {handle};
+  if (o->connect(handles, 1, 0, m->lc, &m->group) != ncclSuccess) fail("RMA connect");
+  struct mplane_rma_ctx_opts co = {.ncontexts = 1, .rank_stride = 1};
+  if (o->create_context(m->group, &co, &m->ctx) != ncclSuccess) fail("RMA createContext");
+}
+
+static void rma1_close(struct rma1 *m) {
+  mpib_rma_ops.destroy_context(m->ctx);
+  mpib_rma_ops.close_group(m->group);
+  mpib_rma_ops.close_listen(m->lc);
+}
+
+static void rma1_wait(struct rma1 *m, void *req, const char *what) {
+  double t0 = now();
+  for (int done = 0; !done;) {
+    if (mpib_rma_ops.test(m->group, req, &done) != ncclSuccess) fail("%s failed", what);
+    if (now() - t0 > 10) fail("%s did not complete in 10 s", what);
+  }
+}
+
+/* A window of `bytes` in a memfd registered as GPU memory through its dma-buf (the double's GPU memory). */
+static char *fake_gpu_window(struct rma1 *m, size_t bytes, uint64_t flags, void **mh) {
+  int fd = memfd_create("mplane-ib-gpu", 0);
+  if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) fail("memfd: %s", strerror(errno));
+  char *w = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (w == MAP_FAILED) fail("mmap: %s", strerror(errno));
+  if (mpib_rma_ops.reg_mr_sym_dmabuf(m->group, w, bytes, NCCL_PTR_CUDA, 0, fd, flags, mh) != ncclSuccess)
+    fail("regMrSymDmaBuf of %zu bytes", bytes);
+  close(fd);
+  return w;
+}
+
+static char *host_window(struct rma1 *m, size_t bytes, uint64_t flags, void **mh) {
+  char *w = NULL;
+  if (posix_memalign((void **)&w, 4096, bytes) != 0) fail("out of memory");
+  memset(w, 0, bytes);
+  if (mpib_rma_ops.reg_mr_sym(m->group, w, bytes, NCCL_PTR_HOST, flags, mh) != ncclSuccess)
+    fail("regMrSym of %zu bytes", bytes);
+  return w;
+}
+
+/* The relaxed-ordering bit of the one registration of `length` bytes (dmabuf 0/1), -1 if none. */
+static int reg_relaxed(long length, int dmabuf) {
+  char len_kv[48], dmabuf_kv[16];
+  snprintf(len_kv, sizeof(len_kv), "length=%ld", length);
+  snprintf(dmabuf_kv, sizeof(dmabuf_kv), "dmabuf=%d", dmabuf);
+  struct rec r[4];
+  int n = rec_find(r, 4, "event=reg_mr", len_kv, dmabuf_kv, NULL);
+  if (n != 1) fail("%d registrations of %ld bytes (dmabuf %d), expected 1", n, length, dmabuf);
+  return (int)rec_val(&r[0], "relaxed_ordering");
+}
+
+/* One-sided windows as NCCL's GIN registers them: data windows (host and GPU) with PCIe relaxed
+ * ordering where MPLANE_IB_PCI_RELAXED_ORDERING allows it (IB_TEST_WANT_RO), signal windows
+ * (NCCL_NET_MR_FLAG_FORCE_SO) never; a put with its signal still lands, data before signal. Window
+ * sizes differ so that the double's record tells them apart. */
+static int sc_rma_relaxed_ordering(void) {
+  env_base("mlx5_0:ib");
+  setenv("SOFTVERBS_DMABUF", "1", 1);
+  up();
+  struct rma1 m;
+  rma1_open(&m);
+  void *mh_dst, *mh_src, *mh_sig, *mh_gdst, *mh_gsig;
+  char *dst = host_window(&m, 3 * 4096, 0, &mh_dst);
+  char *src = host_window(&m, 5 * 4096, 0, &mh_src);
+  uint64_t *sig = (uint64_t *)host_window(&m, 2 * 4096, NCCL_NET_MR_FLAG_FORCE_SO, &mh_sig);
+  char *gdst = fake_gpu_window(&m, 7 * 4096, 0, &mh_gdst);
+  fake_gpu_window(&m, 6 * 4096, NCCL_NET_MR_FLAG_FORCE_SO, &mh_gsig);
+  for (int i = 0; i < 4096; i++) src[i] = (char)(i * 13 + 1);
+  struct mplane_rma_signal s = {.off = 8, .mhandle = mh_sig, .op = NCCL_NET_SIGNAL_OP_INC};
+  void *req = NULL;
+  if (mpib_rma_ops.iput(m.ctx, 0, 0, mh_src, 4096, 4096, mh_dst, 0, &s, &req) != ncclSuccess || !req) fail("putSignal");
+  rma1_wait(&m, req, "putSignal into a relaxed data window");
+  if (memcmp(dst + 4096, src, 4096) != 0 || sig[1] != 1) fail("the put (or its signal, %llu) did not land", (unsigned long long)sig[1]);
+  if (mpib_rma_ops.iput(m.ctx, 0, 0, mh_src, 4096, 0, mh_gdst, 0, NULL, &req) != ncclSuccess || !req) fail("put");
+  rma1_wait(&m, req, "put into a GPU data window");
+  (void)gdst;
+  int want = getenv("IB_TEST_WANT_RO") ? atoi(getenv("IB_TEST_WANT_RO")) : 1;
+  struct { const char *what; long len; int dmabuf, want; } w[] = {
+      {"host data window", 3 * 4096, 0, want}, {"host source window", 5 * 4096, 0, want},
+      {"host signal window", 2 * 4096, 0, 0},  {"GPU data window", 7 * 4096, 1, want},
+      {"GPU signal window", 6 * 4096, 1, 0}};
+  for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++) {
+    int ro = reg_relaxed(w[i].len, w[i].dmabuf);
+    if (ro != w[i].want)
+      fail("the %s was registered %s relaxed ordering, expected %s (MPLANE_IB_PCI_RELAXED_ORDERING='%s')", w[i].what,
+           ro ? "with" : "without", w[i].want ? "with" : "without",
+           getenv("MPLANE_IB_PCI_RELAXED_ORDERING") ? getenv("MPLANE_IB_PCI_RELAXED_ORDERING") : "");
+  }
+  rma1_close(&m);
+  note("data windows %s relaxed ordering, signal windows strict; putSignal landed in order", want ? "with" : "without");
+  return 0;
+}
+
+/* A get into a GPU window, then iflush. Flushes on (IB_TEST_WANT_FLUSH=1): a request, one flush read
+ * of GPU memory (the double's event=gpu_flush), and the bytes visible after it. MPLANE_IB_GDR_FLUSH_DISABLE=1
+ * (or NCCL's twin): NULL (done), and no read, as for two-sided receives. */
+static int sc_rma_flush(void) {
+  env_base("mlx5_0:ib");
+  setenv("SOFTVERBS_DMABUF", "1", 1);
+  up();
+  struct rma1 m;
+  rma1_open(&m);
+  void *mh_src, *mh_gpu;
+  char *src = host_window(&m, 4096, 0, &mh_src);
+  char *gpu = fake_gpu_window(&m, 4096, 0, &mh_gpu);
+  memset(src, 0x5a, 256);
+  void *req = NULL;
+  if (mpib_rma_ops.iget(m.ctx, 0, 0, mh_src, 256, 0, mh_gpu, 0, &req) != ncclSuccess || !req) fail("get");
+  rma1_wait(&m, req, "get into a GPU window");
+  req = NULL;
+  if (mpib_rma_ops.iflush(m.ctx, 0, mh_gpu, 0, &req) != ncclSuccess) fail("iflush failed");
+  int want = getenv("IB_TEST_WANT_FLUSH") ? atoi(getenv("IB_TEST_WANT_FLUSH")) : 1;
+  if (!want && req)
+    fail("iflush after a get into GPU memory gave a request though GDR flushes are disabled "
+         "(MPLANE_IB_GDR_FLUSH_DISABLE='%s', NCCL_IB_GDR_FLUSH_DISABLE='%s')",
+         getenv("MPLANE_IB_GDR_FLUSH_DISABLE") ? getenv("MPLANE_IB_GDR_FLUSH_DISABLE") : "",
+         getenv("NCCL_IB_GDR_FLUSH_DISABLE") ? getenv("NCCL_IB_GDR_FLUSH_DISABLE") : "");
+  if (want && !req) fail("iflush after a get into GPU memory gave no request");
+  if (req) rma1_wait(&m, req, "flush");
+  if (want && gpu[0] != 0x5a) fail("the get's bytes are not visible in GPU memory after the flush");
+  rma1_close(&m);
+  struct rec r[4];
+  int reads = rec_find(r, 4, "event=gpu_flush", NULL);
+  if (want != (reads > 0)) fail("%d flush reads of GPU memory, expected %s", reads, want ? "one" : "none");
+  note("iflush after a get into GPU memory: %s", want ? "one flush read, bytes visible" : "done at once, no read");
+  return 0;
+}
+
 /* QPs sized for their role, as NCCL's net_ib: a sender's QPs take no receives and keep a little
  * inline room (the AR length record), a receiver's QPs a small send queue (FIFO writes) and the
  * receives, the flush QP reads only; data still moves, with adaptive routing too (two WRs a chunk). */
@@ -1176,7 +1406,8 @@ int main(int argc, char **argv) {
              {"cross-plane-staged-dmabuf", sc_cross_plane_staged_dmabuf},
              {"cross-plane-stage-fault", sc_cross_plane_stage_fault}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"ece", sc_ece}, {"ece-off", sc_ece_off}, {"ece-none", sc_ece_none}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
-             {"close-complete", sc_close_complete}, {"silent-peer", sc_silent_peer}, {"side-ipv6", sc_side_ipv6}, {"flush-disabled", sc_flush_disabled}};
+             {"close-complete", sc_close_complete}, {"silent-peer", sc_silent_peer}, {"side-ipv6", sc_side_ipv6}, {"flush-disabled", sc_flush_disabled},
+             {"ar", sc_ar}, {"split", sc_split}, {"rma-relaxed-ordering", sc_rma_relaxed_ordering}, {"rma-flush", sc_rma_flush}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {
       int rc = all[i].fn();

@@ -164,6 +164,7 @@ static const struct int_row int_rows[] = {
     {"MPLANE_IB_TC", F(ib_tc), -1, 255, -1},
     {"MPLANE_GIN_IB_TC", F(gin_ib_tc), -1, 255, -1},
     {"MPLANE_IB_PKEY", F(ib_pkey), 0, 65535, 0},
+    {"MPLANE_IB_ADAPTIVE_ROUTING", F(ib_adaptive_routing), -1, 1, -1},
     {"MPLANE_DEBUG", F(debug), 0, 2, 0},
     {"MPLANE_SOCKET_SPIN_US", F(socket_spin_us), 0, 10000, 0},
     {"MPLANE_SOCKET_INLINE_BUSY", F(socket_inline_busy), 0, 1024, 2},
@@ -173,6 +174,7 @@ static const struct int_row int_rows[] = {
     {"MPLANE_NCCL_DEFAULTS", F(nccl_defaults), 0, 1, 1},
     {"MPLANE_IB_ECE", F(ib_ece), 0, 1, 1},
     {"MPLANE_IB_SUBNET_PROBE", F(ib_subnet_probe), 0, 1, 1},
+    {"MPLANE_IB_SPLIT_DATA_ON_QPS", F(ib_split_data_on_qps), 0, 1, 1},
 };
 
 struct str_row {
@@ -207,7 +209,8 @@ static const struct enum_row enum_rows[] = {
     {"MPLANE_RELAY", F(relay), {"auto", "nvlink", "pcie", "host", "off"}},
 };
 
-static const char *size_rows[] = {"MPLANE_SOCKET_SPLIT_BYTES", "MPLANE_SOCKET_INLINE_BYTES", "MPLANE_SOCKET_EAGER_BYTES"};
+static const char *size_rows[] = {"MPLANE_SOCKET_SPLIT_BYTES", "MPLANE_SOCKET_INLINE_BYTES", "MPLANE_SOCKET_EAGER_BYTES",
+                                  "MPLANE_IB_AR_THRESHOLD"};
 
 static int known_row(const char *name) {
   for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++)
@@ -372,6 +375,13 @@ static void test_size_row(void **state) {
   const char *bad[] = {"0", "0K", "2G", "1025M", "1073741825", "1T", "4KB", "4 K", "K", "-1", "-4K", "1.5M", " ",
                        "abc", "4KK", "99999999999999999999G", "9223372036854775807K"};
   for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) expect_refused(n, bad[b]);
+  /* the AR threshold takes 0 (every message in the AR form) up to 1 GiB, NCCL's plain byte counts too */
+  const char *ar = "MPLANE_IB_AR_THRESHOLD";
+  expect_long(ar, "0", F(ib_ar_threshold), 0);
+  expect_long(ar, "8192", F(ib_ar_threshold), 8192);
+  expect_long(ar, "1G", F(ib_ar_threshold), 1L << 30);
+  expect_refused(ar, "-1");
+  expect_refused(ar, "2G");
 }
 
 static void test_enum_rows(void **state) {
@@ -626,7 +636,8 @@ static void test_nccl_twins(void **state) {
   (void)state;
   struct mplane_config cfg;
   const char *twins[] = {"NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_SL", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT",
-                         "NCCL_IB_TC", "NCCL_IB_PKEY", "NCCL_GIN_IB_TC", "NCCL_IB_QPS_PER_CONNECTION"};
+                         "NCCL_IB_TC", "NCCL_IB_PKEY", "NCCL_GIN_IB_TC", "NCCL_IB_QPS_PER_CONNECTION",
+                         "NCCL_IB_ADAPTIVE_ROUTING", "NCCL_IB_AR_THRESHOLD", "NCCL_IB_SPLIT_DATA_ON_QPS"};
   for (size_t i = 0; i < sizeof(twins) / sizeof(twins[0]); i++) unsetenv(twins[i]);
   setenv("NCCL_IB_GID_INDEX", "3", 1);
   setenv("NCCL_IB_HCA", "=mlx5_2", 1);
@@ -649,6 +660,22 @@ static void test_nccl_twins(void **state) {
   setenv("NCCL_IB_QPS_PER_CONNECTION", "2", 1); /* NCCL's name for it */
   assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
   assert_int_equal(cfg.ib_qps, 2);
+  /* adaptive routing, its threshold and QP splitting as NCCL's net_ib takes them */
+  assert_int_equal(cfg.ib_adaptive_routing, -1);
+  assert_int_equal(cfg.ib_ar_threshold, 8192);
+  assert_int_equal(cfg.ib_split_data_on_qps, 1);
+  setenv("NCCL_IB_ADAPTIVE_ROUTING", "0", 1);
+  setenv("NCCL_IB_AR_THRESHOLD", "65536", 1);
+  setenv("NCCL_IB_SPLIT_DATA_ON_QPS", "0", 1);
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.ib_adaptive_routing, 0);
+  assert_int_equal(cfg.ib_ar_threshold, 65536);
+  assert_int_equal(cfg.ib_split_data_on_qps, 0);
+  assert_string_equal(mplane_config_source("MPLANE_IB_ADAPTIVE_ROUTING"), "NCCL_IB_ADAPTIVE_ROUTING");
+  setenv("MPLANE_IB_SPLIT_DATA_ON_QPS", "1", 1); /* mplane's own name wins */
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.ib_split_data_on_qps, 1);
+  unsetenv("MPLANE_IB_SPLIT_DATA_ON_QPS");
   unsetenv("MPLANE_IB_SL");
   setenv("NCCL_IB_TIMEOUT", "abc", 1);
   assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclInvalidArgument);
