@@ -2,6 +2,7 @@
  * allocation and plain copies. The lane (ordered copies and signal writes) is cuda_lane.c. */
 #include "cuda.h"
 #include "cuda_driver.h"
+#include "test_hooks.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -30,8 +31,8 @@ const char *mplane_cu_err(CUresult r) {
   } while (0)
 
 static void cu_load_once(void) {
-  const char *libname = getenv("MPLANE_CUDA_LIB"); /* test hook, not a user setting */
-  if (!libname || !*libname) libname = "libcuda.so.1";
+  const char *libname = mplane_test_cuda_lib(); /* MPLANE_CUDA_LIB: a test hook, read in the test build only */
+  if (!libname) libname = "libcuda.so.1";
   mplane_cu.lib = dlopen(libname, RTLD_NOW | RTLD_LOCAL);
   if (!mplane_cu.lib) {
     snprintf(mplane_cu.why, sizeof(mplane_cu.why), "no CUDA driver (%s): %s", libname, dlerror());

@@ -65,16 +65,17 @@ void mplane_relay_engine_destroy(struct mplane_relay_engine *e);
 
 /* ---------------------------------------------------------------- the copier (relay_copier.c)
  * What a transport's staging ring calls on a relayed connection: one asynchronous interface over
- * the CUDA relay copy engine above or, with MPLANE_TEST_RELAY_COPIER=cpu (tests only), a CPU
- * stand-in that memcpys on a worker thread, so the staging state machines run without a GPU. */
+ * the CUDA relay copy engine above or, with MPLANE_TEST_RELAY_COPIER=cpu (a test hook,
+ * common/test_hooks.h), a CPU stand-in that memcpys on a worker thread, so the staging state machines run without a GPU. */
 struct mplane_relay_copier;
 
-/* MPLANE_TEST_RELAY_HOST (tests only): 0 unset; 1 host buffers on a relayed connection are staged as
+/* The relay's test hooks (common/test_hooks.h; "unset" in what ships).
+ * MPLANE_TEST_RELAY_HOST: 0 unset; 1 host buffers on a relayed connection are staged as
  * GPU buffers are; 2 ("all") the same, and every connection counts as relayed. */
 int mplane_relay_test_host(void);
-/* MPLANE_TEST_RELAY_SLOT_BYTES (tests only; 4 KiB..1 GiB, whole pages), else dflt. */
+/* MPLANE_TEST_RELAY_SLOT_BYTES (4 KiB..1 GiB, whole pages), else dflt. */
 size_t mplane_relay_test_slot_bytes(size_t dflt);
-/* 1 when MPLANE_TEST_RELAY_FAIL=reg: registering the staging ring is made to fail (tests only). */
+/* 1 when MPLANE_TEST_RELAY_FAIL=reg: registering the staging ring is made to fail. */
 int mplane_relay_test_fail_reg(void);
 
 /* A copier for buffers like src (CUDA: its GPU is the source). Staging lives on the GPU whose PCI bus

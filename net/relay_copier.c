@@ -5,6 +5,7 @@
 #include "relay.h"
 
 #include "../common/cuda.h"
+#include "../common/test_hooks.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,35 +17,11 @@
 #include "../common/log.h"
 
 /* ---------------------------------------------------------------- test settings
- * Read with getenv, as MPLANE_CUDA_LIB: they are test hooks, not user settings (no config row). */
+ * Test hooks (common/test_hooks.h): read only in the test build; what ships answers "unset". */
 
-int mplane_relay_test_host(void) {
-  const char *v = getenv("MPLANE_TEST_RELAY_HOST");
-  if (!v || !*v || strcmp(v, "0") == 0) return 0;
-  return strcmp(v, "all") == 0 ? 2 : 1;
-}
-
-static int test_cpu_copier(void) {
-  const char *v = getenv("MPLANE_TEST_RELAY_COPIER");
-  return v && strcmp(v, "cpu") == 0;
-}
-
-size_t mplane_relay_test_slot_bytes(size_t dflt) {
-  const char *v = getenv("MPLANE_TEST_RELAY_SLOT_BYTES");
-  if (!v || !*v) return dflt;
-  unsigned long long n = strtoull(v, NULL, 0);
-  return n >= 4096 && n <= (1ull << 30) ? (size_t)(n & ~4095ull) : dflt;
-}
-
-/* MPLANE_TEST_RELAY_FAIL=reg (the staging ring's registration fails) or copy:N (copy N fails, from 1). */
-int mplane_relay_test_fail_reg(void) {
-  const char *v = getenv("MPLANE_TEST_RELAY_FAIL");
-  return v && strcmp(v, "reg") == 0;
-}
-static unsigned long long test_fail_copy(void) {
-  const char *v = getenv("MPLANE_TEST_RELAY_FAIL");
-  return v && strncmp(v, "copy:", 5) == 0 ? strtoull(v + 5, NULL, 10) : 0;
-}
+int mplane_relay_test_host(void) { return mplane_test_relay_host(); }
+size_t mplane_relay_test_slot_bytes(size_t dflt) { return mplane_test_relay_slot_bytes(dflt); }
+int mplane_relay_test_fail_reg(void) { return mplane_test_relay_fail_reg(); }
 
 /* ---------------------------------------------------------------- the CPU stand-in */
 
@@ -107,9 +84,9 @@ ncclResult_t mplane_relay_copier_create(const void *src, const char *staging_bus
                                         struct mplane_relay_copier **out) {
   struct mplane_relay_copier *c = calloc(1, sizeof(*c));
   if (!c) return ncclSystemError;
-  c->cpu = test_cpu_copier();
+  c->cpu = mplane_test_relay_cpu_copier();
   if (c->cpu) {
-    c->fail_at = test_fail_copy();
+    c->fail_at = mplane_test_relay_fail_copy();
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
     if (pthread_create(&c->worker, NULL, cpu_worker, c) != 0) {
@@ -191,7 +168,7 @@ ncclResult_t mplane_relay_copier_poll(struct mplane_relay_copier *c, uint64_t ti
   } else {
     int st = __atomic_load_n(&c->jobs[(ticket - 1) % CPU_JOBS].state, __ATOMIC_ACQUIRE);
     if (st == 2) {
-      MP_WARN("relay: the CPU copier failed copy %llu (MPLANE_TEST_RELAY_FAIL)", (unsigned long long)ticket);
+      MP_WARN("relay: the CPU copier failed copy %llu, as the test hook asked", (unsigned long long)ticket);
       res = ncclSystemError;
     }
     *done = st == 1;

@@ -35,6 +35,7 @@
 #include "../../common/log.h"
 #include "../../common/nccl/rma.h"
 #include "../../common/cuda.h"
+#include "../../common/test_hooks.h"
 #include "../relay.h"
 #include "../rma_ctrl.h"
 #include "socket.h"
@@ -1170,13 +1171,9 @@ static void *reader_main(void *arg) {
   }
 }
 
-/* Tests only (MPLANE_TEST_RMA_PROGRESS_ONLY=1): the reader threads never read, so rmaProgress alone
- * must serve every op; a test that passes this way shows the progress path carries everything. */
-static int progress_only(void) {
-  const char *v = getenv("MPLANE_TEST_RMA_PROGRESS_ONLY");
-  return v && !strcmp(v, "1");
-}
-
+/* The test hook MPLANE_TEST_RMA_PROGRESS_ONLY=1 (common/test_hooks.h): the reader threads never
+ * read, so rmaProgress alone must serve every op; a test that passes this way shows the progress path
+ * carries everything. */
 static void *reader_idle(void *arg) { /* polls: the writer alone waits on the connection's cond */
   struct mpr_conn *c = arg;
   while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
@@ -1371,7 +1368,7 @@ struct mpr_conn *mpr_conn_new(struct mpr_ctxset *s, int context, int peer, int f
 ncclResult_t mpr_conn_start(struct mpr_conn *c) {
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
   if (epoll_ctl(c->set->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0) return ncclSystemError;
-  if (pthread_create(&c->rd, NULL, progress_only() ? reader_idle : reader_main, c) != 0) return ncclSystemError;
+  if (pthread_create(&c->rd, NULL, mplane_test_rma_progress_only() ? reader_idle : reader_main, c) != 0) return ncclSystemError;
   if (pthread_create(&c->wr, NULL, writer_main, c) != 0) {
     mpr_conn_fail(c, "no writer thread");
     shutdown(c->fd, SHUT_RDWR);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "abi.h"
+#include "../test_hooks_check.h"
 
 const char *abi_scenario = "?";
 int abi_rank = 0;
@@ -142,6 +143,8 @@ void abi_net_open(struct abi_net *net, const char *path, int version) {
   if (!lib_handle) {
     lib_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib_handle) abi_fail("dlopen(%s): %s", path, dlerror());
+    const char *hook = test_hooks_unread(lib_handle);
+    if (hook) abi_fail("%s is set, but %s is built without the test hooks (load the test build)", hook, path);
   }
   char sym[32];
   snprintf(sym, sizeof(sym), "ncclNetPlugin_v%d", version);

@@ -90,6 +90,7 @@
 #include <unistd.h>
 
 #include "tcp_segs.h"
+#include "tests/test_hooks_check.h"
 #include "common/nccl/rma_v14.h"
 
 #define MAX_RANKS 8
@@ -1816,6 +1817,8 @@ int main(int argc, char **argv) {
       rank_env(r);
       void *lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
       if (!lib) die("dlopen %s: %s", plugin, dlerror());
+      const char *hook = test_hooks_unread(lib);
+      if (hook) die("%s is set, but %s is built without the test hooks (load the test build)", hook, plugin);
       rma = dlsym(lib, "ncclRmaPlugin_v14");
       if (!rma) die("%s exports no ncclRmaPlugin_v14", plugin);
       if (g_gpu) {

@@ -24,7 +24,7 @@ set -uo pipefail
 
 BUILD=${1:?usage: suite.sh BUILD_DIR}
 BUILD=$(readlink -f "$BUILD")
-PLUGIN=$BUILD/libnccl-net-mplane.so
+PLUGIN=$BUILD/tests/libnccl-net-mplane-test.so # the test build: the staged step sets test hooks
 HARNESS=$BUILD/tests/abi/abi-harness
 LOGS=${MPLANE_RXE_SHARE:-/tmp}
 SRC=$(readlink -f "$(dirname "$0")/../..")
