@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../collectives/tuner/tuner.h"
+#include "../tuner/tuner.h"
 #include "../common/config.h"
 #include "../common/log.h"
 #include "../net/handle.h"

@@ -1,5 +1,5 @@
 /* mplane: ncclTunerPlugin_v3 (NCCL 2.22 - 2.23): v4 without the registered-buffer hint. */
-#include "../collectives/tuner/tuner.h"
+#include "../tuner/tuner.h"
 
 static ncclResult_t v3_init(size_t nranks, size_t nnodes, ncclDebugLogger_t logger, void **ctx) {
   return mplane_tuner_init(ctx, 0, nranks, nnodes, logger);

@@ -1,6 +1,6 @@
 /* mplane: ncclTunerPlugin_v5 (NCCL 2.28 - 2.29). The core's calls fit as they are; NCCL's tuning
  * constants are left as NCCL set them. */
-#include "../collectives/tuner/tuner.h"
+#include "../tuner/tuner.h"
 
 static ncclResult_t v5_init(void **ctx, uint64_t comm_id, size_t nranks, size_t nnodes, ncclDebugLogger_t logger,
                             ncclNvlDomainInfo_v5_t *nvl, ncclTunerConstants_v5_t *constants) {

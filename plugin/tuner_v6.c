@@ -1,6 +1,6 @@
 /* mplane: ncclTunerPlugin_v6 (NCCL 2.30): v5 plus getChunkSize, which we leave NULL so NCCL keeps
  * its own chunk sizes. */
-#include "../collectives/tuner/tuner.h"
+#include "../tuner/tuner.h"
 
 static ncclResult_t v6_init(void **ctx, uint64_t comm_id, size_t nranks, size_t nnodes, ncclDebugLogger_t logger,
                             ncclNvlDomainInfo_v6_t *nvl, ncclTunerConstants_v6_t *constants) {

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "collectives/tuner/tuner_table.h"
+#include "tuner/tuner_table.h"
 #include "fuzz_util.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

@@ -1,4 +1,4 @@
-/* mplane tests: the tuner policy (collectives/tuner/tuner_core.c) on cost tables shaped like
+/* mplane tests: the tuner policy (tuner/tuner_core.c) on cost tables shaped like
  * NCCL's: float[7 algorithms][3 protocols], microseconds, -1.0 where NCCL ignores a combination. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "collectives/tuner/tuner.h"
+#include "tuner/tuner.h"
 
 #define NA 7
 #define NP 3

@@ -1,4 +1,4 @@
-/* mplane tests: the tuner table parser (collectives/tuner/tuner_table.c). */
+/* mplane tests: the tuner table parser (tuner/tuner_table.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "collectives/tuner/tuner_table.h"
+#include "tuner/tuner_table.h"
 #include "common/log.h"
 
 #define HEADER "collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks\n"

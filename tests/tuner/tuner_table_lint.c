@@ -6,7 +6,7 @@
  * agree on the format. */
 #include <stdio.h>
 
-#include "collectives/tuner/tuner_table.h"
+#include "tuner/tuner_table.h"
 
 int main(int argc, char **argv) {
   if (argc != 2) {
