@@ -88,6 +88,15 @@ static int speed_validate(const char *value, char *why, size_t whylen) {
   return 0;
 }
 
+/* MPLANE_EP_RECV_SMS, MPLANE_EP_SEND_SMS: -1 asks for the automatic count; 0 blocks would do none of the work. */
+static int ep_blocks_validate(const char *value, char *why, size_t whylen) {
+  if (strcmp(value, "0") == 0) {
+    snprintf(why, whylen, "0 blocks would do none of the work (-1 asks for the automatic count)");
+    return -1;
+  }
+  return 0;
+}
+
 #define OFF(f) offsetof(struct mplane_config, f)
 #define STR(f) OFF(f), sizeof(((struct mplane_config *)0)->f)
 
@@ -229,6 +238,27 @@ static const struct row rows[] = {
      "TRACE line (each one-sided op) on stderr under NCCL, time-stamped"},
     {"MPLANE_TUNER_CONFIG", K_STR, STR(tuner_config), "", 0, 0, NULL, "a path to a CSV tuner table",
      "tuner table; without one the tuner changes nothing"},
+    /* libmplane-ep's (ep/): it reads these through mplane_config_load_ep; the plugin leaves them at
+     * their defaults. The fused kernels' counts are bounded again at create, by the device's blocks. */
+    {"MPLANE_EP_LINK_SMS", K_INT, OFF(ep_link_sms), 0, "-1", -1, 1024, NULL,
+     "-1 (automatic) or an integer from 0 to 1024, at most the fused dispatch's blocks less 2",
+     "libmplane-ep: blocks of the fused dispatch that copy the staged rows to the same-node peers (automatic: "
+     "with token rows 32, or (blocks - 2) / 4 + 1 below 66 blocks; with expert rows 0, the pack blocks write to "
+     "the peers themselves; docs/moe-alltoall.md)"},
+    {"MPLANE_EP_RECV_SMS", K_INT, OFF(ep_recv_sms), 0, "-1", -1, 1024, NULL,
+     "-1 (automatic) or an integer from 1 to 1024, at most the blocks the link blocks leave less 1",
+     "libmplane-ep: blocks of the fused dispatch that unpack the peers' rows (automatic: with token rows a third "
+     "of what the link blocks leave, at most 32; with expert rows half of it); the rest pack",
+     ep_blocks_validate},
+    {"MPLANE_EP_SEND_SMS", K_INT, OFF(ep_send_sms), 0, "-1", -1, 1024, NULL,
+     "-1 (automatic) or an integer from 1 to 1024, at most the fused combine's blocks less 1",
+     "libmplane-ep: blocks of the fused combine that send the expert sums to the peers (automatic: a third)",
+     ep_blocks_validate},
+    {"MPLANE_EP_LIB", K_STR, STR(ep_lib), "", 0, 0, NULL, "a path to libmplane-ep.so",
+     "the libmplane-ep the Python binding (mplane_ep) loads (default: in $MPLANE_LIB_DIR, the repository's build folders, then the "
+     "loader's search path)"},
+    {"MPLANE_EP_NCCL_LIB", K_STR, STR(ep_nccl_lib), "", 0, 0, NULL, "a library name or path",
+     "the NCCL the Python binding opens where torch has loaded none (default: libnccl.so.2)"},
 };
 
 /* NCCL's own variable of the same meaning: read when the MPLANE_* one is unset, so a site's
@@ -360,7 +390,12 @@ static int parse_row(const struct row *r, const char *value, struct mplane_confi
   return -1;
 }
 
-ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t errlen) {
+/* libmplane-ep's rows: mplane_config_load_ep reads them, mplane_config_load only their defaults, so a
+ * bad MPLANE_EP_* value fails libmplane-ep's create, never the plugin's init. */
+static int row_is_ep(const struct row *r) { return strncmp(r->name, "MPLANE_EP_", 10) == 0; }
+
+/* Every row's default; the environment for the rows of one reader (ep: libmplane-ep's, else the plugin's). */
+static ncclResult_t load_rows(struct mplane_config *cfg, int ep, char *err, size_t errlen) {
   memset(cfg, 0, sizeof(*cfg));
   for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
     const struct row *r = &rows[i];
@@ -368,6 +403,7 @@ ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t err
       snprintf(err, errlen, "internal: default of %s does not parse", r->name);
       return ncclInternalError;
     }
+    if (row_is_ep(r) != ep) continue;
     const char *from;
     const char *value = row_value(r->name, &from);
     if (value == NULL) continue;
@@ -383,6 +419,14 @@ ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t err
     }
   }
   return ncclSuccess;
+}
+
+ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t errlen) {
+  return load_rows(cfg, 0, err, errlen);
+}
+
+ncclResult_t mplane_config_load_ep(struct mplane_config *cfg, char *err, size_t errlen) {
+  return load_rows(cfg, 1, err, errlen);
 }
 
 const char *mplane_config_source(const char *name) {

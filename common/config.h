@@ -69,6 +69,12 @@ struct mplane_config {
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
   char tuner_config[MPLANE_CONFIG_STR];      /* tuner CSV table */
   int debug;                                 /* MPLANE_DEBUG; log.c reads it directly (before config) */
+  /* libmplane-ep's (MPLANE_EP_*, mplane_config_load_ep): -1 automatic */
+  int ep_link_sms;                           /* fused dispatch blocks that copy to the same-node peers */
+  int ep_recv_sms;                           /* ... that unpack the peers' rows */
+  int ep_send_sms;                           /* fused combine blocks that send the expert sums */
+  char ep_lib[MPLANE_CONFIG_STR];            /* the Python binding's libmplane-ep.so */
+  char ep_nccl_lib[MPLANE_CONFIG_STR];       /* the Python binding's NCCL */
 };
 
 /* Read the environment into cfg (defaults first; a variable set to "" counts as unset). On a bad
@@ -77,6 +83,9 @@ struct mplane_config {
  * is not valid for MPLANE_X: ..."); the MPLANE_IB_* variables NCCL has a twin of read it then.
  * err. */
 ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t errlen);
+/* The same for libmplane-ep: every default, and the environment of its own rows (MPLANE_EP_*) only;
+ * mplane_config_load leaves those at their defaults. */
+ncclResult_t mplane_config_load_ep(struct mplane_config *cfg, char *err, size_t errlen);
 
 /* Where variable `name`'s value comes from: `name` itself, its NCCL twin (e.g. "NCCL_IB_SL" for
  * MPLANE_IB_SL, when that is unset), or NULL where neither is set (the default holds). */

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ep_env.h"
 #include "ep_kernels.h"
 #include "ep_sched.h"
 
@@ -318,33 +319,36 @@ out:
  * measured faster, see k_dispatch_fused), unpack blocks take the peers' rows
  * (MPLANE_EP_RECV_SMS; default with token rows, where unpacking only writes indices, a third of
  * what the link leaves, at most 32 - 2x H200, FP8, 32 link blocks: 16 -> 137 us, 32 -> 128, 48 ->
- * 136, 64 -> 150, 2026-11-30 - else half of it), the rest pack. A bad value fails create, naming it. */
-static int env_int(mplane_ep_ctx *ctx, const char *name, int lo, int hi, int dflt, const char *what, int *out) {
-  const char *env = getenv(name);
+ * 136, 64 -> 150, 2026-11-30 - else half of it), the rest pack. The variables are read through the
+ * config table (ep_env.c; -1 or unset: the count here); a value that does not parse, or leaves no
+ * block of another kind, fails create, naming it. */
+static int env_blocks(mplane_ep_ctx *ctx, const char *name, int set, int lo, int hi, int dflt, const char *what,
+                      int *out) {
   *out = dflt;
-  if (!env || !*env) return MPLANE_EP_OK;
-  char *end = NULL;
-  long x = strtol(env, &end, 10);
-  if (*end || x < lo || x > hi)
-    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "%s=%s: expected an integer %d..%d (%s)", name, env, lo, hi, what);
-  *out = (int)x;
+  if (set < 0) return MPLANE_EP_OK;
+  if (set < lo || set > hi)
+    return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "%s=%d: expected an integer %d..%d (%s)", name, set, lo, hi, what);
+  *out = set;
   return MPLANE_EP_OK;
 }
 
 static int fused_split(mplane_ep_ctx *ctx) {
+  struct mplane_ep_env env;
+  char err[512];
+  if (mplane_ep_env_load(&env, err, sizeof(err))) return EP_FAIL(ctx, MPLANE_EP_ERR_INVALID, "%s", err);
   const int blocks = fused_blocks(ctx);
   const int link_dflt = !ctx->cfg.token_rows ? 0 : blocks - 2 < 64 ? (blocks - 2) / 4 + 1 : 32;
   static const char *blk = "blocks of the fused dispatch";
-  int rc = env_int(ctx, "MPLANE_EP_LINK_SMS", 0, blocks - 2, link_dflt, blk, &ctx->link_blocks);
+  int rc = env_blocks(ctx, "MPLANE_EP_LINK_SMS", env.link_sms, 0, blocks - 2, link_dflt, blk, &ctx->link_blocks);
   if (rc) return rc;
   const int left = blocks - ctx->link_blocks, dflt = ctx->cfg.token_rows ? (left / 3 < 32 ? left / 3 : 32) : left / 2;
-  rc = env_int(ctx, "MPLANE_EP_RECV_SMS", 1, left - 1, dflt < 1 ? 1 : dflt, blk, &ctx->recv_blocks);
+  rc = env_blocks(ctx, "MPLANE_EP_RECV_SMS", env.recv_sms, 1, left - 1, dflt < 1 ? 1 : dflt, blk, &ctx->recv_blocks);
   if (rc) return rc;
   const int cblocks = combine_blocks(ctx);
   /* a third: the summing side has the own tokens' expert sums to compute too (2x H200, 132 SMs,
    * 2026-11-30: 16 -> 645 us, 24 -> 491, 32 -> 414, 44 -> 416, 66 -> 506, 88 -> 730) */
-  return env_int(ctx, "MPLANE_EP_SEND_SMS", 1, cblocks - 1, cblocks / 3 < 1 ? 1 : cblocks / 3,
-                 "blocks of the fused combine that send the expert sums to the peers", &ctx->send_blocks);
+  return env_blocks(ctx, "MPLANE_EP_SEND_SMS", env.send_sms, 1, cblocks - 1, cblocks / 3 < 1 ? 1 : cblocks / 3,
+                    "blocks of the fused combine that send the expert sums to the peers", &ctx->send_blocks);
 }
 
 /* Stream-ordered barrier of all ranks (a one-int all-gather): once it completes on this rank,

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Rewrite README.md's configuration table from the code (build/tools/mplane-config --markdown).
+# Rewrite README.md's configuration table from the code (BUILD/tools/mplane-config --markdown).
+#   scripts/update-readme-config.sh [BUILD]     BUILD: a build folder (from the repository's root, or absolute); build/ if not given
 set -euo pipefail
 cd "$(dirname "$0")/.."
-table=$(build/tools/mplane-config --markdown)
+build=${1:-build}
+table=$("$build/tools/mplane-config" --markdown)
 python3 - "$table" <<'PY'
 import sys
 table = sys.argv[1] + "\n"

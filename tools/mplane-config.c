@@ -33,7 +33,9 @@ int main(int argc, char **argv) {
   if (opt && strcmp(opt, "--check") == 0) {
     struct mplane_config cfg;
     char err[512];
-    if (mplane_config_load(&cfg, err, sizeof(err)) != ncclSuccess) {
+    /* the plugin's variables, then libmplane-ep's (MPLANE_EP_*) */
+    if (mplane_config_load(&cfg, err, sizeof(err)) != ncclSuccess ||
+        mplane_config_load_ep(&cfg, err, sizeof(err)) != ncclSuccess) {
       fprintf(stderr, "mplane-config: %s\n", err);
       return 1;
     }

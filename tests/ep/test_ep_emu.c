@@ -471,9 +471,10 @@ static void test_emulated_capacity(void **state) {
 }
 
 /* The fused dispatch's block split comes from MPLANE_EP_LINK_SMS / MPLANE_EP_RECV_SMS, the fused
- * combine's from MPLANE_EP_SEND_SMS: a value that is not a number, or leaves no block of another
- * kind, fails create on every rank (all read the
- * same environment, so none waits in a collective for the others) and names the variable. */
+ * combine's from MPLANE_EP_SEND_SMS, read through the config table: a value that does not parse
+ * (the table's message, with its accepted form), or leaves no block of another kind, fails create on
+ * every rank (all read the same environment, so none waits in a collective for the others) and
+ * names the variable; -1 is the automatic count. */
 typedef struct split_arg {
   ncclComm_t comm;
   pthread_barrier_t *created; /* no rank frees its buffers while a peer still maps them */
@@ -527,18 +528,24 @@ static void test_emulated_fused_split_env(void **state) {
   int sms = 0;
   assert_int_equal(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const int blocks = sms < 4 ? (sms < 3 ? 3 : sms) : 4;
-  char many[96], over[96], link[16], recv0[96];
-  snprintf(many, sizeof(many), "MPLANE_EP_LINK_SMS=many: expected an integer 0..%d", blocks - 2);
+  char over[96], link[16], recv_over[96], recv[16];
   snprintf(link, sizeof(link), "%d", blocks - 1);
   snprintf(over, sizeof(over), "MPLANE_EP_LINK_SMS=%d: expected an integer 0..%d", blocks - 1, blocks - 2);
-  snprintf(recv0, sizeof(recv0), "MPLANE_EP_RECV_SMS=0: expected an integer 1..");
+  snprintf(recv, sizeof(recv), "%d", blocks);
+  snprintf(recv_over, sizeof(recv_over), "MPLANE_EP_RECV_SMS=%d: expected an integer 1..", blocks);
   const struct {
     const char *var, *val, *want;
   } bad[] = {
-      {"MPLANE_EP_LINK_SMS", "many", many},
+      {"MPLANE_EP_LINK_SMS", "many",
+       "MPLANE_EP_LINK_SMS='many' is not valid: expected -1 (automatic) or an integer from 0 to 1024"},
+      {"MPLANE_EP_LINK_SMS", "+1", "MPLANE_EP_LINK_SMS='+1' is not valid: expected"},
+      {"MPLANE_EP_LINK_SMS", "-2", "MPLANE_EP_LINK_SMS='-2' is not valid: expected"},
       {"MPLANE_EP_LINK_SMS", link, over},
-      {"MPLANE_EP_RECV_SMS", "0", recv0},
-      {"MPLANE_EP_SEND_SMS", "0", "MPLANE_EP_SEND_SMS=0: expected an integer 1.."},
+      {"MPLANE_EP_RECV_SMS", "0", "MPLANE_EP_RECV_SMS='0' is not valid: 0 blocks would do none of the work"},
+      {"MPLANE_EP_RECV_SMS", recv, recv_over},
+      {"MPLANE_EP_SEND_SMS", "0", "MPLANE_EP_SEND_SMS='0' is not valid: 0 blocks would do none of the work"},
+      {"MPLANE_EP_SEND_SMS", "1025", "MPLANE_EP_SEND_SMS='1025' is not valid: expected -1 (automatic) or an integer "
+                                     "from 1 to 1024"},
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     create_pair(bad[i].var, bad[i].val, a);
@@ -550,6 +557,9 @@ static void test_emulated_fused_split_env(void **state) {
   /* a good value creates */
   create_pair("MPLANE_EP_LINK_SMS", "1", a);
   if (a[0].rc || a[1].rc) fail_msg("MPLANE_EP_LINK_SMS=1: %s / %s", a[0].err, a[1].err);
+  /* -1: the automatic count, as unset */
+  create_pair("MPLANE_EP_RECV_SMS", "-1", a);
+  if (a[0].rc || a[1].rc) fail_msg("MPLANE_EP_RECV_SMS=-1: %s / %s", a[0].err, a[1].err);
   assert_int_equal(emu_cuda_live_allocations(), 0);
 }
 

@@ -94,11 +94,14 @@ static int teardown(void **state) {
 
 static char err[8192];
 
+/* libmplane-ep's rows (MPLANE_EP_*) are read by its own load, the plugin's load leaves them at their defaults. */
+static int is_ep_row(const char *name) { return strncmp(name, "MPLANE_EP_", 10) == 0; }
+
 static ncclResult_t load_with(const char *name, const char *value, struct mplane_config *cfg) {
   clear_env();
   if (value) setenv(name, value, 1);
   err[0] = 0;
-  ncclResult_t res = mplane_config_load(cfg, err, sizeof(err));
+  ncclResult_t res = is_ep_row(name) ? mplane_config_load_ep(cfg, err, sizeof(err)) : mplane_config_load(cfg, err, sizeof(err));
   unsetenv(name);
   return res;
 }
@@ -175,6 +178,10 @@ static const struct int_row int_rows[] = {
     {"MPLANE_IB_ECE", F(ib_ece), 0, 1, 1},
     {"MPLANE_IB_SUBNET_PROBE", F(ib_subnet_probe), 0, 1, 1},
     {"MPLANE_IB_SPLIT_DATA_ON_QPS", F(ib_split_data_on_qps), 0, 1, 1},
+    /* libmplane-ep's; -1 is the automatic count (create bounds them again by the device's blocks) */
+    {"MPLANE_EP_LINK_SMS", F(ep_link_sms), -1, 1024, -1},
+    {"MPLANE_EP_RECV_SMS", F(ep_recv_sms), -1, 1024, -1},
+    {"MPLANE_EP_SEND_SMS", F(ep_send_sms), -1, 1024, -1},
 };
 
 struct str_row {
@@ -196,6 +203,8 @@ static const struct str_row str_rows[] = {
     {"MPLANE_IB_HCA", S(ib_hca), "", "mlx5_0:1,mlx5_1", 1},
     {"MPLANE_IBVERBS_LIB", S(ibverbs_lib), "libibverbs.so.1", "/opt/softverbs/libibverbs.so"},
     {"MPLANE_TUNER_CONFIG", S(tuner_config), "", "/etc/mplane/tuner.csv"},
+    {"MPLANE_EP_LIB", S(ep_lib), "", "/opt/mplane/lib/libmplane-ep.so"},
+    {"MPLANE_EP_NCCL_LIB", S(ep_nccl_lib), "", "libnccl.so.2"},
 };
 
 struct enum_row {
@@ -460,6 +469,31 @@ static void test_one_bad_among_good(void **state) {
   assert_int_equal(cfg.transport, MPLANE_TRANSPORT_SOCKET);
 }
 
+/* libmplane-ep's rows fail its own load only: a bad MPLANE_EP_* value never fails the plugin's init,
+ * nor a bad plugin variable libmplane-ep's create. 0 fused blocks to unpack or send is refused. */
+static void test_ep_rows_their_own_reader(void **state) {
+  (void)state;
+  struct mplane_config cfg;
+  clear_env();
+  setenv("MPLANE_EP_LINK_SMS", "many", 1);
+  setenv("MPLANE_IB_SL", "16", 1);
+  assert_int_equal(mplane_config_load_ep(&cfg, err, sizeof(err)), ncclInvalidArgument);
+  assert_non_null(strstr(err, "MPLANE_EP_LINK_SMS='many' is not valid: expected -1 (automatic) or an integer from 0 to 1024"));
+  unsetenv("MPLANE_EP_LINK_SMS");
+  if (mplane_config_load_ep(&cfg, err, sizeof(err)) != ncclSuccess) fail_msg("MPLANE_IB_SL failed libmplane-ep: %s", err);
+  assert_int_equal(cfg.ep_link_sms, -1);
+  unsetenv("MPLANE_IB_SL");
+  setenv("MPLANE_EP_SEND_SMS", "nine", 1);
+  if (mplane_config_load(&cfg, err, sizeof(err)) != ncclSuccess) fail_msg("MPLANE_EP_SEND_SMS failed the plugin: %s", err);
+  assert_int_equal(cfg.ep_send_sms, -1);
+  unsetenv("MPLANE_EP_SEND_SMS");
+  expect_int("MPLANE_EP_LINK_SMS", "0", F(ep_link_sms), 0);
+  expect_refused("MPLANE_EP_RECV_SMS", "0");
+  assert_non_null(strstr(err, "0 blocks would do none of the work"));
+  expect_refused("MPLANE_EP_SEND_SMS", "0");
+  expect_int("MPLANE_EP_SEND_SMS", "1", F(ep_send_sms), 1);
+}
+
 /* A short error buffer truncates the message but never overflows it. */
 static void test_short_error_buffer(void **state) {
   (void)state;
@@ -703,6 +737,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_str_rows, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tc_map_grammar, setup, teardown),
       cmocka_unit_test_setup_teardown(test_one_bad_among_good, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ep_rows_their_own_reader, setup, teardown),
       cmocka_unit_test_setup_teardown(test_short_error_buffer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_parse_long, setup, teardown),
       cmocka_unit_test_setup_teardown(test_numbers_exact_form, setup, teardown),
