@@ -431,10 +431,18 @@ int mpib_ar_choose(int link_layer, int class_ar, const char **why);
 /* The GID index and GID a new connection of d uses, from the port's table now. 0, or -1 and why. */
 int mpib_dev_resolve_gid(const struct mpib_dev *d, int *index, union ibv_gid *gid, char *why, size_t whylen);
 void mpib_comm_base_destroy(struct mpib_comm_base *b);
-
-/* data path (ib_data.c) */
+/* A comm's own memory (ib_conn.c): its FIFO and length records set up when it is made, everything
+ * freed at close. */
 ncclResult_t mpib_send_comm_setup(struct mpib_send_comm *c);
 ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c);
+ncclResult_t mpib_close_send(void *send_comm);
+ncclResult_t mpib_close_recv(void *recv_comm);
+/* Zeroed page-aligned memory, and a registration of it on b's device for the comm's own use
+ * (a WARN names what on failure). */
+void *mpib_alloc_pages(size_t bytes);
+struct ibv_mr *mpib_reg_local(struct mpib_comm_base *b, void *p, size_t bytes, int access, const char *what);
+
+/* data path (ib_data.c) */
 ncclResult_t mpib_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle);
 ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
                                 void **mhandle);
@@ -444,8 +452,7 @@ ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int 
                         void **request);
 ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request);
 ncclResult_t mpib_test(void *request, int *done, int *sizes);
-ncclResult_t mpib_close_send(void *send_comm);
-ncclResult_t mpib_close_recv(void *recv_comm);
+/* Post work requests on QP q of b; a refusal becomes the comm's error (ib_verbs.c). */
 ncclResult_t mpib_post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr);
 /* How a message of `size` bytes is cut for nqps QPs: the chunk count (at most nqps), each chunk
  * *per bytes but the last. split 0: always one chunk (whole messages, round-robin over the QPs). */

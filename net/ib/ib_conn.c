@@ -703,3 +703,82 @@ ncclResult_t mpib_connect(int dev, const struct mplane_comm_opts *opts, void *ha
   *send_comm = c;
   return ncclSuccess;
 }
+
+/* ------------------------------------------------------------------ a comm's own memory, set up and closed */
+void *mpib_alloc_pages(size_t bytes) {
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, (bytes + 4095) & ~(size_t)4095) != 0) return NULL;
+  memset(p, 0, bytes);
+  return p;
+}
+
+struct ibv_mr *mpib_reg_local(struct mpib_comm_base *b, void *p, size_t bytes, int access, const char *what) {
+  struct ibv_mr *mr = mpib_v.reg_mr(b->dev->hca->pd, p, bytes, access);
+  if (!mr) MP_WARN("NET/IB: %s: registering the %s (%zu bytes) failed: %s", b->dev->props.name, what, bytes,
+                   strerror(errno));
+  return mr;
+}
+
+ncclResult_t mpib_send_comm_setup(struct mpib_send_comm *c) {
+  c->fifo = mpib_alloc_pages(sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS);
+  if (!c->fifo) return ncclSystemError;
+  c->fifo_mr = mpib_reg_local(&c->b, c->fifo, sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "send FIFO");
+  if (!c->fifo_mr) return ncclSystemError;
+  for (int i = 0; i < MPIB_MAX_SENDS; i++) {
+    c->reqs[i].kind = MPIB_REQ_SEND;
+    c->reqs[i].comm = c;
+  }
+  return ncclSuccess;
+}
+
+#define MPIB_LENS (MPIB_MAX_REQS * MPIB_MAX_RECVS * MPIB_MAX_QPS)
+
+ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c) {
+  c->slots = mpib_alloc_pages(sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS);
+  c->lens = mpib_alloc_pages(sizeof(uint64_t) * MPIB_LENS);
+  if (!c->slots || !c->lens) return ncclSystemError;
+  c->slots_mr = mpib_reg_local(&c->b, c->slots, sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS, IBV_ACCESS_LOCAL_WRITE,
+                          "FIFO staging");
+  c->lens_mr = mpib_reg_local(&c->b, c->lens, sizeof(uint64_t) * MPIB_LENS,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "length records");
+  if (!c->slots_mr || !c->lens_mr) return ncclSystemError;
+  for (int i = 0; i < MPIB_MAX_REQS; i++) {
+    c->reqs[i].kind = MPIB_REQ_RECV;
+    c->reqs[i].comm = c;
+  }
+  for (int i = 0; i < MPIB_MAX_FLUSHES; i++) {
+    c->freqs[i].kind = MPIB_REQ_FLUSH;
+    c->freqs[i].comm = c;
+  }
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ close */
+ncclResult_t mpib_close_send(void *send_comm) {
+  struct mpib_send_comm *c = send_comm;
+  if (!c) return ncclSuccess;
+  mpib_comm_unregister(&c->b);
+  mpib_comm_base_destroy(&c->b);
+  mpib_stage_destroy(c);
+  if (c->fifo_mr) mpib_v.dereg_mr(c->fifo_mr);
+  free(c->fifo);
+  free(c);
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_close_recv(void *recv_comm) {
+  struct mpib_recv_comm *c = recv_comm;
+  if (!c) return ncclSuccess;
+  mpib_comm_unregister(&c->b);
+  if (c->flush_qp) mpib_v.destroy_qp(c->flush_qp);
+  mpib_comm_base_destroy(&c->b);
+  if (c->slots_mr) mpib_v.dereg_mr(c->slots_mr);
+  if (c->lens_mr) mpib_v.dereg_mr(c->lens_mr);
+  if (c->flush_mr) mpib_v.dereg_mr(c->flush_mr);
+  free(c->slots);
+  free(c->lens);
+  free(c->flush_buf);
+  free(c);
+  return ncclSuccess;
+}

@@ -17,55 +17,6 @@
 #define MPIB_LIVENESS_EVERY 64
 #define MPIB_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
-static void *alloc_pages(size_t bytes) {
-  void *p = NULL;
-  if (posix_memalign(&p, 4096, (bytes + 4095) & ~(size_t)4095) != 0) return NULL;
-  memset(p, 0, bytes);
-  return p;
-}
-
-static struct ibv_mr *reg_local(struct mpib_comm_base *b, void *p, size_t bytes, int access, const char *what) {
-  struct ibv_mr *mr = mpib_v.reg_mr(b->dev->hca->pd, p, bytes, access);
-  if (!mr) MP_WARN("NET/IB: %s: registering the %s (%zu bytes) failed: %s", b->dev->props.name, what, bytes,
-                   strerror(errno));
-  return mr;
-}
-
-ncclResult_t mpib_send_comm_setup(struct mpib_send_comm *c) {
-  c->fifo = alloc_pages(sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS);
-  if (!c->fifo) return ncclSystemError;
-  c->fifo_mr = reg_local(&c->b, c->fifo, sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS,
-                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "send FIFO");
-  if (!c->fifo_mr) return ncclSystemError;
-  for (int i = 0; i < MPIB_MAX_SENDS; i++) {
-    c->reqs[i].kind = MPIB_REQ_SEND;
-    c->reqs[i].comm = c;
-  }
-  return ncclSuccess;
-}
-
-#define MPIB_LENS (MPIB_MAX_REQS * MPIB_MAX_RECVS * MPIB_MAX_QPS)
-
-ncclResult_t mpib_recv_comm_setup(struct mpib_recv_comm *c) {
-  c->slots = alloc_pages(sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS);
-  c->lens = alloc_pages(sizeof(uint64_t) * MPIB_LENS);
-  if (!c->slots || !c->lens) return ncclSystemError;
-  c->slots_mr = reg_local(&c->b, c->slots, sizeof(struct mpib_fifo_wire) * MPIB_MAX_REQS, IBV_ACCESS_LOCAL_WRITE,
-                          "FIFO staging");
-  c->lens_mr = reg_local(&c->b, c->lens, sizeof(uint64_t) * MPIB_LENS,
-                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "length records");
-  if (!c->slots_mr || !c->lens_mr) return ncclSystemError;
-  for (int i = 0; i < MPIB_MAX_REQS; i++) {
-    c->reqs[i].kind = MPIB_REQ_RECV;
-    c->reqs[i].comm = c;
-  }
-  for (int i = 0; i < MPIB_MAX_FLUSHES; i++) {
-    c->freqs[i].kind = MPIB_REQ_FLUSH;
-    c->freqs[i].comm = c;
-  }
-  return ncclSuccess;
-}
-
 /* ------------------------------------------------------------------ memory registration */
 /* NCCL's data buffers and the one-sided data windows are registered with PCIe relaxed ordering where
  * libibverbs has ibv_reg_mr_iova2 (NCCL's net_ib does the same; GPUDirect bandwidth needs it on many
@@ -395,17 +346,6 @@ static struct mpib_send_req *send_req_alloc(struct mpib_send_comm *c, int *index
   return NULL;
 }
 
-ncclResult_t mpib_post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr) {
-  struct ibv_send_wr *bad = NULL;
-  int rc = ibv_post_send(b->qps[q], wr, &bad);
-  if (rc) {
-    mpib_error_set(&b->err, ncclSystemError, "%s port %d: ibv_post_send on QP %u failed: %s (peer %s)",
-                   b->dev->hca->name, b->dev->port, b->qps[q]->qp_num, strerror(rc), b->peer);
-    return mpib_error_check(&b->err);
-  }
-  return ncclSuccess;
-}
-
 /* The connection has failed: hand out a request whose test() reports it, so the error reaches NCCL
  * through test (as for requests already in flight) and a caller that only posts never spins. */
 static ncclResult_t send_failed(struct mpib_send_comm *c, void **request) {
@@ -726,9 +666,9 @@ static ncclResult_t recv_test(struct mpib_recv_req *r, int *done, int *sizes) {
 
 /* ------------------------------------------------------------------ flush */
 static ncclResult_t flush_setup(struct mpib_recv_comm *c) {
-  c->flush_buf = alloc_pages(64);
+  c->flush_buf = mpib_alloc_pages(64);
   if (!c->flush_buf) return ncclSystemError;
-  c->flush_mr = reg_local(&c->b, c->flush_buf, 64, IBV_ACCESS_LOCAL_WRITE, "flush buffer");
+  c->flush_mr = mpib_reg_local(&c->b, c->flush_buf, 64, IBV_ACCESS_LOCAL_WRITE, "flush buffer");
   if (!c->flush_mr) return ncclSystemError;
   MP_CHECK(mpib_create_qp(&c->b, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE, MPIB_FLUSH_SQ, 0, 0, &c->flush_qp));
   /* a loopback connection: the QP's peer is itself */
@@ -808,33 +748,4 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   if (kind == MPIB_REQ_FLUSH) return flush_test(request, done, sizes);
   MP_WARN("NET/IB: test on something that is not an mplane request");
   return ncclInvalidArgument;
-}
-
-/* ------------------------------------------------------------------ close */
-ncclResult_t mpib_close_send(void *send_comm) {
-  struct mpib_send_comm *c = send_comm;
-  if (!c) return ncclSuccess;
-  mpib_comm_unregister(&c->b);
-  mpib_comm_base_destroy(&c->b);
-  mpib_stage_destroy(c);
-  if (c->fifo_mr) mpib_v.dereg_mr(c->fifo_mr);
-  free(c->fifo);
-  free(c);
-  return ncclSuccess;
-}
-
-ncclResult_t mpib_close_recv(void *recv_comm) {
-  struct mpib_recv_comm *c = recv_comm;
-  if (!c) return ncclSuccess;
-  mpib_comm_unregister(&c->b);
-  if (c->flush_qp) mpib_v.destroy_qp(c->flush_qp);
-  mpib_comm_base_destroy(&c->b);
-  if (c->slots_mr) mpib_v.dereg_mr(c->slots_mr);
-  if (c->lens_mr) mpib_v.dereg_mr(c->lens_mr);
-  if (c->flush_mr) mpib_v.dereg_mr(c->flush_mr);
-  free(c->slots);
-  free(c->lens);
-  free(c->flush_buf);
-  free(c);
-  return ncclSuccess;
 }

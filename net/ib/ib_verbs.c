@@ -103,3 +103,16 @@ uint32_t mpib_port_speed_ex(const struct mpib_port_attr *pa) {
   memcpy(&v, pa->raw + MPIB_PORT_SPEED_EX_OFFSET, sizeof(v));
   return v;
 }
+
+/* Post a list of work requests on QP q of a comm; a refusal is the comm's error (kept, reported by
+ * every later call). Here, below the data path and the staging ring that both post. */
+ncclResult_t mpib_post(struct mpib_comm_base *b, int q, struct ibv_send_wr *wr) {
+  struct ibv_send_wr *bad = NULL;
+  int rc = ibv_post_send(b->qps[q], wr, &bad);
+  if (rc) {
+    mpib_error_set(&b->err, ncclSystemError, "%s port %d: ibv_post_send on QP %u failed: %s (peer %s)",
+                   b->dev->hca->name, b->dev->port, b->qps[q]->qp_num, strerror(rc), b->peer);
+    return mpib_error_check(&b->err);
+  }
+  return ncclSuccess;
+}
