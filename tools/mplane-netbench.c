@@ -758,11 +758,14 @@ int main(int argc, char **argv) {
   NCHECK(net->listen(ctx, 0, plan.handle, &listen_comm));
   size_t per_round = o.size * (size_t)o.window;
   /* Without --rounds a first plugin run, not counted and with no raw run beside it, measures the
-   * rate: a tenth of --seconds at a first guess of 4 GB/s (a host that moves 1 GB/s takes 0.4 of
-   * it, one that moves 20 a fiftieth), so the counted runs move --seconds' worth at the rate the
-   * host really has (a fixed 4 GB/s guess made `--seconds 2` run 7.5 s at 1 GB/s, plus the raw
-   * run of the same bytes). */
-  long rounds = o.rounds ? o.rounds : (long)(o.seconds * 0.1 * 4e9 / (double)(per_round ? per_round : 1)) + 2;
+   * rate: a tenth of --seconds at a first guess of 4 GB/s or 200k messages/s, whichever is fewer
+   * rounds (a host that moves 1 GB/s takes 0.4 of it, one that moves 20 a fiftieth; 8-byte
+   * messages at 35k/s about 0.6), so the counted runs move --seconds' worth at the rate the host
+   * really has (a fixed 4 GB/s guess made `--seconds 2` run 7.5 s at 1 GB/s, plus the raw run of
+   * the same bytes, and 8-byte messages 100000 rounds, minutes). */
+  double by_bytes = o.seconds * 0.1 * 4e9 / (double)(per_round ? per_round : 1);
+  double by_msgs = o.seconds * 0.1 * 2e5 / (double)(o.window > 0 ? o.window : 1);
+  long rounds = o.rounds ? o.rounds : (long)(by_bytes < by_msgs ? by_bytes : by_msgs) + 2;
   if (!o.rounds && rounds > 100000) rounds = 100000;
   plan.rounds = rounds;
   plan.calibrate = !o.rounds;
