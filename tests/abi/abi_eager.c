@@ -108,15 +108,6 @@ static void eg_wait(struct node *nd, void *req, int *sizes, const char *what) {
   }
 }
 
-static void *eg_recv(struct node *nd, void *rc, int n, void **bufs, size_t *caps, int *tags, void **mhs) {
-  void *req = NULL;
-  for (double t0 = abi_now(); !req;) {
-    if (abi_irecv(&nd->net, rc, n, bufs, caps, tags, mhs, &req) != ncclSuccess) abi_fail("irecv failed");
-    if (!req && abi_now() - t0 > EG_WAIT_S) abi_fail("irecv gave no request in %.0f s", EG_WAIT_S);
-  }
-  return req;
-}
-
 /* Message i holds msg_id(0, i) over `size` bytes; check it and the guard behind it. */
 static void eg_check(const void *buf, int got, size_t size, size_t cap, uint32_t i, const char *what) {
   if (got != (int)size) abi_fail("%s: test() reported %d bytes, %zu were sent", what, got, size);
@@ -137,7 +128,7 @@ static void eg_after(struct node *nd, struct link *l, struct pair *pp, int rank)
   char c = 'p';
   if (rank == 1) {
     int tag = 5;
-    for (int i = 0; i < N; i++) req[i] = eg_recv(nd, l->rc, 1, &buf[i], &cap, &tag, &mh[i]);
+    for (int i = 0; i < N; i++) req[i] = post_recv(nd, l->rc, 1, &buf[i], &cap, &tag, &mh[i]);
     chan_send(pp->fd, &c, 1);
     for (int i = 0; i < N; i++) {
       int got = -1;
@@ -199,7 +190,7 @@ int sc_eager_early(void) {
         gbuf[g][t] = buf[m];
         gmh[g][t] = mh[m];
       }
-      req[g] = eg_recv(&nd, l.rc, 2, gbuf[g], caps, tags, gmh[g]);
+      req[g] = post_recv(&nd, l.rc, 2, gbuf[g], caps, tags, gmh[g]);
     }
     for (int g = 0; g < G; g++) {
       int got[2] = {-1, -1};
@@ -241,7 +232,7 @@ static void eg_recv_all(struct node *nd, struct link *l, void **buf, void **mh, 
       if (abi_irecv(&nd->net, l->rc, 1, &buf[i], &cap, &tag, &mh[i], &req[i]) != ncclSuccess) abi_fail("irecv failed");
       if (!req[i]) eg_land(nd, req, buf, size, cap, oldest++, tag, id0, what);
     }
-    if (!req[i]) req[i] = eg_recv(nd, l->rc, 1, &buf[i], &cap, &tag, &mh[i]);
+    if (!req[i]) req[i] = post_recv(nd, l->rc, 1, &buf[i], &cap, &tag, &mh[i]);
   }
   while (oldest < n) eg_land(nd, req, buf, size, cap, oldest++, tag, id0, what);
   free(req);
@@ -319,7 +310,7 @@ int sc_eager_bound(void) {
     chan_recv(pp.fd, &c, 1);
     int tag = TAG, got = -1;
     size_t caps = cap;
-    void *req = eg_recv(&nd, l.rc, 1, &buf[0], &caps, &tag, &mh[0]);
+    void *req = post_recv(&nd, l.rc, 1, &buf[0], &caps, &tag, &mh[0]);
     eg_wait(&nd, req, &got, "the receive of a message above the eager limit");
     eg_check(buf[0], got, big, cap, 50, "a message above the eager limit");
   }
@@ -368,7 +359,7 @@ int sc_eager_short(void) {
     size_t mark = abi_log_mark();
     int tag = 5, done = 0;
     size_t sz = cap;
-    req = eg_recv(&nd, l.rc, 1, &buf, &sz, &tag, &mh);
+    req = post_recv(&nd, l.rc, 1, &buf, &sz, &tag, &mh);
     ncclResult_t err = ncclSuccess;
     for (double t0 = abi_now(); err == ncclSuccess && !done && abi_now() - t0 < 10;) err = abi_test(&nd.net, req, &done, NULL);
     if (done) abi_fail("a %zu-byte message into a %zu-byte buffer completed", send, cap);
@@ -404,11 +395,11 @@ int sc_eager_then_big(void) {
   size_t cap = big;
   if (rank == 1) {
     chan_recv(pp.fd, &c, 1); /* the small send is done: it went eagerly */
-    void *req = eg_recv(&nd, l.rc, 1, &buf[0], &cap, &tag, &mh[0]);
+    void *req = post_recv(&nd, l.rc, 1, &buf[0], &cap, &tag, &mh[0]);
     int got = -1;
     eg_wait(&nd, req, &got, "the small receive");
     eg_check(buf[0], got, small, big, 0, "the small message");
-    req = eg_recv(&nd, l.rc, 1, &buf[1], &cap, &tag, &mh[1]); /* its CTS may wait for a batch */
+    req = post_recv(&nd, l.rc, 1, &buf[1], &cap, &tag, &mh[1]); /* its CTS may wait for a batch */
     chan_send(pp.fd, &c, 1);
     chan_recv(pp.fd, &c, 1); /* no plugin call until the sender has its request (or gave up) */
     if (c != 'g') abi_fail("the 1 MiB send got no request while this side's proxy called nothing");
@@ -469,7 +460,7 @@ int sc_eager_then_close(void) {
     void *req[N];
     for (int i = 0; i < N; i++) {
       size_t bcap = cap;
-      req[i] = eg_recv(&nd, l.rc, 1, &buf[i], &bcap, &tag, &mh[i]);
+      req[i] = post_recv(&nd, l.rc, 1, &buf[i], &bcap, &tag, &mh[i]);
       if (i == 0) usleep(20 * 1000);
     }
     for (int i = 0; i < N; i++) {
@@ -523,7 +514,7 @@ int sc_filler(void) {
     char c = 'p';
     if (rank == 1) {
       int tag = 9;
-      for (int i = 0; i < N; i++) req[i] = eg_recv(&nd, l.rc, 1, &buf[i], &cap, &tag, &mh[i]);
+      for (int i = 0; i < N; i++) req[i] = post_recv(&nd, l.rc, 1, &buf[i], &cap, &tag, &mh[i]);
       chan_send(pp.fd, &c, 1);
       for (int i = 0; i < N; i++) {
         int got = -1;

@@ -120,27 +120,13 @@ static void check_entry(const void *buf, int got, size_t expect, size_t cap, uin
   if (bad >= 0) abi_fail("%s: byte %ld written past the %zu-byte message (buffer %zu)", what, bad, expect, cap);
 }
 
-/* Post one receive of n buffers, retrying NULL for up to 10 s, as the proxy does. */
-static void *post_recv(struct node *nd, void *rc, int n, void **buf, size_t *sizes, int *tags, void **mh) {
-  void *req = NULL;
-  for (double deadline = abi_now() + 10; !req;) {
-    double t0 = abi_now();
-    if (abi_irecv(&nd->net, rc, n, buf, sizes, tags, mh, &req) != ncclSuccess) abi_fail("irecv of %d buffers failed", n);
-    timed(t0, "irecv");
-    if (abi_now() > deadline) abi_fail("irecv of %d buffers gave no request in 10 s", n);
-  }
-  return req;
-}
-
 /* ------------------------------------------------------------------ shared-order */
 
 int sc_shared_order(void) {
   struct pair pp;
-  int rank = pair_fork(&pp);
   struct node nd;
-  node_up(&nd, g_opts.version);
   struct link l;
-  link_up(&nd, pp.fd, &l);
+  int rank = pair_up(&pp, &nd, &l);
   enum { SZ = 4096 };
   const int tags[2] = {1, 2};
   void *buf[4], *mh[4];
@@ -211,9 +197,7 @@ int sc_shared_order(void) {
   }
   barrier(pp.fd);
   bufs_down(&nd, comm, 4, buf, mh);
-  link_down(&nd, &l);
-  node_down(&nd);
-  return pair_finish(&pp, rank);
+  return pair_down(&pp, rank, &nd, &l);
 }
 
 /* ------------------------------------------------------------------ shared-wait */
@@ -223,11 +207,9 @@ int sc_shared_order(void) {
 int sc_shared_wait(void) {
   setenv("MPLANE_CONNECT_TIMEOUT", "2", 1);
   struct pair pp;
-  int rank = pair_fork(&pp);
   struct node nd;
-  node_up(&nd, g_opts.version);
   struct link l;
-  link_up(&nd, pp.fd, &l);
+  int rank = pair_up(&pp, &nd, &l);
   enum { SZ = 1000 };
   int tags[2] = {1, 2};
   void *buf[2], *mh[2];
@@ -271,9 +253,7 @@ int sc_shared_wait(void) {
   }
   barrier(pp.fd);
   bufs_down(&nd, comm, 2, buf, mh);
-  link_down(&nd, &l);
-  node_down(&nd);
-  return pair_finish(&pp, rank);
+  return pair_down(&pp, rank, &nd, &l);
 }
 
 /* ------------------------------------------------------------------ shared-comms */
@@ -477,7 +457,5 @@ int sc_shared_comms(void) {
   struct link l;
   link_up(&nd, pp.fd, &l);
   for (int k = 2; k <= SH_MAX_TAGS; k *= 2) shared_run(&nd, &l, rank, pp.fd, k, steps);
-  link_down(&nd, &l);
-  node_down(&nd);
-  return pair_finish(&pp, rank);
+  return pair_down(&pp, rank, &nd, &l);
 }
