@@ -1268,3 +1268,20 @@ int bench_ceiling_main(const bench_opts *o, int fd) {
   if (write(fd, res, sizeof(res)) != (ssize_t)sizeof(res)) return 2;
   return 0;
 }
+
+/* A line of the report: to stdout, and appended to --out's file when one is named. */
+void bench_report(const bench_opts *o, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  if (o->out[0]) {
+    FILE *f = fopen(o->out, "a");
+    if (f) {
+      va_start(ap, fmt);
+      vfprintf(f, fmt, ap);
+      va_end(ap);
+      fclose(f);
+    }
+  }
+}

@@ -442,19 +442,3 @@ int main(int argc, char **argv) {
   free(pids);
   return ok ? 0 : 1;
 }
-
-void bench_report(const bench_opts *o, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  if (o->out[0]) {
-    FILE *f = fopen(o->out, "a");
-    if (f) {
-      va_start(ap, fmt);
-      vfprintf(f, fmt, ap);
-      va_end(ap);
-      fclose(f);
-    }
-  }
-}
