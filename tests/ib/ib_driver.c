@@ -39,6 +39,9 @@ static void fail(const char *fmt, ...) {
   exit(1);
 }
 
+/* A variable's value for a failure message, "" where it is unset. */
+static const char *env_text(const char *name) { return getenv(name) ? getenv(name) : ""; }
+
 static void note(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -884,8 +887,8 @@ static int sc_relaxed_ordering(void) {
   if (data_ro != want)
     fail("%d of the 2 data buffers (send and receive) were registered with relaxed ordering, expected %d "
          "(MPLANE_IB_PCI_RELAXED_ORDERING='%s', NCCL_IB_PCI_RELAXED_ORDERING='%s')", data_ro, want,
-         getenv("MPLANE_IB_PCI_RELAXED_ORDERING") ? getenv("MPLANE_IB_PCI_RELAXED_ORDERING") : "",
-         getenv("NCCL_IB_PCI_RELAXED_ORDERING") ? getenv("NCCL_IB_PCI_RELAXED_ORDERING") : "");
+         env_text("MPLANE_IB_PCI_RELAXED_ORDERING"),
+         env_text("NCCL_IB_PCI_RELAXED_ORDERING"));
   note("%d registrations: %d data buffers relaxed ordering, FIFO and length records strict", n, data_ro);
   return 0;
 }
@@ -937,9 +940,9 @@ static int sc_ar(void) {
       fail("class %s, %zu bytes: data %s the AR form (write, then write with immediate); expected %s "
            "(MPLANE_TC_MAP='%s' MPLANE_IB_ADAPTIVE_ROUTING='%s' NCCL_IB_ADAPTIVE_ROUTING='%s' NCCL_IB_AR_THRESHOLD='%s')",
            cls < 0 ? "none" : mplane_tc_class_name(cls), size, got ? "went in" : "did not go in", want ? "it" : "one write with immediate",
-           getenv("MPLANE_TC_MAP") ? getenv("MPLANE_TC_MAP") : "", getenv("MPLANE_IB_ADAPTIVE_ROUTING") ? getenv("MPLANE_IB_ADAPTIVE_ROUTING") : "",
-           getenv("NCCL_IB_ADAPTIVE_ROUTING") ? getenv("NCCL_IB_ADAPTIVE_ROUTING") : "",
-           getenv("NCCL_IB_AR_THRESHOLD") ? getenv("NCCL_IB_AR_THRESHOLD") : "");
+           env_text("MPLANE_TC_MAP"), env_text("MPLANE_IB_ADAPTIVE_ROUTING"),
+           env_text("NCCL_IB_ADAPTIVE_ROUTING"),
+           env_text("NCCL_IB_AR_THRESHOLD"));
     note("class %s, %zu bytes: %s", cls < 0 ? "none" : mplane_tc_class_name(cls), size,
          got ? "AR form" : "one write with immediate");
     c = end + 2;
@@ -970,8 +973,8 @@ static int sc_split(void) {
       fail("a sender QP carried %ld writes with immediate for four 1 MiB messages, expected %ld (%s) "
            "(MPLANE_IB_SPLIT_DATA_ON_QPS='%s' NCCL_IB_SPLIT_DATA_ON_QPS='%s')", imms, want,
            want == 1 ? "whole messages, round-robin" : "each striped over every QP",
-           getenv("MPLANE_IB_SPLIT_DATA_ON_QPS") ? getenv("MPLANE_IB_SPLIT_DATA_ON_QPS") : "",
-           getenv("NCCL_IB_SPLIT_DATA_ON_QPS") ? getenv("NCCL_IB_SPLIT_DATA_ON_QPS") : "");
+           env_text("MPLANE_IB_SPLIT_DATA_ON_QPS"),
+           env_text("NCCL_IB_SPLIT_DATA_ON_QPS"));
   }
   if (senders != 4) fail("%d sender QPs carried data, expected all 4", senders);
   note("four 1 MiB messages on 4 QPs: %ld write(s) with immediate on each", want);
@@ -1076,7 +1079,7 @@ static int sc_rma_relaxed_ordering(void) {
     if (ro != w[i].want)
       fail("the %s was registered %s relaxed ordering, expected %s (MPLANE_IB_PCI_RELAXED_ORDERING='%s')", w[i].what,
            ro ? "with" : "without", w[i].want ? "with" : "without",
-           getenv("MPLANE_IB_PCI_RELAXED_ORDERING") ? getenv("MPLANE_IB_PCI_RELAXED_ORDERING") : "");
+           env_text("MPLANE_IB_PCI_RELAXED_ORDERING"));
   }
   rma1_close(&m);
   note("data windows %s relaxed ordering, signal windows strict; putSignal landed in order", want ? "with" : "without");
@@ -1105,8 +1108,8 @@ static int sc_rma_flush(void) {
   if (!want && req)
     fail("iflush after a get into GPU memory gave a request though GDR flushes are disabled "
          "(MPLANE_IB_GDR_FLUSH_DISABLE='%s', NCCL_IB_GDR_FLUSH_DISABLE='%s')",
-         getenv("MPLANE_IB_GDR_FLUSH_DISABLE") ? getenv("MPLANE_IB_GDR_FLUSH_DISABLE") : "",
-         getenv("NCCL_IB_GDR_FLUSH_DISABLE") ? getenv("NCCL_IB_GDR_FLUSH_DISABLE") : "");
+         env_text("MPLANE_IB_GDR_FLUSH_DISABLE"),
+         env_text("NCCL_IB_GDR_FLUSH_DISABLE"));
   if (want && !req) fail("iflush after a get into GPU memory gave no request");
   if (req) rma1_wait(&m, req, "flush");
   if (want && gpu[0] != 0x5a) fail("the get's bytes are not visible in GPU memory after the flush");
