@@ -9,12 +9,12 @@
  *               so the GPU sees the gets' bytes once it completes, as NCCL's GPUDirect flush); a
  *               NULL request (done) where no get into GPU memory came since the last flush, or
  *               where MPLANE_IB_GDR_FLUSH_DISABLE says the platform needs none
+ *   test        polls the context's CQ; every work request is signaled, a request is done when all
+ *               of its work requests completed
  *
  * Adaptive routing: none of these ops has a form that survives packets of one QP arriving out of
  * order (a signal's atomic follows its put in arrival order), so the one-sided QPs keep static
  * routes whatever MPLANE_IB_ADAPTIVE_ROUTING says; only two-sided data takes the AR form.
- *   test        polls the context's CQ; every work request is signaled, a request is done when all
- *               of its work requests completed
  *
  * Why an atomic for the signal, not a write with immediate: an RC responder executes the requests
  * of one QP in order, and an atomic is a read-modify-write the HCA issues after the earlier write's
@@ -795,8 +795,9 @@ static ncclResult_t op_conn(struct ibr_ctxset *s, int context, uint32_t rank, co
     return ncclInvalidUsage;
   }
   struct ibr_conn *c = s->conns[context * g->nranks + (int)rank];
-  struct ibr_conn *f = __atomic_load_n(&s->faulted[rank], __ATOMIC_ACQUIRE);
-  if (!f && __atomic_load_n(&c->failed, __ATOMIC_ACQUIRE)) f = c;
+  /* this connection's own failure, else one the wire gave this peer in another context */
+  struct ibr_conn *f =
+      __atomic_load_n(&c->failed, __ATOMIC_ACQUIRE) ? c : __atomic_load_n(&s->faulted[rank], __ATOMIC_ACQUIRE);
   if (f || __atomic_load_n(&g->gone[rank], __ATOMIC_ACQUIRE)) {
     if (f && f != c)
       MP_WARN("RMA %s to rank %u (context %d): its connection in context %d failed: %s", what, rank, context,
