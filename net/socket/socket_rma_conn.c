@@ -641,9 +641,8 @@ static void flush_deferred(struct mpr_conn *c, uint64_t now) {
   /* now is when this rmaProgress began: records its own reading queued are younger (no wrap) */
   int idle = added == c->ops_seen, old = now > c->deferred_ns && now - c->deferred_ns > 20000;
   c->ops_seen = added;
-  int reply = !c->p_head && reply_queued_locked(c);
   if (!c->deferred || c->held || c->wbusy || !c->q_head ||
-      !(idle || old || reply || queued_locked(c) >= MPR_BATCH)) {
+      !(idle || old || (!c->p_head && reply_queued_locked(c)) || queued_locked(c) >= MPR_BATCH)) {
     pthread_mutex_unlock(&c->lock);
     return;
   }
