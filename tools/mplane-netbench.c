@@ -690,7 +690,6 @@ struct bench_plan {
   long rounds;
   struct sockaddr_storage raw_addr;
   socklen_t raw_len;
-  int calibrate; /* 1: a first plugin run, not counted (no raw run), sizes the rounds to --seconds at its rate */
 };
 
 /* The sending process: its own plugin, connect to the handle the receiver sends, then --repeat
@@ -709,7 +708,8 @@ static void sender_main(const struct opts *o, int fd) {
   if (o->raw_streams > 0) raw_connect(&raw, o->raw_streams);
   size_t per_round = o->size * (size_t)o->window;
   long rounds = plan.rounds;
-  for (int r = -plan.calibrate; r < o->repeat; r++) {
+  /* without --rounds, pair -1 is the receiver's first run, not counted (no raw run) */
+  for (int r = o->rounds ? 0 : -1; r < o->repeat; r++) {
     double secs;
     plugin_side(net, send_comm, 1, o, rounds, &secs);
     long next; /* the receiver's go, with the rounds of the next pair */
@@ -768,7 +768,6 @@ int main(int argc, char **argv) {
   long rounds = o.rounds ? o.rounds : (long)(by_bytes < by_msgs ? by_bytes : by_msgs) + 2;
   if (!o.rounds && rounds > 100000) rounds = 100000;
   plan.rounds = rounds;
-  plan.calibrate = !o.rounds;
   char ip[INET6_ADDRSTRLEN];
   iface_ip(p0.name, ip, sizeof(ip));
   struct raw_link raw = {.lfd = -1};
@@ -787,7 +786,7 @@ int main(int argc, char **argv) {
   /* Plugin and raw rounds alternate, so a noisy machine's drift hits both alike; the ratio is
    * taken pair by pair. */
   double pg[1000], rg[1000], ratio[1000];
-  for (int r = -plan.calibrate; r < o.repeat; r++) {
+  for (int r = o.rounds ? 0 : -1; r < o.repeat; r++) {
     double secs;
     plugin_side(net, recv_comm, 0, &o, rounds, &secs);
     double gbs = (double)per_round * rounds / secs / 1e9;
