@@ -1154,6 +1154,10 @@ static void *reader_main(void *arg) {
       reader_rest(c);
       continue;
     }
+    /* rmaProgress has stopped: what its last pass left deferred (an answer waiting a pass for a
+     * reply to ride with) goes through the writer, as test() does for a caller's own records, so an
+     * op served in the last pass is still answered. */
+    mpr_conn_kick(c);
     struct pollfd p = {.fd = c->fd, .events = POLLIN};
     int r = poll(&p, 1, (int)(MPR_PROGRESS_LIVE_NS / 1000000));
     if (r < 0 && errno != EINTR) {

@@ -329,6 +329,43 @@ void scenario_replies(void) {
   teardown(&e);
 }
 
+/* ---- lastpass: an op served in rmaProgress's last pass is still answered ----
+ * Rank 1 calls rmaProgress (NCCL's proxy loop) until rank 0's put has landed, then calls nothing of
+ * the plugin again. Its answer waited in the queue for a reply to ride with, in a pass that never
+ * came, so rank 0's put never completed: the answer must leave without another rmaProgress (the
+ * reader thread hands it to the writer once the calls stop). Socket transport. */
+void scenario_lastpass(void) {
+  if (g_n != 2) die("lastpass needs 2 ranks");
+  struct env e = {0};
+  setup(&e, 1);
+  struct ploop l = {.e = &e};
+  enum { DONE = 40 }; /* shm->arrived[DONE]: rank 0's put completed */
+  if (g_rank == 1)
+    for (double t0 = now_s(); now_s() - t0 < 0.05;) ploop_pass(&l, 0, 0, 0, 0); /* rmaProgress is live */
+  barrier(2);
+  if (g_rank == 0) {
+    void *r = NULL;
+    CHECK(rma->iputSignal(e.rc, 0, 0, e.mh_src, 512, 0, e.mh_recv, 1, 8, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD, true,
+                          &r));
+    wait_reqs(e.cc, &r, 1, 0);
+    __atomic_store_n(&shm->arrived[DONE], 1, __ATOMIC_RELEASE);
+  } else {
+    double t0 = now_s();
+    while (sig_read(&e, 1) < 1) {
+      if (now_s() - t0 > DEADLINE_S) die("lastpass: rank 0's put never landed");
+      ploop_pass(&l, 0, 0, 0, 0);
+    }
+    t0 = now_s(); /* from here on nothing of the plugin is called */
+    while (!__atomic_load_n(&shm->arrived[DONE], __ATOMIC_ACQUIRE)) {
+      if (now_s() - t0 > 10) die("lastpass: the put served in rmaProgress's last pass was never answered (10 s)");
+      usleep(1000);
+    }
+    printf("rank 1: the put served in the last pass was answered %.0f ms after it\n", (now_s() - t0) * 1e3);
+  }
+  barrier(3);
+  teardown(&e);
+}
+
 /* ---- eplike: what NCCL EP's low-latency dispatch posts through GIN. The group has 128 contexts; in
  * each round every rank sends every rank (itself included), on every context c, a few tokens:
  * plain puts into its slot (source, c) of the peer's receive window, then one signal alone adding

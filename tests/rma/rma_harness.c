@@ -502,6 +502,7 @@ static const struct scenario {
     {"rate", scenario_rate, 0},
     {"proxyloop", scenario_proxyloop, 0},
     {"replies", scenario_replies, 0},
+    {"lastpass", scenario_lastpass, 0},
     {"eplike", scenario_eplike, 1},
     {"dmabuf", scenario_dmabuf, 0},
     {"noroute", scenario_noroute, 0},

@@ -125,6 +125,7 @@ void scenario_stagefault(void);
 void scenario_rate(void); /* rma_gin.c */
 void scenario_proxyloop(void);
 void scenario_replies(void);
+void scenario_lastpass(void);
 void scenario_eplike(void);
 void scenario_dmabuf(void); /* rma_gpu.c */
 void scenario_noroute(void);
