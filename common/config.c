@@ -238,7 +238,7 @@ static const struct row rows[] = {
      "TRACE line (each one-sided op) on stderr under NCCL, time-stamped"},
     {"MPLANE_TUNER_CONFIG", K_STR, STR(tuner_config), "", 0, 0, NULL, "a path to a CSV tuner table",
      "tuner table; without one the tuner changes nothing"},
-    /* libmplane-ep's (ep/): it reads these through mplane_config_load_ep; the plugin leaves them at
+    /* libmplane-ep's (collectives/ep/): it reads these through mplane_config_load_ep; the plugin leaves them at
      * their defaults. The fused kernels' counts are bounded again at create, by the device's blocks. */
     {"MPLANE_EP_LINK_SMS", K_INT, OFF(ep_link_sms), 0, "-1", -1, 1024, NULL,
      "-1 (automatic) or an integer from 0 to 1024, at most the fused dispatch's blocks less 2",

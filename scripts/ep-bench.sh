@@ -104,7 +104,7 @@ env_report() {
 BENCH=""; EPLIB_DIR=""; PLUGIN_DIR=""
 direct_build() {
   # libmplane-ep and the launcher without meson (needs only nvcc, a C compiler and NCCL)
-  local d="$build/direct" ep="$here/ep" cl
+  local d="$build/direct" ep="$here/collectives/ep" cl
   cl="$(cuda_lib)"
   mkdir -p "$d"
   local inc=(-I"$ep" -I"$ep/bench" -I"$(dirname "$(command -v nvcc)")/../include" -I"$NCCL_INC")
@@ -142,9 +142,9 @@ do_build() {
   else
     echo "== EP_NVCC_FLAGS=$EP_NVCC_FLAGS: building libmplane-ep directly =="
   fi >"$out/build.log" 2>&1
-  if [ -z "${EP_NVCC_FLAGS:-}" ] && [ -x "$build/ep/mplane-ep-bench" ]; then
-    BENCH="$build/ep/mplane-ep-bench"
-    EPLIB_DIR="$build/ep"
+  if [ -z "${EP_NVCC_FLAGS:-}" ] && [ -x "$build/collectives/ep/mplane-ep-bench" ]; then
+    BENCH="$build/collectives/ep/mplane-ep-bench"
+    EPLIB_DIR="$build/collectives/ep"
     say "built with meson: $BENCH"
   else
     say "meson build of the whole project failed (see build.log: often missing hwloc/cmocka headers); building libmplane-ep directly"

@@ -128,7 +128,7 @@ prepare_run() {
     { cat "$out/build-step.log"; die "building libmplane-ep failed (see $out/build)"; }
   grep -E "^ep-bench: (NCCL header|nvcc|date|  GPU)" "$out/build-step.log" | sed 's/^ep-bench: /  /' >>"$out/notes.txt"
   bench=""
-  for b in "$build/ep/mplane-ep-bench" "$build/direct/mplane-ep-bench"; do
+  for b in "$build/collectives/ep/mplane-ep-bench" "$build/direct/mplane-ep-bench"; do
     [ -x "$b" ] && { bench=$b; break; }
   done
   [ -n "$bench" ] || die "no mplane-ep-bench in $build after the build"

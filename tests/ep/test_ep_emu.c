@@ -1,4 +1,4 @@
-/* libmplane-ep's real host code (ep/ep_host.c) and real kernels (ep_kernels.cu, built as
+/* libmplane-ep's real host code (collectives/ep/ep_host.c) and real kernels (ep_kernels.cu, built as
  * C++ against tests/ep/emu: every CUDA thread an OS thread, barriers and warp shuffles emulated)
  * over an emulated NCCL (ranks are threads; a receive whose size differs from the send fails),
  * checked against the reference model: dispatch rows, combine outputs bit for bit, token-in-rank

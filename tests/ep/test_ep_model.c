@@ -1,4 +1,4 @@
-/* libmplane-ep reference model (ep/ep_model.c) on cases worked out by hand: bytes per
+/* libmplane-ep reference model (collectives/ep/ep_model.c) on cases worked out by hand: bytes per
  * phase (the node-limited formula M*H*(1 + 4/128) + M*H*2 against one copy per expert), the
  * NVLink forwarding count, row order, and combine values. */
 #include <setjmp.h>

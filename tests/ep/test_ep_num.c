@@ -1,4 +1,4 @@
-/* libmplane-ep number formats (ep/ep_num.h): FP8 e4m3 and BF16 conversions, tile
+/* libmplane-ep number formats (collectives/ep/ep_num.h): FP8 e4m3 and BF16 conversions, tile
  * scales. These are the CPU twins of the GPU conversions; the GPU test compares them on device. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* The planner the GPU build uses (ep/ep_plan.h, ep_sched.c), run for all ranks on the
+/* The planner the GPU build uses (collectives/ep/ep_plan.h, ep_sched.c), run for all ranks on the
  * CPU (ep_sim.c), against the independent reference model (ep_model.c) on many random routings:
  * uniform, DeepSeek-V3 gated, all experts on one node, every node, dropped/invalid/repeated ids;
  * FP8 and BF16; normal and worst-case (CUDA-graph) offsets; the flat baseline; contiguous and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU test: libmplane-ep from PyTorch (ep/python/mplane_ep) against pure-torch references, and its
+"""GPU test: libmplane-ep from PyTorch (collectives/ep/python/mplane_ep) against pure-torch references, and its
 time beside the plain torch all_to_all_single MoE baseline, in one run.
 
     python3 tests/gpu/test_mplane_ep_torch.py [--emulate-nodes 2] [--net mplane] [--json FILE]
@@ -39,7 +39,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "ep", "python"))
+sys.path.insert(0, os.path.join(ROOT, "collectives", "ep", "python"))
 
 
 def load_smoke():

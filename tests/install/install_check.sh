@@ -32,17 +32,17 @@ echo "install: mplane-config and mplane-topo run from ${bindir#"$tmp"}"
 
 # pip builds in the source folder: give it a copy, so the repository stays clean
 if python3 -c "import setuptools" 2>/dev/null && python3 -m pip --version >/dev/null 2>&1; then
-  cp -r "$src/ep/python" "$tmp/pysrc"
+  cp -r "$src/collectives/ep/python" "$tmp/pysrc"
   # as a user runs it: pip fetches setuptools for the build from PyPI unless the wheel package is here
   iso=""
   python3 -c "import wheel" 2>/dev/null && iso="--no-build-isolation"
   python3 -m pip install --quiet --root-user-action=ignore $iso --no-deps --target "$tmp/site" "$tmp/pysrc" \
     >"$tmp/pip.log" 2>&1 ||
-    { cat "$tmp/pip.log"; fail "pip install ./ep/python failed"; }
+    { cat "$tmp/pip.log"; fail "pip install ./collectives/ep/python failed"; }
   where=$(cd / && PYTHONPATH="$tmp/site" python3 -c "import mplane_ep, os; print(os.path.dirname(mplane_ep.__file__))")
   [ "$where" = "$tmp/site/mplane_ep" ] || fail "mplane_ep imported from $where, not from its install folder"
-  echo "install: pip install ./ep/python, import mplane_ep from the install folder"
+  echo "install: pip install ./collectives/ep/python, import mplane_ep from the install folder"
 else
-  echo "install: FAIL: python3 has no pip or setuptools: cannot check pip install ./ep/python"
+  echo "install: FAIL: python3 has no pip or setuptools: cannot check pip install ./collectives/ep/python"
   exit 1
 fi

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""ep/python/mplane_ep/_abi.py must mirror ep/mplane_ep.h exactly: every function with the
+"""collectives/ep/python/mplane_ep/_abi.py must mirror collectives/ep/mplane_ep.h exactly: every function with the
 same parameter and return types, every struct with the same fields (and, compiled, the same size and
 offsets), every MPLANE_EP_* constant with the same value; and a built libmplane-ep.so must export
 every bound function. Runs with a plain python3 (no torch, no GPU).
 
 The checker itself is tested first on a sample header with a binding that differs from it.
 Exit 77 (skipped) while the header does not exist yet; the self-tests still run and must pass.
-Environment: MPLANE_EP_HEADER (default ep/mplane_ep.h), MPLANE_BUILD_ROOT (to find
+Environment: MPLANE_EP_HEADER (default collectives/ep/mplane_ep.h), MPLANE_BUILD_ROOT (to find
 libmplane-ep.so), CC (default cc).
 """
 import ctypes
@@ -20,12 +20,12 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "ep", "python"))
+sys.path.insert(0, os.path.join(ROOT, "collectives", "ep", "python"))
 
 import cheader  # noqa: E402
 from mplane_ep import _abi, _nccl  # noqa: E402  (no torch needed)
 
-HEADER = os.environ.get("MPLANE_EP_HEADER", os.path.join(ROOT, "ep", "mplane_ep.h"))
+HEADER = os.environ.get("MPLANE_EP_HEADER", os.path.join(ROOT, "collectives", "ep", "mplane_ep.h"))
 
 SAMPLE = """
 #ifndef S_H
@@ -191,7 +191,7 @@ def compiled_layout(header, structs):
 
 def find_library():
     build = os.environ.get("MPLANE_BUILD_ROOT")
-    cands = [os.path.join(build, "ep", "libmplane-ep.so"), os.path.join(build, "libmplane-ep.so")] \
+    cands = [os.path.join(build, "collectives", "ep", "libmplane-ep.so"), os.path.join(build, "libmplane-ep.so")] \
         if build else _abi.default_library_paths(ROOT)
     return next((p for p in cands if os.path.isfile(p)), None)
 
@@ -201,7 +201,7 @@ class AgainstHeader(unittest.TestCase):
         with open(HEADER) as f:
             h = cheader.parse(f.read())
         errs = cheader.compare(h, _abi.FUNCTIONS, _abi.STRUCTS, _abi.CONSTANTS, "mplane_ep")
-        self.assertEqual(errs, [], f"ep/python/mplane_ep/_abi.py differs from {HEADER}:\n  " + "\n  ".join(errs))
+        self.assertEqual(errs, [], f"collectives/ep/python/mplane_ep/_abi.py differs from {HEADER}:\n  " + "\n  ".join(errs))
         self.assertIn("MPLANE_EP_ABI_VERSION", h.constants(), "the header should define MPLANE_EP_ABI_VERSION")
 
     def test_struct_layout_compiled(self):

@@ -1,4 +1,4 @@
-/* mplane-ep-bench's rank code (ep/bench/bench_run.c) on the CPU emulator: two ranks as
+/* mplane-ep-bench's rank code (collectives/ep/bench/bench_run.c) on the CPU emulator: two ranks as
  * threads of this process, one emulated node of two GPUs or two of one (each thread its own host
  * identity), unique ids relayed through pipes as the launcher does. Runs the correctness checks,
  * the byte accounting (without plugin counters) and a small benchmark: what the GPU machine will

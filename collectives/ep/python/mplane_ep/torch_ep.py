@@ -236,7 +236,7 @@ class Context:
     `traffic_class` (default 'alltoall'), so MPLANE_TC_MAP puts the MoE traffic on its own service
     level. comm='group': the group's own communicator (ProcessGroupNCCL._comm_ptr()), no new
     connections; its traffic class is the group's.
-    Other arguments are mplane_ep_config's (ep/mplane_ep.h).
+    Other arguments are mplane_ep_config's (collectives/ep/mplane_ep.h).
     """
 
     def __init__(self, group=None, *, num_experts, hidden, topk, max_tokens, gpus_per_node=0, max_recv_rows=0,

@@ -1,10 +1,10 @@
 """Pure-torch references for libmplane-ep (no library needed), used by the GPU test and usable as a
 baseline in a model:
 
-- route_ref: DeepSeek-V3 group-limited gating, the twin of mp_ep_route_ref (ep/ep_ref.h)
+- route_ref: DeepSeek-V3 group-limited gating, the twin of mp_ep_route_ref (collectives/ep/ep_ref.h)
 - effective_topk: which top-k slots count (ids outside [0, E) and repeats of an earlier slot drop)
 - fp8_quantize_ref / fp8_dequantize_ref: e4m3 with one float32 scale per 1x128 tile, the formulas
-  of ep/ep_num.h (scale = max(amax, 1e-4) / 448, inv = 448 / max(amax, 1e-4), q = e4m3(x * inv), RNE)
+  of collectives/ep/ep_num.h (scale = max(amax, 1e-4) / 448, inv = 448 / max(amax, 1e-4), q = e4m3(x * inv), RNE)
 - tolerance: the documented error bound of dispatch + identity experts + combine (ep_model.h)
 - expected_dispatch: what rank d must receive, per local expert, in the library's row order
 - TorchAllToAllMoE: dispatch/combine with torch.distributed.all_to_all_single, one BF16 copy per

@@ -1,4 +1,4 @@
-"""The C API of libmplane-ep (ep/mplane_ep.h) as ctypes declarations: one entry per
+"""The C API of libmplane-ep (collectives/ep/mplane_ep.h) as ctypes declarations: one entry per
 constant, struct and function of the header, nothing else. tests/python/test_ep_binding.py parses
 the header (and compiles it for struct sizes and offsets) and fails on any difference, so keep this
 file a mirror: when the header changes, change this file the same way. The library's ABI version
@@ -12,7 +12,7 @@ import os
 
 from ctypes import POINTER, c_char_p, c_float, c_int, c_longlong, c_void_p
 
-HEADER = "ep/mplane_ep.h"
+HEADER = "collectives/ep/mplane_ep.h"
 
 # ---- constants (#define / enum of the header) ----
 MPLANE_EP_ABI_VERSION = 2
@@ -144,13 +144,13 @@ class EPError(RuntimeError):
 
 def default_library_paths(repo_root=None):
     """Where libmplane-ep.so is looked for: $MPLANE_EP_LIB (a file), then $MPLANE_LIB_DIR and the
-    repository's build folders (build*/ep, build*/), then by name on the loader's search
+    repository's build folders (build*/collectives/ep, build*/), then by name on the loader's search
     path (an installed library)."""
     paths = []
     if os.environ.get("MPLANE_EP_LIB"):
         paths.append(os.environ["MPLANE_EP_LIB"])
-    # the repository: this file is ep/python/mplane_ep/_abi.py in it
-    root = repo_root or os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+    # the repository: this file is collectives/ep/python/mplane_ep/_abi.py in it
+    root = repo_root or os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
     dirs = []
     if os.environ.get("MPLANE_LIB_DIR"):
         dirs.append(os.environ["MPLANE_LIB_DIR"])
@@ -160,7 +160,7 @@ def default_library_paths(repo_root=None):
     except OSError:
         pass
     for d in dirs:
-        for sub in ("ep", ""):
+        for sub in (os.path.join("collectives", "ep"), ""):
             paths.append(os.path.join(d, sub, "libmplane-ep.so"))
     paths.append("libmplane-ep.so")  # the loader's own search path: an installed library (meson install)
     return paths
@@ -198,7 +198,7 @@ def load(path=None):
     got = lib.mplane_ep_abi_version()
     if got != MPLANE_EP_ABI_VERSION:
         raise EPError(f"mplane_ep: {p} has ABI version {got}, this binding mirrors version {MPLANE_EP_ABI_VERSION} "
-                      f"of {HEADER}: rebuild the library or update ep/python/mplane_ep/_abi.py")
+                      f"of {HEADER}: rebuild the library or update collectives/ep/python/mplane_ep/_abi.py")
     lib._mplane_path = p
     return lib
 

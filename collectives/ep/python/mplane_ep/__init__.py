@@ -8,7 +8,7 @@
     out = ep.combine(y, d)                      # [T, H] bfloat16 at the tokens' origin
     ep.close()
 
-A thin ctypes binding: _abi mirrors ep/mplane_ep.h (no torch needed to import it),
+A thin ctypes binding: _abi mirrors collectives/ep/mplane_ep.h (no torch needed to import it),
 _nccl holds the NCCL calls, torch_ep the torch layer, reference pure-torch references and the
 all_to_all_single baseline. The library is found through $MPLANE_EP_LIB or the build folders.
 docs/pytorch.md has the details.

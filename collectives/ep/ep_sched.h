@@ -1,6 +1,6 @@
 /* libmplane-ep planner, host side: buffer sizes, the view of one rank, and the NCCL schedule
  * (which peer gets which bytes of which buffer in each exchange). Plain C, used by the library
- * (ep/ep_host.c) and by the CPU simulation that CI checks (ep_sim.c). */
+ * (collectives/ep/ep_host.c) and by the CPU simulation that CI checks (ep_sim.c). */
 #ifndef MPLANE_EP_SCHED_H
 #define MPLANE_EP_SCHED_H
 
