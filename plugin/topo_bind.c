@@ -40,6 +40,7 @@ ncclResult_t mplane_topo_annotate_props(struct mplane_topo *t, struct mplane_dev
     mplane_topo_sort_nics(t);
   }
   int nic_of[64]; /* the plugin has at most 64 devices */
+  int facts = 0;  /* the transport told some device's subnet */
   for (int d = 0; d < n && d < 64; d++) {
     int i = match_device(t, &props[d]);
     nic_of[d] = i;
@@ -54,8 +55,19 @@ ncclResult_t mplane_topo_annotate_props(struct mplane_topo *t, struct mplane_dev
     /* What the transport found of its subnet, where the node's files show none (the default IB
      * prefix): without it every such NIC would be a plane of its own by PCI order, and every
      * connection between two NICs of one fabric relayed. */
-    if (props[d].subnet_kind && !nic->has_subnet)
+    /* A subnet the transport proved (the probe's) also wins over an IP subnet, which only hints:
+     * routed RoCE gives every NIC of one fabric a subnet of its own. */
+    int hint_only = nic->has_subnet && (nic->subnet_kind == MPLANE_SUBNET_IPV4 || nic->subnet_kind == MPLANE_SUBNET_IPV6);
+    if (props[d].subnet_kind && (!nic->has_subnet || (hint_only && props[d].subnet_kind == MPLANE_SUBNET_PROBED)))
       mplane_topo_set_subnet(t, i, props[d].subnet_kind, props[d].subnet_key, props[d].subnet);
+    if (props[d].subnet_kind) facts = 1;
+  }
+  /* A NIC of the node the transport reports no port of (its port is down) while it tells the
+   * others' subnets: it carries nothing, and must not void the planes of those that do. */
+  for (int i = 0; facts && i < t->nnics; i++) {
+    int seen = 0;
+    for (int d = 0; d < n && d < 64; d++) seen |= nic_of[d] == i;
+    if (!seen && !t->nics[i].has_subnet) t->nics[i].down = 1;
   }
   ncclResult_t res = mplane_topo_assign_planes(t, planes, err, errlen);
   if (res != ncclSuccess) return res;

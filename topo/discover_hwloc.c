@@ -73,8 +73,10 @@ static void add_ib_details(struct mplane_topo_nic *nic, hwloc_obj_t os) {
   for (int port = 1; port <= 8; port++) {
     char key[32];
     snprintf(key, sizeof(key), "Port%dState", port);
-    if (!hwloc_obj_get_info_by_name(os, key)) continue;
+    const char *state = hwloc_obj_get_info_by_name(os, key);
+    if (!state) continue;
     nic->port = port;
+    nic->down = atoi(state) != 4; /* IB_PORT_ACTIVE */
     snprintf(key, sizeof(key), "Port%dGID0", port);
     uint64_t prefix;
     const char *gid = hwloc_obj_get_info_by_name(os, key);

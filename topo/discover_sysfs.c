@@ -158,6 +158,10 @@ static void add_ibdev(void *vctx, const char *name) {
     join(p, sizeof(p), c->root, rel);
     if (read_line(p, buf, sizeof(buf)) != 0) continue;
     nic->port = port;
+    char state[32];
+    snprintf(rel, sizeof(rel), "sys/class/infiniband/%s/ports/%d/state", name, port);
+    join(p, sizeof(p), c->root, rel);
+    nic->down = read_line(p, state, sizeof(state)) == 0 && atoi(state) != 4; /* "4: ACTIVE" */
     if (sscanf(buf, "%4x:%4x:%4x:%4x", &g[0], &g[1], &g[2], &g[3]) == 4) {
       uint64_t prefix = ((uint64_t)g[0] << 48) | ((uint64_t)g[1] << 32) | ((uint64_t)g[2] << 16) | g[3];
       if (mplane_ib_prefix_names_subnet(prefix)) {

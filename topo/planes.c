@@ -57,12 +57,20 @@ int mplane_planes_by_subnet(int n, const struct mplane_subnet *subnets, int *pla
   if (n <= 0) return 0;
   for (int i = 0; i < n; i++)
     if (subnets[i].kind == MPLANE_SUBNET_NONE) return 0;
-  int distinct = 0;
+  /* Subnets with a name (an IB prefix, an IP subnet) come first, ranked by that name; a transport's
+   * found subnets (PROBED) follow, each at the number the transport gave it, so that a slot it kept
+   * for a port that is down stays empty instead of shifting the planes after it. */
+  int named = 0, distinct = 0;
+  for (int i = 0; i < n; i++) {
+    int first = 1;
+    for (int j = 0; j < i; j++) first &= subnet_cmp(&subnets[j], &subnets[i]) != 0;
+    named += first && subnets[i].kind != MPLANE_SUBNET_PROBED;
+  }
   for (int i = 0; i < n; i++) {
     int below = 0, before = 0, first = 1;
-    /* plane = number of distinct subnets sorting before this one */
+    /* plane = number of distinct named subnets sorting before this one */
     for (int j = 0; j < n; j++) {
-      if (subnet_cmp(&subnets[j], &subnets[i]) >= 0) continue;
+      if (subnet_cmp(&subnets[j], &subnets[i]) >= 0 || subnets[j].kind == MPLANE_SUBNET_PROBED) continue;
       int first_of_its_subnet = 1;
       for (int k = 0; k < j; k++) first_of_its_subnet &= subnet_cmp(&subnets[k], &subnets[j]) != 0;
       below += first_of_its_subnet;
@@ -72,11 +80,23 @@ int mplane_planes_by_subnet(int n, const struct mplane_subnet *subnets, int *pla
       before += same;
       first &= !same;
     }
-    plane[i] = below;
+    plane[i] = subnets[i].kind == MPLANE_SUBNET_PROBED ? named + (int)subnets[i].key : below;
     rail[i] = before;
     distinct += first;
   }
   return distinct;
+}
+
+int mplane_planes_number_groups(int n, const int *group, int *slot) {
+  int next = 0;
+  for (int i = 0; i < n; i++) {
+    slot[i] = -1;
+    if (group[i] >= 0)
+      for (int j = 0; j < i && slot[i] < 0; j++)
+        if (group[j] == group[i]) slot[i] = slot[j];
+    if (slot[i] < 0) slot[i] = next++;
+  }
+  return next;
 }
 
 /* ------------------------------------------------------------------ the model's NICs */
@@ -171,19 +191,24 @@ ncclResult_t mplane_topo_assign_planes(struct mplane_topo *t, const char *planes
     /* The fabric decides when it tells every compute NIC's subnet (one subnet: one plane, its NICs
      * rails of it, so no connection between them is relayed); else PCI order. */
     struct mplane_subnet subnets[MPLANE_TOPO_MAX_NICS];
-    int plane[MPLANE_TOPO_MAX_NICS], rail[MPLANE_TOPO_MAX_NICS];
+    int plane[MPLANE_TOPO_MAX_NICS], rail[MPLANE_TOPO_MAX_NICS], known[MPLANE_TOPO_MAX_NICS], nknown = 0;
+    /* a NIC that is down with no subnet known carries nothing: it neither takes a plane nor keeps
+     * the others from theirs (the transport's numbers keep its slot) */
     for (int i = 0; i < ncompute; i++) {
       const struct mplane_topo_nic *nic = &t->nics[compute[i]];
-      subnets[i].kind = nic->has_subnet ? (int)nic->subnet_kind : MPLANE_SUBNET_NONE;
-      subnets[i].key = nic->subnet_key;
+      if (nic->down && !nic->has_subnet) continue;
+      subnets[nknown].kind = nic->has_subnet ? (int)nic->subnet_kind : MPLANE_SUBNET_NONE;
+      subnets[nknown].key = nic->subnet_key;
+      known[nknown++] = compute[i];
     }
-    if (mplane_planes_by_subnet(ncompute, subnets, plane, rail) > 0) {
+    if (mplane_planes_by_subnet(nknown, subnets, plane, rail) > 0) {
       src = MPLANE_TOPO_PLANE_FABRIC;
-      for (int i = 0; i < ncompute; i++) {
-        t->nics[compute[i]].plane = plane[i];
-        t->nics[compute[i]].rail = rail[i];
+      for (int i = 0; i < nknown; i++) {
+        t->nics[known[i]].plane = plane[i];
+        t->nics[known[i]].rail = rail[i];
       }
     } else {
+      /* PCI order over every compute NIC, down or not, so a port down shifts no number */
       src = MPLANE_TOPO_PLANE_PCI;
       for (int i = 0; i < ncompute; i++) {
         t->nics[compute[i]].plane = i;

@@ -4,9 +4,12 @@
  *   1. MPLANE_PLANES ("mlx5_0=0,mlx5_1=1", interface names, plugin device names): the NICs it names
  *      and their planes; NICs given one plane are its rails; NICs it does not name are on no plane;
  *   2. the fabric: different planes are different subnets (an IB port's GID prefix, an IP subnet, or
- *      the subnet a transport found, e.g. the IB subnet probe). When every NIC's subnet is known,
- *      plane = rank of its subnet among the distinct ones, and NICs that share a subnet share a
- *      plane as rails 0, 1, ...: one subnet is one plane;
+ *      the subnet a transport found, e.g. the subnet probe). When every NIC's subnet is known,
+ *      plane = rank of its named subnet among the distinct ones, then the found subnets at the
+ *      numbers their transport gave them (numbered over every port present, a port down keeping
+ *      its number, so every node numbers alike); NICs that share a subnet share a plane as rails
+ *      0, 1, ...: one subnet is one plane. A NIC that is down and has no subnet known is left out
+ *      of the rule (it carries nothing) rather than voiding it;
  *   3. PCI order (then name order for NICs without PCI).
  *
  * Transports and discovery only report facts (struct mplane_subnet: which subnet a NIC is on, if
@@ -28,7 +31,9 @@ enum mplane_subnet_kind {
   MPLANE_SUBNET_IB = 1,     /* an IB port's GID subnet prefix (key: the prefix, host order) */
   MPLANE_SUBNET_IPV4 = 2,   /* key: (address & mask) << 8 | prefix length */
   MPLANE_SUBNET_IPV6 = 3,   /* key: the first 64 bits of address & mask */
-  MPLANE_SUBNET_PROBED = 4, /* a subnet a transport found (the IB subnet probe); key: its group */
+  MPLANE_SUBNET_PROBED = 4, /* a subnet a transport found (the subnet probe); key: its plane number
+                             * among the subnets it found, numbered over every port present, up or
+                             * down (mplane_planes_number_groups) */
 };
 
 /* The subnet a NIC is on, as a transport or discovery found it. */
@@ -55,6 +60,13 @@ int mplane_subnet_of_ip(const struct sockaddr *addr, const struct sockaddr *mask
  * before it share its subnet) and returns how many distinct subnets there are. Returns 0 and writes
  * nothing when one is unknown, or n is 0: the fabric does not decide. */
 int mplane_planes_by_subnet(int n, const struct mplane_subnet *subnets, int *plane, int *rail);
+
+/* How a transport numbers the subnets it found so that every node of a uniform cluster numbers them
+ * alike, a port down or not: n ports present in the node's order, group[i] the subnet port i is on
+ * (ports with equal group share one), or -1 for a port whose subnet cannot be known (it is down),
+ * which keeps a number of its own. Writes each port's number (groups numbered by their first port)
+ * and returns how many numbers were given. */
+int mplane_planes_number_groups(int n, const int *group, int *slot);
 
 struct mplane_topo;
 

@@ -101,6 +101,7 @@ struct mplane_topo_nic {
   uint64_t guid;  /* node GUID, else MAC, else a hash of the name; distinct per physical NIC */
   int speed_mbps; /* 0 unknown */
   int port;       /* IB port, 0 for Ethernet */
+  int down;       /* its port is not active (or the transport does not drive it): no subnet can be known */
   int has_subnet; /* the fabric says which subnet the NIC is on */
   uint64_t subnet_kind; /* enum mplane_subnet_kind (planes.h): planes sort by kind, key */
   uint64_t subnet_key;

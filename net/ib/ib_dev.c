@@ -528,7 +528,9 @@ static ncclResult_t qp_rts(struct mpib_dev *d, struct ibv_qp *qp, const struct m
   a.ah_attr.is_global = 1;
   memcpy(a.ah_attr.grh.dgid.raw, peer->gid.raw, 16);
   a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
-  a.ah_attr.grh.hop_limit = 1; /* this subnet only: a router between planes does not make them one */
+  /* IB: this subnet only, a router between planes does not make them one. RoCE v2: routed within
+   * its fabric (each NIC on a subnet of its own), and separate planes have no route between them. */
+  a.ah_attr.grh.hop_limit = d->link_layer == IBV_LINK_LAYER_ETHERNET ? 64 : 1;
   if (mpib_v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
     return ncclSystemError;
@@ -602,10 +604,14 @@ int mpib_subnet_groups(struct mpib_dev *devs, int n, int *group, char *why, size
       p->a = a;
       p->b = b;
       p->verdict = -1;
-      if (devs[a].sm_lid != devs[b].sm_lid) {
+      int ib = devs[a].link_layer == IBV_LINK_LAYER_INFINIBAND;
+      if (devs[a].link_layer != devs[b].link_layer) {
+        p->verdict = 0;
+        p->why = "one is IB, the other RoCE";
+      } else if (ib && devs[a].sm_lid != devs[b].sm_lid) {
         p->verdict = 0;
         p->why = "SM LIDs differ";
-      } else if (devs[a].lid == devs[b].lid) {
+      } else if (ib && devs[a].lid == devs[b].lid) {
         p->verdict = 0;
         p->why = "the same LID";
       } else if (probe_start(p, &devs[a], &devs[b]) == 0) {
@@ -679,65 +685,123 @@ int mpib_subnet_groups(struct mpib_dev *devs, int n, int *group, char *why, size
 }
 
 /* ------------------------------------------------------------------ discovery */
-/* IB ports that all keep the default GID prefix fe80:: (one SM, or one SM per plane that left its
- * prefix alone): their subnets from LIDs, SM LIDs and a probe (ib_subnet.c), as facts in each
- * device's props. 1 decided. */
-static int planes_by_probe(const struct mplane_config *cfg) {
-  if (g.ndev < 2) return 0;
-  for (int d = 0; d < g.ndev; d++)
-    if (g.devs[d].link_layer != IBV_LINK_LAYER_INFINIBAND ||
-        mplane_ib_prefix_names_subnet(be64toh(g.devs[d].gid.global.subnet_prefix)))
-      return 0;
-  if (!cfg->ib_subnet_probe) {
-    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: every port has the default GID prefix fe80::, and MPLANE_IB_SUBNET_PROBE=0: "
-            "planes by discovery order (say one fabric with MPLANE_PLANES)");
-    return 0;
-  }
-  int group[MPIB_MAX_DEVS];
-  char why[256];
-  int ng = mpib_subnet_groups(g.devs, g.ndev, group, why, sizeof(why));
-  if (ng < 0) {
-    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: every port has the default GID prefix fe80::; which share a subnet is "
-            "undecided (%s): planes by discovery order", why);
-    return 0;
-  }
+/* The node's selected ports in discovery order, up or down: plane numbers count them all, so a
+ * node with a port down numbers its planes as its peers do. */
+static struct {
+  int dev;        /* index in g.devs, -1 when the port is down */
+  int link_layer; /* IBV_LINK_LAYER_* */
+  char name[80];  /* "mlx5_3:1" */
+} present[MPIB_MAX_DEVS];
+static int npresent;
+
+static void note_present(int dev, int link_layer, const char *hca, int port) {
+  if (npresent >= MPIB_MAX_DEVS) return;
+  present[npresent].dev = dev;
+  present[npresent].link_layer = link_layer;
+  snprintf(present[npresent].name, sizeof(present[npresent].name), "%s:%d", hca, port);
+  npresent++;
+}
+
+/* A port the probe decides: an IB port keeping the default GID prefix fe80:: (its prefix names no
+ * subnet), or any RoCE port (its netdev's subnet only hints: routed RoCE gives every NIC its own). */
+static int probe_candidate(const struct mpib_dev *d) {
+  return d->link_layer == IBV_LINK_LAYER_ETHERNET || !mplane_ib_prefix_names_subnet(be64toh(d->gid.global.subnet_prefix));
+}
+
+/* Which probe candidates share a subnet (ib_dev.c's probe, every pair at once): group[d] for each
+ * candidate d, -1 for the others. 1 decided (or nothing to decide), 0 undecided with why. */
+static int probe_groups(const struct mplane_config *cfg, int *group, char *why, size_t whylen) {
+  struct mpib_dev cand[MPIB_MAX_DEVS];
+  int idx[MPIB_MAX_DEVS], n = 0, lg[MPIB_MAX_DEVS];
   for (int d = 0; d < g.ndev; d++) {
-    g.devs[d].props.subnet_kind = MPLANE_SUBNET_PROBED; /* groups are numbered by their first port */
-    g.devs[d].props.subnet_key = (uint64_t)group[d];
-    snprintf(g.devs[d].props.subnet, sizeof(g.devs[d].props.subnet), "fe80:: subnet %d (probed)", group[d]);
+    group[d] = -1;
+    if (probe_candidate(&g.devs[d])) {
+      cand[n] = g.devs[d];
+      idx[n++] = d;
+    }
   }
-  MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: every port has the default GID prefix fe80::; %s: %s", why,
-          ng == 1 ? "one plane, every NIC a rail of it (nothing relayed between them)"
-                  : "a plane per subnet, numbered by its first port");
+  if (n == 0) return 1;
+  if (n == 1) { /* alone of its kind: a subnet of its own (no named IB subnet has the default prefix) */
+    group[idx[0]] = 0;
+    return 1;
+  }
+  if (!cfg->ib_subnet_probe) {
+    snprintf(why, whylen, "MPLANE_IB_SUBNET_PROBE=0");
+    return 0;
+  }
+  if (mpib_subnet_groups(cand, n, lg, why, whylen) < 0) return 0;
+  for (int i = 0; i < n; i++) group[idx[i]] = lg[i];
   return 1;
 }
 
-/* Planes: this transport reports what it knows of each port's subnet (an IB port's GID prefix, or
- * the probe's groups where every port keeps the default prefix) and takes topo/'s one rule for
- * them (topo/planes.c); where a port's subnet is unknown (RoCE, the default prefix undecided),
- * discovery order. topo/ (the node's files, these facts) and MPLANE_PLANES decide the planes the
- * plugin reports (plugin/topo_bind.c). */
+/* Planes: this transport reports facts - an IB port's GID prefix where it names a subnet, else the
+ * subnet the probe found it on (numbered over every port present, a port down keeping a number of
+ * its own: mplane_planes_number_groups) - and takes topo/'s one rule for them (topo/planes.c).
+ * Where the probe cannot decide, every port is a plane of its own by its place among the ports
+ * present, and INFO says so once, with what to set. topo/ (the node's files, these facts) and
+ * MPLANE_PLANES decide the planes the plugin reports (plugin/topo_bind.c). */
 static void assign_planes(const struct mplane_config *cfg) {
-  if (!planes_by_probe(cfg)) {
-    for (int d = 0; d < g.ndev; d++) {
-      struct mplane_dev_props *p = &g.devs[d].props;
-      uint64_t prefix = be64toh(g.devs[d].gid.global.subnet_prefix);
-      if (g.devs[d].link_layer != IBV_LINK_LAYER_INFINIBAND || !mplane_ib_prefix_names_subnet(prefix)) continue;
-      p->subnet_kind = MPLANE_SUBNET_IB;
-      p->subnet_key = prefix;
-      snprintf(p->subnet, sizeof(p->subnet), "%04x:%04x:%04x:%04x", (unsigned)(prefix >> 48),
-               (unsigned)(prefix >> 32) & 0xffff, (unsigned)(prefix >> 16) & 0xffff, (unsigned)prefix & 0xffff);
+  int group[MPIB_MAX_DEVS];
+  char why[256] = "";
+  int decided = probe_groups(cfg, group, why, sizeof(why));
+  int any_named_ib = 0;
+  for (int d = 0; d < g.ndev; d++) {
+    struct mplane_dev_props *p = &g.devs[d].props;
+    uint64_t prefix = be64toh(g.devs[d].gid.global.subnet_prefix);
+    if (probe_candidate(&g.devs[d])) continue;
+    any_named_ib = 1;
+    p->subnet_kind = MPLANE_SUBNET_IB;
+    p->subnet_key = prefix;
+    snprintf(p->subnet, sizeof(p->subnet), "%04x:%04x:%04x:%04x", (unsigned)(prefix >> 48),
+             (unsigned)(prefix >> 32) & 0xffff, (unsigned)(prefix >> 16) & 0xffff, (unsigned)prefix & 0xffff);
+  }
+  /* Number the probed subnets over the ports present: a down port keeps a number of its own where
+   * its kind of port is probed (RoCE; IB where no port names its subnet by prefix). */
+  int pgroup[MPIB_MAX_DEVS], slot[MPIB_MAX_DEVS], np = 0, pos_of_dev[MPIB_MAX_DEVS];
+  for (int i = 0; i < npresent; i++) {
+    int d = present[i].dev;
+    if (d >= 0 && group[d] >= 0) {
+      pos_of_dev[d] = np;
+      pgroup[np++] = group[d];
+    } else if (d < 0 && (present[i].link_layer == IBV_LINK_LAYER_ETHERNET || !any_named_ib)) {
+      pgroup[np++] = -1;
     }
+  }
+  mplane_planes_number_groups(np, pgroup, slot);
+  for (int d = 0; decided && d < g.ndev; d++) {
+    if (group[d] < 0) continue;
+    struct mplane_dev_props *p = &g.devs[d].props;
+    p->subnet_kind = MPLANE_SUBNET_PROBED;
+    p->subnet_key = (uint64_t)slot[pos_of_dev[d]];
+    snprintf(p->subnet, sizeof(p->subnet), "%s subnet %d (probed)",
+             g.devs[d].link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "fe80::", slot[pos_of_dev[d]]);
   }
   struct mplane_subnet subnets[MPIB_MAX_DEVS];
   int plane[MPIB_MAX_DEVS], rail[MPIB_MAX_DEVS];
   for (int d = 0; d < g.ndev; d++)
     subnets[d] = (struct mplane_subnet){.kind = g.devs[d].props.subnet_kind, .key = g.devs[d].props.subnet_key};
-  int by_subnet = mplane_planes_by_subnet(g.ndev, subnets, plane, rail) > 0;
-  for (int d = 0; d < g.ndev; d++) {
-    g.devs[d].props.plane = by_subnet ? plane[d] : d;
-    g.devs[d].props.rail = by_subnet ? rail[d] : 0;
+  int nplanes = mplane_planes_by_subnet(g.ndev, subnets, plane, rail);
+  for (int i = 0; i < npresent; i++) {
+    int d = present[i].dev;
+    if (d < 0) continue;
+    /* without facts: a plane per port, by its place among the ports present (down ones too) */
+    g.devs[d].props.plane = nplanes > 0 ? plane[d] : i;
+    g.devs[d].props.rail = nplanes > 0 ? rail[d] : 0;
   }
+  char downs[256] = "";
+  for (int i = 0; i < npresent; i++)
+    if (present[i].dev < 0)
+      snprintf(downs + strlen(downs), sizeof(downs) - strlen(downs), "%s%s", downs[0] ? ", " : "", present[i].name);
+  if (nplanes > 0)
+    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %d plane(s) from the fabric (GID prefixes, the probe between this node's "
+            "own ports)%s%s%s", nplanes, downs[0] ? "; down, keeping their plane numbers: " : "", downs,
+            downs[0] && any_named_ib ? " (a down port's GID prefix is unknown: if planes are numbered by prefix and "
+                                       "it named one of its own, set MPLANE_PLANES)" : "");
+  else
+    MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: which ports share a fabric is unknown (%s): a plane per port in discovery "
+            "order, so connections between ports of one fabric are relayed; name the planes with MPLANE_PLANES "
+            "(e.g. %s=0,...; ports of one fabric given one plane)", why[0] ? why : "no fact",
+            g.ndev ? g.devs[0].props.name : "mlx5_0:1");
 }
 
 int mpib_max_comms(int max_qp, int max_cq, int nports, int nqps) {
@@ -826,11 +890,13 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
       if (mpib_query_port(ctx, port, &pax) != 0) continue;
       const struct ibv_port_attr pa = pax.a;
       if (!mpib_hca_match(cfg->ib_hca, name, port)) continue;
+      if (pa.link_layer != IBV_LINK_LAYER_INFINIBAND && pa.link_layer != IBV_LINK_LAYER_ETHERNET) continue;
       if (pa.state != IBV_PORT_ACTIVE) {
-        MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s port %d is not active (state %d); skipped", name, port, pa.state);
+        MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s port %d is not active (state %d); skipped, its plane number kept",
+                name, port, pa.state);
+        note_present(-1, pa.link_layer, name, port);
         continue;
       }
-      if (pa.link_layer != IBV_LINK_LAYER_INFINIBAND && pa.link_layer != IBV_LINK_LAYER_ETHERNET) continue;
       if (!h->pd) {
         h->pd = mpib_v.alloc_pd(ctx);
         if (!h->pd) {
@@ -862,6 +928,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
       MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: %s %s lid %u gid[%d] %s speed %d Mbps ptrSupport 0x%x%s side channel %s",
               d->props.name, d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "IB" : "RoCE", d->lid, d->gid_index, gs,
               d->props.speed_mbps, ptr, dmabuf ? " (dma-buf)" : "", os);
+      note_present(g.ndev, d->link_layer, name, port);
       g.ndev++;
     }
     if (g.ndev == first) {

@@ -724,6 +724,34 @@ static void test_annotate_probed_subnets(void **state) {
   mplane_topo_free(t);
 }
 
+/* A port down on a node whose transport numbers the subnets it found: the NIC it reports no port of
+ * neither takes a plane nor sends the others to PCI order, and theirs keep the transport's numbers
+ * (the ones its peers give them); a RoCE NIC's IP subnet (a hint) gives way to the probe's. */
+static void test_annotate_port_down(void **state) {
+  (void)state;
+  struct mplane_topo *t = load(FIX_A);
+  struct mplane_dev_props p[8];
+  memset(p, 0, sizeof(p));
+  int np = 0;
+  for (int d = 0; d < 8; d++) {
+    if (d == 3) continue; /* mlx5_3 is down: no device */
+    snprintf(p[np].name, sizeof(p[np].name), "mlx5_%d:1", d);
+    p[np].subnet_kind = MPLANE_SUBNET_PROBED;
+    p[np].subnet_key = (uint64_t)d;
+    np++;
+  }
+  int n5 = nic(t, "mlx5_5");
+  mplane_topo_set_subnet(t, n5, MPLANE_SUBNET_IPV4, ((uint64_t)0x0a050000 << 8) | 31, "10.5.0.0/31");
+  char err[1024];
+  assert_int_equal(mplane_topo_annotate_props(t, p, np, NULL, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(t->plane_source, MPLANE_TOPO_PLANE_FABRIC);
+  for (int i = 0; i < np; i++) assert_int_equal(p[i].plane, i < 3 ? i : i + 1);
+  assert_int_equal(t->nics[nic(t, "mlx5_3")].plane, -1);
+  assert_true(t->nics[nic(t, "mlx5_3")].down);
+  assert_int_equal(t->nplanes, 7);
+  mplane_topo_free(t);
+}
+
 static void test_annotate_props(void **state) {
   (void)state;
   struct mplane_topo *t = load(FIX_A);
@@ -1116,6 +1144,7 @@ int main(void) {
       cmocka_unit_test(test_sysfs_fallback),
       cmocka_unit_test(test_annotate_props),
       cmocka_unit_test(test_annotate_probed_subnets),
+      cmocka_unit_test(test_annotate_port_down),
       cmocka_unit_test(test_nccl_xml_a),
       cmocka_unit_test(test_nccl_xml_bcd),
       cmocka_unit_test(test_nccl_xml_memfd),

@@ -364,6 +364,43 @@ static void test_planes_by_subnet(void **state) {
   assert_int_equal(mplane_ib_prefix_names_subnet(0xfec0000000000001ull), 1);
 }
 
+/* Subnets a transport found keep the numbers it gave them (a port down keeps its slot), after the
+ * named ones; numbering groups over the ports present, a down port (-1) a number of its own. */
+static void test_planes_probed_numbers(void **state) {
+  (void)state;
+  int slot[8], plane[8], rail[8];
+  /* eight planes, port 3 down: 0 1 2 [3] 4 5 6 7 */
+  int eight[8] = {0, 1, 2, -1, 4, 5, 6, 7};
+  assert_int_equal(mplane_planes_number_groups(8, eight, slot), 8);
+  for (int i = 0; i < 8; i++) assert_int_equal(slot[i], i);
+  /* one fabric, port 1 down: the up ports all 0 */
+  int one[4] = {5, -1, 5, 5};
+  assert_int_equal(mplane_planes_number_groups(4, one, slot), 2);
+  assert_int_equal(slot[0], 0);
+  assert_int_equal(slot[1], 1);
+  assert_int_equal(slot[2], 0);
+  assert_int_equal(slot[3], 0);
+  /* two planes interleaved: numbered by their first port */
+  int two[4] = {9, 4, 9, 4};
+  assert_int_equal(mplane_planes_number_groups(4, two, slot), 2);
+  assert_int_equal(slot[1], 1);
+  assert_int_equal(slot[2], 0);
+  /* the rule keeps them: 7 ports up with numbers 0 1 2 4 5 6 7 are those planes, not 0..6 */
+  struct mplane_subnet sn[8];
+  int keys[7] = {0, 1, 2, 4, 5, 6, 7};
+  for (int i = 0; i < 7; i++) sn[i] = (struct mplane_subnet){.kind = MPLANE_SUBNET_PROBED, .key = (uint64_t)keys[i]};
+  assert_int_equal(mplane_planes_by_subnet(7, sn, plane, rail), 7);
+  for (int i = 0; i < 7; i++) assert_int_equal(plane[i], keys[i]);
+  /* named subnets rank first, the found ones follow at their numbers */
+  sn[0] = (struct mplane_subnet){.kind = MPLANE_SUBNET_IB, .key = 0xfec0000000000002ull};
+  sn[1] = (struct mplane_subnet){.kind = MPLANE_SUBNET_IB, .key = 0xfec0000000000001ull};
+  sn[2] = (struct mplane_subnet){.kind = MPLANE_SUBNET_PROBED, .key = 1};
+  assert_int_equal(mplane_planes_by_subnet(3, sn, plane, rail), 3);
+  assert_int_equal(plane[0], 1);
+  assert_int_equal(plane[1], 0);
+  assert_int_equal(plane[2], 3);
+}
+
 int main(void) {
   setenv("MPLANE_TC_MAP", "default=0,collective=0,alltoall=3,lowlat=5,storage=1", 1);
   const struct CMUnitTest tests[] = {
@@ -375,6 +412,7 @@ int main(void) {
       cmocka_unit_test_setup(test_planes_apply, setup_devs),
       cmocka_unit_test(test_planes_one_grammar),
       cmocka_unit_test(test_planes_by_subnet),
+      cmocka_unit_test(test_planes_probed_numbers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
