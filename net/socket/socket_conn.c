@@ -42,6 +42,19 @@ static void tune_socket(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
 }
 
+/* Leave from this device's own address, so the bytes stay on its plane, but take no port yet:
+ * IP_BIND_ADDRESS_NO_PORT lets connect() pick the port by the whole 4-tuple, so thousands of
+ * outgoing sockets do not each hold an ephemeral port of their own (set-up time grew with N as
+ * they filled, and sockets in TIME_WAIT from an earlier job made bind fail with EADDRINUSE). */
+int mps_bind_source(int fd, const struct mps_dev *d) {
+  int one = 1;
+  struct mps_dev src = *d;
+  if (src.addr.sa.sa_family == AF_INET) src.addr.sin.sin_port = 0;
+  else src.addr.sin6.sin6_port = 0;
+  setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one)); /* Linux >= 4.2; else bind takes a port */
+  return bind(fd, &src.addr.sa, d->addrlen);
+}
+
 /* ------------------------------------------------------------------ listen */
 
 struct mps_pending {
@@ -180,11 +193,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
     st->fds[i] = fd;
     tune_socket(fd);
     mplane_tc_mark_socket_or_log(fd, opts->service_level, d->ifname); /* DSCP + priority of the class */
-    /* Leave from this device's own address, so the bytes stay on its plane. */
-    struct mps_dev src = *d;
-    if (src.addr.sa.sa_family == AF_INET) src.addr.sin.sin_port = 0;
-    else src.addr.sin6.sin6_port = 0;
-    if (bind(fd, &src.addr.sa, d->addrlen) != 0) goto fail;
+    if (mps_bind_source(fd, d) != 0) goto fail;
     set_nonblocking(fd, 1);
     if (connect(fd, &peer.sa, peer_len) != 0 && errno != EINPROGRESS) goto fail;
   }
