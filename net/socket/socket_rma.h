@@ -245,12 +245,13 @@ ncclResult_t mpr_conn_start(struct mpr_conn *c);
 void mpr_conn_destroy(struct mpr_conn *c);
 /* Send r (a request or a response) in order; ncclRemoteError if the connection has failed. */
 ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r);
-/* Fail everything queued or pending on c, once (abort: and cut the socket). */
+/* Fail everything queued or pending on c, once, and shut its socket down (a writer blocked inside a
+ * record returns; abort shuts it down again where it had failed already). */
 void mpr_conn_fail(struct mpr_conn *c, const char *why);
 void mpr_conn_abort(struct mpr_conn *c, const char *why);
 /* A window is being deregistered: queued answers that would read it become refusals, queued puts of
- * ours from it fail, and the write under way ends first (the connection is cut if the peer takes
- * nothing until deadline_ns). */
+ * ours from it fail, and the write under way ends first, on a failed connection too (the connection
+ * is cut if the peer takes nothing until deadline_ns). */
 void mpr_conn_forget_win(struct mpr_conn *c, uint32_t win, const char *base, uint64_t deadline_ns);
 /* NCCL's aggregation hint: a run of ops to c begins (on) or ends (off: its records go out now). */
 void mpr_conn_hold(struct mpr_conn *c, int on);

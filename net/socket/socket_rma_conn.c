@@ -230,10 +230,14 @@ const char *mpr_kind_name(int kind) {
   }
 }
 
-/* Fail everything queued or pending on c, once; responses owned by the queue are dropped. */
+/* Fail everything queued or pending on c, once; responses owned by the queue are dropped. The
+ * socket is shut down the first time: a writer blocked in the middle of a record (a peer that
+ * stopped reading) returns at once instead of going on reading its window for the peer, so a
+ * deregMrSym that waits for it (mpr_conn_forget_win) is not kept waiting, and nothing more of the
+ * window leaves once it returns. The fd itself stays open until mpr_conn_destroy. */
 void mpr_conn_fail(struct mpr_conn *c, const char *why) {
   pthread_mutex_lock(&c->lock);
-  int first = !c->failed && !c->stop && !c->peer_closed;
+  int first = !c->failed && !c->stop && !c->peer_closed, cut = !c->failed;
   c->failed = 1;
   struct mpr_req *lists[2] = {c->p_head, c->q_head};
   c->p_head = c->p_tail = c->q_head = c->q_tail = NULL;
@@ -241,6 +245,7 @@ void mpr_conn_fail(struct mpr_conn *c, const char *why) {
   pthread_cond_broadcast(&c->cond);
   pthread_cond_broadcast(&c->rcond);
   pthread_mutex_unlock(&c->lock);
+  if (cut && c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
   if (first) {
     MP_WARN("RMA: context %d, connection to %s failed: %s", c->context, c->peer_str, why);
     __atomic_store_n(&c->set->has_error, 1, __ATOMIC_RELEASE);
@@ -256,8 +261,8 @@ void mpr_conn_fail(struct mpr_conn *c, const char *why) {
     }
 }
 
-/* Fail the connection and cut its socket, so a writer blocked on a peer that stopped reading (a
- * stalled process keeps its socket open) and the reader both return. */
+/* Fail the connection and cut its socket (again, where it had failed already), so a writer blocked
+ * on a peer that stopped reading (a stalled process keeps its socket open) and the reader both return. */
 void mpr_conn_abort(struct mpr_conn *c, const char *why) {
   mpr_conn_fail(c, why);
   if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
@@ -1237,16 +1242,19 @@ void mpr_conn_forget_win(struct mpr_conn *c, uint32_t win, const char *base, uin
   if (!c) return;
   pthread_mutex_lock(&c->lock);
   struct mpr_req *dropped = forget_queued_locked(c, win, base);
-  /* A write under way may be reading the window: it ends first (a peer that takes nothing until the
-   * deadline has its connection cut, which ends it). */
+  /* A write under way may be reading the window: it ends first, whatever the connection's state (a
+   * failed connection's writer may still be inside a record; its socket is shut down, so it returns).
+   * A peer that takes nothing until the deadline has its connection cut, which ends it. */
   c->drain_waiters++;
   int cut = 0;
-  while (c->wbusy && !c->failed) {
+  while (c->wbusy) {
     uint64_t now = mplane_now_ns();
-    if (now >= deadline_ns && !cut) {
+    if ((now >= deadline_ns || c->failed) && !cut) {
       cut = 1;
+      int failed = c->failed;
       pthread_mutex_unlock(&c->lock);
-      mpr_conn_abort(c, "the peer took nothing for MPLANE_CONNECT_TIMEOUT while a window it reads was being deregistered");
+      if (failed && c->fd >= 0) shutdown(c->fd, SHUT_RDWR); /* mpr_conn_fail did; a writer must not outlast it */
+      else mpr_conn_abort(c, "the peer took nothing for MPLANE_CONNECT_TIMEOUT while a window it reads was being deregistered");
       pthread_mutex_lock(&c->lock);
       continue;
     }

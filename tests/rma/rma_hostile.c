@@ -20,7 +20,12 @@
  *                   made inaccessible: the rest is dropped, the put is refused, its signal not applied
  *   dereg-get       1500 gets of 64 KiB are queued, their answers unsent (the peer reads nothing yet),
  *                   when the window is deregistered and made inaccessible: every answer the peer then
- *                   reads is whole and right, or a refusal; some are refusals */
+ *                   reads is whole and right, or a refusal; some are refusals
+ *   stopread-get    the peer asks for a 32 MiB get, reads nothing (the writer blocks mid-answer), then
+ *                   sends a record without the magic: the connection fails, deregMrSym returns, the
+ *                   window is overwritten; every byte the peer then reads is the window's old content
+ *   stopread-put    the same for a 32 MiB put of ours: test() fails it, deregMrSym returns, the window
+ *                   is overwritten; no overwritten byte reaches the peer */
 #include <dlfcn.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -43,7 +48,10 @@
 #include "net/socket/socket_rma.h"
 
 #define WIN (1u << 20)
+#define BIGWIN (32u << 20) /* stopread-*: the window of the op the peer stops reading */
 #define DEADLINE_S 20
+
+static size_t g_win = WIN; /* rank 0's data window, as both processes register it */
 
 static const ncclRma_v14_t *rma;
 static const char *who = "rank 0";
@@ -158,7 +166,7 @@ static int peer_join(const struct mpr_handle *h0, int strangers, int rcvbuf) {
                             .context = -1};
   put_all(ctrl, &hello, sizeof(hello));
   for (uint32_t id = 0; id < 2; id++) { /* regMrSym's order check */
-    struct { uint32_t id, pad; uint64_t size; } theirs, mine = {.id = id, .size = id ? 64 : WIN};
+    struct { uint32_t id, pad; uint64_t size; } theirs, mine = {.id = id, .size = id ? 64 : g_win};
     put_all(ctrl, &mine, sizeof(mine));
     if (get_all(ctrl, &theirs, sizeof(theirs)) != 0 || theirs.id != id) die("regMrSym %u: rank 0 said otherwise", id);
   }
@@ -203,9 +211,35 @@ static void send_pattern(int fd, uint64_t off, uint64_t n) {
   }
 }
 
+/* stopread-*: the rest of what arrives after a record of `type` (rank 0's get answer or put), read
+ * to the end of the connection: every data byte must be the window's content from before
+ * deregMrSym (pat), never what rank 0 wrote into the window after it returned (pat ^ 0xff). */
+static int peer_read_rest(int fd, uint16_t type) {
+  struct mpr_msg m;
+  expect_rec(fd, type, &m);
+  if (m.size != BIGWIN) die("a record of %llu bytes, not %u", (unsigned long long)m.size, BIGWIN);
+  static char buf[64 << 10];
+  uint64_t got = 0;
+  for (;;) {
+    ssize_t r = recv(fd, buf, sizeof(buf), 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    for (ssize_t k = 0; k < r; k++)
+      if ((uint8_t)buf[k] != pat(got + (uint64_t)k))
+        die("byte %llu of the %s's data is 0x%02x, written into the window after deregMrSym returned (it was "
+            "0x%02x before)", (unsigned long long)(got + (uint64_t)k), type == MPR_PUT ? "put" : "get answer",
+            (uint8_t)buf[k], pat(got + (uint64_t)k));
+    got += (uint64_t)r;
+  }
+  fprintf(stderr, "%s: %llu of the %u bytes came, none read after deregMrSym returned\n", who,
+          (unsigned long long)got, BIGWIN);
+  if (got >= BIGWIN) die("all of the data came: the connection was not cut when it failed");
+  return 0;
+}
+
 static int peer_main(const char *sc, const struct mpr_handle *h0) {
   who = "rank 1 (raw peer)";
-  int rcvbuf = !strcmp(sc, "dereg-get") ? 4096 : 0;
+  int rcvbuf = !strcmp(sc, "dereg-get") || !strncmp(sc, "stopread", 8) ? 4096 : 0;
   int fd = peer_join(h0, !strcmp(sc, "strangers"), rcvbuf);
   struct mpr_msg m;
   if (!strcmp(sc, "strangers")) {
@@ -293,6 +327,21 @@ static int peer_main(const char *sc, const struct mpr_handle *h0) {
     hear(to_child[0]);
     return 0;
   }
+  if (!strncmp(sc, "stopread", 8)) {
+    int get = !strcmp(sc, "stopread-get");
+    if (get) {
+      struct mpr_msg g = rec(MPR_GET, 0, 0, BIGWIN, 1);
+      put_all(fd, &g, sizeof(g));
+    }
+    if (hear(to_child[0]) != 'b') die("rank 0 did not say its writer is under way");
+    struct mpr_msg bad = rec(MPR_PUT, 0, 0, 0, 7);
+    bad.magic = 0xbadc0de;
+    put_all(fd, &bad, sizeof(bad));
+    if (hear(to_child[0]) != 'r') die("no word of the deregistration");
+    peer_read_rest(fd, get ? MPR_GET_RESP : MPR_PUT);
+    hear(to_child[0]);
+    return 0;
+  }
   die("unknown scenario %s", sc);
 }
 
@@ -333,12 +382,12 @@ static int wait_req(struct rank0 *e, void *req, double secs) {
 static void rank0_setup(struct rank0 *e, void *lc, char handles[2][NCCL_NET_HANDLE_MAXSIZE], int zero_head) {
   void *h[2] = {handles[0], handles[1]};
   CHECK(rma->connect(e->ctx, h, 2, 0, lc, &e->cc));
-  e->data = mmap(NULL, WIN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  e->data = mmap(NULL, g_win, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   e->sig = calloc(8, sizeof(uint64_t));
   if (e->data == MAP_FAILED || !e->sig) die("out of memory");
-  for (uint64_t o = 0; o < WIN; o++) e->data[o] = (char)pat(o);
+  for (uint64_t o = 0; o < g_win; o++) e->data[o] = (char)pat(o);
   if (zero_head) memset(e->data, 0, 256 << 10);
-  CHECK(rma->regMrSym(e->cc, e->data, WIN, NCCL_PTR_HOST, 0, &e->mh_data));
+  CHECK(rma->regMrSym(e->cc, e->data, g_win, NCCL_PTR_HOST, 0, &e->mh_data));
   CHECK(rma->regMrSym(e->cc, e->sig, 64, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &e->mh_sig));
   ncclRmaConfig_v14_t cfg = {.nContexts = 1, .trafficClass = 2, .rankStride = 1};
   CHECK(rma->createContext(e->cc, &cfg, &e->rc));
@@ -354,7 +403,7 @@ static void release_peer(struct rank0 *e, int want_error) {
 }
 
 static void make_inaccessible(struct rank0 *e) {
-  if (mprotect(e->data, WIN, PROT_NONE) != 0) die("mprotect: %s", strerror(errno));
+  if (mprotect(e->data, g_win, PROT_NONE) != 0) die("mprotect: %s", strerror(errno));
 }
 
 static int child_status(pid_t pid, double secs) {
@@ -376,6 +425,33 @@ static void progress_for(struct rank0 *e, double secs) {
     progress(e);
     usleep(100);
   }
+}
+
+/* stopread-*: the writer thread is inside a 32 MiB record from the window (the peer reads nothing)
+ * when the peer's record without the magic fails the connection; then deregMrSym, and the window is
+ * overwritten at once, as a caller that frees or reuses it would. */
+static void scenario_stopread(struct rank0 *e, int get) {
+  void *req = NULL;
+  if (!get) CHECK(rma->iput(e->rc, 0, 0, e->mh_data, BIGWIN, 0, e->mh_data, 1, &req));
+  progress_for(e, 0.3); /* the get served, the writer blocked in its answer (or in our put) */
+  say(to_child[1], 'b');
+  double t0 = now_s();
+  bool err = false;
+  while (!err && now_s() - t0 < DEADLINE_S) {
+    progress_for(e, 0.01);
+    CHECK(rma->queryLastError(e->rc, &err));
+  }
+  if (!err) die("a record without the magic did not fail the connection within %d s", DEADLINE_S);
+  if (req && wait_req(e, req, DEADLINE_S) != -1) die("the put on a failed connection did not end in an error");
+  t0 = now_s();
+  CHECK(rma->deregMrSym(e->cc, e->mh_data));
+  e->mh_data = NULL;
+  double dt = now_s() - t0;
+  for (uint64_t o = 0; o < g_win; o++) e->data[o] = (char)(pat(o) ^ 0xff);
+  fprintf(stderr, "rank 0: deregMrSym returned after %.3f s; the window is overwritten\n", dt);
+  say(to_child[1], 'r');
+  progress_for(e, 0.5);
+  release_peer(e, 1);
 }
 
 static int bad_handle_refused(void *ctx, void *lc, struct mpr_handle *bad, int listener, const char *what) {
@@ -450,6 +526,7 @@ int main(int argc, char **argv) {
     printf("rma-hostile %s: ok\n", sc);
     return 0;
   }
+  if (!strncmp(sc, "stopread", 8)) g_win = BIGWIN;
   if (pipe(to_child) != 0 || pipe(to_parent) != 0) die("pipe: %s", strerror(errno));
   pid_t pid = fork();
   if (pid == 0) _exit(peer_main(sc, (const struct mpr_handle *)handles[0]));
@@ -519,6 +596,8 @@ int main(int argc, char **argv) {
     while (poll(&p, 1, 0) == 0 && now_s() - t0 < DEADLINE_S) progress(&e);
     if (hear(to_parent[0]) != 'k') die("the peer did not read its answers");
     release_peer(&e, 0);
+  } else if (!strncmp(sc, "stopread", 8)) {
+    scenario_stopread(&e, !strcmp(sc, "stopread-get"));
   } else {
     die("unknown scenario %s", sc);
   }
