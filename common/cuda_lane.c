@@ -254,15 +254,6 @@ int mplane_cuda_memcpy_htod_nb(int gpu, void *dst, const void *src, size_t bytes
   return lane_wait(s);
 }
 
-int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes) {
-  if (mplane_cu_use(gpu) != 0) return -1;
-  CUstream s = cu_copy_stream(gpu);
-  if (!s) return -1;
-  if (lane_drain_ring(gpu) != 0) return -1;
-  if (mplane_cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, s) != CUDA_SUCCESS) return -1;
-  return lane_wait(s);
-}
-
 /* Write v to the word on the lane, in order after what is queued there (lock held): in flight with
  * cuStreamWriteValue64, else through the pinned word and waited for. 0 ok, -1 CUDA failed. */
 static int lane_write(struct cu_signal_lane *l, CUdeviceptr p, uint64_t v) {
@@ -294,13 +285,36 @@ static int lane_submit(struct cu_signal_lane *l) {
   return rc;
 }
 
+/* The lane's one ordering rule for what reads GPU memory: a read queued now comes after every write
+ * given to the lane before it, so it sees them (a get of a signal word right behind the putSignal
+ * that set it). Stream mode: the signal writes still waiting in the batch are submitted first (a
+ * copy queued on the stream now would run before them). Kernel mode: a read that goes to the stream
+ * waits for the ring's ops (on_stream); one that goes into the ring is behind them already. Lock
+ * held. 0, or -1 when the driver refused or the ring did not drain. */
+static int lane_before_read(struct cu_signal_lane *l, int on_stream) {
+  if (l->kernel) return on_stream ? klane_drain(l, 10000) : 0;
+  return lane_submit(l);
+}
+
+int mplane_cuda_memcpy_dtoh_nb(int gpu, void *dst, const void *src, size_t bytes) {
+  struct cu_signal_lane *l = lane_of(gpu);
+  if (!l) return -1;
+  pthread_mutex_lock(&l->lock);
+  int rc = lane_before_read(l, 1) == 0 &&
+                   mplane_cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, l->stream) == CUDA_SUCCESS
+               ? 0
+               : -1;
+  pthread_mutex_unlock(&l->lock);
+  return rc == 0 ? lane_wait(l->stream) : -1;
+}
+
 int mplane_cuda_signal_add(int gpu, void *word, uint64_t add, uint64_t *now) {
   struct cu_signal_lane *l = lane_of(gpu);
   if (!l) return -1;
   CUdeviceptr p = (CUdeviceptr)(uintptr_t)word;
   pthread_mutex_lock(&l->lock);
   int rc = -1;
-  if ((!l->kernel || klane_drain(l, 10000) == 0) && lane_submit(l) == 0 && mplane_cu.cuMemcpyDtoHAsync(l->word, p, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
+  if (lane_before_read(l, 1) == 0 && mplane_cu.cuMemcpyDtoHAsync(l->word, p, sizeof(uint64_t), l->stream) == CUDA_SUCCESS &&
       mplane_cu.cuStreamSynchronize(l->stream) == CUDA_SUCCESS) {
     *now = *l->word + add;
     rc = lane_write(l, p, *now);
@@ -394,6 +408,10 @@ uint64_t mplane_cuda_copy_async(int gpu, void *dst, const void *src, size_t byte
                        : klane_copy_engine(l, dst, src, bytes, to_gpu);
     pthread_mutex_unlock(&l->lock);
     return seq;
+  }
+  if (!to_gpu && lane_before_read(l, 1) != 0) {
+    pthread_mutex_unlock(&l->lock);
+    return 0;
   }
   uint64_t t0 = driver_t0();
   CUresult r = to_gpu ? mplane_cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, l->stream)

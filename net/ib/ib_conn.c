@@ -27,7 +27,7 @@
 
 #define MPIB_STAGE_OFFSET 120
 #define MPIB_PENDING_MAX 64
-#define MPIB_EVICT_SILENT_S 1.0  /* with the table full, a socket silent this long makes room */
+#define MPIB_EVICT_AFTER_S 1.0  /* with the table full, a side channel without its whole record this long makes room */
 #define MPIB_READY 0x52
 
 static void addr_str(const struct sockaddr *sa, char *buf, size_t len) {
@@ -417,18 +417,21 @@ static int backlog_waiting(int fd) {
   return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
 }
 
-/* The table is full and another connection waits: drop the oldest side channel that has said nothing for a while, so that
- * silent strangers cannot keep real peers out. 1 if one was dropped. */
-static int pending_evict_silent(struct mpib_listen_comm *lc) {
+/* The table is full and another connection waits: drop the oldest side channel whose connection
+ * record is not whole after MPIB_EVICT_AFTER_S, whatever part of it it sent, so that strangers -
+ * silent, or one byte each - cannot keep real peers out. One whose record was whole and valid has
+ * its QPs and keeps its slot. 1 if one was dropped. */
+static int pending_evict_unfinished(struct mpib_listen_comm *lc) {
   int oldest = -1;
   double now = mplane_now_s();
   for (int i = 0; i < lc->npending; i++)
-    if (lc->pending[i].stage == 0 && lc->pending[i].done == 0 && now - lc->pending[i].since > MPIB_EVICT_SILENT_S &&
+    if (lc->pending[i].stage == 0 && now - lc->pending[i].since > MPIB_EVICT_AFTER_S &&
         (oldest < 0 || lc->pending[i].since < lc->pending[oldest].since))
       oldest = i;
   if (oldest < 0) return 0;
-  MP_WARN("NET/IB: %d connections wait for their setup; dropped the one from %s, silent for %.0f s", lc->npending,
-          lc->pending[oldest].peer, now - lc->pending[oldest].since);
+  MP_WARN("NET/IB: %d connections wait for their setup; dropped the one from %s, %zu of %zu bytes of its record in "
+          "%.0f s", lc->npending, lc->pending[oldest].peer, lc->pending[oldest].done, sizeof(lc->pending[oldest].in),
+          now - lc->pending[oldest].since);
   pending_drop(lc, oldest);
   return 1;
 }
@@ -436,7 +439,7 @@ static int pending_evict_silent(struct mpib_listen_comm *lc) {
 ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
   struct mpib_listen_comm *lc = listen_comm;
   *recv_comm = NULL;
-  while (lc->npending < MPIB_PENDING_MAX || (backlog_waiting(lc->fd) && pending_evict_silent(lc))) {
+  while (lc->npending < MPIB_PENDING_MAX || (backlog_waiting(lc->fd) && pending_evict_unfinished(lc))) {
     struct sockaddr_storage from;
     socklen_t len = sizeof(from);
     int fd = accept4(lc->fd, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -506,11 +509,20 @@ ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
       continue;
     }
     /* A silent side channel has the whole handshake deadline: at scale a peer busy with thousands
-     * of QP setups may call again long after its TCP connect. Only a full table (pending_evict_silent)
-     * drops a silent one sooner. */
+     * of QP setups may call again long after its TCP connect. Only a full table
+     * (pending_evict_unfinished) drops a silent one sooner. */
     if (p->stage == 0 && p->done == 0 && mplane_now_s() - p->since > cfg->connect_timeout_s) {
       MP_WARN("NET/IB: connection from peer %s sent nothing in %d s (MPLANE_CONNECT_TIMEOUT); dropped", p->peer,
               cfg->connect_timeout_s);
+      pending_drop(lc, i);
+      continue;
+    }
+    /* Part of a record: a real connector writes all of it at once, so this is a stranger or a peer
+     * that died mid-write. Its slot is held half the connector's deadline, so a connector that waits
+     * behind it still gets in within its own. */
+    if (p->stage == 0 && p->done > 0 && mplane_now_s() - p->since > cfg->connect_timeout_s / 2.0) {
+      MP_WARN("NET/IB: connection from %s sent %zu of the %zu bytes of a connection record in %.1f s (half of "
+              "MPLANE_CONNECT_TIMEOUT); dropped", p->peer, p->done, sizeof(p->in), cfg->connect_timeout_s / 2.0);
       pending_drop(lc, i);
       continue;
     }

@@ -20,7 +20,7 @@
 #define MPS_PENDING_MAX 64          /* half-open incoming sockets per listen comm */
 #define MPS_HELLO_TIMEOUT_S 30      /* an incoming socket must say hello within this */
 #define MPS_SILENT_TIMEOUT_S 10     /* ... and its first byte within this (a connector writes it at once) */
-#define MPS_EVICT_SILENT_S 1.0      /* with the table full, a socket silent this long makes room */
+#define MPS_EVICT_AFTER_S 1.0       /* with the table full, a socket without its whole hello this long makes room */
 #define MPS_STAGE_OFFSET 120        /* where connect keeps its state inside NCCL's handle buffer */
 
 static int set_nonblocking(int fd, int on) {
@@ -332,9 +332,21 @@ static int hello_refused(const struct mps_hello *h, char *why, size_t whylen) {
   return 1;
 }
 
+/* How long a pending socket may hold its slot at one step of its handshake (own_s) - never longer
+ * than a connector waits for its connection (MPLANE_CONNECT_TIMEOUT), and a socket that sent part
+ * of its hello (a real connector writes the whole of it at once) at most half of that, so a
+ * connector that waits behind a stranger's slot still gets in within its own deadline. */
+static double pending_limit_s(double own_s, int partial) {
+  double deadline = (double)mps_config()->connect_timeout_s;
+  if (partial) deadline /= 2;
+  return own_s < deadline ? own_s : deadline;
+}
+
 /* Read what has arrived of each pending socket's hello; refuse strangers. */
 static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
   double now = mplane_now_s();
+  const double silent_s = pending_limit_s(MPS_SILENT_TIMEOUT_S, 0), partial_s = pending_limit_s(MPS_HELLO_TIMEOUT_S, 1),
+               streams_s = pending_limit_s(MPS_HELLO_TIMEOUT_S, 0);
   for (int i = 0; i < lc->npending;) {
     struct mps_pending *p = &lc->pending[i];
     if (p->have < sizeof(p->hello)) {
@@ -351,13 +363,14 @@ static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
         continue;
       }
       if (p->have < sizeof(p->hello)) {
-        if (p->have == 0 && now - p->since > MPS_SILENT_TIMEOUT_S) {
-          MP_WARN("socket: connection from %s sent nothing in %d s; dropped", p->peer, MPS_SILENT_TIMEOUT_S);
+        if (p->have == 0 && now - p->since > silent_s) {
+          MP_WARN("socket: connection from %s sent nothing in %.1f s; dropped", p->peer, silent_s);
           pending_drop(lc, i);
           continue;
         }
-        if (now - p->since > MPS_HELLO_TIMEOUT_S) {
-          MP_WARN("socket: connection from %s sent no handshake in %d s; dropped", p->peer, MPS_HELLO_TIMEOUT_S);
+        if (p->have > 0 && now - p->since > partial_s) {
+          MP_WARN("socket: connection from %s sent %zu bytes of a %zu-byte handshake in %.1f s; dropped", p->peer,
+                  p->have, sizeof(p->hello), partial_s);
           pending_drop(lc, i);
           continue;
         }
@@ -383,9 +396,9 @@ static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
         pending_drop(lc, i);
         continue;
       }
-      if (now - p->since > MPS_HELLO_TIMEOUT_S) {
-        MP_WARN("socket: connection from %s (stream %u of %u) was not joined by its other streams in %d s; dropped",
-                p->peer, p->hello.stream, p->hello.nstreams, MPS_HELLO_TIMEOUT_S);
+      if (now - p->since > streams_s) {
+        MP_WARN("socket: connection from %s (stream %u of %u) was not joined by its other streams in %.1f s; dropped",
+                p->peer, p->hello.stream, p->hello.nstreams, streams_s);
         pending_drop(lc, i);
         continue;
       }
@@ -435,18 +448,27 @@ static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv
   return ncclSuccess;
 }
 
-/* The table is full: drop the oldest socket that has said nothing for a while, so that silent
- * strangers cannot keep real peers out. 1 if one was dropped. */
-static int pending_evict_silent(struct mps_listen_comm *lc) {
+/* 1 if a connection waits in the listen socket's backlog. */
+static int backlog_waiting(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+/* The table is full and another connection waits: drop the oldest socket whose hello is not whole
+ * after MPS_EVICT_AFTER_S, whatever part of it it sent (a real connector writes all of it at once),
+ * so that strangers - silent, or one byte each - cannot keep real peers out. A socket whose hello
+ * was whole and valid waits for its other streams, and keeps its slot. 1 if one was dropped. */
+static int pending_evict_unfinished(struct mps_listen_comm *lc) {
   int oldest = -1;
   double now = mplane_now_s();
   for (int i = 0; i < lc->npending; i++)
-    if (lc->pending[i].have == 0 && now - lc->pending[i].since > MPS_EVICT_SILENT_S &&
+    if (lc->pending[i].have < sizeof(lc->pending[i].hello) && now - lc->pending[i].since > MPS_EVICT_AFTER_S &&
         (oldest < 0 || lc->pending[i].since < lc->pending[oldest].since))
       oldest = i;
   if (oldest < 0) return 0;
-  MP_WARN("socket: %d connections wait for their handshake; dropped the one from %s, silent for %.0f s",
-          lc->npending, lc->pending[oldest].peer, now - lc->pending[oldest].since);
+  MP_WARN("socket: %d connections wait for their handshake; dropped the one from %s, %zu of %zu bytes in %.0f s",
+          lc->npending, lc->pending[oldest].peer, lc->pending[oldest].have, sizeof(lc->pending[oldest].hello),
+          now - lc->pending[oldest].since);
   pending_drop(lc, oldest);
   return 1;
 }
@@ -454,7 +476,7 @@ static int pending_evict_silent(struct mps_listen_comm *lc) {
 ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
   struct mps_listen_comm *lc = listen_comm;
   *recv_comm = NULL;
-  while (lc->npending < MPS_PENDING_MAX || pending_evict_silent(lc)) {
+  while (lc->npending < MPS_PENDING_MAX || (backlog_waiting(lc->fd) && pending_evict_unfinished(lc))) {
     union { struct sockaddr sa; struct sockaddr_in6 sin6; } from;
     socklen_t len = sizeof(from);
     int fd = accept4(lc->fd, &from.sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);

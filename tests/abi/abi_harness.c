@@ -799,6 +799,7 @@ static const struct {
     {"close-early", sc_close_early, "sender closes right after its sends complete: the receiver still gets every byte"},
     {"stalled-close", sc_stalled_close, "receiver closes with full socket buffers: the blocked sender fails fast"},
     {"strangers", sc_strangers, "64 silent sockets, an HTTP request, a bad IB record on the port: accept goes on, a real peer gets in"},
+    {"byte-strangers", sc_byte_strangers, "64 sockets that send one byte each fill the pending table: a real peer gets in within 3 s"},
     {"abort", sc_abort, "comms closed with large sends/receives in flight on both sides: prompt, no crash"},
     {"threads", sc_threads, "3 communicators per process, each on its own thread, concurrently"},
     {"dead-listener", sc_dead_listener, "connect to a closed listener: error within 10 s, WARN names peer"},

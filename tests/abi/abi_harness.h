@@ -191,6 +191,7 @@ int sc_connect_timeout(void);
 int sc_silent_listener(void);
 int sc_half_open(void);
 int sc_strangers(void);
+int sc_byte_strangers(void);
 int sc_abort(void);
 int sc_close_early(void);
 int sc_ctrl_full(void);

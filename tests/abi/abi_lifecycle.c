@@ -6,6 +6,8 @@
  *                    MPLANE_CONNECT_TIMEOUT (socket only)
  *   half-open        abandoned and inconsistent handshakes do not clog the listener (socket only)
  *   strangers        64 silent sockets, an HTTP request, a bad IB record on the port: accept goes on
+ *   byte-strangers   64 sockets that each send one byte (the first of the magic) fill the pending
+ *                    table: a real peer still gets in within 3 s
  *   abort            comms closed with large sends and receives in flight on both sides
  *   close-early      the sender closes right after its sends complete: every byte still arrives
  *   ctrl-full, ctrl-big  small messages read late: control-socket writes in pieces, all intact
@@ -347,6 +349,54 @@ int sc_strangers(void) {
   for (int i = 0; i < NSILENT; i++) close(silent[i]);
   close(http);
   if (bad_record >= 0) close(bad_record);
+  abi_close_listen(&nd.net, lc);
+  node_down(&nd);
+  return pair_finish(&pp, rank);
+}
+
+/* 64 strangers that each send one byte - the first byte of the handshake's magic, so that no check
+ * of what they sent can tell them from a real connector - fill the listener's table of 64 pending
+ * connections. A real peer must still be accepted promptly: a full table makes room by dropping the
+ * oldest connection whose handshake is not whole, whatever it sent (before, only a silent one was
+ * dropped, and a one-byte stranger kept its slot 30 s on sockets, MPLANE_CONNECT_TIMEOUT on IB). */
+int sc_byte_strangers(void) {
+  struct pair pp;
+  int rank = pair_fork(&pp);
+  struct node nd;
+  node_up(&nd, g_opts.version);
+  if (rank == 1) return real_peer_send_one(&pp, &nd, 60013, 93, 6, "after the one-byte strangers");
+  unsigned char handle[HANDLE_SIZE];
+  void *lc = NULL;
+  if (abi_listen(&nd.net, nd.ctx, nd.dev, handle, &lc) != ncclSuccess) abi_fail("listen failed");
+  struct mplane_handle h;
+  char why[256];
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (mplane_handle_decode(handle, &h, why, sizeof(why)) != ncclSuccess ||
+      mplane_handle_sockaddr(&h, &ss, &sl, why, sizeof(why)) != ncclSuccess)
+    abi_fail("our own listen handle: %s", why);
+  uint32_t magic = MPLANE_HANDLE_MAGIC; /* the socket transport's hello */
+#ifdef MPLANE_ABI_IB_WIRE
+  if (h.transport == MPLANE_HANDLE_IB) magic = MPIB_MAGIC; /* the IB side channel's connection record */
+#endif
+  const unsigned char first = (unsigned char)(magic & 0xff); /* little endian: the byte a peer sends first */
+  enum { NSTRANGERS = 64 };
+  int strangers[NSTRANGERS], port;
+  for (int i = 0; i < NSTRANGERS; i++) {
+    strangers[i] = tcp_client(&ss, sl, &port);
+    if (send(strangers[i], &first, 1, MSG_NOSIGNAL) != 1) abi_fail("send");
+  }
+  /* Accept for 1.5 s: the strangers take the table and their byte is read. */
+  for (double t0 = abi_now(); abi_now() - t0 < 1.5;) {
+    void *rc = NULL;
+    if (abi_accept(&nd.net, lc, &rc) != ncclSuccess) abi_fail("accept failed because of one-byte strangers on the port");
+    if (rc) abi_fail("a one-byte stranger became a connection");
+    usleep(2000);
+  }
+  double waited = accept_real_peer(&nd, &pp, handle, lc, 60013, 93, 6, 3,
+                                   "with 64 one-byte strangers on the port: they keep real peers out");
+  abi_note("the real peer was accepted %.3f s after 64 one-byte strangers", waited);
+  for (int i = 0; i < NSTRANGERS; i++) close(strangers[i]);
   abi_close_listen(&nd.net, lc);
   node_down(&nd);
   return pair_finish(&pp, rank);

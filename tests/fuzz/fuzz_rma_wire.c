@@ -9,19 +9,27 @@
  * keep their pattern); a window byte changes only where some record of the input was a put that
  * covered it; the connection either keeps up (every whole record taken) or fails, within a bounded
  * number of rmaProgress calls; tearing it down returns; once a window is deregistered (deregMrSym,
- * racing the records) not one of its bytes changes again. FUZZ_TRACE=1 prints what became of each
- * input.
+ * racing the records) not one of its bytes changes again, and (built records) not one byte of it
+ * leaves in an answer: it is overwritten with POISON at once, as a caller that reuses it would, and
+ * no run of 8 POISON bytes may reach the peer - also when the peer had stopped reading mid-answer
+ * and the connection failed under the writer; a deregMrSym on a failed connection returns within
+ * CALL_LIMIT_S. FUZZ_TRACE=1 prints what became of each input.
  *
  * Input:
  *   [0] bit 0: the records are built here from 8-byte descriptors (else the bytes are the wire
  *       stream as they are); bits 1-3: piece size (0: 1 byte, calling rmaProgress after each; k:
- *       up to 16^k/16 bytes); bit 4: close the peer's end after the last byte
+ *       up to 16^k/16 bytes); bit 4: close the peer's end after the last byte; bit 5: the
+ *       connection's reader and writer threads run, and its socket buffers are small (a few answers
+ *       fill them: the writer thread blocks mid-answer while the peer reads nothing)
  *   descriptors: [type][window][signal window][signal op][off lo][off hi][size lo][size hi]
  *       window / signal window: 0 data, 1 signal, 2 a window never registered, 3 none (MPR_NO_WIN);
  *       size is capped at 8 KiB, its data follows as a pattern (a descriptor with type & 0x80: the
  *       header says size bytes but only half follow, and the input ends there); type 0x40: no
  *       record - deregMrSym of window ([1] & 1) once the stream has been written up to ([2],[3]) & 0x3fff
- *       bytes before here (so inside an earlier record) */
+ *       bytes before here (so inside an earlier record); type 0x41: no record - the peer stops
+ *       reading here (it reads again only where a deregMrSym would otherwise wait for a connection
+ *       that has not failed, and once the input is written); type 0x42: a record without the magic
+ *       (the connection fails) */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -42,6 +50,7 @@
 #define SIG_SIZE 256
 #define GUARD_BYTE 0x5a
 #define MAX_STREAM (128u << 10)
+#define POISON 0xee /* what a deregistered window holds: built records never put 8 of it in a row */
 
 static char data_mem[GUARD + DATA_SIZE + GUARD], sig_mem[GUARD + SIG_SIZE + GUARD];
 static unsigned char may_change[DATA_SIZE + SIG_SIZE]; /* 1 where a put of this input could land */
@@ -53,6 +62,14 @@ static struct { size_t at; uint32_t win; } deregs[MAX_DEREG]; /* deregistrations
 static int nderegs;
 static char dead_copy[2][DATA_SIZE]; /* a window's bytes at its deregistration */
 static int dead[2];
+#define MAX_STOPS 4
+static size_t stops[MAX_STOPS]; /* where in the stream the peer stops reading */
+static int nstops;
+static int poison_check;  /* built records: a run of 8 POISON bytes in what the peer reads is a leak */
+static int peer_reads;    /* atomic: the peer drains what the plugin writes */
+static int poison_run;    /* POISON bytes in a row so far, across reads */
+static size_t leaked_at;  /* 0, or 1 + where in the peer's stream a run of 8 POISON bytes ended */
+static size_t peer_got;   /* bytes the peer has read */
 
 static void setup_once(void) {
   static int done;
@@ -75,6 +92,11 @@ static void reset_memory(void) {
   wins[0].live = wins[1].live = 1;
   nderegs = 0;
   dead[0] = dead[1] = 0;
+  nstops = 0;
+  poison_run = 0;
+  leaked_at = 0;
+  peer_got = 0;
+  __atomic_store_n(&peer_reads, 1, __ATOMIC_RELAXED);
 }
 
 static uint32_t win_of(uint8_t sel) { return sel == 3 ? 0xffffffffu : sel; }
@@ -114,6 +136,16 @@ static size_t build_stream(const uint8_t *in, size_t n, uint8_t *out, int built)
       }
       continue;
     }
+    if ((d[0] & 0x7f) == 0x41) {
+      if (nstops < MAX_STOPS) stops[nstops++] = k;
+      continue;
+    }
+    if ((d[0] & 0x7f) == 0x42) { /* a header whose magic is wrong: the connection fails on it */
+      struct mpr_msg bad = {.magic = MPR_MAGIC ^ ((uint32_t)d[1] << 8 | 1), .type = 1, .id = i / 8 + 1};
+      memcpy(out + k, &bad, sizeof(bad));
+      k += sizeof(bad);
+      continue;
+    }
     struct mpr_msg m = {.magic = MPR_MAGIC, .type = (uint16_t)(d[0] & 0x7f), .win = win_of(d[1] & 3),
                         .sig_win = win_of(d[2] & 3), .sig_op = d[3] & 3,
                         .off = (uint64_t)d[4] | (uint64_t)d[5] << 8, .size = ((uint64_t)d[6] | (uint64_t)d[7] << 8) & 0x1fff,
@@ -130,21 +162,68 @@ static size_t build_stream(const uint8_t *in, size_t n, uint8_t *out, int built)
   return k;
 }
 
-static void drain(int fd) {
-  char buf[65536];
-  while (recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+/* What the peer reads: looked through for a run of 8 POISON bytes (a deregistered window's). */
+static void peer_took(const char *buf, ssize_t r) {
+  for (ssize_t i = 0; i < r; i++) {
+    poison_run = (uint8_t)buf[i] == POISON ? poison_run + 1 : 0;
+    if (poison_run == 8 && !leaked_at) leaked_at = peer_got + (size_t)i + 1;
   }
+  peer_got += (size_t)r;
 }
 
-/* deregMrSym of window w, through the plugin's own op, as NCCL's thread would call it. */
-static void dereg(uint32_t w) {
+static void drain(int fd) {
+  char buf[65536];
+  ssize_t r;
+  if (!__atomic_load_n(&peer_reads, __ATOMIC_ACQUIRE)) return;
+  while ((r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) peer_took(buf, r);
+}
+
+/* The peer reading while NCCL's thread is inside deregMrSym (a connection that has not failed: the
+ * write under way is waited for, and must be able to end). */
+static int drainer_fd, drainer_stop;
+static void *drainer(void *arg) {
+  (void)arg;
+  while (!__atomic_load_n(&drainer_stop, __ATOMIC_ACQUIRE)) {
+    struct pollfd p = {.fd = drainer_fd, .events = POLLIN};
+    if (poll(&p, 1, 1) > 0) drain(drainer_fd);
+  }
+  return NULL;
+}
+
+static void drainer_start(pthread_t *t, int fd) {
+  drainer_fd = fd;
+  __atomic_store_n(&drainer_stop, 0, __ATOMIC_RELEASE);
+  FUZZ_REQUIRE(pthread_create(t, NULL, drainer, NULL) == 0, "no thread");
+}
+
+static void drainer_end(pthread_t t) {
+  __atomic_store_n(&drainer_stop, 1, __ATOMIC_RELEASE);
+  pthread_join(t, NULL);
+}
+
+/* deregMrSym of window w, through the plugin's own op, as NCCL's thread would call it; then its
+ * memory is overwritten with POISON (the plugin must not read it again, nor write it). The peer
+ * reads meanwhile (one that had stopped reads again) unless it stopped and the connection has
+ * failed: a failed connection's writer must end by itself, and deregMrSym return within
+ * CALL_LIMIT_S. */
+static void dereg(uint32_t w, struct mpr_conn *c, int peer_fd) {
   if (dead[w]) return;
   uint32_t *h = malloc(sizeof(*h));
   FUZZ_REQUIRE(h != NULL, "no memory");
   *h = w;
-  FUZZ_REQUIRE(mps_rma_ops.dereg_mr_sym(&group, h) == ncclSuccess, "deregMrSym failed");
+  pthread_t t;
+  int reading = __atomic_load_n(&peer_reads, __ATOMIC_ACQUIRE) || !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE);
+  if (reading) {
+    __atomic_store_n(&peer_reads, 1, __ATOMIC_RELEASE);
+    drainer_start(&t, peer_fd);
+  }
+  FUZZ_REQUIRE(TIMED("deregMrSym", mps_rma_ops.dereg_mr_sym(&group, h)) == ncclSuccess, "deregMrSym failed");
+  if (reading) drainer_end(t);
   dead[w] = 1;
-  memcpy(dead_copy[w], w ? sig_mem + GUARD : data_mem + GUARD, w ? SIG_SIZE : DATA_SIZE);
+  char *mem = w ? sig_mem + GUARD : data_mem + GUARD;
+  size_t size = w ? SIG_SIZE : DATA_SIZE;
+  if (poison_check) memset(mem, POISON, size);
+  memcpy(dead_copy[w], mem, size);
 }
 
 static void check_memory(void) {
@@ -158,9 +237,12 @@ static void check_memory(void) {
                  "a guard byte of the signal window changed (%zu)", i);
   }
   for (size_t i = 0; i < DATA_SIZE; i++)
-    FUZZ_REQUIRE(data_mem[GUARD + i] == 0 || may_change[i], "data window byte %zu changed, no put covered it", i);
+    FUZZ_REQUIRE(dead[0] || data_mem[GUARD + i] == 0 || may_change[i], "data window byte %zu changed, no put covered it", i);
   for (size_t i = 0; i < SIG_SIZE; i++)
-    FUZZ_REQUIRE(sig_mem[GUARD + i] == 0 || may_change[DATA_SIZE + i], "signal window byte %zu changed, no put covered it", i);
+    FUZZ_REQUIRE(dead[1] || sig_mem[GUARD + i] == 0 || may_change[DATA_SIZE + i],
+                 "signal window byte %zu changed, no put covered it", i);
+  FUZZ_REQUIRE(!leaked_at, "the peer read a deregistered window's bytes (8 POISON bytes ending at byte %zu of what it read)",
+               leaked_at - 1);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *in, size_t n) {
@@ -168,6 +250,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t n) {
   if (n < 1) return 0;
   static uint8_t stream[MAX_STREAM];
   reset_memory();
+  poison_check = in[0] & 1;
   size_t len = build_stream(in + 1, n - 1, stream, in[0] & 1);
   size_t piece = ((in[0] >> 1) & 7) == 0 ? 1 : (size_t)1 << (4 * ((in[0] >> 1) & 7) - 4);
   if (piece == 0) piece = 1;
@@ -179,21 +262,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t n) {
   int sv[2];
   FUZZ_REQUIRE(s.epfd >= 0 && socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "epoll / socketpair: %s", strerror(errno));
   fcntl(sv[1], F_SETFL, O_NONBLOCK);
+  if (in[0] & 0x20) { /* a few answers fill them */
+    int small = 4096;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  }
   struct mpr_conn *c = mpr_conn_new(&s, 0, 1, sv[0]);
   FUZZ_REQUIRE(c != NULL, "no connection");
   conns[1] = c;
-  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-  FUZZ_REQUIRE(epoll_ctl(s.epfd, EPOLL_CTL_ADD, sv[0], &ev) == 0, "epoll_ctl: %s", strerror(errno));
+  if (in[0] & 0x20) { /* with its reader and writer threads, as createContext starts them */
+    FUZZ_REQUIRE(mpr_conn_start(c) == ncclSuccess, "the connection's threads did not start");
+  } else {
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    FUZZ_REQUIRE(epoll_ctl(s.epfd, EPOLL_CTL_ADD, sv[0], &ev) == 0, "epoll_ctl: %s", strerror(errno));
+  }
 
   struct mpr_ctxset *sets[1] = {&s};
   group.sets = sets;
   group.nsets = 1;
   size_t sent = 0;
-  int calls = 0, next_dereg = 0;
+  int calls = 0, next_dereg = 0, next_stop = 0;
   while (sent < len && !__atomic_load_n(&c->rd_over, __ATOMIC_ACQUIRE) && calls < 20000) {
-    while (next_dereg < nderegs && deregs[next_dereg].at <= sent) dereg(deregs[next_dereg++].win);
+    while (next_stop < nstops && stops[next_stop] <= sent) {
+      __atomic_store_n(&peer_reads, 0, __ATOMIC_RELEASE);
+      next_stop++;
+    }
+    while (next_dereg < nderegs && deregs[next_dereg].at <= sent) dereg(deregs[next_dereg++].win, c, sv[1]);
     size_t k = len - sent < piece ? len - sent : piece;
     if (next_dereg < nderegs && deregs[next_dereg].at - sent < k) k = deregs[next_dereg].at - sent;
+    if (next_stop < nstops && stops[next_stop] - sent < k) k = stops[next_stop] - sent;
     if (k == 0) k = 1;
     ssize_t w = send(sv[1], stream + sent, k, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w > 0) sent += (size_t)w;
@@ -201,7 +298,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t n) {
     drain(sv[1]);
     calls++;
   }
-  while (next_dereg < nderegs) dereg(deregs[next_dereg++].win);
+  while (next_dereg < nderegs) dereg(deregs[next_dereg++].win, c, sv[1]);
+  __atomic_store_n(&peer_reads, 1, __ATOMIC_RELEASE); /* the peer reads what is left */
   if (in[0] & 0x10) shutdown(sv[1], SHUT_WR);
   /* Everything written is taken within a bounded number of calls (the parser never waits for a
    * byte that has arrived). */
@@ -215,10 +313,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t n) {
   FUZZ_REQUIRE(over || !pending || c->in.phase == MPR_RD_DATA,
                "bytes wait on the socket after 64 rmaProgress calls and the reader is not over");
   if (tracing)
-    fprintf(stderr, "fuzz_rma_wire: %zu of %zu bytes written in pieces of %zu; reader %s, connection %s\n", sent, len,
-            piece, over ? "over" : "waiting", c->failed ? "failed" : "alive");
+    fprintf(stderr, "fuzz_rma_wire: %zu of %zu bytes written in pieces of %zu; reader %s, connection %s; the peer "
+            "read %zu bytes\n", sent, len, piece, over ? "over" : "waiting", c->failed ? "failed" : "alive", peer_got);
   check_memory();
+  pthread_t t; /* the peer reads through the teardown: the writer sends what is queued, then the BYE */
+  drainer_start(&t, sv[1]);
   mpr_conn_destroy(c);
+  drainer_end(t);
+  drain(sv[1]);
   close(sv[1]);
   close(s.epfd);
   check_memory();

@@ -1,7 +1,8 @@
 /* mplane RMA harness: GPU windows, staging and routes. dmabuf (a window registered through its
  * dma-buf), gpurelay (GPU windows across planes, both ways), staged (64 MiB through the relay's
- * staging ring), getflush (a get into GPU memory is visible after iflush), noroute (a group no
- * device can connect fails at createContext). */
+ * staging ring), getflush (a get into GPU memory is visible after iflush), getsignal (a get of a
+ * signal word sees the putSignal before it), noroute (a group no device can connect fails at
+ * createContext). */
 #include <stdbool.h>
 #include <sys/mman.h>
 #include <errno.h>
@@ -43,6 +44,46 @@ void scenario_dmabuf(void) {
   barrier(3);
   CHECK(rma->deregMrSym(e.cc, mh));
   munmap(win, size);
+  teardown(&e);
+}
+
+/* ---- getsignal: a get of a signal word right behind the putSignal that adds to it, on the same
+ * connection, sees the add. The target serves them in order; with --gpu the signal window is GPU
+ * memory registered SIGNAL_NEVER_RESET (as NCCL registers its signals), whose adds wait in a batch
+ * for the driver: the get's copy out of GPU memory must not pass them. Every rank does this to every
+ * other at once, GETSIG_ROUNDS times, each on a word of the peer's that only it adds to. ---- */
+#define GETSIG_ROUNDS 200
+void scenario_getsignal(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  barrier(2);
+  int stale = 0;
+  for (int i = 1; i <= GETSIG_ROUNDS; i++) {
+    void *reqs[2 * MAX_RANKS];
+    int n = 0;
+    for (int p = 0; p < g_n; p++) {
+      if (p == g_rank) continue;
+      uint64_t word = (uint64_t)(8 + g_rank) * 8; /* on the peer: this rank's word */
+      CHECK(rma->iputSignal(e.rc, 0, 0, NULL, 0, 0, NULL, (uint32_t)p, word, e.mh_sig, 1, NCCL_NET_SIGNAL_OP_ADD, true,
+                            &reqs[n++]));
+      CHECK(rma->iget(e.rc, 0, word, e.mh_sig, 8, (uint64_t)p * 8, e.mh_getw, (uint32_t)p, &reqs[n++]));
+    }
+    wait_reqs(e.cc, reqs, n, 0);
+    for (int p = 0; p < g_n; p++) {
+      if (p == g_rank) continue;
+      uint64_t got = __atomic_load_n((uint64_t *)(void *)(e.getw + (size_t)p * 8), __ATOMIC_ACQUIRE);
+      if (got != (uint64_t)i) {
+        if (!stale) fprintf(stderr, "rank %d: round %d: the get of rank %d's signal word read %llu, not %d\n", g_rank, i,
+                            p, (unsigned long long)got, i);
+        stale++;
+      }
+    }
+  }
+  if (stale) die("%d of %d gets of a signal word missed the putSignal just before them on the same connection", stale,
+                 GETSIG_ROUNDS * (g_n - 1));
+  printf("rank %d: getsignal: %d gets each saw the signal added just before them%s\n", g_rank,
+         GETSIG_ROUNDS * (g_n - 1), g_gpu ? " (GPU signal window, SIGNAL_NEVER_RESET)" : "");
+  barrier(3);
   teardown(&e);
 }
 

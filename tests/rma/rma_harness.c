@@ -13,8 +13,8 @@
  * the plugin: ranks on different devices of one machine (the rxe suite puts even ranks on rxe0 and
  * odd ones on rxe1).
  *
- * --gpu puts the windows and signals of alltoall, order and eplike in GPU memory (exit 77 without a
- * GPU).
+ * --gpu puts the windows and signals of alltoall, order, eplike and getsignal in GPU memory (exit 77
+ * without a GPU).
  * While it waits, each rank calls rmaProgress as NCCL's GIN progress thread does (the socket
  * transport then serves its peers from that thread); --no-progress never calls it, so the plugin's
  * own threads must serve everything.
@@ -63,6 +63,9 @@
  *            NCCL's GIN proxy does: the flush must be a request (a GPU needs one) and, once done, every
  *            byte must be there (the verbs double holds READ data back from GPU memory until a flush);
  *            gets into host memory alone need no flush (a NULL request)
+ *   getsignal every rank adds to a signal word of every other (a putSignal alone) and gets that word
+ *            right behind it on the same context, 200 times: each get must see the add (with --gpu,
+ *            a GPU signal window registered SIGNAL_NEVER_RESET, whose adds the lane batches)
  *
  * --gpu-dmabuf makes the receive, source, signal and big windows memfd dma-bufs registered as
  * NCCL_PTR_CUDA (the plugin takes them for GPU memory; no GPU needed: the CPU copier and the verbs
@@ -509,6 +512,7 @@ static const struct scenario {
     {"gpurelay", scenario_gpurelay, 0},
     {"staged", scenario_staged, 0},
     {"getflush", scenario_getflush, 0},
+    {"getsignal", scenario_getsignal, 1},
 };
 
 int main(int argc, char **argv) {
@@ -525,7 +529,7 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|proxyloop|dmabuf|noroute|gpurelay|staged|stagefault|getflush|eplike\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|proxyloop|dmabuf|noroute|gpurelay|staged|stagefault|getflush|getsignal|eplike\n",
             MAX_RANKS);
     return 2;
   }
@@ -539,7 +543,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (g_gpu && !(sc && sc->gpu)) {
-    fprintf(stderr, "--gpu runs the alltoall, order and eplike scenarios\n");
+    fprintf(stderr, "--gpu runs the alltoall, order, eplike and getsignal scenarios\n");
     return 2;
   }
   if (!fn) {

@@ -6,7 +6,7 @@
  *   rma_data.c    data, order, alltoall (and the traffic record's checks)
  *   rma_faults.c  oob, stride, kill, peerfault, stall, regfail, stagefault: refused ops and failing peers
  *   rma_gin.c     rate, proxyloop, replies, eplike: the patterns of NCCL's GIN proxy loop and NCCL EP
- *   rma_gpu.c     dmabuf, gpurelay, staged, getflush, noroute: GPU windows, staging and routes */
+ *   rma_gpu.c     dmabuf, gpurelay, staged, getflush, getsignal, noroute: GPU windows, staging and routes */
 #ifndef MPLANE_TESTS_RMA_HARNESS_H
 #define MPLANE_TESTS_RMA_HARNESS_H
 
@@ -132,5 +132,6 @@ void scenario_noroute(void);
 void scenario_gpurelay(void);
 void scenario_staged(void);
 void scenario_getflush(void);
+void scenario_getsignal(void);
 
 #endif
