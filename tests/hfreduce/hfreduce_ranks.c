@@ -7,6 +7,8 @@
  *             must fail within MPLANE_CONNECT_TIMEOUT, those beside it naming it
  *   stop      the same with the last rank stopped (SIGSTOP), not dead: every other rank fails within
  *             MPLANE_CONNECT_TIMEOUT, naming whom it waited for (one of them the stopped rank)
+ *   gpu       as ok, on device buffers (the CUDA stand-in tests/fakecuda through MPLANE_CUDA_LIB):
+ *             the copies go through the driver shim's asynchronous copy lane
  *   mismatch  rank 1 passes another count: every rank fails, one naming the count
  * Usage: hfreduce-ranks NODES PER_NODE SCENARIO [MiB]. Exit 0 when the scenario holds. */
 #include <errno.h>
@@ -20,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cuda.h"
 #include "hfr_reduce.h"
 #include "mplane_hfreduce.h"
 
@@ -64,6 +67,23 @@ static void reference(void *out, int dtype, int op, size_t n) {
   }
 }
 
+static int on_gpu;
+
+/* The call on device copies of send/recv where on_gpu, else on them. */
+static int allreduce_here(mplane_hfreduce_comm_t comm, void *send, void *recv, size_t n, int dtype, int op,
+                          size_t bytes, int inplace) {
+  if (!on_gpu) return mplane_hfreduce_allreduce(comm, inplace ? recv : send, recv, n, dtype, op, NULL);
+  char *ds = mplane_cuda_alloc(0, bytes), *dr = mplane_cuda_alloc(0, bytes);
+  if (!ds || !dr) return -1;
+  mplane_cuda_memcpy_htod(0, ds, inplace ? recv : send, bytes);
+  mplane_cuda_memcpy_htod(0, dr, recv, bytes);
+  int rc = mplane_hfreduce_allreduce(comm, inplace ? dr : ds, dr, n, dtype, op, NULL);
+  mplane_cuda_memcpy_dtoh(0, recv, dr, bytes);
+  mplane_cuda_free(0, ds);
+  mplane_cuda_free(0, dr);
+  return rc;
+}
+
 static int run_ok(mplane_hfreduce_comm_t comm) {
   /* MPLANE_HFREDUCE_CHUNK_BYTES=64K (tests/hfreduce/meson.build): 16384 float32, 65536 fp8 a chunk */
   const size_t counts[] = {1, 63, 64, 65, 1000, 16383, 16384, 16385, 3 * 32768 + 17, 0};
@@ -78,7 +98,11 @@ static int run_ok(mplane_hfreduce_comm_t comm) {
         reference(ref, dtype, op, n);
         int inplace = (ci % 2) == 1;
         if (inplace) memcpy(recv, send, n * es);
-        int rc = mplane_hfreduce_allreduce(comm, inplace ? recv : send, recv, n, dtype, op, NULL);
+        if (on_gpu && (op != MPLANE_HFREDUCE_SUM || n == 0)) {
+          free(send), free(recv), free(ref);
+          continue;
+        }
+        int rc = allreduce_here(comm, send, recv, n, dtype, op, bytes, inplace);
         CHECK(rc == 0, "allreduce %s %s count %zu%s returned %d: %s", mp_hfr_dtype_name(dtype), mp_hfr_op_name(op), n,
               inplace ? " in place" : "", rc, mplane_hfreduce_last_error());
         for (size_t i = 0; i < n * es; i++)
@@ -91,8 +115,8 @@ static int run_ok(mplane_hfreduce_comm_t comm) {
         free(ref);
         calls++;
       }
-  if (my_rank == 0) printf("hfreduce-ranks: %d ranks (%d nodes x %d): %d all-reduces match the reference\n", nranks,
-                           nodes, per_node, calls);
+  if (my_rank == 0) printf("hfreduce-ranks: %d ranks (%d nodes x %d): %d all-reduces%s match the reference\n", nranks,
+                           nodes, per_node, calls, on_gpu ? " on device buffers" : "");
   return 0;
 }
 
@@ -170,7 +194,12 @@ static int rank_main(int rank, const mplane_hfreduce_unique_id *id, size_t mib) 
   mplane_hfreduce_comm_info(comm, NULL, NULL, &node, &nn, &local, &nlocal);
   CHECK(node == rank / per_node && nn == nodes && local == rank % per_node && nlocal == per_node,
         "placed at node %d of %d, local %d of %d", node, nn, local, nlocal);
-  if (!strcmp(scenario, "ok")) rc = run_ok(comm);
+  if (!strcmp(scenario, "gpu")) {
+    char why[256];
+    CHECK(mplane_cuda_load(why, sizeof(why)) > 0, "no CUDA (MPLANE_CUDA_LIB): %s", why);
+    on_gpu = 1;
+    rc = run_ok(comm);
+  } else if (!strcmp(scenario, "ok")) rc = run_ok(comm);
   else if (!strcmp(scenario, "big")) rc = run_big(comm, mib);
   else if (!strcmp(scenario, "kill")) return run_kill(comm, 0); /* no destroy: peers are gone */
   else if (!strcmp(scenario, "stop")) return run_kill(comm, 1);
