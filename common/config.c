@@ -168,7 +168,7 @@ static const struct row rows[] = {
     {"MPLANE_RELAY", K_ENUM, OFF(relay), 0, "auto", 0, 0, "auto|nvlink|pcie|host|off",
      "auto, nvlink, pcie, host or off", "how cross-plane connections are relayed (off: they fail)"},
     {"MPLANE_TC_MAP", K_STR, STR(tc_map), "default=0,collective=0,alltoall=3,lowlat=5,storage=1", 0, 0, NULL,
-     "class=SL pairs, classes default|collective|alltoall|lowlat|storage, SL 0..15",
+     "class=SL pairs, classes default|collective|alltoall|lowlat|storage|hfreduce, SL 0..15",
      "traffic class to service level (IB SL, RoCE/IP traffic class)", mplane_tc_validate},
     {"MPLANE_STATS_FILE", K_STR, STR(stats_file), "", 0, 0, NULL, "a path; %p expands to the process id",
      "write per-plane and per-class counters as JSON at close"},
@@ -259,6 +259,15 @@ static const struct row rows[] = {
      "loader's search path)"},
     {"MPLANE_EP_NCCL_LIB", K_STR, STR(ep_nccl_lib), "", 0, 0, NULL, "a library name or path",
      "the NCCL the Python binding opens where torch has loaded none (default: libnccl.so.2)"},
+    /* libmplane-hfreduce's (collectives/hfreduce/): it reads these through mplane_config_load_hfreduce; the
+     * plugin leaves them at their defaults. */
+    {"MPLANE_HFREDUCE_CHUNK_BYTES", K_SIZE, OFF(hfreduce_chunk_bytes), 0, "2M", 65536, 1L << 30, NULL,
+     "a size in bytes, K/M/G suffixes allowed, from 64K to 1G, the same on every rank",
+     "libmplane-hfreduce: bytes of one pipelined chunk (the node's ranks each reduce a slice of it and send "
+     "its halves on the two trees; docs/hfreduce.md)"},
+    {"MPLANE_HFREDUCE_SLOTS", K_INT, OFF(hfreduce_slots), 0, "4", 2, 16, NULL,
+     "an integer from 2 to 16, the same on every rank",
+     "libmplane-hfreduce: chunks in flight (each takes ranks-per-node + 1 chunks of shared memory)"},
 };
 
 /* NCCL's own variable of the same meaning: read when the MPLANE_* one is unset, so a site's
@@ -392,10 +401,16 @@ static int parse_row(const struct row *r, const char *value, struct mplane_confi
 
 /* libmplane-ep's rows: mplane_config_load_ep reads them, mplane_config_load only their defaults, so a
  * bad MPLANE_EP_* value fails libmplane-ep's create, never the plugin's init. */
-static int row_is_ep(const struct row *r) { return strncmp(r->name, "MPLANE_EP_", 10) == 0; }
+/* libmplane-hfreduce's (MPLANE_HFREDUCE_*) likewise, through mplane_config_load_hfreduce. */
+enum row_reader { READER_PLUGIN = 0, READER_EP = 1, READER_HFREDUCE = 2 };
+static int row_reader(const struct row *r) {
+  if (strncmp(r->name, "MPLANE_EP_", 10) == 0) return READER_EP;
+  if (strncmp(r->name, "MPLANE_HFREDUCE_", 16) == 0) return READER_HFREDUCE;
+  return READER_PLUGIN;
+}
 
-/* Every row's default; the environment for the rows of one reader (ep: libmplane-ep's, else the plugin's). */
-static ncclResult_t load_rows(struct mplane_config *cfg, int ep, char *err, size_t errlen) {
+/* Every row's default; the environment for the rows of one reader (enum row_reader). */
+static ncclResult_t load_rows(struct mplane_config *cfg, int reader, char *err, size_t errlen) {
   memset(cfg, 0, sizeof(*cfg));
   for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
     const struct row *r = &rows[i];
@@ -403,7 +418,7 @@ static ncclResult_t load_rows(struct mplane_config *cfg, int ep, char *err, size
       snprintf(err, errlen, "internal: default of %s does not parse", r->name);
       return ncclInternalError;
     }
-    if (row_is_ep(r) != ep) continue;
+    if (row_reader(r) != reader) continue;
     const char *from;
     const char *value = row_value(r->name, &from);
     if (value == NULL) continue;
@@ -422,11 +437,15 @@ static ncclResult_t load_rows(struct mplane_config *cfg, int ep, char *err, size
 }
 
 ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t errlen) {
-  return load_rows(cfg, 0, err, errlen);
+  return load_rows(cfg, READER_PLUGIN, err, errlen);
 }
 
 ncclResult_t mplane_config_load_ep(struct mplane_config *cfg, char *err, size_t errlen) {
-  return load_rows(cfg, 1, err, errlen);
+  return load_rows(cfg, READER_EP, err, errlen);
+}
+
+ncclResult_t mplane_config_load_hfreduce(struct mplane_config *cfg, char *err, size_t errlen) {
+  return load_rows(cfg, READER_HFREDUCE, err, errlen);
 }
 
 const char *mplane_config_source(const char *name) {

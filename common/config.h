@@ -75,6 +75,9 @@ struct mplane_config {
   int ep_send_sms;                           /* fused combine blocks that send the expert sums */
   char ep_lib[MPLANE_CONFIG_STR];            /* the Python binding's libmplane-ep.so */
   char ep_nccl_lib[MPLANE_CONFIG_STR];       /* the Python binding's NCCL */
+  /* libmplane-hfreduce's (MPLANE_HFREDUCE_*, mplane_config_load_hfreduce) */
+  long hfreduce_chunk_bytes;                 /* one pipelined chunk */
+  int hfreduce_slots;                        /* chunks in flight */
 };
 
 /* Read the environment into cfg (defaults first; a variable set to "" counts as unset). On a bad
@@ -86,6 +89,10 @@ ncclResult_t mplane_config_load(struct mplane_config *cfg, char *err, size_t err
 /* The same for libmplane-ep: every default, and the environment of its own rows (MPLANE_EP_*) only;
  * mplane_config_load leaves those at their defaults. */
 ncclResult_t mplane_config_load_ep(struct mplane_config *cfg, char *err, size_t errlen);
+
+/* The same for libmplane-hfreduce: every default, and its own rows (MPLANE_HFREDUCE_*) from the
+ * environment; the transports it drives read the plugin's (mplane_config_get). */
+ncclResult_t mplane_config_load_hfreduce(struct mplane_config *cfg, char *err, size_t errlen);
 
 /* Where variable `name`'s value comes from: `name` itself, its NCCL twin (e.g. "NCCL_IB_SL" for
  * MPLANE_IB_SL, when that is unset), or NULL where neither is set (the default holds). */

@@ -8,7 +8,7 @@
 #include "config.h"
 
 static const char *const class_names[MPLANE_TC_NCLASSES] = {"default", "collective", "alltoall", "lowlat",
-                                                             "storage"};
+                                                             "storage", "hfreduce"};
 
 const char *mplane_tc_class_name(int cls) {
   return (cls >= 0 && cls < MPLANE_TC_NCLASSES) ? class_names[cls] : "?";
@@ -49,7 +49,7 @@ int mplane_tc_map_parse(const char *value, int default_sl, struct mplane_tc_map 
     int cls = mplane_tc_class_by_name(a, (size_t)(ne - a));
     if (cls < 0) {
       snprintf(why, whylen, "unknown class '%.*s' at column %d (classes: default, collective, alltoall, lowlat, "
-               "storage)", (int)(ne - a), a, col);
+               "storage, hfreduce)", (int)(ne - a), a, col);
       return -1;
     }
     if (m.named[cls]) {

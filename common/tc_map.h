@@ -1,6 +1,6 @@
 /* mplane: the traffic classes and the grammar of MPLANE_TC_MAP, which the configuration checks
  * when it reads the variable (common/config.c) and net/tc.h applies to connections.
- *     default=0,collective=0,alltoall=3,lowlat=5:ar,storage=1
+ *     default=0,collective=0,alltoall=3,lowlat=5:ar,storage=1,hfreduce=2
  * Each entry names a class and its service level 0..15, with an optional adaptive-routing flag
  * (":ar" / ":noar"; without one, adaptive routing is on for `lowlat` only). Classes the map does not
  * name take the SL of `default` (MPLANE_IB_SL when `default` is absent). */
@@ -15,7 +15,8 @@ enum mplane_tc_class {
   MPLANE_TC_ALLTOALL = 2,
   MPLANE_TC_LOWLAT = 3,
   MPLANE_TC_STORAGE = 4,
-  MPLANE_TC_NCLASSES = 5
+  MPLANE_TC_HFREDUCE = 5, /* libmplane-hfreduce's tree links (collectives/hfreduce) */
+  MPLANE_TC_NCLASSES = 6
 };
 
 #define MPLANE_TC_SL_MAX 15

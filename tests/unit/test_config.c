@@ -96,12 +96,16 @@ static char err[8192];
 
 /* libmplane-ep's rows (MPLANE_EP_*) are read by its own load, the plugin's load leaves them at their defaults. */
 static int is_ep_row(const char *name) { return strncmp(name, "MPLANE_EP_", 10) == 0; }
+/* libmplane-hfreduce's (MPLANE_HFREDUCE_*) likewise, by mplane_config_load_hfreduce. */
+static int is_hfreduce_row(const char *name) { return strncmp(name, "MPLANE_HFREDUCE_", 16) == 0; }
 
 static ncclResult_t load_with(const char *name, const char *value, struct mplane_config *cfg) {
   clear_env();
   if (value) setenv(name, value, 1);
   err[0] = 0;
-  ncclResult_t res = is_ep_row(name) ? mplane_config_load_ep(cfg, err, sizeof(err)) : mplane_config_load(cfg, err, sizeof(err));
+  ncclResult_t res = is_ep_row(name)         ? mplane_config_load_ep(cfg, err, sizeof(err))
+                     : is_hfreduce_row(name) ? mplane_config_load_hfreduce(cfg, err, sizeof(err))
+                                             : mplane_config_load(cfg, err, sizeof(err));
   unsetenv(name);
   return res;
 }
@@ -182,6 +186,8 @@ static const struct int_row int_rows[] = {
     {"MPLANE_EP_LINK_SMS", F(ep_link_sms), -1, 1024, -1},
     {"MPLANE_EP_RECV_SMS", F(ep_recv_sms), -1, 1024, -1},
     {"MPLANE_EP_SEND_SMS", F(ep_send_sms), -1, 1024, -1},
+    /* libmplane-hfreduce's */
+    {"MPLANE_HFREDUCE_SLOTS", F(hfreduce_slots), 2, 16, 4},
 };
 
 struct str_row {
@@ -219,7 +225,7 @@ static const struct enum_row enum_rows[] = {
 };
 
 static const char *size_rows[] = {"MPLANE_SOCKET_SPLIT_BYTES", "MPLANE_SOCKET_INLINE_BYTES", "MPLANE_SOCKET_EAGER_BYTES",
-                                  "MPLANE_IB_AR_THRESHOLD"};
+                                  "MPLANE_IB_AR_THRESHOLD", "MPLANE_HFREDUCE_CHUNK_BYTES"};
 
 static int known_row(const char *name) {
   for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++)
@@ -471,6 +477,22 @@ static void test_one_bad_among_good(void **state) {
 
 /* libmplane-ep's rows fail its own load only: a bad MPLANE_EP_* value never fails the plugin's init,
  * nor a bad plugin variable libmplane-ep's create. 0 fused blocks to unpack or send is refused. */
+/* libmplane-hfreduce's rows likewise: a bad MPLANE_HFREDUCE_* value fails its comm_init, never the plugin. */
+static void test_hfreduce_rows_their_own_reader(void **state) {
+  (void)state;
+  struct mplane_config cfg;
+  clear_env();
+  setenv("MPLANE_HFREDUCE_CHUNK_BYTES", "1K", 1);
+  assert_int_equal(mplane_config_load_hfreduce(&cfg, err, sizeof(err)), ncclInvalidArgument);
+  assert_non_null(strstr(err, "MPLANE_HFREDUCE_CHUNK_BYTES='1K' is not valid"));
+  if (mplane_config_load(&cfg, err, sizeof(err)) != ncclSuccess) fail_msg("MPLANE_HFREDUCE_CHUNK_BYTES failed the plugin: %s", err);
+  assert_int_equal(cfg.hfreduce_chunk_bytes, 2L << 20);
+  setenv("MPLANE_HFREDUCE_CHUNK_BYTES", "64K", 1);
+  assert_int_equal(mplane_config_load_hfreduce(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.hfreduce_chunk_bytes, 65536);
+  unsetenv("MPLANE_HFREDUCE_CHUNK_BYTES");
+}
+
 static void test_ep_rows_their_own_reader(void **state) {
   (void)state;
   struct mplane_config cfg;
@@ -738,6 +760,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_tc_map_grammar, setup, teardown),
       cmocka_unit_test_setup_teardown(test_one_bad_among_good, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ep_rows_their_own_reader, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hfreduce_rows_their_own_reader, setup, teardown),
       cmocka_unit_test_setup_teardown(test_short_error_buffer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_parse_long, setup, teardown),
       cmocka_unit_test_setup_teardown(test_numbers_exact_form, setup, teardown),

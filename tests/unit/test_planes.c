@@ -97,7 +97,7 @@ static void test_tc_classes(void **state) {
   assert_int_equal(invalid, 0);
   assert_int_equal(mplane_tc_resolve(MPLANE_NCCL_CONFIG_UNDEF_INT, NULL), MPLANE_TC_DEFAULT);
   for (int c = 0; c < MPLANE_TC_NCLASSES; c++) assert_int_equal(mplane_tc_class_from_nccl(c, &invalid), c);
-  assert_int_equal(mplane_tc_class_from_nccl(5, &invalid), -1);
+  assert_int_equal(mplane_tc_class_from_nccl(MPLANE_TC_NCLASSES, &invalid), -1);
   assert_int_equal(invalid, 1);
   assert_int_equal(mplane_tc_class_from_nccl(-7, &invalid), -1);
   assert_int_equal(invalid, 1);
