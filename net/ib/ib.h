@@ -304,6 +304,7 @@ struct mpib_send_req {
   int pending;            /* signaled work requests not yet completed */
   int trunc;
   struct mplane_stats_req stats;
+  void *prof[MPIB_MAX_QPS]; /* NCCL profiler events of its chunks' work requests (net/profiler.h) */
   /* A staged send (relayed connection, ib_stage.c): its bytes go through the staging ring. pending
    * holds one extra count until its last piece is posted, so it never completes before that. */
   int staged;
@@ -368,6 +369,7 @@ struct mpib_recv_entry {
   uint32_t chunk_mask;  /* chunk indices received (at most 16 chunks) */
   int tag;
   uint64_t cap;
+  void *prof; /* NCCL profiler event: from the offer's FIFO write to the last chunk (net/profiler.h) */
 };
 
 struct mpib_recv_req {
@@ -447,9 +449,10 @@ ncclResult_t mpib_reg_mr(void *comm, void *data, size_t size, int type, void **m
 ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
                                 void **mhandle);
 ncclResult_t mpib_dereg_mr(void *comm, void *mhandle);
-ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
-ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                         void **request);
+ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                        void **phandles, void **request);
 ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request);
 ncclResult_t mpib_test(void *request, int *done, int *sizes);
 /* Post work requests on QP q of b; a refusal becomes the comm's error (ib_verbs.c). */
