@@ -45,7 +45,7 @@ struct port {
 };
 
 static struct {
-  int json;
+  int json, verbose;
   const char *plugin;
   struct item problems[MAX_ITEMS];
   int nproblems;
@@ -105,6 +105,7 @@ static void doctor_logger(ncclDebugLogLevel level, unsigned long flags, const ch
   va_end(ap);
   const char *msg = line_text;
   if (!strncmp(msg, "NET/mplane ", 11)) msg += 11; /* the prefix our log adds for NCCL's */
+  if (r.verbose && level != NCCL_LOG_TRACE) fprintf(stderr, "  log: %s\n", msg);
   if (level == NCCL_LOG_WARN && r.nwarns < 8) snprintf(r.warns[r.nwarns++], TEXT, "%s", msg);
   if (level == NCCL_LOG_INFO && strstr(msg, " side channel on ") && !strncmp(msg, "NET/IB: ", 8) && r.nside < MAX_ITEMS)
     snprintf(r.side[r.nside++], TEXT, "%s", msg + 8);
@@ -456,7 +457,7 @@ static void print_json(void) {
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: mplane-doctor [--json] [--plugin PATH]\n"
+          "usage: mplane-doctor [--json] [--verbose] [--plugin PATH]\n"
           "\n"
           "Check whether this node is ready for NCCL jobs through mplane: RDMA ports (state, speed), the\n"
           "devices and planes NCCL will see, each IB device's side channel, GPUs and GPUDirect (peermem or\n"
@@ -466,6 +467,7 @@ static void usage(FILE *out) {
           "  --json         the report as JSON\n"
           "  --plugin PATH  the plugin library NCCL would load (default: libnccl-net-mplane.so on the\n"
           "                loader's path)\n"
+          "  --verbose      the plugin's own log lines on stderr (why it chose what it chose)\n"
           "  -h, --help     this text\n"
           "\n"
           "Exit status: 0 ready, 1 problems found (each with what to do), 2 bad arguments.\n");
@@ -473,13 +475,15 @@ static void usage(FILE *out) {
 
 int main(int argc, char **argv) {
   static const struct option longopts[] = {
-      {"json", no_argument, NULL, 'j'}, {"plugin", required_argument, NULL, 'p'}, {"help", no_argument, NULL, 'h'},
+      {"json", no_argument, NULL, 'j'},    {"plugin", required_argument, NULL, 'p'},
+      {"verbose", no_argument, NULL, 'v'}, {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
       case 'j': r.json = 1; break;
       case 'p': r.plugin = optarg; break;
+      case 'v': r.verbose = 1; break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
