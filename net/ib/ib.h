@@ -305,6 +305,7 @@ struct mpib_send_req {
   int trunc;
   struct mplane_stats_req stats;
   void *prof[MPIB_MAX_QPS]; /* NCCL profiler events of its chunks' work requests (net/profiler.h) */
+  void *phandle;            /* ... whose pHandle a staged send's later posts carry */
   /* A staged send (relayed connection, ib_stage.c): its bytes go through the staging ring. pending
    * holds one extra count until its last piece is posted, so it never completes before that. */
   int staged;
@@ -316,12 +317,14 @@ struct mpib_send_req {
   uint64_t seq;
   int nch;
   size_t per, started; /* wire chunk size; bytes whose copy into staging has been started */
+  void *prof_stage[MPIB_MAX_QPS]; /* profiler events of its staging-slot writes, by slot (net/profiler.h) */
 };
 
 /* The staging ring of a relayed send comm (ib_stage.c): the relay's copier fills a slot, the slot
  * goes out as an RDMA write, and its completion frees it, so slot j is copied while slot j - 1 is on
  * the wire. Slots fill and post in ring order; sends queue in the order they were taken. */
 #define MPIB_STAGE_SLOTS 4
+_Static_assert(MPIB_STAGE_SLOTS <= MPIB_MAX_QPS, "mpib_send_req.prof_stage holds one event per staging slot");
 #define MPIB_STAGE_SLOT_BYTES (4u << 20)
 struct mpib_stage_slot {
   int state; /* 0 free, 1 copying, 2 on the wire */

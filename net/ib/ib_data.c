@@ -296,6 +296,7 @@ static void poll_cq(struct mpib_comm_base *b) {
           mplane_prof_stop(&r->prof[MPIB_WRID_B(wc->wr_id) % MPIB_MAX_QPS]);
           if (--r->pending == 0 && r->trunc) r->used = 0; /* nobody tests a refused send */
         } else if (kind == MPIB_WR_STAGE && MPIB_WRID_A(wc->wr_id) < MPIB_MAX_SENDS) {
+          mplane_prof_stop(&c->reqs[MPIB_WRID_A(wc->wr_id)].prof_stage[MPIB_WRID_B(wc->wr_id) % MPIB_MAX_QPS]);
           c->reqs[MPIB_WRID_A(wc->wr_id)].pending--;
           mpib_stage_slot_done(c, (unsigned)MPIB_WRID_B(wc->wr_id));
         }
@@ -471,6 +472,7 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
     r->seq = seq;
     r->nch = nch;
     r->per = per;
+    r->phandle = phandle;
     c->next_qp = first + (unsigned)nch;
     ncclResult_t res = mpib_stage_send(c, r, ri);
     if (res != ncclSuccess) {
@@ -560,7 +562,10 @@ static ncclResult_t send_test(struct mpib_send_req *r, int *done, int *sizes) {
    * connection waits for the copies that still read them. */
   if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) mpib_stage_progress(c);
   ncclResult_t res = mpib_error_check(&c->b.err);
-  if (res != ncclSuccess) mplane_prof_stop_all(r->prof, MPIB_MAX_QPS); /* its work requests never complete */
+  if (res != ncclSuccess) { /* its work requests never complete */
+    mplane_prof_stop_all(r->prof, MPIB_MAX_QPS);
+    mplane_prof_stop_all(r->prof_stage, MPIB_MAX_QPS);
+  }
   return res;
 }
 
