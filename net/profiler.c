@@ -1,6 +1,7 @@
 /* mplane: network events for NCCL's profiler (see profiler.h). */
 #include "profiler.h"
 
+#include <errno.h>
 #include <string.h>
 
 ncclProfilerCallback_t mplane_prof_callback;
@@ -10,12 +11,15 @@ void mplane_prof_set_callback(ncclProfilerCallback_t cb) {
   if (cb) __atomic_compare_exchange_n(&mplane_prof_callback, &none, cb, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }
 
-/* A failed start leaves no event: NCCL keeps nothing to stop. */
+/* A failed start leaves no event: NCCL keeps nothing to stop. errno is kept: the call sites sit beside
+ * I/O whose failure is reported from it. */
 static void start(void **event, void *phandle, int64_t plugin_id, void *descr) {
   ncclProfilerCallback_t cb = __atomic_load_n(&mplane_prof_callback, __ATOMIC_ACQUIRE);
   *event = NULL;
   if (!cb) return;
+  int saved = errno;
   if (cb(event, ncclProfilerNetEventStart, phandle, plugin_id, descr) != ncclSuccess) *event = NULL;
+  errno = saved;
 }
 
 void mplane_prof_ib_start_now(void **event, void *phandle, int dev, uint64_t wr_id, int opcode, uint32_t qpn,
@@ -43,6 +47,8 @@ void mplane_prof_sock_start_now(void **event, void *phandle, int fd, int op, siz
 
 void mplane_prof_stop_now(void **event) {
   ncclProfilerCallback_t cb = __atomic_load_n(&mplane_prof_callback, __ATOMIC_ACQUIRE);
+  int saved = errno;
   if (cb) cb(event, ncclProfilerNetEventStop, NULL, 0, NULL);
+  errno = saved;
   *event = NULL;
 }
