@@ -13,6 +13,7 @@
 
 enum mplane_transport_choice { MPLANE_TRANSPORT_AUTO = 0, MPLANE_TRANSPORT_IB, MPLANE_TRANSPORT_SOCKET };
 enum mplane_gin_lane { MPLANE_GIN_LANE_STREAM = 0, MPLANE_GIN_LANE_KERNEL };
+enum mplane_stats_format { MPLANE_STATS_JSON = 0, MPLANE_STATS_PROMETHEUS, MPLANE_STATS_BOTH };
 enum mplane_relay_mode { MPLANE_RELAY_AUTO = 0, MPLANE_RELAY_NVLINK, MPLANE_RELAY_PCIE, MPLANE_RELAY_HOST,
                          MPLANE_RELAY_OFF };
 
@@ -42,7 +43,9 @@ struct mplane_config {
   int nccl_topo;                             /* write NCCL_TOPO_FILE for NCCL */
   int relay;                                 /* enum mplane_relay_mode */
   char tc_map[MPLANE_CONFIG_STR];            /* traffic class -> service level map */
-  char stats_file[MPLANE_CONFIG_STR];        /* JSON counters at close */
+  char stats_file[MPLANE_CONFIG_STR];        /* counters file (JSON or Prometheus text) */
+  int stats_format;                          /* enum mplane_stats_format */
+  int stats_interval_s;                      /* rewrite the counters file this often; 0: at close only */
   char ib_hca[MPLANE_CONFIG_STR];            /* NCCL_IB_HCA grammar */
   int ib_gid_index;                          /* -1 = automatic (RoCE v2, IPv4-mapped first) */
   int ib_sl;                                 /* default service level */

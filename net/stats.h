@@ -7,7 +7,11 @@
  * isend/irecv to the test() that said done, as a histogram (4 buckets per doubling, so a quantile
  * read from it is an upper bound within 25%). Each comm's own totals and its median and p99
  * request time go to one INFO line when it closes; with MPLANE_STATS_FILE set, the process totals
- * are (re)written there as JSON at every close ("%p" in the path becomes the process id).
+ * are (re)written there at every close and every MPLANE_STATS_INTERVAL seconds ("%p" in the path
+ * becomes the process id), as JSON or in Prometheus' text format (MPLANE_STATS_FORMAT), for
+ * node_exporter's textfile collector; each write replaces the file whole (temp file, rename).
+ * Errors are requests (or posts) that returned an error to NCCL; a reconnect is a comm opened to a
+ * peer host, on the same device and direction, as a comm of this process that closed before.
  * Thread-safe: NCCL may run several proxy threads; a request's path (start, done) touches only its
  * comm's counters, with relaxed atomics. */
 #ifndef MPLANE_NET_STATS_H
@@ -21,14 +25,14 @@
 #define MPLANE_STATS_TIME_BUCKETS 100 /* request times: < 1 us, then 4 per doubling up to ~2^24 us */
 
 struct mplane_stats_counters {
-  uint64_t tx_bytes, tx_msgs, rx_bytes, rx_msgs, relayed_bytes;
+  uint64_t tx_bytes, tx_msgs, rx_bytes, rx_msgs, relayed_bytes, errors;
 };
 
 struct mplane_stats_totals {
   struct mplane_stats_counters plane[MPLANE_STATS_MAX_PLANES];
   struct mplane_stats_counters plane_unknown; /* devices no plane was assigned to (e.g. loopback) */
   struct mplane_stats_counters cls[8];
-  uint64_t comms_opened, comms_closed;
+  uint64_t comms_opened, comms_closed, reconnects;
 };
 
 /* What is known of a comm when it opens. */
@@ -73,6 +77,10 @@ void mplane_stats_request(struct mplane_stats_comm *s, struct mplane_stats_req *
 /* test() said done: for a receive, sizes holds the nrecv received sizes (NULL: counted as 0 bytes).
  * Counted once; nothing once the comm closed. No lock, no allocation. */
 void mplane_stats_request_done(struct mplane_stats_req *r, const int *sizes);
+/* An isend/irecv on comm s, or a test of request r, returned an error to NCCL: one error on the comm's
+ * plane and class (a request counts once, and no more as a message). No lock, no allocation. */
+void mplane_stats_comm_error(struct mplane_stats_comm *s);
+void mplane_stats_request_error(struct mplane_stats_req *r);
 /* The request time (us) that a fraction q (0..1) of the comm's completed requests stayed within:
  * the upper edge of its histogram bucket. 0 when none completed. */
 double mplane_stats_time_quantile(const struct mplane_stats_comm *s, double q);
@@ -93,9 +101,11 @@ void mplane_stats_listen_close(void *listen_comm);
 void mplane_stats_snapshot(struct mplane_stats_totals *out);
 /* Write the totals as JSON to f. */
 void mplane_stats_write_json(FILE *f);
+/* Write the totals to f in Prometheus' text exposition format (version 0.0.4). */
+void mplane_stats_write_prometheus(FILE *f);
 /* Expand %p (pid) and %% in a MPLANE_STATS_FILE pattern. 0 on success. */
 int mplane_stats_expand_path(const char *pattern, char *out, size_t outlen);
-/* Write the JSON file now if MPLANE_STATS_FILE is set (atomically: temp file + rename). */
+/* Write the counters file(s) now if MPLANE_STATS_FILE is set (each atomically: temp file + rename). */
 void mplane_stats_flush(void);
 
 #endif

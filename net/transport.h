@@ -145,9 +145,12 @@ struct mplane_transport_ops {
   ncclResult_t (*reg_mr_dmabuf)(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
                                 void **mhandle);
   ncclResult_t (*dereg_mr)(void *comm, void *mhandle);
-  ncclResult_t (*isend)(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
-  ncclResult_t (*irecv)(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+  /* phandle / phandles[i]: NCCL's profiler handles for the request's events (net/profiler.h), or NULL
+   * (phandles may be NULL too). */
+  ncclResult_t (*isend)(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                         void **request);
+  ncclResult_t (*irecv)(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                        void **phandles, void **request);
   ncclResult_t (*iflush)(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request);
   /* sizes: n entries for a receive of n buffers, 1 for a send; may be NULL. */
   ncclResult_t (*test)(void *request, int *done, int *sizes);

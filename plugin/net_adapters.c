@@ -2,13 +2,14 @@
 #include "net_adapters.h"
 
 #include "../common/log.h"
+#include "../net/profiler.h"
 #include "net_core.h"
 
 ncclResult_t mplane_adapter_init_ctx(void **ctx, uint64_t comm_id, ncclNetCommConfig_v11_t *config,
                                      ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
-  (void)prof;
   ncclResult_t res = mplane_net_global_init(logger);
   if (res != ncclSuccess) return res;
+  mplane_prof_set_callback(prof); /* NULL: no events (net/profiler.h) */
   int tc = config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF;
   return mplane_net_ctx_create(comm_id, tc, (struct mplane_net_ctx **)ctx);
 }
@@ -34,12 +35,10 @@ ncclResult_t mplane_adapter_accept(void *listen_comm, void **recv_comm, ncclNetD
 
 ncclResult_t mplane_adapter_isend_ph(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                                      void **request) {
-  (void)phandle;
-  return mplane_net_isend(send_comm, data, size, tag, mhandle, request);
+  return mplane_net_isend_ph(send_comm, data, size, tag, mhandle, phandle, request);
 }
 
 ncclResult_t mplane_adapter_irecv_ph(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
                                      void **phandles, void **request) {
-  (void)phandles;
-  return mplane_net_irecv(recv_comm, n, data, sizes, tags, mhandles, request);
+  return mplane_net_irecv_ph(recv_comm, n, data, sizes, tags, mhandles, phandles, request);
 }

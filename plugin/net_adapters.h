@@ -16,7 +16,7 @@ ncclResult_t mplane_adapter_finalize(void *ctx);
 ncclResult_t mplane_adapter_set_attr(void *ctx, ncclNetAttr_v11_t *attr);
 /* v8+: accept without device offload. */
 ncclResult_t mplane_adapter_accept(void *listen_comm, void **recv_comm, ncclNetDeviceHandle_v8_t **dev_comm);
-/* v10+: isend/irecv with profiler handles (ignored). */
+/* v10+: isend/irecv with profiler handles (the transports' events carry them, net/profiler.h). */
 ncclResult_t mplane_adapter_isend_ph(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                                      void **request);
 ncclResult_t mplane_adapter_irecv_ph(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,

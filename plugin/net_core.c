@@ -246,15 +246,27 @@ ncclResult_t mplane_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int t
 ncclResult_t mplane_net_dereg_mr(void *comm, void *mhandle) { return g.ops->dereg_mr(comm, mhandle); }
 
 ncclResult_t mplane_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
-  ncclResult_t res = g.ops->isend(send_comm, data, size, tag, mhandle, request);
-  if (res == ncclSuccess && *request) mplane_stats_request(comm_stats(send_comm, 1), req_stats(*request), size, 0);
-  return res;
+  return mplane_net_isend_ph(send_comm, data, size, tag, mhandle, NULL, request);
 }
 
 ncclResult_t mplane_net_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
                               void **request) {
-  ncclResult_t res = g.ops->irecv(recv_comm, n, data, sizes, tags, mhandles, request);
+  return mplane_net_irecv_ph(recv_comm, n, data, sizes, tags, mhandles, NULL, request);
+}
+
+ncclResult_t mplane_net_isend_ph(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                                 void **request) {
+  ncclResult_t res = g.ops->isend(send_comm, data, size, tag, mhandle, phandle, request);
+  if (res == ncclSuccess && *request) mplane_stats_request(comm_stats(send_comm, 1), req_stats(*request), size, 0);
+  else if (res != ncclSuccess) mplane_stats_comm_error(comm_stats(send_comm, 1));
+  return res;
+}
+
+ncclResult_t mplane_net_irecv_ph(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                                 void **phandles, void **request) {
+  ncclResult_t res = g.ops->irecv(recv_comm, n, data, sizes, tags, mhandles, phandles, request);
   if (res == ncclSuccess && *request) mplane_stats_request(comm_stats(recv_comm, 0), req_stats(*request), 0, n);
+  else if (res != ncclSuccess) mplane_stats_comm_error(comm_stats(recv_comm, 0));
   return res;
 }
 
@@ -267,6 +279,7 @@ ncclResult_t mplane_net_test(void *request, int *done, int *sizes) {
   int *s = sizes ? sizes : local;
   ncclResult_t res = g.ops->test(request, done, s);
   if (res == ncclSuccess && *done) mplane_stats_request_done(req_stats(request), s); /* net/stats.c */
+  else if (res != ncclSuccess) mplane_stats_request_error(req_stats(request));
   return res;
 }
 

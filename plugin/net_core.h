@@ -39,6 +39,12 @@ ncclResult_t mplane_net_dereg_mr(void *comm, void *mhandle);
 ncclResult_t mplane_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
 ncclResult_t mplane_net_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
                               void **request);
+/* The same with NCCL's profiler handles (net v10+; NULL: none): the transport reports the request's
+ * events with them (net/profiler.h). */
+ncclResult_t mplane_net_isend_ph(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                                 void **request);
+ncclResult_t mplane_net_irecv_ph(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                                 void **phandles, void **request);
 ncclResult_t mplane_net_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request);
 ncclResult_t mplane_net_test(void *request, int *done, int *sizes);
 ncclResult_t mplane_net_close_send(void *send_comm);

@@ -1,10 +1,12 @@
 /* mplane: ncclNet_v10 (NCCL 2.24 - 2.26): one process-wide init, traffic class given per connect. */
 #include "net_core.h"
 #include "net_adapters.h"
+#include "../net/profiler.h"
 
 static ncclResult_t v10_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
-  (void)prof;
-  return mplane_net_global_init(logger);
+  ncclResult_t res = mplane_net_global_init(logger);
+  if (res == ncclSuccess) mplane_prof_set_callback(prof);
+  return res;
 }
 
 static ncclResult_t v10_get_properties(int dev, ncclNetProperties_v10_t *out) {

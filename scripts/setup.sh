@@ -23,6 +23,9 @@ have lstopo-no-graphics || need_pkgs+=(hwloc-nox)
 have_pc hwloc || need_pkgs+=(libhwloc-dev)
 have_pc cmocka || need_pkgs+=(libcmocka-dev)
 [ -f /usr/include/infiniband/verbs.h ] || need_pkgs+=(libibverbs-dev)
+# The stats test's real parser of Prometheus' text format (tests/unit/stats_prometheus.py).
+{ python3 -c 'import prometheus_client' || /usr/bin/python3 -c 'import prometheus_client'; } >/dev/null 2>&1 ||
+  need_pkgs+=(python3-prometheus-client)
 # The fuzz suite (tests/fuzz): clang and its libFuzzer/sanitizer runtime (libclang-rt-dev on Debian 12).
 fuzz_links() { echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' |
   clang -x c - -fsanitize=fuzzer,address,undefined -o /dev/null >/dev/null 2>&1; }

@@ -304,6 +304,8 @@ struct mpib_send_req {
   int pending;            /* signaled work requests not yet completed */
   int trunc;
   struct mplane_stats_req stats;
+  void *prof[MPIB_MAX_QPS]; /* NCCL profiler events of its chunks' work requests (net/profiler.h) */
+  void *phandle;            /* ... whose pHandle a staged send's later posts carry */
   /* A staged send (relayed connection, ib_stage.c): its bytes go through the staging ring. pending
    * holds one extra count until its last piece is posted, so it never completes before that. */
   int staged;
@@ -315,12 +317,14 @@ struct mpib_send_req {
   uint64_t seq;
   int nch;
   size_t per, started; /* wire chunk size; bytes whose copy into staging has been started */
+  void *prof_stage[MPIB_MAX_QPS]; /* profiler events of its staging-slot writes, by slot (net/profiler.h) */
 };
 
 /* The staging ring of a relayed send comm (ib_stage.c): the relay's copier fills a slot, the slot
  * goes out as an RDMA write, and its completion frees it, so slot j is copied while slot j - 1 is on
  * the wire. Slots fill and post in ring order; sends queue in the order they were taken. */
 #define MPIB_STAGE_SLOTS 4
+_Static_assert(MPIB_STAGE_SLOTS <= MPIB_MAX_QPS, "mpib_send_req.prof_stage holds one event per staging slot");
 #define MPIB_STAGE_SLOT_BYTES (4u << 20)
 struct mpib_stage_slot {
   int state; /* 0 free, 1 copying, 2 on the wire */
@@ -368,6 +372,7 @@ struct mpib_recv_entry {
   uint32_t chunk_mask;  /* chunk indices received (at most 16 chunks) */
   int tag;
   uint64_t cap;
+  void *prof; /* NCCL profiler event: from the offer's FIFO write to the last chunk (net/profiler.h) */
 };
 
 struct mpib_recv_req {
@@ -447,9 +452,10 @@ ncclResult_t mpib_reg_mr(void *comm, void *data, size_t size, int type, void **m
 ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
                                 void **mhandle);
 ncclResult_t mpib_dereg_mr(void *comm, void *mhandle);
-ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
-ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                         void **request);
+ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                        void **phandles, void **request);
 ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles, void **request);
 ncclResult_t mpib_test(void *request, int *done, int *sizes);
 /* Post work requests on QP q of b; a refusal becomes the comm's error (ib_verbs.c). */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../../common/log.h"
+#include "../profiler.h"
 #include "ib.h"
 
 #define MPIB_LIVENESS_EVERY 64
@@ -253,7 +254,10 @@ static void on_recv(struct mpib_recv_comm *c, const struct ibv_wc *wc) {
   struct mpib_recv_entry *en = &r->e[e];
   const char *bad = mpib_recv_entry_accept(c, en, wc->byte_len, imm);
   if (bad) return protocol_error(&c->b, bad, imm);
-  if (en->trunc || en->chunks == en->nchunks) r->done_entries++;
+  if (en->trunc || en->chunks == en->nchunks) {
+    mplane_prof_stop(&en->prof);
+    r->done_entries++;
+  }
 }
 
 /* A signaled FIFO write of slot `slot` completed: it and every write its QP posted before it are done
@@ -289,8 +293,10 @@ static void poll_cq(struct mpib_comm_base *b) {
         struct mpib_send_comm *c = (struct mpib_send_comm *)b;
         if (kind == MPIB_WR_DATA && MPIB_WRID_A(wc->wr_id) < MPIB_MAX_SENDS) {
           struct mpib_send_req *r = &c->reqs[MPIB_WRID_A(wc->wr_id)];
+          mplane_prof_stop(&r->prof[MPIB_WRID_B(wc->wr_id) % MPIB_MAX_QPS]);
           if (--r->pending == 0 && r->trunc) r->used = 0; /* nobody tests a refused send */
         } else if (kind == MPIB_WR_STAGE && MPIB_WRID_A(wc->wr_id) < MPIB_MAX_SENDS) {
+          mplane_prof_stop(&c->reqs[MPIB_WRID_A(wc->wr_id)].prof_stage[MPIB_WRID_B(wc->wr_id) % MPIB_MAX_QPS]);
           c->reqs[MPIB_WRID_A(wc->wr_id)].pending--;
           mpib_stage_slot_done(c, (unsigned)MPIB_WRID_B(wc->wr_id));
         }
@@ -368,7 +374,8 @@ static void send_warn_wait(struct mpib_send_comm *c, int tag) {
   mplane_tag_wait_warn(who, tag, (unsigned long long)c->seq, open, nopen);
 }
 
-ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
+ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                        void **request) {
   struct mpib_send_comm *c = send_comm;
   struct mpib_mr *m = mhandle;
   *request = NULL;
@@ -465,6 +472,7 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
     r->seq = seq;
     r->nch = nch;
     r->per = per;
+    r->phandle = phandle;
     c->next_qp = first + (unsigned)nch;
     ncclResult_t res = mpib_stage_send(c, r, ri);
     if (res != ncclSuccess) {
@@ -493,8 +501,6 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
       wr[0].imm_data = htonl(mpib_imm(slot, (unsigned)k, (unsigned)nch, (unsigned)i, 0, seq));
       wr[0].wr.rdma.remote_addr = en->addr + off;
       wr[0].wr.rdma.rkey = en->rkey;
-      r->pending++;
-      MP_CHECK(mpib_post(&c->b, q, &wr[0]));
     } else {
       /* Adaptive routing: the data may arrive out of order, so it goes as a plain write and a
        * separate write with immediate (ordered after it on the QP) carries the chunk's length. */
@@ -521,9 +527,11 @@ ncclResult_t mpib_isend(void *send_comm, void *data, size_t size, int tag, void 
       wr[w].wr.rdma.remote_addr =
           c->cur.rec_addr + ((uint64_t)(slot * MPIB_MAX_RECVS + (unsigned)k) * MPIB_MAX_QPS + (unsigned)i) * 8;
       wr[w].wr.rdma.rkey = c->cur.rec_rkey;
-      r->pending++;
-      MP_CHECK(mpib_post(&c->b, q, &wr[0]));
     }
+    r->pending++;
+    MP_CHECK(mpib_post(&c->b, q, &wr[0]));
+    /* after the post: its completion is polled on this thread, never before we return */
+    mplane_prof_ib_start(&r->prof[i], phandle, c->b.devindex, wr[0].wr_id, wr[0].opcode, c->b.qps[q]->qp_num, len);
   }
   c->next_qp = first + (unsigned)nch;
   *request = r;
@@ -553,12 +561,17 @@ static ncclResult_t send_test(struct mpib_send_req *r, int *done, int *sizes) {
   /* Before an error reaches NCCL (which may then free the failed sends' buffers), a staged
    * connection waits for the copies that still read them. */
   if (__atomic_load_n(&c->b.err.state, __ATOMIC_ACQUIRE) > 0) mpib_stage_progress(c);
-  return mpib_error_check(&c->b.err);
+  ncclResult_t res = mpib_error_check(&c->b.err);
+  if (res != ncclSuccess) { /* its work requests never complete */
+    mplane_prof_stop_all(r->prof, MPIB_MAX_QPS);
+    mplane_prof_stop_all(r->prof_stage, MPIB_MAX_QPS);
+  }
+  return res;
 }
 
 /* ------------------------------------------------------------------ receive */
 ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                        void **request) {
+                        void **phandles, void **request) {
   struct mpib_recv_comm *c = recv_comm;
   *request = NULL;
   if (n < 1 || n > MPIB_MAX_RECVS) {
@@ -632,6 +645,8 @@ ncclResult_t mpib_irecv(void *recv_comm, int n, void **data, size_t *sizes, int 
   }
   c->fifo_posted[q] = count;
   if (signal) c->fifo_signaled[q] = count;
+  for (int i = 0; phandles && i < n; i++)
+    mplane_prof_ib_start(&r->e[i].prof, phandles[i], c->b.devindex, wr.wr_id, wr.opcode, c->b.qps[q]->qp_num, sizes[i]);
   *request = r;
   return ncclSuccess;
 }
@@ -661,7 +676,9 @@ static ncclResult_t recv_test(struct mpib_recv_req *r, int *done, int *sizes) {
     *done = 1;
     return ncclSuccess;
   }
-  return mpib_error_check(&c->b.err);
+  ncclResult_t res = mpib_error_check(&c->b.err);
+  for (int i = 0; res != ncclSuccess && i < r->n; i++) mplane_prof_stop(&r->e[i].prof); /* never completes */
+  return res;
 }
 
 /* ------------------------------------------------------------------ flush */

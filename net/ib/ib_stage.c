@@ -17,6 +17,7 @@
 
 #include "../../common/clock.h"
 #include "../../common/log.h"
+#include "../profiler.h"
 #include "../relay.h"
 #include "ib.h"
 
@@ -126,6 +127,8 @@ static ncclResult_t post_slot(struct mpib_send_comm *c, struct mpib_stage *st, u
   }
   s->state = 2;
   MP_CHECK(mpib_post(&c->b, q, wr));
+  mplane_prof_ib_start(&r->prof_stage[idx], r->phandle, c->b.devindex, wr[0].wr_id, wr[0].opcode, c->b.qps[q]->qp_num,
+                       s->len);
   if (s->off + s->len == r->size) r->pending--; /* the last piece is posted: release the hold */
   return ncclSuccess;
 }

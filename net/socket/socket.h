@@ -240,6 +240,7 @@ struct mps_send_req {
   int chunks_done; /* atomic */
   int counted;     /* in the process's count of sends in flight */
   struct mplane_stats_req stats;
+  void *phandle;   /* NCCL's profiler handle of the send: its chunks' events carry it (net/profiler.h) */
 };
 
 struct mps_cts_group {
@@ -298,6 +299,7 @@ struct mps_send_comm {
     const char *data;
     size_t pad;                    /* filler bytes after the data */
     size_t done;                   /* bytes of hdr + data + filler written so far */
+    void *prof;                    /* its NCCL profiler event (net/profiler.h) */
   } inl;
   uint32_t pad_to;                 /* control-socket chunks shorter than this are padded to it */
 };
@@ -317,6 +319,7 @@ struct mps_slot {
   int lock;          /* atomic spin lock over nranges/ranges (chunks of one message only) */
   int nranges;
   struct { uint64_t off, len; } ranges[MPS_MAX_STREAMS]; /* claimed by the chunks so far */
+  void *phandle;     /* NCCL's profiler handle of this buffer's receive (net/profiler.h) */
 };
 
 struct mps_recv_req {
@@ -372,6 +375,7 @@ struct mps_recv_comm {
     char *dst;                   /* where the payload's next byte goes (NULL: dropped) */
     uint64_t rem;                /* payload bytes left */
     uint32_t pad;                /* filler bytes after this payload, dropped */
+    void *prof;                  /* the payload's NCCL profiler event, when it lands in a slot */
     int closed;                  /* the peer closed it at a chunk boundary */
     uint64_t empty_ns;           /* when test() last read it */
     char stage[MPS_CTRL_STAGE];
@@ -391,9 +395,10 @@ ncclResult_t mps_close_listen(void *listen_comm);
 /* ---- data path (socket_data.c) ---- */
 ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg);
 ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c);
-ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
-ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                        void **request);
+ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                       void **phandles, void **request);
 ncclResult_t mps_test(void *request, int *done, int *sizes);
 ncclResult_t mps_close_send(void *send_comm);
 ncclResult_t mps_close_recv(void *recv_comm);

@@ -18,6 +18,7 @@
 
 #include "../../common/clock.h"
 #include "../../common/log.h"
+#include "../profiler.h"
 #include "socket.h"
 #include "socket_splice.h"
 
@@ -185,7 +186,10 @@ static void *send_thread(void *argp) {
   while (wait_for_task(c, q, &sp)) {
     struct mps_task t = q->tasks[q->head & (q->cap - 1)];
     pthread_mutex_unlock(&q->lock);
+    void *ev; /* profiler: one transfer on this stream (a spliced chunk's ends when the kernel has its pages) */
+    mplane_prof_sock_start(&ev, t.req->phandle, t.fd, NCCL_PROFILER_SOCKET_SEND, t.hdr.len);
     int done = send_task(c, q, &sp, &t);
+    mplane_prof_stop(&ev);
     pthread_mutex_lock(&q->lock);
     STORE(&q->head, q->head + 1);
     pthread_mutex_unlock(&q->lock);
@@ -412,10 +416,12 @@ static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ncclSuccess;
       mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s (peer closed or died?)", c->peer,
                     strerror(errno));
+      mplane_prof_stop(&c->inl.prof);
       return mps_error_check(&c->err);
     }
     c->inl.done += (size_t)w;
     if (c->inl.done == total) {
+      mplane_prof_stop(&c->inl.prof);
       ADD(&c->inl.req->chunks_done, 1);
       c->inl.req = NULL;
     }
@@ -448,13 +454,16 @@ static ncclResult_t send_inline(struct mps_send_comm *c, struct mps_send_req *re
     c->inl.pad = c->pad_to - wire;
     c->inl.hdr.flags |= (uint32_t)c->inl.pad << MPS_CHUNK_PAD_SHIFT;
   }
+  mplane_prof_sock_start(&c->inl.prof, req->phandle, c->ctrl_fd, NCCL_PROFILER_SOCKET_SEND, hdr->len);
   *request = req;
   return send_flush_inline(c);
 }
 
-static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size, int tag, void **request) {
+static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size, int tag, void *phandle,
+                              void **request) {
   struct mps_send_req *req = send_req_alloc(c);
   if (!req) return ncclSuccess; /* every request in flight: NCCL calls again */
+  req->phandle = phandle;
   mplane_tag_wait_matched(&c->tag_wait, tag);
   req->size = size;
   __atomic_store_n(&req->chunks_done, 0, __ATOMIC_RELAXED);
@@ -490,7 +499,8 @@ static int head_entry(const struct mps_send_comm *c, int tag) {
   return -1;
 }
 
-ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
+ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                       void **request) {
   struct mps_send_comm *c = send_comm;
   (void)mhandle;
   *request = NULL;
@@ -500,7 +510,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
    * the receiver: no look at the control socket (a system call per message saved). The CTS
    * records are read when what we hold runs out. */
   int k = head_entry(c, tag);
-  if (k < 0 && eager_ok(c, size)) return send_eager(c, data, size, tag, request);
+  if (k < 0 && eager_ok(c, size)) return send_eager(c, data, size, tag, phandle, request);
   if (k < 0) {
     MP_CHECK(send_poll_ctrl(c));
     MP_CHECK(send_flush_inline(c));
@@ -514,7 +524,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   }
   if (k < 0) {
     /* Nothing offered yet: a small message goes eagerly, anything else waits (NCCL retries). */
-    if (eager_ok(c, size)) return send_eager(c, data, size, tag, request);
+    if (eager_ok(c, size)) return send_eager(c, data, size, tag, phandle, request);
     /* A later group's send (shared comms, net/tag_wait.h): NULL, NCCL calls again. */
     if (c->cts_head != c->cts_tail && mplane_tag_wait_unmatched(&c->tag_wait, tag))
       send_warn_wait(c, &c->cts[c->cts_head % MPS_MAX_GROUPS], tag);
@@ -532,6 +542,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   struct mps_cts_group *g = &c->cts[c->cts_head % MPS_MAX_GROUPS];
   struct mps_send_req *req = send_req_alloc(c);
   if (!req) return ncclSuccess; /* cannot happen while offers <= slots; be polite anyway */
+  req->phandle = phandle; /* before a helper thread sees the request's chunks */
   mplane_tag_wait_matched(&c->tag_wait, tag);
   g->e[k].taken = 1;
   req->counted = 0;
@@ -768,7 +779,11 @@ static int recv_chunk(struct mps_recv_comm *c, int fd) {
   struct mps_slot *s = NULL;
   int b = chunk_begin(c, &h, &s);
   if (b != 0) return b > 0 ? 0 : -1;
-  if (h.len && read_full(fd, s->buf + h.offset, h.len) != 1) {
+  void *ev; /* profiler: the payload's transfer on this stream */
+  mplane_prof_sock_start(&ev, s->phandle, fd, NCCL_PROFILER_SOCKET_RECV, h.len);
+  int got = h.len ? read_full(fd, s->buf + h.offset, h.len) : 1;
+  mplane_prof_stop(&ev);
+  if (got != 1) {
     if (!LOAD(&c->stop))
       mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream mid-message (%s)", c->peer,
                     errno ? strerror(errno) : "end of stream");
@@ -906,7 +921,7 @@ static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c) {
 static ncclResult_t eager_match_held(struct mps_recv_comm *c);
 
 ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                       void **request) {
+                       void **phandles, void **request) {
   struct mps_recv_comm *c = recv_comm;
   (void)mhandles;
   *request = NULL;
@@ -934,6 +949,7 @@ ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *
     __atomic_store_n(&s->received, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->total, 0, __ATOMIC_RELAXED);
     s->nranges = 0;
+    s->phandle = phandles ? phandles[i] : NULL;
     STORE(&s->state, MPS_SLOT_POSTED); /* before the CTS leaves: a chunk may follow at once */
     req->slots[i] = id;
     req->tags[i] = tags[i];
@@ -1082,6 +1098,7 @@ static int eager_begin(struct mps_recv_comm *c) {
 static ncclResult_t rx_payload_end(struct mps_recv_comm *c) {
   struct mps_ctrl_rx *x = &c->rx;
   x->in_payload = 0;
+  mplane_prof_stop(&x->prof);
   if (x->slot) chunk_end(x->slot, &x->h);
   x->slot = NULL;
   if (x->pad) { /* the filler is read and dropped like a payload nobody takes */
@@ -1135,6 +1152,8 @@ static ncclResult_t rx_header(struct mps_recv_comm *c) {
     x->dst = s->buf + x->h.offset;
     x->rem = x->h.len;
   }
+  /* profiler: a payload that lands in a posted buffer (not an eager message held for a later irecv) */
+  mplane_prof_sock_start(&x->prof, x->slot ? x->slot->phandle : NULL, c->ctrl_fd, NCCL_PROFILER_SOCKET_RECV, x->h.len);
   x->in_payload = 1;
   return x->rem == 0 ? rx_payload_end(c) : ncclSuccess;
 }

@@ -37,6 +37,11 @@ struct abi_net {
 void abi_net_open(struct abi_net *net, const char *path, int version);
 /* dlclose the plugin, as NCCL does when its last communicator is gone; abi_net_open opens it anew. */
 void abi_net_close(struct abi_net *net);
+/* What init hands the plugin as NCCL's profiler callback (v10+): NULL unless a scenario sets it. */
+extern ncclProfilerCallback_t abi_prof_callback;
+/* When set, the pHandle that isend (is_send 1) and irecv (0, per buffer) pass with the buffer `data` of
+ * `size` bytes (v10+); unset, NULL, as NCCL passes when its profiler follows nothing. */
+extern void *(*abi_phandle_of)(const void *data, size_t size, int is_send);
 /* v11/v12: per-communicator init (ctx out); v8-v10: process init (ctx = NULL). */
 ncclResult_t abi_init(struct abi_net *net, uint64_t comm_id, int traffic_class, void **ctx);
 ncclResult_t abi_finalize(struct abi_net *net, void *ctx);

@@ -775,6 +775,7 @@ static const struct {
     {"inflight", sc_inflight, "32 requests in flight each way, all posted before any test"},
     {"inflight-max", sc_inflight_max, "32 x maxRecvs sends in flight against 32 multi-buffer receives"},
     {"multirecv", sc_multirecv, "tagged multi-recv, distinct tags, sends in shuffled tag order"},
+    {"profiler", sc_profiler, "a profiler callback and pHandles (v10+): a Start with each buffer's pHandle, a Stop for each"},
     {"shared-order", sc_shared_order, "shared comm: groups {1,2},{1,2}, tag 1 sent twice before tag 2: a wait, never an error"},
     {"shared-wait", sc_shared_wait, "shared comm: a tag no posted group offers waits (NULL, never an error), one WARN names it"},
     {"eager-early", sc_eager_early, "small sends of two tags complete before any receive is posted; late groups hold them in turn (socket only)"},

@@ -9,7 +9,8 @@
  *   abi_lifecycle.c  dead-listener, connect-timeout, silent-listener, half-open, strangers, abort,
  *                    close-early, ctrl-full, ctrl-big, stalled-close
  *   abi_shared.c     shared-order, shared-wait, shared-comms
- *   abi_eager.c      eager-early, eager-bound, eager-short, eager-then-big, eager-then-close, filler */
+ *   abi_eager.c      eager-early, eager-bound, eager-short, eager-then-big, eager-then-close, filler
+ *   abi_profiler.c   profiler */
 #ifndef MPLANE_TESTS_ABI_HARNESS_H
 #define MPLANE_TESTS_ABI_HARNESS_H
 
@@ -166,6 +167,7 @@ double accept_real_peer(struct node *nd, struct pair *pp, const unsigned char *h
 
 /* ---- the scenarios, one file per family ---- */
 int handle_is_socket(const unsigned char *handle); /* our listen handle names a TCP address */
+int sc_profiler(void); /* abi_profiler.c */
 int sc_props(void); /* abi_basics.c */
 int sc_sizes(void);
 int sc_inflight(void);

@@ -180,15 +180,18 @@ void abi_net_open(struct abi_net *net, const char *path, int version) {
     default: return V12(net)->call(__VA_ARGS__);              \
   }
 
+ncclProfilerCallback_t abi_prof_callback;
+void *(*abi_phandle_of)(const void *data, size_t size, int is_send);
+
 ncclResult_t abi_init(struct abi_net *net, uint64_t comm_id, int traffic_class, void **ctx) {
   *ctx = NULL;
   ncclNetCommConfig_v11_t cfg = {.trafficClass = traffic_class};
   switch (net->version) {
     case 8: return V8(net)->init(abi_logger);
     case 9: return V9(net)->init(abi_logger);
-    case 10: return V10(net)->init(abi_logger, NULL);
-    case 11: return V11(net)->init(ctx, comm_id, &cfg, abi_logger, NULL);
-    default: return V12(net)->init(ctx, comm_id, &cfg, abi_logger, NULL);
+    case 10: return V10(net)->init(abi_logger, abi_prof_callback);
+    case 11: return V11(net)->init(ctx, comm_id, &cfg, abi_logger, abi_prof_callback);
+    default: return V12(net)->init(ctx, comm_id, &cfg, abi_logger, abi_prof_callback);
   }
 }
 
@@ -328,21 +331,24 @@ ncclResult_t abi_reg_mr(struct abi_net *net, void *comm, void *data, size_t size
 
 ncclResult_t abi_dereg_mr(struct abi_net *net, void *comm, void *mh) { SAME(net, deregMr, comm, mh); }
 
+static void *send_phandle(void *data, size_t size) { return abi_phandle_of ? abi_phandle_of(data, size, 1) : NULL; }
+
 ncclResult_t abi_isend(struct abi_net *net, void *sc, void *data, size_t size, int tag, void *mh, void **req) {
   switch (net->version) {
     case 8:
       if (size > INT_MAX) abi_fail("v8 cannot send %zu bytes", size);
       return V8(net)->isend(sc, data, (int)size, tag, mh, req);
     case 9: return V9(net)->isend(sc, data, size, tag, mh, req);
-    case 10: return V10(net)->isend(sc, data, size, tag, mh, NULL, req);
-    case 11: return V11(net)->isend(sc, data, size, tag, mh, NULL, req);
-    default: return V12(net)->isend(sc, data, size, tag, mh, NULL, req);
+    case 10: return V10(net)->isend(sc, data, size, tag, mh, send_phandle(data, size), req);
+    case 11: return V11(net)->isend(sc, data, size, tag, mh, send_phandle(data, size), req);
+    default: return V12(net)->isend(sc, data, size, tag, mh, send_phandle(data, size), req);
   }
 }
 
 ncclResult_t abi_irecv(struct abi_net *net, void *rc, int n, void **data, size_t *sizes, int *tags, void **mh,
                        void **req) {
   void *ph[64] = {0};
+  for (int i = 0; abi_phandle_of && i < n && i < 64; i++) ph[i] = abi_phandle_of(data[i], sizes[i], 0);
   switch (net->version) {
     case 8: {
       int isz[64];

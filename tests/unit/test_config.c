@@ -163,6 +163,7 @@ static const struct int_row int_rows[] = {
     {"MPLANE_SOCKET_STREAMS", F(socket_streams), 0, 16, 0},
     {"MPLANE_SOCKET_THREADS", F(socket_threads), 0, 16, 0},
     {"MPLANE_CONNECT_TIMEOUT", F(connect_timeout_s), 1, 3600, 120},
+    {"MPLANE_STATS_INTERVAL", F(stats_interval_s), 0, 86400, 15},
     {"MPLANE_IB_GID_INDEX", F(ib_gid_index), -1, 255, -1},
     {"MPLANE_IB_SL", F(ib_sl), 0, 15, 0},
     {"MPLANE_IB_TIMEOUT", F(ib_timeout), 1, 31, 20},
@@ -222,6 +223,7 @@ struct enum_row {
 static const struct enum_row enum_rows[] = {
     {"MPLANE_TRANSPORT", F(transport), {"auto", "ib", "socket"}},
     {"MPLANE_RELAY", F(relay), {"auto", "nvlink", "pcie", "host", "off"}},
+    {"MPLANE_STATS_FORMAT", F(stats_format), {"json", "prometheus", "both"}},
 };
 
 static const char *size_rows[] = {"MPLANE_SOCKET_SPLIT_BYTES", "MPLANE_SOCKET_INLINE_BYTES", "MPLANE_SOCKET_EAGER_BYTES",

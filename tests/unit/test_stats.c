@@ -178,6 +178,55 @@ static void test_stats_no_plane(void **state) {
   mplane_stats_comm_close(&comm);
 }
 
+/* Errors count on the comm's plane and class, a failed request once and never as a message; a comm
+ * opened again to a peer host (any port) on the same device and direction counts as a reconnect; and
+ * the Prometheus text holds both, with the pid label. */
+static void test_stats_errors_reconnects(void **state) {
+  (void)state;
+  struct mplane_stats_comm comm, again, other;
+  struct mplane_stats_req req, ok;
+  struct mplane_stats_comm_info si = {.is_send = 1, .dev = 5, .dev_name = "mlx5_5", .plane = 5, .from_plane = 5,
+                                      .cls = MPLANE_TC_LOWLAT, .sl = 5, .peer = "198.18.5.2:40001"};
+  struct mplane_stats_totals t0, t1;
+  mplane_stats_snapshot(&t0);
+  mplane_stats_comm_open(&comm, &si);
+  mplane_stats_request(&comm, &req, 100, 0);
+  mplane_stats_request(&comm, &ok, 7, 0);
+  mplane_stats_request_error(&req);
+  mplane_stats_request_error(&req);    /* tested again: still one */
+  mplane_stats_request_done(&req, NULL); /* and never a message */
+  mplane_stats_request_done(&ok, NULL);
+  mplane_stats_comm_error(&comm);      /* an isend that failed */
+  mplane_stats_comm_close(&comm);
+  si.peer = "198.18.5.2:40777"; /* the same host, another port: NCCL's new communicator */
+  mplane_stats_comm_open(&again, &si);
+  si.peer = "198.18.5.3:40001"; /* another host: not a reconnect */
+  mplane_stats_comm_open(&other, &si);
+  mplane_stats_snapshot(&t1);
+  assert_int_equal(t1.plane[5].errors - t0.plane[5].errors, 2);
+  assert_int_equal(t1.cls[MPLANE_TC_LOWLAT].errors - t0.cls[MPLANE_TC_LOWLAT].errors, 2);
+  assert_int_equal(t1.plane[5].tx_msgs - t0.plane[5].tx_msgs, 1);
+  assert_int_equal(t1.plane[5].tx_bytes - t0.plane[5].tx_bytes, 7);
+  assert_int_equal(t1.reconnects - t0.reconnects, 1);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  mplane_stats_write_prometheus(f);
+  fclose(f);
+  char want[128];
+  snprintf(want, sizeof(want), "mplane_plane_errors_total{pid=\"%d\",plane=\"5\"} %llu\n", (int)getpid(),
+           (unsigned long long)t1.plane[5].errors);
+  assert_non_null(strstr(buf, want));
+  snprintf(want, sizeof(want), "mplane_reconnects_total{pid=\"%d\"} %llu\n", (int)getpid(),
+           (unsigned long long)t1.reconnects);
+  assert_non_null(strstr(buf, want));
+  assert_non_null(strstr(buf, "# TYPE mplane_class_bytes_total counter\n"));
+  assert_non_null(strstr(buf, "class=\"lowlat\",sl=\"5\",direction=\"send\"} "));
+  free(buf);
+  mplane_stats_comm_close(&again);
+  mplane_stats_comm_close(&other);
+}
+
 /* The data path (a request started, then done) allocates nothing and takes no lock: it was a global
  * mutex, a malloc and a hash insert per isend/irecv and per completed test. */
 static void test_stats_hot_path(void **state) {
@@ -266,6 +315,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stats),
       cmocka_unit_test(test_stats_no_plane),
+      cmocka_unit_test(test_stats_errors_reconnects),
       cmocka_unit_test(test_stats_many),
       cmocka_unit_test(test_stats_hot_path),
       cmocka_unit_test(test_stats_times),
