@@ -14,10 +14,10 @@
  * 0x52 after an answer yields the connection, any other byte none; and when the input is done, every
  * QP, CQ and memory registration made for it has been released.
  *
- * A flood: a record whose reserved[2] has 0xf1 in its low byte is preceded by 64 strangers (the
- * listener's whole table of pending side channels), each sending the first 0, 1, 4 or 167 bytes of
- * the record (bits 8-9; one byte where that is none); the record is then still answered or dropped,
- * within FLOOD_LIMIT_S: strangers - silent, one byte, or a record cut short - keep no peer out. */
+ * A flood: a record whose reserved[2] has 0xf1 in its low byte is preceded by a full table of
+ * strangers (64, fuzz_flood_fill: new ones send the first 1, 1, 4 or 167 bytes of the record, bits
+ * 8-9 of the same word); the record is then still answered or dropped within FLOOD_LIMIT_S:
+ * strangers - silent, one byte, or a record cut short - keep no peer out. */
 #include <errno.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -40,8 +40,8 @@
 #include "plugin/net_core.h"
 
 #define READY 0x52
-#define FLOOD 64           /* the side channel's table of pending connections (net/ib/ib_conn.c) */
 #define FLOOD_LIMIT_S 4.0  /* a stranger makes room once it has waited 1 s with the table full */
+static struct fuzz_flood floods[2]; /* per port; FUZZ_FLOOD: the side channel's table of pending connections (net/ib/ib_conn.c) */
 _Static_assert(sizeof(struct mpib_conn_info) == 168, "the IB connection record is 168 bytes");
 
 struct port {
@@ -265,15 +265,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   long qps0 = live_qps, cqs0 = live_cqs, mrs0 = live_mrs, rtr0 = rtr_count;
 
   /* a flood first: the listener's table full of strangers, each one already taken by accept */
-  int flood[FLOOD], nflood = nrec == sizeof(ci) && (ci.reserved[2] & 0xff) == 0xf1 ? FLOOD : 0;
-  size_t flood_bytes = (size_t[]){1, 1, 4, sizeof(ci) - 1}[(ci.reserved[2] >> 8) & 3];
-  for (int i = 0; i < nflood; i++) {
-    flood[i] = socket(p->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    FUZZ_REQUIRE(flood[i] >= 0 && fuzz_connect(flood[i], (struct sockaddr *)&p->ss, p->len) == 0, "connect: %s",
-                 strerror(errno));
-    FUZZ_REQUIRE(fuzz_send_all(flood[i], data, flood_bytes) == 0, "send: %s", strerror(errno));
+  int nflood = nrec == sizeof(ci) && (ci.reserved[2] & 0xff) == 0xf1;
+  if (nflood) {
+    size_t flood_bytes = (size_t[]){1, 1, 4, sizeof(ci) - 1}[(ci.reserved[2] >> 8) & 3];
+    FUZZ_REQUIRE(fuzz_flood_fill(&floods[p - ports], (struct sockaddr *)&p->ss, p->len, data, flood_bytes) == 0,
+                 "connect: %s", strerror(errno));
+    for (int i = 0; i < 3; i++) accept_step(p, NULL, NULL);
   }
-  for (int i = 0; nflood && i < 3; i++) accept_step(p, NULL, NULL);
   const double limit_s = nflood ? FLOOD_LIMIT_S : CALL_LIMIT_S;
 
   struct peer pe = {.fd = socket(p->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)};
@@ -338,7 +336,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   if (rc) FUZZ_REQUIRE(TIMED("closeRecv", mplane_net_close_recv(rc)) == ncclSuccess, "closeRecv");
   close(pe.fd);
-  for (int i = 0; i < nflood; i++) close(flood[i]);
   /* the listener drops what is left of this input */
   for (int i = 0; i < 3 && (live_qps != qps0 || live_cqs != cqs0 || live_mrs != mrs0 || i == 0); i++) {
     if (i) usleep(100);

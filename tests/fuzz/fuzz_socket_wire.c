@@ -24,10 +24,10 @@
  *       all of a hello but its last); bit 4: write in small pieces, calling the plugin in between;
  *       bits 5-7: a hello field to spoil (valid hellos: 1 version, 2 type, 3 nstreams, 4 stream,
  *       5 nonce, 6 magic, 7 sl), followed by [socket, value lo, value hi]
- *   [2] bits 0-2: buffers of the first receive - 1; bits 3-5: of the second; bit 6: a flood - 64
- *       strangers (the listener's whole table of pending sockets) each send what the silent ones
- *       send ([1] bits 2-3; one byte where that is none) before the connection is made, and a
- *       well-formed connection must still be accepted, within FLOOD_LIMIT_S
+ *   [2] bits 0-2: buffers of the first receive - 1; bits 3-5: of the second; bit 6: a flood - the
+ *       listener's whole table of pending sockets (64) full of strangers before the connection is
+ *       made (fuzz_flood_fill: new ones send what the silent ones send, [1] bits 2-3, one byte where
+ *       that is none), and a well-formed connection must still be accepted, within FLOOD_LIMIT_S
  *   then 2 bytes (little endian) per buffer: its size
  *   raw hellos: a struct mps_hello (56 bytes) per socket
  *   then chunks: [c0][struct mps_chunk, 32 bytes][payload]. c0 bits 0-4: socket (0 = control);
@@ -67,8 +67,8 @@
 #define RESOLVE_LIMIT_S 3.0
 #define HONEST_LIMIT_S 2.0
 #define HANDSHAKE_LIMIT_S 2.0
-#define FLOOD 64            /* the listener's table of pending sockets (net/socket/socket_conn.c) */
 #define FLOOD_LIMIT_S 4.0   /* a stranger makes room once it has waited 1 s with the table full */
+static struct fuzz_flood flood; /* FUZZ_FLOOD: the listener's table of pending sockets (net/socket/socket_conn.c) */
 
 static struct mplane_net_ctx *ctx;
 static void *lc;
@@ -331,12 +331,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (silent_bytes) send(silent[i].fd, junk, (size_t)silent_bytes, MSG_NOSIGNAL);
   }
   /* a flood: the listener's table full of strangers, each one already accepted by the plugin */
-  int flood[FLOOD], nflood = (shape >> 6) & 1 ? FLOOD : 0;
-  for (int i = 0; i < nflood; i++) {
-    unsigned short port;
-    flood[i] = tcp_open(&port);
-    send(flood[i], junk, silent_bytes ? (size_t)silent_bytes : 1, MSG_NOSIGNAL);
-  }
+  int nflood = (shape >> 6) & 1;
+  if (nflood)
+    FUZZ_REQUIRE(fuzz_flood_fill(&flood, (struct sockaddr *)&listen_ss, listen_len, junk,
+                                 silent_bytes ? (size_t)silent_bytes : 1) == 0,
+                 "connect to the plugin's listen address: %s", strerror(errno));
   for (int i = 0; nflood && i < 3; i++) {
     void *x = NULL;
     FUZZ_REQUIRE(TIMED("accept", mplane_net_accept(lc, &x)) == ncclSuccess, "accept failed under a flood of strangers");
@@ -417,7 +416,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (expect_accept)
     FUZZ_REQUIRE(rc != NULL, "a well-formed connection of %d streams was not accepted within %.0f s%s", nstreams,
                  nflood ? FLOOD_LIMIT_S : HANDSHAKE_LIMIT_S, nflood ? " behind a flood of strangers" : "");
-  for (int i = 0; i < nflood; i++) close_fd(flood[i], 1);
 
   struct chunk *ch = NULL;
   int nch = 0;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -59,6 +60,44 @@ static inline int fuzz_send_all(int fd, const void *buf, size_t len) {
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return -1;
     done += (size_t)w;
+  }
+  return 0;
+}
+
+/* A flood of strangers on a listener: FUZZ_FLOOD sockets that each sent a few bytes and stay open,
+ * as many as the listener's table of pending connections holds. The pool lives across inputs: a
+ * listener makes room by dropping its oldest strangers (closing them), so each flooded input opens
+ * only as many new ones as were dropped since, and the rest are old enough to be dropped at once -
+ * an input that wants a full table then costs milliseconds, not the second a young stranger keeps
+ * its slot. */
+#define FUZZ_FLOOD 64
+struct fuzz_flood {
+  int fd[FUZZ_FLOOD];
+  int n;
+};
+
+/* Close the pool's sockets the listener dropped, then open new ones up to FUZZ_FLOOD, each sending
+ * the first nbytes of bytes. 0, or -1 where a connect failed (errno says why). */
+static inline int fuzz_flood_fill(struct fuzz_flood *f, const struct sockaddr *sa, socklen_t len, const void *bytes,
+                                  size_t nbytes) {
+  for (int i = 0; i < f->n;) {
+    char c;
+    ssize_t r = recv(f->fd[i], &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      close(f->fd[i]);
+      f->fd[i] = f->fd[--f->n];
+      continue;
+    }
+    i++;
+  }
+  while (f->n < FUZZ_FLOOD) {
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || fuzz_connect(fd, sa, len) != 0) {
+      if (fd >= 0) close(fd);
+      return -1;
+    }
+    if (nbytes) fuzz_send_all(fd, bytes, nbytes);
+    f->fd[f->n++] = fd;
   }
   return 0;
 }
