@@ -317,12 +317,12 @@ static int network_step(struct op *o) {
         if (dir && !m->ready) break;
         ncclResult_t res;
         if (dir) {
-          res = c->ops->isend(l->send_comm, m->buf, m->bytes, 0, m->mh, &m->req);
+          res = c->ops->isend(l->send_comm, m->buf, m->bytes, 0, m->mh, NULL, &m->req);
         } else {
           void *data = m->buf;
           size_t size = m->bytes;
           int tag = 0;
-          res = c->ops->irecv(l->recv_comm, 1, &data, &size, &tag, &m->mh, &m->req);
+          res = c->ops->irecv(l->recv_comm, 1, &data, &size, &tag, &m->mh, NULL, &m->req);
         }
         if (res != ncclSuccess) return -link_fail(o, li, dir ? "sending to" : "receiving from");
         if (!m->req) break;
@@ -527,10 +527,10 @@ static int remote_desc_check(struct op *o) {
         void *data = hfr_desc_buf(c, i);
         size_t size = sizeof(struct desc);
         int tag = 0;
-        if (c->ops->irecv(l->recv_comm, 1, &data, &size, &tag, &l->recv_mh_scratch, &rreq[i]) != ncclSuccess)
+        if (c->ops->irecv(l->recv_comm, 1, &data, &size, &tag, &l->recv_mh_scratch, NULL, &rreq[i]) != ncclSuccess)
           return link_fail(o, i, "receiving from");
       }
-      if (!sreq[i] && c->ops->isend(l->send_comm, mine, sizeof(*mine), 0, l->send_mh_scratch, &sreq[i]) != ncclSuccess)
+      if (!sreq[i] && c->ops->isend(l->send_comm, mine, sizeof(*mine), 0, l->send_mh_scratch, NULL, &sreq[i]) != ncclSuccess)
         return link_fail(o, i, "sending to");
       int done;
       if (sreq[i] && !sdone[i]) {

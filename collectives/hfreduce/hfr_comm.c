@@ -312,11 +312,11 @@ static int connect_links(struct mplane_hfreduce_comm *c) {
       void *data = theirs[i];
       size_t size = 64;
       int tag = 0;
-      if (c->ops->irecv(accepted[i], 1, &data, &size, &tag, &rmh[i], &rreq[i]) != ncclSuccess)
+      if (c->ops->irecv(accepted[i], 1, &data, &size, &tag, &rmh[i], NULL, &rreq[i]) != ncclSuccess)
         return hfr_fail(ncclSystemError, "hfreduce: rank %d: irecv failed during setup", c->rank);
     }
     while (!sreq[i])
-      if (c->ops->isend(c->links[i].send_comm, mine, 64, 0, c->links[i].send_mh_scratch, &sreq[i]) != ncclSuccess)
+      if (c->ops->isend(c->links[i].send_comm, mine, 64, 0, c->links[i].send_mh_scratch, NULL, &sreq[i]) != ncclSuccess)
         return hfr_fail(ncclSystemError, "hfreduce: rank %d: isend failed during setup", c->rank);
   }
   for (int i = 0; i < c->nlinks; i++) {
