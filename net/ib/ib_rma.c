@@ -554,7 +554,7 @@ static ncclResult_t cx_open(struct ibr_ctxset *s, int c, int k, const struct mpl
   x->b.tc_class = o->tc_class;
   /* as two-sided comms (ib_conn.c): on RoCE the class's DSCP, or the site's (NCCL_GIN_IB_TC first) */
   if (d->link_layer != IBV_LINK_LAYER_ETHERNET) x->b.tclass = 0;
-  else x->b.tclass = mplane_tc_roce_tclass(o->service_level, 1);
+  else x->b.tclass = mplane_tc_roce_tclass_of(o->service_level, 1, o->comm_tclass);
   snprintf(x->b.peer, sizeof(x->b.peer), "its RMA group");
   char why[256];
   if (mpib_dev_resolve_gid(d, &x->b.gid_index, &x->b.gid, why, sizeof(why)) != 0) {
