@@ -132,5 +132,6 @@ void scenario_noroute(void);
 void scenario_gpurelay(void);
 void scenario_staged(void);
 void scenario_getflush(void);
+void scenario_getflush_inflight(void);
 
 #endif
