@@ -408,6 +408,52 @@ static int sc_reg_cache(void) {
   return 0;
 }
 
+/* dma-buf registrations in the cache: NCCL exports a new dma-buf (a new fd) for every regMrDmaBuf of
+ * a buffer. Two comms registering one buffer through two fds, and a range inside it at the same
+ * place of the dma-buf, share one ibv_reg_dmabuf_mr; the last deregMr releases it, after the fds
+ * are closed. The same addresses at another place of the dma-buf are another registration. */
+static int sc_reg_cache_dmabuf(void) {
+  env_base("mlx5_0:ib");
+  setenv("SOFTVERBS_DMABUF", "1", 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  const size_t len = 4 * 4096;
+  int fd = memfd_create("mplane-reg-cache-dmabuf", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)(2 * len)) != 0) fail("memfd: %s", strerror(errno));
+  char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (buf == MAP_FAILED) fail("mmap: %s", strerror(errno));
+  unlink(record_path);
+  void *mh[4];
+  int fd2 = dup(fd), fd3 = dup(fd);
+  if (mplane_net_reg_mr_dmabuf(p.sc, buf, len, NCCL_PTR_HOST, 0, fd, &mh[0]) != ncclSuccess ||
+      mplane_net_reg_mr_dmabuf(p.rc, buf, len, NCCL_PTR_HOST, 0, fd2, &mh[1]) != ncclSuccess ||
+      mplane_net_reg_mr_dmabuf(p.sc, buf + 4096, 100, NCCL_PTR_HOST, 4096, fd3, &mh[2]) != ncclSuccess)
+    fail("regMrDmaBuf");
+  close(fd2);
+  close(fd3);
+  struct rec r[8];
+  int n = rec_find(r, 8, "event=reg_mr", "dmabuf=1", NULL);
+  if (n != 1) fail("3 regMrDmaBuf of one buffer (3 fds): %d ibv_reg_dmabuf_mr, expected 1 (the cache)", n);
+  /* the same addresses, another place of the dma-buf: registered on their own */
+  if (mplane_net_reg_mr_dmabuf(p.sc, buf, 4096, NCCL_PTR_HOST, len, fd, &mh[3]) != ncclSuccess) fail("regMrDmaBuf 4");
+  if ((n = rec_find(r, 8, "event=reg_mr", "dmabuf=1", NULL)) != 2)
+    fail("a range at another offset of the dma-buf: %d ibv_reg_dmabuf_mr in all, expected 2", n);
+  mplane_net_dereg_mr(p.sc, mh[3]);
+  mplane_net_dereg_mr(p.sc, mh[0]);
+  mplane_net_dereg_mr(p.rc, mh[1]);
+  if ((n = rec_find(r, 8, "event=dereg_mr", "length=16384", NULL)) != 0)
+    fail("%d ibv_dereg_mr of the shared registration while a regMr still holds it", n);
+  mplane_net_dereg_mr(p.sc, mh[2]);
+  if ((n = rec_find(r, 8, "event=dereg_mr", "length=16384", NULL)) != 1)
+    fail("the last deregMr: %d ibv_dereg_mr of the shared registration, expected 1", n);
+  pair_close(&p);
+  munmap(buf, len);
+  close(fd);
+  note("3 regMrDmaBuf of one buffer through 3 fds on 2 comms: 1 ibv_reg_dmabuf_mr, released at the last deregMr");
+  return 0;
+}
+
 /* RoCE: RoCE v2 IPv4-mapped GID chosen; the class's DSCP in the traffic class; GID override. */
 static int sc_roce(void) {
   const char *devs = getenv("IB_TEST_DEVS");
@@ -1473,7 +1519,7 @@ int main(int argc, char **argv) {
   struct {
     const char *name;
     int (*fn)(void);
-  } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"reg-cache", sc_reg_cache}, {"sl-site", sc_sl_site}, {"sl-nomap", sc_sl_nomap}, {"sl-nccl", sc_sl_nccl}, {"sl-map-wins", sc_sl_map_wins},
+  } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"reg-cache", sc_reg_cache}, {"reg-cache-dmabuf", sc_reg_cache_dmabuf}, {"sl-site", sc_sl_site}, {"sl-nomap", sc_sl_nomap}, {"sl-nccl", sc_sl_nccl}, {"sl-map-wins", sc_sl_map_wins},
                  {"sl-map-own-tc", sc_sl_map_own_tc}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
              {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"cross-plane-staged", sc_cross_plane_staged},
