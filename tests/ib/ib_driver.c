@@ -24,6 +24,8 @@
 #include "net/ib/ib.h"
 #include "net/tc.h"
 #include "plugin/net_core.h"
+#include "plugin/topo_bind.h"
+#include "topo/topo.h"
 
 static const char *scenario = "?";
 static char record_path[256];
@@ -829,6 +831,30 @@ static int sc_devices(void) {
   return 0;
 }
 
+/* A node shape on a fixture: the node's files (IB_TEST_TOPO, an hwloc XML: GPUs, NICs, PCI) and the
+ * fabric as the double plays it (IB_TEST_DEVS), through the plugin's init: topo/ places the planes
+ * from the transport's facts. Prints the node as mplane-topo does (table and picture) and checks
+ * each device's plane in the plugin's view (IB_TEST_WANT: name@plane, -1 for none). */
+static int sc_topo_shape(void) {
+  env_base(getenv("IB_TEST_DEVS"));
+  setenv("MPLANE_TOPO_FILE", getenv("IB_TEST_TOPO"), 1);
+  setenv("MPLANE_NCCL_TOPO", "0", 1);
+  up();
+  const struct mplane_topo *t = mplane_topo_node();
+  if (!t) fail("no node topology after init");
+  mplane_topo_print_table(t, stderr);
+  mplane_topo_print_picture(t, stderr);
+  int n = 0;
+  const struct mplane_dev_props *props = mplane_net_props(&n);
+  char got[1024] = "";
+  for (int d = 0; d < n; d++)
+    snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%s@%d", d ? "," : "", props[d].name, props[d].plane);
+  if (strcmp(got, getenv("IB_TEST_WANT")) != 0) fail("planes %s, expected %s", got, getenv("IB_TEST_WANT"));
+  note("%s: %s (%d planes from %s)", getenv("IB_TEST_SHAPE") ? getenv("IB_TEST_SHAPE") : "shape", got, t->nplanes,
+       mplane_topo_plane_source_name(t->plane_source));
+  return 0;
+}
+
 /* Cross-plane: a connect from plane 0 to a peer on plane 1 is carried by the local plane-1 NIC;
  * softverbs drops anything sent between subnets, so only a correct relay choice moves data. */
 static int sc_cross_plane(void) {
@@ -1522,7 +1548,7 @@ int main(int argc, char **argv) {
   } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"reg-cache", sc_reg_cache}, {"reg-cache-dmabuf", sc_reg_cache_dmabuf}, {"sl-site", sc_sl_site}, {"sl-nomap", sc_sl_nomap}, {"sl-nccl", sc_sl_nccl}, {"sl-map-wins", sc_sl_map_wins},
                  {"sl-map-own-tc", sc_sl_map_own_tc}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
-             {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"cross-plane-staged", sc_cross_plane_staged},
+             {"devices", sc_devices}, {"topo-shape", sc_topo_shape}, {"cross-plane", sc_cross_plane}, {"cross-plane-staged", sc_cross_plane_staged},
              {"cross-plane-staged-dmabuf", sc_cross_plane_staged_dmabuf},
              {"cross-plane-stage-fault", sc_cross_plane_stage_fault}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"ece", sc_ece}, {"ece-off", sc_ece_off}, {"ece-none", sc_ece_none}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
