@@ -7,6 +7,8 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -188,6 +190,9 @@ static const struct row rows[] = {
      "IB transport retry count"},
     {"MPLANE_IB_TC", K_INT, OFF(ib_tc), 0, "-1", -1, 255, NULL, "-1 (from the class) or 0..255",
      "RoCE GRH traffic class of every connection (default: the DSCP of its class's SL, << 2)"},
+    {"MPLANE_IB_FIFO_TC", K_INT, OFF(ib_fifo_tc), 0, "-1", -1, 255, NULL, "-1 (as the connection's) or 0..255",
+     "RoCE GRH traffic class of the receiver's FIFO writes (clear-to-send records), e.g. a higher-priority "
+     "queue than the data's (default: the connection's traffic class)"},
     {"MPLANE_GIN_IB_TC", K_INT, OFF(gin_ib_tc), 0, "-1", -1, 255, NULL, "-1 (as MPLANE_IB_TC) or 0..255",
      "RoCE GRH traffic class of the one-sided (GIN) QPs (default: MPLANE_IB_TC's rule)"},
     {"MPLANE_GIN_LANE", K_ENUM, OFF(gin_lane), 0, "stream", 0, 0, "stream|kernel", "stream or kernel",
@@ -233,6 +238,14 @@ static const struct row rows[] = {
      "any, AF_INET or AF_INET6",
      "address family of the IB transport's TCP side channel (any: IPv4 where an interface has both, else IPv6; "
      "link-local IPv6 never)"},
+    {"MPLANE_IB_SOCKET_IFNAME", K_STR, STR(ib_socket_ifname), "", 0, 0, NULL,
+     "NCCL_SOCKET_IFNAME grammar: prefixes, ^ to exclude, = for exact names, comma separated",
+     "interfaces the IB transport's TCP side channel may use, as NCCL's out-of-band (default: "
+     "MPLANE_SOCKET_IFNAME's, else the port's own interface, else IPoIB (ib*) first, docker* and lo never)",
+     NULL, ifname_drop_ports},
+    {"MPLANE_IB_DEVICE_PCI_ORDER", K_BOOL, OFF(ib_device_pci_order), 0, "1", 0, 1, NULL, "0 or 1",
+     "1: the IB transport's devices in PCI order (as NCCL's net_ib), so every node numbers them alike; 0: in the "
+     "order the verbs list them"},
     {"MPLANE_IB_QPS", K_INT, OFF(ib_qps), 0, "1", 1, 16, NULL, "an integer from 1 to 16",
      "queue pairs per connection (as NCCL's default, plus the flush QP); large messages are striped across them"},
     {"MPLANE_IBVERBS_LIB", K_STR, STR(ibverbs_lib), "libibverbs.so.1", 0, 0, NULL, "a library name or path",
@@ -274,27 +287,141 @@ static const struct row rows[] = {
      "libmplane-hfreduce: chunks in flight (each takes ranks-per-node + 1 chunks of shared memory)"},
 };
 
-/* NCCL's own variable of the same meaning: read when the MPLANE_* one is unset, so a site's
- * NCCL_IB_* settings (a RoCE site's NCCL_IB_TC, say) hold for mplane too. */
+/* ------------------------------------------------------------------ NCCL's twins
+ * NCCL's own variable of the same meaning: read when the MPLANE_* one is unset, so a site's
+ * NCCL_* settings (a RoCE site's NCCL_IB_TC, say) hold for mplane too. A twin is read with NCCL's
+ * grammar and meaning, never mplane's: numbers as NCCL's parameters read them (strtoll, base 0:
+ * "022" is 18, "0x10" 16, text after the number ignored), NCCL's "unset" values (-1, -2) as unset,
+ * and a value NCCL takes that mplane cannot use is mapped to what NCCL makes of it, or ignored with
+ * one WARN naming it; never a failed init. */
+enum twin_verdict { TWIN_USE, TWIN_UNSET, TWIN_MAPPED, TWIN_IGNORED };
+
+/* What NCCL's value v means for the mplane row: *out and the verdict (why for MAPPED/IGNORED). */
+typedef enum twin_verdict (*twin_map)(long v, long *out, char *why, size_t whylen);
+
+static enum twin_verdict in_range(long v, long lo, long hi, long *out, char *why, size_t whylen) {
+  if (v >= lo && v <= hi) {
+    *out = v;
+    return TWIN_USE;
+  }
+  snprintf(why, whylen, "outside %ld..%ld, which mplane can use", lo, hi);
+  return TWIN_IGNORED;
+}
+/* NCCL's -1: unset (the traffic classes, the SL) */
+static enum twin_verdict map_tc(long v, long *out, char *why, size_t n) {
+  return v == -1 ? TWIN_UNSET : in_range(v, 0, 255, out, why, n);
+}
+static enum twin_verdict map_sl(long v, long *out, char *why, size_t n) {
+  return v == -1 ? TWIN_UNSET : in_range(v, 0, 15, out, why, n);
+}
+static enum twin_verdict map_gid_index(long v, long *out, char *why, size_t n) { return in_range(v, -1, 255, out, why, n); }
+static enum twin_verdict map_timeout(long v, long *out, char *why, size_t n) {
+  if (v == 0) {
+    snprintf(why, n, "0 asks for an infinite ACK timeout, which mplane does not use: a lost peer must end in an error");
+    return TWIN_IGNORED;
+  }
+  return in_range(v, 1, 31, out, why, n);
+}
+static enum twin_verdict map_retry(long v, long *out, char *why, size_t n) { return in_range(v, 0, 7, out, why, n); }
+static enum twin_verdict map_pkey(long v, long *out, char *why, size_t n) { return in_range(v, 0, 65535, out, why, n); }
+/* NCCL takes 1..128 QPs; mplane carries at most 16 */
+static enum twin_verdict map_qps(long v, long *out, char *why, size_t n) {
+  if (v > 16 && v <= 128) {
+    *out = 16;
+    snprintf(why, n, "mplane uses at most 16 QPs per connection: 16");
+    return TWIN_MAPPED;
+  }
+  return in_range(v, 1, 16, out, why, n);
+}
+/* NCCL reads these as "0 or anything else" */
+static enum twin_verdict map_bool(long v, long *out, char *why, size_t n) {
+  *out = v != 0;
+  if (v == 0 || v == 1) return TWIN_USE;
+  snprintf(why, n, "NCCL reads any value but 0 as on: 1");
+  return TWIN_MAPPED;
+}
+/* NCCL: 1 on, 2 on where the verbs take it, anything else off */
+static enum twin_verdict map_relaxed(long v, long *out, char *why, size_t n) {
+  if (v >= 0 && v <= 2) {
+    *out = v;
+    return TWIN_USE;
+  }
+  *out = 0;
+  snprintf(why, n, "NCCL turns relaxed ordering off for any value but 1 and 2: 0");
+  return TWIN_MAPPED;
+}
+static enum twin_verdict map_roce_version(long v, long *out, char *why, size_t n) { return in_range(v, 1, 2, out, why, n); }
+/* NCCL: -2 per link (its default), 0 off, anything else on */
+static enum twin_verdict map_ar(long v, long *out, char *why, size_t n) {
+  if (v == -2) {
+    *out = -1;
+    return TWIN_USE;
+  }
+  return map_bool(v, out, why, n);
+}
+/* NCCL: -2 its default (8 KiB); a message goes adaptive when its size is above the value */
+static enum twin_verdict map_ar_threshold(long v, long *out, char *why, size_t n) {
+  if (v == -2) return TWIN_UNSET;
+  if (v < 0) {
+    *out = 0;
+    snprintf(why, n, "every message is above it: 0");
+    return TWIN_MAPPED;
+  }
+  if (v > (1L << 30)) { /* no message is bigger than 1 GiB (MPIB_MAX_MSG): the same as 1G */
+    *out = 1L << 30;
+    return TWIN_USE;
+  }
+  *out = v;
+  return TWIN_USE;
+}
+
 static const struct {
   const char *name, *nccl;
+  twin_map map; /* numbers; NULL: text, checked by the row's own grammar */
 } nccl_aliases[] = {
-    {"MPLANE_GIN_IB_TC", "NCCL_GIN_IB_TC"},
-    {"MPLANE_IB_HCA", "NCCL_IB_HCA"},         {"MPLANE_IB_GID_INDEX", "NCCL_IB_GID_INDEX"},
-    {"MPLANE_IB_SL", "NCCL_IB_SL"},           {"MPLANE_IB_TIMEOUT", "NCCL_IB_TIMEOUT"},
-    {"MPLANE_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"}, {"MPLANE_IB_TC", "NCCL_IB_TC"},
-    {"MPLANE_IB_PKEY", "NCCL_IB_PKEY"},       {"MPLANE_IB_QPS", "NCCL_IB_QPS_PER_CONNECTION"},       {"MPLANE_IB_ECE", "NCCL_IB_ECE_ENABLE"},
-    {"MPLANE_IB_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY"}, {"MPLANE_IB_PCI_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING"},
-    {"MPLANE_IB_ROCE_VERSION_NUM", "NCCL_IB_ROCE_VERSION_NUM"}, {"MPLANE_IB_ADDR_FAMILY", "NCCL_IB_ADDR_FAMILY"},
-    {"MPLANE_IB_ADDR_RANGE", "NCCL_IB_ADDR_RANGE"}, {"MPLANE_IB_GDR_FLUSH_DISABLE", "NCCL_IB_GDR_FLUSH_DISABLE"},
-    {"MPLANE_IB_ADAPTIVE_ROUTING", "NCCL_IB_ADAPTIVE_ROUTING"}, {"MPLANE_IB_AR_THRESHOLD", "NCCL_IB_AR_THRESHOLD"},
-    {"MPLANE_IB_SPLIT_DATA_ON_QPS", "NCCL_IB_SPLIT_DATA_ON_QPS"},
+    {"MPLANE_GIN_IB_TC", "NCCL_GIN_IB_TC", map_tc},
+    {"MPLANE_IB_HCA", "NCCL_IB_HCA", NULL},
+    {"MPLANE_IB_GID_INDEX", "NCCL_IB_GID_INDEX", map_gid_index},
+    {"MPLANE_IB_SL", "NCCL_IB_SL", map_sl},
+    {"MPLANE_IB_TIMEOUT", "NCCL_IB_TIMEOUT", map_timeout},
+    {"MPLANE_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT", map_retry},
+    {"MPLANE_IB_TC", "NCCL_IB_TC", map_tc},
+    {"MPLANE_IB_FIFO_TC", "NCCL_IB_FIFO_TC", map_tc},
+    {"MPLANE_IB_PKEY", "NCCL_IB_PKEY", map_pkey},
+    {"MPLANE_IB_QPS", "NCCL_IB_QPS_PER_CONNECTION", map_qps},
+    {"MPLANE_IB_ECE", "NCCL_IB_ECE_ENABLE", map_bool},
+    {"MPLANE_IB_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY", NULL},
+    {"MPLANE_IB_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", NULL},
+    {"MPLANE_IB_PCI_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING", map_relaxed},
+    {"MPLANE_IB_ROCE_VERSION_NUM", "NCCL_IB_ROCE_VERSION_NUM", map_roce_version},
+    {"MPLANE_IB_ADDR_FAMILY", "NCCL_IB_ADDR_FAMILY", NULL},
+    {"MPLANE_IB_ADDR_RANGE", "NCCL_IB_ADDR_RANGE", NULL},
+    {"MPLANE_IB_GDR_FLUSH_DISABLE", "NCCL_GDR_FLUSH_DISABLE", map_bool},
+    {"MPLANE_IB_ADAPTIVE_ROUTING", "NCCL_IB_ADAPTIVE_ROUTING", map_ar},
+    {"MPLANE_IB_AR_THRESHOLD", "NCCL_IB_AR_THRESHOLD", map_ar_threshold},
+    {"MPLANE_IB_SPLIT_DATA_ON_QPS", "NCCL_IB_SPLIT_DATA_ON_QPS", map_bool},
+    {"MPLANE_IB_DEVICE_PCI_ORDER", "NCCL_IB_DEVICE_PCI_ORDER", map_bool},
 };
+#define NTWINS (sizeof(nccl_aliases) / sizeof(nccl_aliases[0]))
+
+static int twin_index(const char *name) {
+  for (size_t i = 0; i < NTWINS; i++)
+    if (!strcmp(nccl_aliases[i].name, name)) return (int)i;
+  return -1;
+}
 
 static const char *nccl_alias(const char *name) {
-  for (size_t i = 0; i < sizeof(nccl_aliases) / sizeof(nccl_aliases[0]); i++)
-    if (!strcmp(nccl_aliases[i].name, name)) return nccl_aliases[i].nccl;
-  return NULL;
+  int i = twin_index(name);
+  return i >= 0 ? nccl_aliases[i].nccl : NULL;
+}
+
+int mplane_config_nccl_twins(const char **names, const char **nccl, int max) {
+  int n = 0;
+  for (size_t i = 0; i < NTWINS && n < max; i++, n++) {
+    if (names) names[n] = nccl_aliases[i].name;
+    if (nccl) nccl[n] = nccl_aliases[i].nccl;
+  }
+  return (int)NTWINS;
 }
 
 /* The value of row r's variable, or of its NCCL alias when it is unset (*from names which). */
@@ -307,6 +434,83 @@ static const char *row_value(const char *name, const char **from) {
   }
   return value == NULL || value[0] == '\0' ? NULL : value; /* empty is unset, as NCCL reads its variables */
 }
+
+/* Each twin WARNs once per process, however often the configuration is read. */
+static unsigned long twin_warned;
+
+static void twin_warn_once(int twin, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void twin_warn_once(int twin, const char *fmt, ...) {
+  if (__atomic_fetch_or(&twin_warned, 1UL << twin, __ATOMIC_RELAXED) & (1UL << twin)) return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  MP_WARN("%s", msg);
+}
+
+/* NCCL's number grammar (its parameters: strtoll base 0, text after the number ignored, a value
+ * out of range its default): 0 and *v, else -1 (out of range). *trailing: text was ignored. */
+int mplane_nccl_parse_number(const char *s, long *v, int *trailing) {
+  char *end = NULL;
+  errno = 0;
+  long long x = strtoll(s, &end, 0);
+  if (errno == ERANGE || x > LONG_MAX || x < LONG_MIN) return -1;
+  *trailing = end == s || *end != '\0';
+  *v = (long)x;
+  return 0;
+}
+
+struct row;
+static int parse_row(const struct row *r, const char *value, struct mplane_config *cfg);
+
+/* Row r takes NCCL's twin value: what NCCL makes of it, in the row's own grammar. 1 taken, 0 left
+ * unset (the default holds); never an error. */
+static int take_twin_as(const struct row *r, int twin, const char *value, struct mplane_config *cfg, int quiet);
+static int take_twin(const struct row *r, int twin, const char *value, struct mplane_config *cfg) {
+  return take_twin_as(r, twin, value, cfg, 0);
+}
+
+#define twin_warn(t, ...) \
+  do {                    \
+    if (!quiet) twin_warn_once(t, __VA_ARGS__); \
+  } while (0)
+
+/* quiet: only the verdict (mplane_config_source asks whether the twin's value holds). */
+static int take_twin_as(const struct row *r, int twin, const char *value, struct mplane_config *cfg, int quiet) {
+  const char *nccl = nccl_aliases[twin].nccl;
+  if (!nccl_aliases[twin].map) {
+    char why[256] = "the form it takes";
+    if (parse_row(r, value, cfg) == 0 && (!r->validate || r->validate(value, why, sizeof(why)) == 0)) return 1;
+    twin_warn(twin, "%s='%s' is not a value mplane can use for %s (%s); ignored (%s keeps its default)", nccl, value,
+              r->name, why, r->name);
+    return parse_row(r, r->dflt, cfg), 0;
+  }
+  long v = 0, out = 0;
+  int trailing = 0;
+  if (mplane_nccl_parse_number(value, &v, &trailing) != 0) {
+    twin_warn(twin, "%s='%s' is out of range; ignored, as NCCL ignores it (%s keeps its default)", nccl, value,
+               r->name);
+    return 0;
+  }
+  char why[160] = "";
+  enum twin_verdict verdict = nccl_aliases[twin].map(v, &out, why, sizeof(why));
+  if (trailing && verdict != TWIN_IGNORED)
+    twin_warn(twin, "%s='%s': NCCL reads it as %ld (the text after the number is ignored), and so does mplane", nccl,
+               value, v);
+  if (verdict == TWIN_UNSET) return 0;
+  if (verdict == TWIN_IGNORED) {
+    twin_warn(twin, "%s=%ld (NCCL accepts it) is %s; ignored (%s keeps its default)", nccl, v, why, r->name);
+    return 0;
+  }
+  if (verdict == TWIN_MAPPED) twin_warn(twin, "%s=%ld: %s, for %s", nccl, v, why, r->name);
+  char text[32];
+  snprintf(text, sizeof(text), "%ld", out);
+  if (parse_row(r, text, cfg) == 0) return 1;
+  twin_warn(twin, "%s=%ld cannot be used for %s; ignored", nccl, v, r->name); /* a map out of step with its row */
+  return 0;
+}
+#undef twin_warn
 
 /* Digits of s (no sign) into *out; the end in *end. 0 on success: at least one digit, no leading
  * zero unless the number is "0", no overflow past LONG_MAX. */
@@ -426,6 +630,10 @@ static ncclResult_t load_rows(struct mplane_config *cfg, int reader, char *err, 
     const char *from;
     const char *value = row_value(r->name, &from);
     if (value == NULL) continue;
+    if (from != r->name) { /* NCCL's twin: its grammar and meaning, never a failed init */
+      take_twin(r, twin_index(r->name), value, cfg);
+      continue;
+    }
     if (parse_row(r, value, cfg) != 0) {
       snprintf(err, errlen, "%s='%s' is not valid%s%s: expected %s", from, value, from != r->name ? " for " : "",
                from != r->name ? r->name : "", r->form);
@@ -453,8 +661,16 @@ ncclResult_t mplane_config_load_hfreduce(struct mplane_config *cfg, char *err, s
 }
 
 const char *mplane_config_source(const char *name) {
-  const char *from;
-  return row_value(name, &from) ? from : NULL;
+  const char *from, *value = row_value(name, &from);
+  if (!value || from == name) return value ? from : NULL;
+  /* a twin's value NCCL reads as unset (NCCL_IB_SL=-1), or one mplane ignores, sets nothing */
+  for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+    if (strcmp(rows[i].name, name) != 0) continue;
+    struct mplane_config scratch;
+    memset(&scratch, 0, sizeof(scratch));
+    return take_twin_as(&rows[i], twin_index(name), value, &scratch, 1) ? from : NULL;
+  }
+  return from;
 }
 
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;

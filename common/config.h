@@ -67,6 +67,9 @@ struct mplane_config {
   int ib_gdr_flush_disable;                  /* 1: iflush never reads (the platform orders GPU writes) */
   int ib_adaptive_routing;                   /* two-sided data in the AR form: -1 per link (IB on, RoCE off), 0, 1 */
   long ib_ar_threshold;                      /* the AR form only for messages larger than this (bytes) */
+  int ib_fifo_tc;                            /* RoCE traffic class of FIFO writes; -1 the connection's */
+  char ib_socket_ifname[MPLANE_CONFIG_STR];  /* the IB side channel's interfaces; "" = automatic */
+  int ib_device_pci_order;                   /* 1: IB devices in PCI order */
   int ib_split_data_on_qps;                  /* 1: large messages striped over the QPs; 0: whole, round-robin */
   int ib_socket_family;                      /* enum mplane_ib_socket_family: the side channel's addresses */
   char ibverbs_lib[MPLANE_CONFIG_STR];       /* libibverbs to dlopen */
@@ -113,6 +116,13 @@ void mplane_config_describe(FILE *out, int markdown);
  * zero ("0" itself excepted); a '-' before the digits only for a negative value ("-1", never
  * "-0"). Returns 0 on success (and stores *out), -1 otherwise (*out untouched). */
 int mplane_parse_long(const char *s, long lo, long hi, long *out);
+/* A number as NCCL's parameters read it (strtoll, base 0: "022" is 18, "0x10" 16; text after the
+ * number ignored, *trailing set then, and a string with no number is 0). 0, or -1 out of range. */
+int mplane_nccl_parse_number(const char *s, long *v, int *trailing);
+/* The NCCL_* twins of the config table: up to max (MPLANE_* name, NCCL name) pairs into names and
+ * nccl (either may be NULL); returns how many there are. A twin is read when its MPLANE_* variable
+ * is unset, with NCCL's grammar and meaning; a value mplane cannot use is ignored with a WARN. */
+int mplane_config_nccl_twins(const char **names, const char **nccl, int max);
 /* A byte count as the MPLANE_* size variables take it: digits as mplane_parse_long reads them (no
  * sign), an optional K, M or G (x1024), the result within [lo, hi]. 0 on success, -1 otherwise. */
 int mplane_parse_size(const char *s, long lo, long hi, long *out);

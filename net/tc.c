@@ -97,6 +97,43 @@ int mplane_tc_resolve_hints(int nccl_traffic_class, const ncclNetAttr_v11_t *att
   return cls >= 0 ? cls : MPLANE_TC_DEFAULT;
 }
 
+/* A value the communicator gave that is NCCL's (no explicit MPLANE_TC_MAP): -1 none. */
+static int nccl_value(int traffic_class) {
+  if (traffic_class == NCCL_NET_TRAFFIC_CLASS_UNDEF || traffic_class == MPLANE_NCCL_CONFIG_UNDEF_INT) return -1;
+  if (traffic_class >= 0 && traffic_class <= 255) return traffic_class;
+  static int warned;
+  if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+    MP_WARN("communicator trafficClass %d is neither an IB SL (0..15) nor a RoCE traffic class (0..255); ignored "
+            "(the default SL and traffic class hold)", traffic_class);
+  return -1;
+}
+
+void mplane_tc_choose(int nccl_traffic_class, const ncclNetAttr_v11_t *attr_or_null, struct mplane_tc_choice *out) {
+  out->tclass = -1;
+  if (mplane_tc_hints_choose_class()) { /* the user's map: trafficClass names one of its classes */
+    out->cls = mplane_tc_resolve(nccl_traffic_class, attr_or_null);
+    out->sl = mplane_tc_sl(out->cls);
+    return;
+  }
+  /* NCCL's meaning, as its net_ib: the value is the SL on IB (NCCL_IB_SL wins) and the GRH traffic
+   * class on RoCE (NCCL_IB_TC wins); a value above 15 is a traffic class only. */
+  out->cls = MPLANE_TC_DEFAULT;
+  out->sl = mplane_tc_sl(out->cls);
+  int v = nccl_value(nccl_traffic_class);
+  if (v < 0) return;
+  out->tclass = v;
+  const struct mplane_config *cfg = mplane_config_get();
+  if (cfg && mplane_config_source("MPLANE_IB_SL")) return; /* the site's SL, as NCCL_IB_SL in net_ib */
+  if (v <= MPLANE_TC_SL_MAX) {
+    out->sl = v;
+    return;
+  }
+  static int said;
+  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    MP_INFO(NCCL_INIT | NCCL_NET, "communicator trafficClass %d: RoCE traffic class %d; above 15 it is no IB SL, so IB "
+            "connections keep SL %d", v, v, out->sl);
+}
+
 int mplane_tc_sl(int cls) {
   if (cls < 0 || cls >= MPLANE_TC_NCLASSES) cls = MPLANE_TC_DEFAULT;
   return mplane_tc_map_get()->sl[cls];
@@ -134,10 +171,12 @@ static int site_tclass(int gin, const char **from) {
   return -1;
 }
 
-int mplane_tc_roce_tclass(int sl, int gin) {
+int mplane_tc_roce_tclass(int sl, int gin) { return mplane_tc_roce_tclass_of(sl, gin, -1); }
+
+int mplane_tc_roce_tclass_of(int sl, int gin, int comm_tclass) {
   const char *from = NULL;
   int tc = site_tclass(gin, &from);
-  if (tc < 0) return mplane_tc_dscp(sl) << 2;
+  if (tc < 0) return comm_tclass >= 0 ? comm_tclass : mplane_tc_dscp(sl) << 2;
   static int said[2];
   if (!__atomic_exchange_n(&said[gin != 0], 1, __ATOMIC_RELAXED))
     MP_INFO(NCCL_INIT | NCCL_NET, "%s=%d: every RoCE %sQP uses traffic class %d (DSCP %d), whatever its class", from,

@@ -1,8 +1,12 @@
 /* mplane: traffic classes -> service levels (IB SL, IP DSCP and socket priority).
  *
- * A connection belongs to one of five classes. Its class comes from, strongest first:
- *   1. the communicator's trafficClass (ncclConfig_t.trafficClass, net v10 connect config or
- *      v11+ init config), read as a class index (see mplane_tc_class_from_nccl);
+ * The communicator's trafficClass (ncclConfig_t.trafficClass, net v10 connect config or v11+ init
+ * config) means what it means to NCCL's net_ib unless MPLANE_TC_MAP is set: the SL on IB (a site's
+ * MPLANE_IB_SL / NCCL_IB_SL wins), the GRH traffic class on RoCE (MPLANE_IB_TC / NCCL_IB_TC win),
+ * so a job moved from net_ib keeps its SLs (mplane_tc_choose). Where MPLANE_TC_MAP is set, the
+ * user chose mplane's classes, and a connection belongs to one of five. Its class comes from,
+ * strongest first:
+ *   1. the communicator's trafficClass, read as a class index (see mplane_tc_class_from_nccl);
  *   2. only where MPLANE_TC_MAP is set: the hints NCCL 2.28+ passes through setNetAttr (net v11+)
  *      before it connects: op, algo and proto bit masks (mplane_tc_class_from_attr). Without a map
  *      of the user's, one job is never spread over SLs by hint (NCCL's net_ib never is);
@@ -52,6 +56,19 @@ int mplane_tc_hints_choose_class(void);
 /* The GRH traffic class of a RoCE QP on SL sl (gin: a one-sided QP): the site's (see above), else
  * the SL's DSCP << 2. */
 int mplane_tc_roce_tclass(int sl, int gin);
+/* The same where the communicator gave a RoCE traffic class of NCCL's meaning (comm_tclass >= 0):
+ * the site's value, else the communicator's, else the SL's DSCP << 2. */
+int mplane_tc_roce_tclass_of(int sl, int gin, int comm_tclass);
+
+/* What a connection of a communicator with trafficClass nccl_traffic_class gets. */
+struct mplane_tc_choice {
+  int cls;    /* mplane class (stats, adaptive routing) */
+  int sl;     /* IB SL, the socket transport's DSCP class */
+  int tclass; /* RoCE traffic class the communicator asked for (NCCL's meaning), -1 none */
+};
+/* With MPLANE_TC_MAP set: trafficClass is a class id (mplane_tc_resolve), its SL from the map.
+ * Without: NCCL's meaning (see above); the class is default. */
+void mplane_tc_choose(int nccl_traffic_class, const ncclNetAttr_v11_t *attr_or_null, struct mplane_tc_choice *out);
 
 int mplane_tc_sl(int cls);
 int mplane_tc_adaptive_routing(int cls);

@@ -52,6 +52,7 @@ struct mplane_comm_opts {
   int traffic_class; /* NCCL_NET_TRAFFIC_CLASS_UNDEF or the communicator's class */
   int service_level; /* resolved SL / DSCP class index (0..15) */
   int tc_class;      /* resolved mplane class (common/tc_map.h enum mplane_tc_class) */
+  int comm_tclass;   /* RoCE traffic class the communicator asked for (net/tc.h), -1 none */
   int adaptive_routing; /* the class's adaptive-routing flag (MPLANE_TC_MAP ":ar") */
   int relayed;       /* 1: carried by the relay NIC (net/relay.h); a transport that takes GPU buffers
                       * stages them through the relay's copier into memory beside that NIC */
@@ -70,6 +71,7 @@ struct mplane_rma_ctx_opts {
   int rank_stride;   /* connect ranks rank +- k*stride only; nranks % stride == 0 */
   int service_level; /* from the class (net/tc.h), like two-sided comms */
   int tc_class;
+  int comm_tclass;   /* RoCE traffic class the communicator asked for (net/tc.h), -1 none */
 };
 
 struct mplane_rma_signal {

@@ -196,8 +196,11 @@ ncclResult_t mplane_net_connect(struct mplane_net_ctx *ctx, int traffic_class, i
   struct mplane_comm_opts opts = {.traffic_class = traffic_class, .service_level = 0};
   if (opts.traffic_class == NCCL_NET_TRAFFIC_CLASS_UNDEF && ctx) opts.traffic_class = ctx->traffic_class;
   /* Traffic class and SL (net/tc.c); plane and relay NIC (net/relay.c). */
-  opts.tc_class = mplane_tc_resolve(opts.traffic_class, ctx && ctx->has_attr ? &ctx->attr : NULL);
-  opts.service_level = mplane_tc_sl(opts.tc_class);
+  struct mplane_tc_choice tc;
+  mplane_tc_choose(opts.traffic_class, ctx && ctx->has_attr ? &ctx->attr : NULL, &tc);
+  opts.tc_class = tc.cls;
+  opts.service_level = tc.sl;
+  opts.comm_tclass = tc.tclass;
   opts.adaptive_routing = mplane_tc_adaptive_routing(opts.tc_class);
   struct mplane_handle h;
   char why[256];

@@ -251,8 +251,11 @@ static ncclResult_t rma_create_context(void *coll_comm, ncclRmaConfig_v14_t *con
   if (!config) return ncclInvalidArgument;
   struct mplane_rma_ctx_opts o = {.ncontexts = config->nContexts, .rank_stride = config->rankStride};
   /* net/tc.c, as two-sided comms (an invalid class is WARNed there, once, and becomes default) */
-  o.tc_class = mplane_tc_resolve(config->trafficClass, NULL);
-  o.service_level = mplane_tc_sl(o.tc_class);
+  struct mplane_tc_choice tc;
+  mplane_tc_choose(config->trafficClass, NULL, &tc);
+  o.tc_class = tc.cls;
+  o.service_level = tc.sl;
+  o.comm_tclass = tc.tclass;
   *rma_ctx = NULL;
   struct rma_group *g = coll_comm;
   struct rma_context *c = calloc(1, sizeof(*c));

@@ -153,6 +153,8 @@ struct mpib_dev { /* one port = one NCCL device */
 /* Which of the n IB ports devs share a subnet, from their LIDs, SM LIDs and a probe
  * (an RC write with a GRH from each port to each other one, within a deadline): group[i] is port i's
  * subnet, numbered by first port; returns the number of subnets, or -1 (undecided) with why. */
+/* NCCL's device order: PCI paths compared by their last component's bus id, unknown ("") last. */
+int mpib_pci_order_cmp(const char *a, const char *b);
 int mpib_subnet_groups(struct mpib_dev *devs, int n, int *group, char *why, size_t whylen);
 
 int mpib_dev_count(void);

@@ -383,6 +383,10 @@ static ncclResult_t accept_build(struct mpib_listen_comm *lc, struct mpib_pendin
   if (res != ncclSuccess) return res;
   c->b.sl = p->in.sl;
   c->b.tclass = p->in.tclass;
+  /* the receiver's QPs carry its FIFO writes (clear-to-send records): MPLANE_IB_FIFO_TC /
+   * NCCL_IB_FIFO_TC puts them on a queue of their own, as NCCL's net_ib does on RoCE */
+  if (c->b.dev && c->b.dev->link_layer == IBV_LINK_LAYER_ETHERNET && mpib_config()->ib_fifo_tc >= 0)
+    c->b.tclass = mpib_config()->ib_fifo_tc;
   c->b.ar = p->in.ar;
   c->b.tc_class = p->in.tc_class;
   MP_CHECK(base_open(&c->b, lc->dev, p->in.nqps));
@@ -593,7 +597,7 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   /* RoCE: the class's DSCP in the IP header's traffic-class byte (DSCP << 2, ECN bits left 0), or
    * the site's one value (MPLANE_IB_TC / NCCL_IB_TC: its lossless queue with PFC) */
   if (d->link_layer != IBV_LINK_LAYER_ETHERNET) c->b.tclass = 0;
-  else c->b.tclass = mplane_tc_roce_tclass(c->b.sl, 0);
+  else c->b.tclass = mplane_tc_roce_tclass_of(c->b.sl, 0, opts->comm_tclass);
   int fd = socket(peer.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) goto fail;
   c->b.fd = fd;

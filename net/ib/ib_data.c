@@ -58,14 +58,21 @@ static struct ibv_mr *reg_data(struct ibv_pd *pd, void *addr, size_t len) {
   return mpib_reg_data(pd, addr, len, MPIB_ACCESS);
 }
 
-/* The registration cache (plain registrations): NCCL registers the same buffer once per comm, and with
- * user-buffer registration once per peer; each ibv_reg_mr pins the pages again. A regMr whose pages
- * lie within a live registration of the same protection domain (HCA) shares it, refcounted; the last
- * deregMr releases it. dma-buf registrations are not cached (their fd is the caller's). */
+/* The registration cache: NCCL registers the same buffer once per comm, and with user-buffer
+ * registration once per peer; each registration pins the pages again. A regMr whose pages lie
+ * within a live registration of the same protection domain (HCA) shares it, refcounted; the last
+ * deregMr releases it. dma-buf registrations are cached the same way, apart from plain ones: NCCL
+ * exports a new dma-buf (a new fd) for every regMrDmaBuf of a buffer, so the fd cannot be the key.
+ * The key is the range as the NIC addresses it (iova = the buffer's address) and where that range
+ * lies in the dma-buf (offset): a registration inside a live one, at the same place of its dma-buf,
+ * shares it; any other is registered on its own (safely distinct). The fd is needed only while
+ * registering: the MR keeps the dma-buf itself, whatever the caller does with its fd afterwards. */
 struct mpib_reg {
   struct ibv_pd *pd;
-  uintptr_t start;
+  uintptr_t start; /* iova */
   size_t len;
+  int dmabuf;      /* registered through a dma-buf, start at offset in it */
+  uint64_t offset;
   struct ibv_mr *mr;
   int refs;
   struct mpib_reg *next;
@@ -73,21 +80,32 @@ struct mpib_reg {
 static pthread_mutex_t reg_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct mpib_reg *reg_cache;
 
-static struct mpib_reg *reg_cached(struct ibv_pd *pd, uintptr_t start, size_t len) {
+static int reg_covers(const struct mpib_reg *e, struct ibv_pd *pd, uintptr_t start, size_t len, int fd,
+                      uint64_t offset) {
+  if (e->pd != pd || e->dmabuf != (fd >= 0) || start < e->start || start + len > e->start + e->len) return 0;
+  return fd < 0 || e->offset + (start - e->start) == offset; /* the same place of a dma-buf of the same layout */
+}
+
+/* The live registration covering [start, start + len) (fd >= 0: at offset of that dma-buf), with
+ * one more reference, else a new one; NULL (errno set) when registering failed. */
+static struct mpib_reg *reg_cached(struct ibv_pd *pd, uintptr_t start, size_t len, int fd, uint64_t offset) {
   pthread_mutex_lock(&reg_cache_lock);
   struct mpib_reg *e = reg_cache;
   for (; e; e = e->next)
-    if (e->pd == pd && start >= e->start && start + len <= e->start + e->len) break;
+    if (reg_covers(e, pd, start, len, fd, offset)) break;
   if (!e) {
     e = calloc(1, sizeof(*e));
-    if (e) e->mr = reg_data(pd, (void *)start, len);
+    if (e)
+      e->mr = fd >= 0 ? mpib_reg_data_dmabuf(pd, offset, len, (uint64_t)start, fd, MPIB_ACCESS)
+                      : reg_data(pd, (void *)start, len);
     if (e && !e->mr) {
       int err = errno;
       free(e);
       e = NULL;
       errno = err;
     } else if (e) {
-      *e = (struct mpib_reg){.pd = pd, .start = start, .len = len, .mr = e->mr, .next = reg_cache};
+      *e = (struct mpib_reg){.pd = pd, .start = start, .len = len, .dmabuf = fd >= 0, .offset = offset, .mr = e->mr,
+                             .next = reg_cache};
       reg_cache = e;
     }
   }
@@ -139,14 +157,15 @@ static ncclResult_t reg_common(void *comm, void *data, size_t size, int type, in
       MP_WARN("NET/IB: regMrDmaBuf: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core >= 34 needed)");
       return ncclInvalidUsage;
     }
-    m->mr = mpib_reg_data_dmabuf(b->dev->hca->pd, offset, size, (uint64_t)(uintptr_t)data, fd, MPIB_ACCESS);
+    /* the range as given: a dma-buf may end where the buffer ends, so no rounding to pages */
+    m->cached = reg_cached(b->dev->hca->pd, (uintptr_t)data, size, fd, offset);
   } else {
     /* whole pages, as the kernel pins pages anyway */
     uintptr_t start = (uintptr_t)data & ~(uintptr_t)4095;
     size_t len = (((uintptr_t)data + size + 4095) & ~(uintptr_t)4095) - start;
-    m->cached = reg_cached(b->dev->hca->pd, start, len ? len : 4096);
-    m->mr = m->cached ? m->cached->mr : NULL;
+    m->cached = reg_cached(b->dev->hca->pd, start, len ? len : 4096, -1, 0);
   }
+  m->mr = m->cached ? m->cached->mr : NULL;
   if (!m->mr) {
     int e = errno;
     free(m);

@@ -273,16 +273,34 @@ static void port_netdev(const struct mpib_dev *d, char *ifname, size_t len) {
   fclose(f);
 }
 
-/* MPLANE_SOCKET_IFNAME when set; else the port's own netdev (IPoIB / RoCE); else the first up ib*
- * interface, else any other but docker* and lo; else loopback (peers on this host only). NCCL's IB
- * transport chooses the same way. IPv4 or IPv6 (MPLANE_IB_SOCKET_FAMILY); INFO says which and why. */
+/* The interfaces a site named for the side channel, as NCCL's out-of-band takes NCCL_SOCKET_IFNAME:
+ * MPLANE_IB_SOCKET_IFNAME (NCCL_SOCKET_IFNAME its twin), else MPLANE_SOCKET_IFNAME; "" none. */
+static const char *oob_spec(const struct mplane_config *cfg, const char **var) {
+  if (cfg->ib_socket_ifname[0]) {
+    const char *src = mplane_config_source("MPLANE_IB_SOCKET_IFNAME");
+    *var = src ? src : "MPLANE_IB_SOCKET_IFNAME";
+    return cfg->ib_socket_ifname;
+  }
+  *var = "MPLANE_SOCKET_IFNAME";
+  return cfg->socket_ifname;
+}
+
+/* The interfaces MPLANE_IB_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (else MPLANE_SOCKET_IFNAME) name when
+ * set, as NCCL's out-of-band; else the port's own netdev (IPoIB / RoCE); else the first up ib*
+ * interface, else any other but docker* and lo; else loopback (peers on this host only). IPv4 or
+ * IPv6 (MPLANE_IB_SOCKET_FAMILY); INFO says which and why. */
 static void pick_oob(const struct mplane_config *cfg, struct mpib_dev *d) {
   int family = cfg->ib_socket_family;
-  char ifname[IF_NAMESIZE + 2] = "", netdev[IF_NAMESIZE + 2];
-  const char *why;
+  char ifname[IF_NAMESIZE + 2] = "", netdev[IF_NAMESIZE + 2], named[96];
+  const char *why, *var = NULL, *spec = oob_spec(cfg, &var);
   port_netdev(d, netdev, sizeof(netdev));
-  if (cfg->socket_ifname[0] && oob_find(OOB_SPEC, cfg->socket_ifname, family, d, ifname, sizeof(ifname)))
-    why = "MPLANE_SOCKET_IFNAME names it";
+  snprintf(named, sizeof(named), "%s names it", var);
+  int by_spec = spec[0] && oob_find(OOB_SPEC, spec, family, d, ifname, sizeof(ifname));
+  if (spec[0] && !by_spec)
+    MP_WARN("NET/IB: %s: %s='%s' names no up interface with an address (%s); the side channel chooses as if it "
+            "were unset", d->props.name, var, spec, family_name(family));
+  if (by_spec)
+    why = named;
   else if (netdev[0] && oob_find(OOB_EXACT, netdev, family, d, ifname, sizeof(ifname)))
     why = "the port's own interface";
   else if (oob_find(OOB_BEST, NULL, family, d, ifname, sizeof(ifname)))
@@ -691,6 +709,7 @@ static struct {
   int dev;        /* index in g.devs, -1 when the port is down */
   int link_layer; /* IBV_LINK_LAYER_* */
   char name[80];  /* "mlx5_3:1" */
+  char pci[PATH_MAX]; /* the HCA's PCI path, "" unknown */
 } present[MPIB_MAX_DEVS];
 static int npresent;
 
@@ -699,7 +718,48 @@ static void note_present(int dev, int link_layer, const char *hca, int port) {
   present[npresent].dev = dev;
   present[npresent].link_layer = link_layer;
   snprintf(present[npresent].name, sizeof(present[npresent].name), "%s:%d", hca, port);
+  char link[PATH_MAX];
+  snprintf(link, sizeof(link), "/sys/class/infiniband/%s/device", hca);
+  if (!realpath(link, present[npresent].pci)) present[npresent].pci[0] = 0;
   npresent++;
+}
+
+/* The PCI function of a path's last component ("0000:3b:00.1") as one number, its hex digits. */
+static uint64_t pci_number(const char *path) {
+  const char *last = strrchr(path, '/');
+  uint64_t v = 0;
+  for (const char *c = last ? last + 1 : path; *c; c++) {
+    if (*c >= '0' && *c <= '9') v = v * 16 + (uint64_t)(*c - '0');
+    else if (*c >= 'a' && *c <= 'f') v = v * 16 + (uint64_t)(*c - 'a' + 10);
+    else if (*c >= 'A' && *c <= 'F') v = v * 16 + (uint64_t)(*c - 'A' + 10);
+  }
+  return v;
+}
+
+int mpib_pci_order_cmp(const char *a, const char *b) {
+  if (!*a || !*b) return !*a && !*b ? 0 : !*a ? 1 : -1; /* unknown paths last */
+  uint64_t x = pci_number(a), y = pci_number(b);
+  return x < y ? -1 : x > y;
+}
+
+/* MPLANE_IB_DEVICE_PCI_ORDER / NCCL_IB_DEVICE_PCI_ORDER: the ports in PCI order (stable: the ports
+ * of one HCA keep theirs), as NCCL's net_ib orders its devices, so nodes whose verbs list their
+ * HCAs in another order still number devices, and planes, alike. */
+static void order_by_pci(void) {
+  for (int i = 1; i < npresent; i++)
+    for (int j = i; j > 0 && mpib_pci_order_cmp(present[j - 1].pci, present[j].pci) > 0; j--) {
+      __typeof__(present[0]) t = present[j];
+      present[j] = present[j - 1];
+      present[j - 1] = t;
+    }
+  static struct mpib_dev sorted[MPIB_MAX_DEVS];
+  int n = 0;
+  for (int i = 0; i < npresent; i++) {
+    if (present[i].dev < 0) continue;
+    sorted[n] = g.devs[present[i].dev];
+    present[i].dev = n++;
+  }
+  memcpy(g.devs, sorted, (size_t)n * sizeof(sorted[0]));
 }
 
 /* A port the probe decides: an IB port keeping the default GID prefix fe80:: (its prefix names no
@@ -943,6 +1003,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
     MP_INFO(NCCL_INIT | NCCL_NET, "NET/IB: no active port selected (MPLANE_IB_HCA='%s')", cfg->ib_hca);
     return ncclSystemError;
   }
+  if (cfg->ib_device_pci_order) order_by_pci();
   assign_planes(cfg);
   for (int i = 0; i < g.nhca; i++) {
     if (pthread_create(&g.hcas[i].async_thread, NULL, async_thread, &g.hcas[i]) == 0) g.hcas[i].async_started = 1;

@@ -7,7 +7,8 @@
  *   iflush      after gets into GPU memory: a 1-byte RDMA READ of a GPU window through the rank's QP
  *               to itself (the NIC reading that GPU's memory pushes its earlier writes there first,
  *               so the GPU sees the gets' bytes once it completes, as NCCL's GPUDirect flush); a
- *               NULL request (done) where no get into GPU memory came since the last flush, or
+ *               NULL request (done) where every get into GPU memory had completed before the last
+ *               flush was posted (a get in flight then is covered by the next one), or
  *               where MPLANE_IB_GDR_FLUSH_DISABLE says the platform needs none
  *   test        polls the context's CQ; every work request is signaled, a request is done when all
  *               of its work requests completed
@@ -554,7 +555,7 @@ static ncclResult_t cx_open(struct ibr_ctxset *s, int c, int k, const struct mpl
   x->b.tc_class = o->tc_class;
   /* as two-sided comms (ib_conn.c): on RoCE the class's DSCP, or the site's (NCCL_GIN_IB_TC first) */
   if (d->link_layer != IBV_LINK_LAYER_ETHERNET) x->b.tclass = 0;
-  else x->b.tclass = mplane_tc_roce_tclass(o->service_level, 1);
+  else x->b.tclass = mplane_tc_roce_tclass_of(o->service_level, 1, o->comm_tclass);
   snprintf(x->b.peer, sizeof(x->b.peer), "its RMA group");
   char why[256];
   if (mpib_dev_resolve_gid(d, &x->b.gid_index, &x->b.gid, why, sizeof(why)) != 0) {
@@ -931,7 +932,8 @@ static ncclResult_t rma_iget(void *ctx, int context, uint64_t remote_off, void *
   r->loff = local_off;
   if (!staged && dst->type == NCCL_PTR_CUDA) { /* the GPU sees it only after a flush (rma_iflush) */
     __atomic_store_n(&c->gpu_win, dst->id, __ATOMIC_RELAXED);
-    __atomic_store_n(&c->gpu_gets, 1, __ATOMIC_RELEASE);
+    r->gpu_get = 1;
+    __atomic_add_fetch(&c->gpu_posted, 1, __ATOMIC_ACQ_REL);
   }
   ncclResult_t res = ibr_start_op(c, r, staged);
   if (res != ncclSuccess) *request = NULL;
@@ -956,8 +958,9 @@ static struct ibr_win *flush_window(struct ibr_group *g, struct ibr_conn *c, voi
 /* A get's READ completion, seen by the CPU, does not mean the GPU sees its bytes: after gets into
  * GPU memory (not staged: a staged get's slot is flushed before its copy), NCCL's GIN proxy asks for
  * a flush (ncclGinProxyOpFlush) and the GPU reads the bytes once it is done. The flush covers the
- * gets that completed before it was asked for, as NCCL's own. MPLANE_IB_GDR_FLUSH_DISABLE=1 (or
- * NCCL_IB_GDR_FLUSH_DISABLE) says the platform makes the NIC's writes visible to the GPU by itself:
+ * gets that completed before it was asked for, as NCCL's own; NCCL posts its read on every flush,
+ * and so does mplane while any get is not covered yet. MPLANE_IB_GDR_FLUSH_DISABLE=1 (or
+ * NCCL_GDR_FLUSH_DISABLE) says the platform makes the NIC's writes visible to the GPU by itself:
  * no read, done at once, as for two-sided receives (NCCL's GIN reads through the flush QP of its
  * receive comm, which that variable leaves unmade). */
 static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t rank, void **request) {
@@ -971,7 +974,11 @@ static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t r
   }
   struct ibr_conn *c = s->conns[context * g->nranks + (int)rank];
   if (mpib_config()->ib_gdr_flush_disable) return ncclSuccess;
-  if (!__atomic_load_n(&c->gpu_gets, __ATOMIC_ACQUIRE)) return ncclSuccess; /* host memory is coherent */
+  /* host memory is coherent; gets into GPU memory all covered by an earlier flush need none. A get
+   * still in flight when a flush is posted is not covered by it: the next flush reads again. */
+  uint64_t done = __atomic_load_n(&c->gpu_done, __ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&c->gpu_posted, __ATOMIC_ACQUIRE) == __atomic_load_n(&c->gpu_covered, __ATOMIC_ACQUIRE))
+    return ncclSuccess;
   struct ibr_conn *self = s->conns[context * g->nranks + g->rank]; /* on the own device, beside the GPU */
   struct ibr_win *w = flush_window(g, c, mhandle);
   if (!self || !w) {
@@ -996,7 +1003,7 @@ static ncclResult_t rma_iflush(void *ctx, int context, void *mhandle, uint32_t r
             rank, context, self->outstanding, IBR_SQ);
     res = ncclInternalError;
   } else {
-    __atomic_store_n(&c->gpu_gets, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->gpu_covered, done, __ATOMIC_RELEASE); /* the gets completed before it */
     ibr_post(self, r, &wr); /* a failed post fails r */
   }
   pthread_mutex_unlock(&x->lock);
@@ -1022,6 +1029,10 @@ static void poll_cx(struct ibr_cx *x) {
       struct ibr_conn *c = r->conn;
       if (sl) ibr_stage_wr_done(sl, wc[i].status == IBV_WC_SUCCESS);
       r->pending--;
+      if (r->gpu_get && r->pending == 0 && !r->queued) { /* counted once, when its last piece is back */
+        r->gpu_get = 0;
+        __atomic_add_fetch(&c->gpu_done, 1, __ATOMIC_ACQ_REL);
+      }
       c->outstanding--;
       x->outstanding--;
       if (wc[i].status != IBV_WC_SUCCESS) {

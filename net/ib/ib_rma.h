@@ -122,7 +122,10 @@ struct ibr_conn {
   struct ibv_qp *target;      /* a cross-plane peer's: on the own device, where its ops land (never posted on) */
   int outstanding;
   int nqueued; /* its ops in its context's queue (later ones queue behind them) */
-  int gpu_gets;     /* gets into this rank's GPU windows (not staged) since its last iflush */
+  /* gets into this rank's GPU windows (not staged): posted, completed, and the completed count when
+   * the last iflush was posted (the gets it covers); a flush reads while any posted get is not
+   * covered, in flight at the last flush or completed after it (atomics: test and iflush race) */
+  uint64_t gpu_posted, gpu_done, gpu_covered;
   uint32_t gpu_win; /* the window of the last of them */
   int failed;
   char why[160];
@@ -161,6 +164,7 @@ struct ibr_req {
   struct ibr_op op;     /* kept for when it leaves its context's queue */
   /* staging (a local GPU window on a relay device) and the queue behind it */
   int staged, queued;   /* queued: in its context's queue, not all posted yet */
+  int gpu_get;          /* a get into a GPU window, not staged: its completion counts in conn->gpu_done */
   int copies;           /* a staged get's pieces read but not yet copied into the window */
   uint64_t started, posted; /* bytes given slots, bytes posted */
   char *lbase;          /* the local window, its index and the op's offset in it */

@@ -24,6 +24,8 @@
 #include "net/ib/ib.h"
 #include "net/tc.h"
 #include "plugin/net_core.h"
+#include "plugin/topo_bind.h"
+#include "topo/topo.h"
 
 static const char *scenario = "?";
 static char record_path[256];
@@ -299,8 +301,9 @@ static int sc_sl_site(void) {
   expect_sl_tc("no class", NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 4, tc);
   expect_sl_tc("proto LL hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &ll, 4, tc);
   expect_sl_tc("SendRecv hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &p2p, 4, tc);
-  for (int cls = 0; cls < MPLANE_TC_NCLASSES; cls++) expect_sl_tc(mplane_tc_class_name(cls), cls, NULL, 4, tc);
-  note("NCCL_IB_SL=4: every class and hint on SL 4, traffic class %d", tc);
+  /* a communicator's trafficClass is NCCL's: the site's SL wins, the value is the RoCE traffic class */
+  for (int v = 0; v < 5; v++) expect_sl_tc("trafficClass", v, NULL, 4, v);
+  note("NCCL_IB_SL=4: every class and hint on SL 4, traffic class %d (a communicator's trafficClass its own)", tc);
   return 0;
 }
 
@@ -316,8 +319,33 @@ static int sc_sl_nomap(void) {
   ncclNetAttr_v11_t ll = hint(0, 1u << MPLANE_NCCL_PROTO_LL), p2p = hint(1u << MPLANE_NCCL_FUNC_SENDRECV, 0);
   expect_sl_tc("proto LL hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &ll, 0, 0);
   expect_sl_tc("SendRecv hint", NCCL_NET_TRAFFIC_CLASS_UNDEF, &p2p, 0, 0);
-  expect_sl_tc("trafficClass alltoall", MPLANE_TC_ALLTOALL, NULL, 3, mplane_tc_dscp(3) << 2);
-  note("no map, no site SL: hints stay on SL 0; trafficClass alltoall on the built-in map's SL 3");
+  expect_sl_tc("trafficClass 2", 2, NULL, 2, 2);
+  note("no map, no site SL: hints stay on SL 0; trafficClass 2 is SL 2 and traffic class 2, as in NCCL's net_ib");
+  return 0;
+}
+
+/* A job moved from NCCL's net_ib keeps its SLs: without MPLANE_TC_MAP a communicator's trafficClass
+ * is the SL on IB and the traffic class on RoCE (above 15 the traffic class only); NCCL_IB_SL and
+ * NCCL_IB_TC win over it, as there. IB_TEST_DEVS picks the link. */
+static int sc_sl_nccl(void) {
+  int roce = getenv("IB_TEST_ROCE") != NULL;
+  env_base(roce ? "mlx5_0:roce:ip=198.18.0.1" : "mlx5_0:ib");
+  unsetenv("MPLANE_TC_MAP");
+  unsetenv("MPLANE_IB_SL");
+  unsetenv("MPLANE_IB_TC");
+  up();
+  const char *site_sl = getenv("NCCL_IB_SL"), *site_tc = getenv("NCCL_IB_TC");
+  int sl_site = site_sl ? atoi(site_sl) : -1, tc_site = site_tc ? atoi(site_tc) : -1;
+  const int values[] = {3, 5, 7, 15, 106};
+  for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+    int v = values[i];
+    int want_sl = sl_site >= 0 ? sl_site : v <= 15 ? v : 0;
+    int want_tc = !roce ? 0 : tc_site >= 0 ? tc_site : v;
+    char what[64];
+    snprintf(what, sizeof(what), "trafficClass %d", v);
+    expect_sl_tc(what, v, NULL, want_sl, want_tc);
+  }
+  note("trafficClass 3 -> SL %d%s", sl_site >= 0 ? sl_site : 3, roce ? ", its traffic class too" : "");
   return 0;
 }
 
@@ -379,6 +407,52 @@ static int sc_reg_cache(void) {
   pair_close(&p);
   free(buf);
   note("3 regMr of one buffer on 2 comms: 1 ibv_reg_mr, released at the last deregMr");
+  return 0;
+}
+
+/* dma-buf registrations in the cache: NCCL exports a new dma-buf (a new fd) for every regMrDmaBuf of
+ * a buffer. Two comms registering one buffer through two fds, and a range inside it at the same
+ * place of the dma-buf, share one ibv_reg_dmabuf_mr; the last deregMr releases it, after the fds
+ * are closed. The same addresses at another place of the dma-buf are another registration. */
+static int sc_reg_cache_dmabuf(void) {
+  env_base("mlx5_0:ib");
+  setenv("SOFTVERBS_DMABUF", "1", 1);
+  up();
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  const size_t len = 4 * 4096;
+  int fd = memfd_create("mplane-reg-cache-dmabuf", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)(2 * len)) != 0) fail("memfd: %s", strerror(errno));
+  char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (buf == MAP_FAILED) fail("mmap: %s", strerror(errno));
+  unlink(record_path);
+  void *mh[4];
+  int fd2 = dup(fd), fd3 = dup(fd);
+  if (mplane_net_reg_mr_dmabuf(p.sc, buf, len, NCCL_PTR_HOST, 0, fd, &mh[0]) != ncclSuccess ||
+      mplane_net_reg_mr_dmabuf(p.rc, buf, len, NCCL_PTR_HOST, 0, fd2, &mh[1]) != ncclSuccess ||
+      mplane_net_reg_mr_dmabuf(p.sc, buf + 4096, 100, NCCL_PTR_HOST, 4096, fd3, &mh[2]) != ncclSuccess)
+    fail("regMrDmaBuf");
+  close(fd2);
+  close(fd3);
+  struct rec r[8];
+  int n = rec_find(r, 8, "event=reg_mr", "dmabuf=1", NULL);
+  if (n != 1) fail("3 regMrDmaBuf of one buffer (3 fds): %d ibv_reg_dmabuf_mr, expected 1 (the cache)", n);
+  /* the same addresses, another place of the dma-buf: registered on their own */
+  if (mplane_net_reg_mr_dmabuf(p.sc, buf, 4096, NCCL_PTR_HOST, len, fd, &mh[3]) != ncclSuccess) fail("regMrDmaBuf 4");
+  if ((n = rec_find(r, 8, "event=reg_mr", "dmabuf=1", NULL)) != 2)
+    fail("a range at another offset of the dma-buf: %d ibv_reg_dmabuf_mr in all, expected 2", n);
+  mplane_net_dereg_mr(p.sc, mh[3]);
+  mplane_net_dereg_mr(p.sc, mh[0]);
+  mplane_net_dereg_mr(p.rc, mh[1]);
+  if ((n = rec_find(r, 8, "event=dereg_mr", "length=16384", NULL)) != 0)
+    fail("%d ibv_dereg_mr of the shared registration while a regMr still holds it", n);
+  mplane_net_dereg_mr(p.sc, mh[2]);
+  if ((n = rec_find(r, 8, "event=dereg_mr", "length=16384", NULL)) != 1)
+    fail("the last deregMr: %d ibv_dereg_mr of the shared registration, expected 1", n);
+  pair_close(&p);
+  munmap(buf, len);
+  close(fd);
+  note("3 regMrDmaBuf of one buffer through 3 fds on 2 comms: 1 ibv_reg_dmabuf_mr, released at the last deregMr");
   return 0;
 }
 
@@ -625,7 +699,7 @@ static int sc_flush(void) {
   return 0;
 }
 
-/* NCCL_IB_GDR_FLUSH_DISABLE=1 (or its MPLANE_IB_* twin): iflush of GPU memory completes at once
+/* NCCL_GDR_FLUSH_DISABLE=1 (or its MPLANE_IB_* twin): iflush of GPU memory completes at once
  * (a NULL request), and no flush QP is made. */
 static int sc_flush_disabled(void) {
   struct pair p;
@@ -754,6 +828,30 @@ static int sc_devices(void) {
   if (!want) want = "mlx5_0:1@0,mlx5_1:1@2,mlx5_10:1@1,mlx5_2:1@3";
   if (strcmp(names, want) != 0) fail("devices '%s', expected '%s' (MPLANE_IB_HCA='%s')", names, want, hca ? hca : "");
   note("MPLANE_IB_HCA='%s' -> %s", hca ? hca : "", names);
+  return 0;
+}
+
+/* A node shape on a fixture: the node's files (IB_TEST_TOPO, an hwloc XML: GPUs, NICs, PCI) and the
+ * fabric as the double plays it (IB_TEST_DEVS), through the plugin's init: topo/ places the planes
+ * from the transport's facts. Prints the node as mplane-topo does (table and picture) and checks
+ * each device's plane in the plugin's view (IB_TEST_WANT: name@plane, -1 for none). */
+static int sc_topo_shape(void) {
+  env_base(getenv("IB_TEST_DEVS"));
+  setenv("MPLANE_TOPO_FILE", getenv("IB_TEST_TOPO"), 1);
+  setenv("MPLANE_NCCL_TOPO", "0", 1);
+  up();
+  const struct mplane_topo *t = mplane_topo_node();
+  if (!t) fail("no node topology after init");
+  mplane_topo_print_table(t, stderr);
+  mplane_topo_print_picture(t, stderr);
+  int n = 0;
+  const struct mplane_dev_props *props = mplane_net_props(&n);
+  char got[1024] = "";
+  for (int d = 0; d < n; d++)
+    snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%s@%d", d ? "," : "", props[d].name, props[d].plane);
+  if (strcmp(got, getenv("IB_TEST_WANT")) != 0) fail("planes %s, expected %s", got, getenv("IB_TEST_WANT"));
+  note("%s: %s (%d planes from %s)", getenv("IB_TEST_SHAPE") ? getenv("IB_TEST_SHAPE") : "shape", got, t->nplanes,
+       mplane_topo_plane_source_name(t->plane_source));
   return 0;
 }
 
@@ -995,7 +1093,7 @@ static void rma1_open(struct rma1 *m) {
   if (o->listen(0, handle, &m->lc) != ncclSuccess) fail("RMA listen");
   void *handles[1] = {handle};
   if (o->connect(handles, 1, 0, m->lc, &m->group) != ncclSuccess) fail("RMA connect");
-  struct mplane_rma_ctx_opts co = {.ncontexts = 1, .rank_stride = 1};
+  struct mplane_rma_ctx_opts co = {.ncontexts = 1, .rank_stride = 1, .comm_tclass = -1};
   if (o->create_context(m->group, &co, &m->ctx) != ncclSuccess) fail("RMA createContext");
 }
 
@@ -1108,9 +1206,9 @@ static int sc_rma_flush(void) {
   int want = getenv("IB_TEST_WANT_FLUSH") ? atoi(getenv("IB_TEST_WANT_FLUSH")) : 1;
   if (!want && req)
     fail("iflush after a get into GPU memory gave a request though GDR flushes are disabled "
-         "(MPLANE_IB_GDR_FLUSH_DISABLE='%s', NCCL_IB_GDR_FLUSH_DISABLE='%s')",
+         "(MPLANE_IB_GDR_FLUSH_DISABLE='%s', NCCL_GDR_FLUSH_DISABLE='%s')",
          env_text("MPLANE_IB_GDR_FLUSH_DISABLE"),
-         env_text("NCCL_IB_GDR_FLUSH_DISABLE"));
+         env_text("NCCL_GDR_FLUSH_DISABLE"));
   if (want && !req) fail("iflush after a get into GPU memory gave no request");
   if (req) rma1_wait(&m, req, "flush");
   if (want && gpu[0] != 0x5a) fail("the get's bytes are not visible in GPU memory after the flush");
@@ -1393,6 +1491,50 @@ static int sc_side_ipv6(void) {
   return 0;
 }
 
+/* The side channel takes the interfaces NCCL_SOCKET_IFNAME names, as NCCL's out-of-band does (and
+ * MPLANE_IB_SOCKET_IFNAME over it), before the port's own interface or the first usable one: here
+ * lo, where MPLANE_SOCKET_IFNAME would exclude it. It connects and moves data there. */
+static int sc_side_ifname(void) {
+  env_base("mlx5_0:ib");
+  const char *want = getenv("IB_TEST_WANT_OOB") ? getenv("IB_TEST_WANT_OOB") : "127.0.0.1";
+  setenv("MPLANE_SOCKET_IFNAME", "^lo", 1);
+  up();
+  struct mpib_dev *d = mpib_dev_get(0);
+  char where[64];
+  if (!d) fail("no device");
+  mpib_oob_str(d, where, sizeof(where));
+  if (strcmp(where, want) != 0)
+    fail("side channel on %s, expected %s (NCCL_SOCKET_IFNAME='%s', MPLANE_IB_SOCKET_IFNAME='%s')", where, want,
+         env_text("NCCL_SOCKET_IFNAME"), env_text("MPLANE_IB_SOCKET_IFNAME"));
+  struct pair p;
+  pair_open(&p, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, 0, 0);
+  transfer(&p, 1 << 20, 5, 1);
+  pair_close(&p);
+  note("side channel on %s as NCCL_SOCKET_IFNAME / MPLANE_IB_SOCKET_IFNAME say; 1 MiB checked", where);
+  return 0;
+}
+
+/* MPLANE_IB_FIFO_TC / NCCL_IB_FIFO_TC on RoCE: the receiver's QPs (its FIFO writes) on that traffic
+ * class, the sender's on the connection's (NCCL_IB_TC here). */
+static int sc_fifo_tc(void) {
+  env_base("mlx5_0:roce:ip=198.18.0.1");
+  setenv("NCCL_IB_TC", "106", 1);
+  setenv("NCCL_IB_FIFO_TC", "184", 1);
+  up();
+  sl_of_conn(NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL, NULL, NULL);
+  struct rec r[32];
+  int n = rec_find(r, 32, "event=modify", "state=RTR", NULL), data = 0, fifo = 0;
+  for (int i = 0; i < n; i++) {
+    long tc = rec_val(&r[i], "traffic_class");
+    if (tc == 106) data++;
+    else if (tc == 184) fifo++;
+    else fail("a QP on traffic class %ld: %s", tc, r[i].line);
+  }
+  if (!data || !fifo) fail("%d QPs on the data's traffic class 106 and %d on the FIFO's 184: expected both", data, fifo);
+  note("%d QPs on NCCL_IB_TC=106, %d (the receiver's) on NCCL_IB_FIFO_TC=184", data, fifo);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: ib_driver SCENARIO\n");
@@ -1403,14 +1545,14 @@ int main(int argc, char **argv) {
   struct {
     const char *name;
     int (*fn)(void);
-  } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"reg-cache", sc_reg_cache}, {"sl-site", sc_sl_site}, {"sl-nomap", sc_sl_nomap}, {"sl-map-wins", sc_sl_map_wins},
+  } all[] = {{"striping", sc_striping}, {"sl-class", sc_sl_class}, {"sl-hints", sc_sl_hints}, {"reg-cache", sc_reg_cache}, {"reg-cache-dmabuf", sc_reg_cache_dmabuf}, {"sl-site", sc_sl_site}, {"sl-nomap", sc_sl_nomap}, {"sl-nccl", sc_sl_nccl}, {"sl-map-wins", sc_sl_map_wins},
                  {"sl-map-own-tc", sc_sl_map_own_tc}, {"roce", sc_roce},
              {"fault-wr", sc_fault_wr}, {"port-down", sc_port_down}, {"port-flap", sc_port_flap}, {"async-dead", sc_async_dead}, {"qp-fatal", sc_qp_fatal}, {"flush", sc_flush},
-             {"devices", sc_devices}, {"cross-plane", sc_cross_plane}, {"cross-plane-staged", sc_cross_plane_staged},
+             {"devices", sc_devices}, {"topo-shape", sc_topo_shape}, {"cross-plane", sc_cross_plane}, {"cross-plane-staged", sc_cross_plane_staged},
              {"cross-plane-staged-dmabuf", sc_cross_plane_staged_dmabuf},
              {"cross-plane-stage-fault", sc_cross_plane_stage_fault}, {"qp-attrs", sc_qp_attrs},
              {"grh", sc_grh}, {"gid-move", sc_gid_move}, {"qp-sizes", sc_qp_sizes}, {"fifo-unsignaled", sc_fifo_unsignaled}, {"max-msg", sc_max_msg}, {"max-comms", sc_max_comms}, {"ece", sc_ece}, {"ece-off", sc_ece_off}, {"ece-none", sc_ece_none}, {"nccl-vars", sc_nccl_vars}, {"relaxed-ordering", sc_relaxed_ordering},
-             {"close-complete", sc_close_complete}, {"silent-peer", sc_silent_peer}, {"side-ipv6", sc_side_ipv6}, {"flush-disabled", sc_flush_disabled},
+             {"close-complete", sc_close_complete}, {"silent-peer", sc_silent_peer}, {"side-ipv6", sc_side_ipv6}, {"side-ifname", sc_side_ifname}, {"fifo-tc", sc_fifo_tc}, {"flush-disabled", sc_flush_disabled},
              {"ar", sc_ar}, {"split", sc_split}, {"rma-relaxed-ordering", sc_rma_relaxed_ordering}, {"rma-flush", sc_rma_flush}};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
     if (strcmp(all[i].name, scenario) == 0) {

@@ -255,6 +255,20 @@ static void test_site_tclass(void **state) {
   assert_int_equal(mplane_tc_roce_tclass(5, 0), 106);
 }
 
+/* NCCL_IB_DEVICE_PCI_ORDER's order: by the bus id of the path's last component, unknown last. */
+static void test_pci_order(void **state) {
+  (void)state;
+  const char *a = "/sys/devices/pci0000:00/0000:00:01.0/0000:1a:00.0";
+  const char *b = "/sys/devices/pci0000:80/0000:80:01.0/0000:0c:00.1";
+  const char *c = "/sys/devices/pci0000:00/0000:00:01.0/0000:1a:00.1";
+  assert_true(mpib_pci_order_cmp(b, a) < 0); /* 0c before 1a, whatever the root */
+  assert_true(mpib_pci_order_cmp(a, c) < 0); /* functions of one device in order */
+  assert_true(mpib_pci_order_cmp(a, a) == 0);
+  assert_true(mpib_pci_order_cmp("", a) > 0);
+  assert_true(mpib_pci_order_cmp(a, "") < 0);
+  assert_true(mpib_pci_order_cmp("", "") == 0);
+}
+
 int main(void) {
   unsetenv("MPLANE_TC_MAP");
   unsetenv("MPLANE_IB_TC");
@@ -274,6 +288,7 @@ int main(void) {
       cmocka_unit_test(test_port_speed),
       cmocka_unit_test(test_oob_family),
       cmocka_unit_test(test_gid_want),
+      cmocka_unit_test(test_pci_order),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

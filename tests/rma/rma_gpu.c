@@ -244,3 +244,38 @@ void scenario_getflush(void) {
   teardown(&e);
 }
 
+
+/* ---- getflush-inflight: a get still in flight when a flush is posted is covered by the next ----
+ * NCCL's GIN proxy posts its flush read every time; a flush asked for while a get into GPU memory
+ * is in flight does not cover that get, so the flush asked for after it completed must read again
+ * (a request, never "done at once"), and the bytes are visible after it. */
+void scenario_getflush_inflight(void) {
+  struct env e = {0};
+  setup(&e, 1);
+  const size_t blk = 64u << 10;
+  void *gmh = NULL, *smh = NULL;
+  char *gw = fake_gpu_window(e.cc, (size_t)g_n * blk, NULL, &gmh);
+  (void)fake_gpu_window(e.cc, 8 * sizeof(uint64_t), NULL, &smh);
+  barrier(2);
+  for (int p = 0; p < g_n; p++) {
+    void *get = NULL, *early = NULL, *late = NULL;
+    CHECK(rma->iget(e.rc, p % NCTX, (uint64_t)p * 4096, e.mh_src, blk, (uint64_t)p * blk, gmh, (uint32_t)p, &get));
+    CHECK(rma->iflush(e.rc, p % NCTX, smh, (uint32_t)p, &early)); /* the get is still in flight */
+    wait_reqs(e.cc, &get, 1, 0);
+    if (early) wait_reqs(e.cc, &early, 1, 0);
+    CHECK(rma->iflush(e.rc, p % NCTX, smh, (uint32_t)p, &late));
+    if (!late)
+      die("iflush after a get from rank %d that was in flight at the previous flush returned no request: the GPU may "
+          "not see it", p);
+    wait_reqs(e.cc, &late, 1, 0);
+    check_bytes(gw + (size_t)p * blk, blk, p, (uint64_t)p * 4096, "get in flight at one flush, covered by the next");
+    void *again = NULL; /* now every get is covered: nothing more to read */
+    CHECK(rma->iflush(e.rc, p % NCTX, smh, (uint32_t)p, &again));
+    if (again) die("iflush with every get into GPU memory already covered returned a request (rank %d)", p);
+  }
+  printf("rank %d: a get in flight at one flush is covered by the next, every byte checked\n", g_rank);
+  barrier(3);
+  CHECK(rma->deregMrSym(e.cc, smh));
+  CHECK(rma->deregMrSym(e.cc, gmh));
+  teardown(&e);
+}

@@ -58,6 +58,7 @@
  *            ring, and an odd-sized put with its signal; every byte checked
  *   stagefault (--gpu-dmabuf, MPLANE_TEST_RELAY_FAIL=copy:N) rank 0's staged put and get lose a copy:
  *            errors from test and queryLastError, no signal, nothing outside their ranges, no wrong byte
+ *   getflush-inflight  a get in flight when a flush is posted: the next flush reads again (a request)
  *   getflush every rank gets from every rank (itself included) into a window registered as GPU memory
  *            (a memfd dma-buf), waits for the gets, then iflushes each peer with its GPU signal window as
  *            NCCL's GIN proxy does: the flush must be a request (a GPU needs one) and, once done, every
@@ -513,6 +514,7 @@ static const struct scenario {
     {"staged", scenario_staged, 0},
     {"getflush", scenario_getflush, 0},
     {"getsignal", scenario_getsignal, 1},
+    {"getflush-inflight", scenario_getflush_inflight, 0},
 };
 
 int main(int argc, char **argv) {
@@ -529,7 +531,7 @@ int main(int argc, char **argv) {
     else scenario = argv[i];
   }
   if (!plugin || !scenario || g_n < 2 || g_n > MAX_RANKS) {
-    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|proxyloop|dmabuf|noroute|gpurelay|staged|stagefault|getflush|getsignal|eplike\n",
+    fprintf(stderr, "usage: rma-harness --plugin PATH [--ranks 2..%d] [--big] [--gpu] [--gpu-dmabuf] [--target R] [--no-progress] data|order|alltoall|oob|stride|kill|stall|regfail|rate|proxyloop|dmabuf|noroute|gpurelay|staged|stagefault|getflush|getflush-inflight|getsignal|eplike\n",
             MAX_RANKS);
     return 2;
   }

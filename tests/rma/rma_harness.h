@@ -133,5 +133,6 @@ void scenario_gpurelay(void);
 void scenario_staged(void);
 void scenario_getflush(void);
 void scenario_getsignal(void);
+void scenario_getflush_inflight(void);
 
 #endif

@@ -488,6 +488,45 @@ static void test_planes_from_ip_subnets(void **state) {
   mplane_topo_free(t);
 }
 
+/* A port down in the node's files (hwloc's Port1State 1): the NIC is marked down. By PCI order it
+ * keeps its plane (every compute NIC counts, down or not), so the NICs after it keep theirs; with
+ * named subnets on the others it takes none and does not send them to PCI order. */
+static void test_planes_port_down_in_files(void **state) {
+  (void)state;
+  char *a = slurp(fixture(FIX_A));
+  assert_non_null(a);
+  char *p = strstr(a, "fe80:0000:0000:0000:a088:c203:00d1:032a"); /* mlx5_3's GID 0 */
+  assert_non_null(p);
+  char *st = p;
+  while (st > a && strncmp(st, "Port1State\" value=\"4\"", 21) != 0) st--;
+  assert_true(st > a);
+  st[19] = '1'; /* IB_PORT_DOWN */
+  struct mplane_topo *t = load_opts(write_tmp("a-down.xml", a), NULL, NULL);
+  int n3 = nic(t, "mlx5_3");
+  assert_true(t->nics[n3].down);
+  assert_int_equal(t->plane_source, MPLANE_TOPO_PLANE_PCI);
+  for (int i = 0; i < 8; i++) {
+    char name[16];
+    snprintf(name, sizeof(name), "mlx5_%d", i);
+    assert_int_equal(t->nics[nic(t, name)].plane, i);
+  }
+  /* the others name their subnets (an SM per plane), the down port shows none */
+  char err[512];
+  for (int i = 0; i < 8; i++) {
+    if (i == 3) continue;
+    char name[16], text[32];
+    snprintf(name, sizeof(name), "mlx5_%d", i);
+    snprintf(text, sizeof(text), "fec0:0000:0000:%04x", i);
+    mplane_topo_set_subnet(t, nic(t, name), MPLANE_SUBNET_IB, 0xfec0000000000000ull | (uint64_t)i, text);
+  }
+  assert_int_equal(mplane_topo_assign_planes(t, NULL, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(t->plane_source, MPLANE_TOPO_PLANE_FABRIC);
+  assert_int_equal(t->nics[n3].plane, -1);
+  assert_int_equal(t->nplanes, 7);
+  free(a);
+  mplane_topo_free(t);
+}
+
 static void test_gpu_node_virtual_nics_only(void **state) {
   (void)state;
   /* Fixture (c) with its NIC's OS devices gone (hwloc sees the PCI function, no netdev, no verbs
@@ -1139,6 +1178,7 @@ int main(void) {
       cmocka_unit_test(test_planes_config_one_plane),
       cmocka_unit_test(test_planes_from_ib_subnets),
       cmocka_unit_test(test_planes_from_ip_subnets),
+      cmocka_unit_test(test_planes_port_down_in_files),
       cmocka_unit_test(test_gpu_node_virtual_nics_only),
       cmocka_unit_test(test_cuda_visible),
       cmocka_unit_test(test_sysfs_fallback),

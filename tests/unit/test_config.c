@@ -172,6 +172,8 @@ static const struct int_row int_rows[] = {
     {"MPLANE_IB_TC", F(ib_tc), -1, 255, -1},
     {"MPLANE_GIN_IB_TC", F(gin_ib_tc), -1, 255, -1},
     {"MPLANE_IB_PKEY", F(ib_pkey), 0, 65535, 0},
+    {"MPLANE_IB_FIFO_TC", F(ib_fifo_tc), -1, 255, -1},
+    {"MPLANE_IB_DEVICE_PCI_ORDER", F(ib_device_pci_order), 0, 1, 1},
     {"MPLANE_IB_ADAPTIVE_ROUTING", F(ib_adaptive_routing), -1, 1, -1},
     {"MPLANE_DEBUG", F(debug), 0, 2, 0},
     {"MPLANE_SOCKET_SPIN_US", F(socket_spin_us), 0, 10000, 0},
@@ -208,6 +210,7 @@ static const struct str_row str_rows[] = {
     {"MPLANE_TC_MAP", S(tc_map), "default=0,collective=0,alltoall=3,lowlat=5,storage=1", "default=1,alltoall=4", 1},
     {"MPLANE_STATS_FILE", S(stats_file), "", "/tmp/mplane-%p.json"},
     {"MPLANE_IB_HCA", S(ib_hca), "", "mlx5_0:1,mlx5_1", 1},
+    {"MPLANE_IB_SOCKET_IFNAME", S(ib_socket_ifname), "", "^docker,=ib0", 1},
     {"MPLANE_IBVERBS_LIB", S(ibverbs_lib), "libibverbs.so.1", "/opt/softverbs/libibverbs.so"},
     {"MPLANE_TUNER_CONFIG", S(tuner_config), "", "/etc/mplane/tuner.csv"},
     {"MPLANE_EP_LIB", S(ep_lib), "", "/opt/mplane/lib/libmplane-ep.so"},
@@ -735,15 +738,131 @@ static void test_nccl_twins(void **state) {
   assert_int_equal(cfg.ib_split_data_on_qps, 1);
   unsetenv("MPLANE_IB_SPLIT_DATA_ON_QPS");
   unsetenv("MPLANE_IB_SL");
-  setenv("NCCL_IB_TIMEOUT", "abc", 1);
-  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclInvalidArgument);
-  assert_non_null(strstr(err, "NCCL_IB_TIMEOUT='abc'"));
-  assert_non_null(strstr(err, "for MPLANE_IB_TIMEOUT"));
+  setenv("NCCL_IB_TIMEOUT", "abc", 1); /* NCCL reads it as 0 (infinite), which mplane ignores: never a failed init */
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.ib_timeout, 20);
   setenv("NCCL_IB_TIMEOUT", "", 1); /* empty is unset: the default */
   assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
   assert_int_equal(cfg.ib_timeout, 20);
   assert_int_equal(cfg.ib_sl, 4);
   for (size_t i = 0; i < sizeof(twins) / sizeof(twins[0]); i++) unsetenv(twins[i]);
+}
+
+/* One NCCL_* value and what the MPLANE_* row must hold after it (NCCL's meaning), or the row's
+ * default (DFLT: NCCL's "unset", or a value mplane ignores with a WARN). */
+#define DFLT (-999999L)
+struct twin_case {
+  const char *nccl, *value;
+  long want;
+};
+
+static const struct twin_case twin_cases[] = {
+    /* NCCL's own defaults */
+    {"NCCL_IB_GID_INDEX", "-1", -1}, {"NCCL_IB_SL", "-1", DFLT}, {"NCCL_IB_TC", "-1", DFLT},
+    {"NCCL_GIN_IB_TC", "-1", DFLT}, {"NCCL_IB_FIFO_TC", "-1", DFLT}, {"NCCL_IB_TIMEOUT", "20", 20},
+    {"NCCL_IB_RETRY_CNT", "7", 7}, {"NCCL_IB_PKEY", "0", 0}, {"NCCL_IB_QPS_PER_CONNECTION", "1", 1},
+    {"NCCL_IB_ECE_ENABLE", "1", 1}, {"NCCL_IB_PCI_RELAXED_ORDERING", "2", 2}, {"NCCL_IB_ROCE_VERSION_NUM", "2", 2},
+    {"NCCL_GDR_FLUSH_DISABLE", "0", 0}, {"NCCL_IB_ADAPTIVE_ROUTING", "-2", -1}, {"NCCL_IB_AR_THRESHOLD", "-2", DFLT},
+    {"NCCL_IB_SPLIT_DATA_ON_QPS", "0", 0}, {"NCCL_IB_DEVICE_PCI_ORDER", "1", 1},
+    /* NCCL's grammar: strtoll, base 0; text after the number ignored */
+    {"NCCL_IB_TIMEOUT", "022", 18}, {"NCCL_IB_TIMEOUT", "0x10", 16}, {"NCCL_IB_TIMEOUT", "18 ", 18},
+    {"NCCL_IB_SL", "+3", 3}, {"NCCL_IB_TC", "0x6a", 106}, {"NCCL_IB_AR_THRESHOLD", "64K", 64},
+    {"NCCL_IB_TIMEOUT", "99999999999999999999", DFLT},
+    /* edges NCCL accepts */
+    {"NCCL_IB_QPS_PER_CONNECTION", "17", 16}, {"NCCL_IB_QPS_PER_CONNECTION", "128", 16},
+    {"NCCL_IB_QPS_PER_CONNECTION", "0", DFLT}, {"NCCL_IB_QPS_PER_CONNECTION", "129", DFLT},
+    {"NCCL_IB_AR_THRESHOLD", "2147483648", 1L << 30}, {"NCCL_IB_AR_THRESHOLD", "-1", 0},
+    {"NCCL_IB_AR_THRESHOLD", "0", 0}, {"NCCL_IB_ADAPTIVE_ROUTING", "-1", 1}, {"NCCL_IB_ADAPTIVE_ROUTING", "2", 1},
+    {"NCCL_IB_ADAPTIVE_ROUTING", "0", 0}, {"NCCL_IB_SL", "15", 15}, {"NCCL_IB_SL", "16", DFLT},
+    {"NCCL_IB_TC", "255", 255}, {"NCCL_IB_TC", "256", DFLT}, {"NCCL_IB_FIFO_TC", "184", 184},
+    {"NCCL_IB_TIMEOUT", "0", DFLT}, {"NCCL_IB_TIMEOUT", "31", 31}, {"NCCL_IB_TIMEOUT", "32", DFLT},
+    {"NCCL_IB_RETRY_CNT", "8", DFLT}, {"NCCL_IB_PKEY", "65536", DFLT}, {"NCCL_IB_GID_INDEX", "-2", DFLT},
+    {"NCCL_IB_ECE_ENABLE", "5", 1}, {"NCCL_GDR_FLUSH_DISABLE", "2", 1}, {"NCCL_IB_SPLIT_DATA_ON_QPS", "-1", 1},
+    {"NCCL_IB_PCI_RELAXED_ORDERING", "3", 0}, {"NCCL_IB_ROCE_VERSION_NUM", "3", DFLT},
+    {"NCCL_IB_DEVICE_PCI_ORDER", "0", 0}, {"NCCL_IB_SL", "abc", 0},
+    /* text twins: a value mplane cannot use is ignored, never an error */
+    {"NCCL_IB_ADDR_RANGE", "not-a-range", DFLT}, {"NCCL_IB_ADDR_FAMILY", "AF_UNIX", DFLT},
+    {"NCCL_SOCKET_FAMILY", "AF_INET7", DFLT}, {"NCCL_IB_ADDR_FAMILY", "AF_INET6", 2}, {"NCCL_SOCKET_FAMILY", "AF_INET", 1},
+};
+
+/* The value of an int, bool, size or enum row of cfg by its name; 0 when unknown here. */
+static int row_number(const struct mplane_config *cfg, const char *name, long *v) {
+  for (size_t i = 0; i < sizeof(int_rows) / sizeof(int_rows[0]); i++)
+    if (!strcmp(int_rows[i].name, name)) return *v = *(const int *)((const char *)cfg + int_rows[i].off), 1;
+  if (!strcmp(name, "MPLANE_IB_AR_THRESHOLD")) return *v = cfg->ib_ar_threshold, 1;
+  if (!strcmp(name, "MPLANE_IB_ECE")) return *v = cfg->ib_ece, 1;
+  if (!strcmp(name, "MPLANE_IB_SPLIT_DATA_ON_QPS")) return *v = cfg->ib_split_data_on_qps, 1;
+  if (!strcmp(name, "MPLANE_IB_GDR_FLUSH_DISABLE")) return *v = cfg->ib_gdr_flush_disable, 1;
+  if (!strcmp(name, "MPLANE_IB_PCI_RELAXED_ORDERING")) return *v = cfg->ib_relaxed_ordering, 1;
+  if (!strcmp(name, "MPLANE_IB_ROCE_VERSION_NUM")) return *v = cfg->ib_roce_version, 1;
+  if (!strcmp(name, "MPLANE_IB_ADDR_FAMILY")) return *v = cfg->ib_addr_family, 1;
+  if (!strcmp(name, "MPLANE_IB_SOCKET_FAMILY")) return *v = cfg->ib_socket_family, 1;
+  if (!strcmp(name, "MPLANE_IB_ADDR_RANGE")) return *v = cfg->ib_addr_range[0] ? 1 : DFLT, 1;
+  return 0;
+}
+
+/* Every NCCL twin of the config table, with NCCL's own default and edge values: each is read with
+ * NCCL's grammar and meaning, and none makes the configuration fail (as it did for
+ * NCCL_IB_ADAPTIVE_ROUTING=-2, NCCL_IB_SL=-1, NCCL_IB_QPS_PER_CONNECTION=17, NCCL_IB_AR_THRESHOLD
+ * above 1 GiB, NCCL_IB_TIMEOUT=022). */
+static void test_nccl_twins_nccl_values(void **state) {
+  (void)state;
+  const char *names[64], *nccl[64];
+  int n = mplane_config_nccl_twins(names, nccl, 64);
+  assert_true(n > 0 && n <= 64);
+  int walked[64] = {0};
+  struct mplane_config dflt, cfg;
+  for (int t = 0; t < n; t++) unsetenv(nccl[t]), unsetenv(names[t]);
+  assert_int_equal(mplane_config_load(&dflt, err, sizeof(err)), ncclSuccess);
+  for (size_t c = 0; c < sizeof(twin_cases) / sizeof(twin_cases[0]); c++) {
+    const struct twin_case *tc = &twin_cases[c];
+    int t = 0;
+    while (t < n && strcmp(nccl[t], tc->nccl) != 0) t++;
+    if (t == n) fail_msg("%s is not a twin of the config table", tc->nccl);
+    walked[t] = 1;
+    setenv(tc->nccl, tc->value, 1);
+    if (mplane_config_load(&cfg, err, sizeof(err)) != ncclSuccess)
+      fail_msg("%s='%s' (a value NCCL accepts) failed the configuration: %s", tc->nccl, tc->value, err);
+    long got = 0, base = 0;
+    if (row_number(&cfg, names[t], &got)) {
+      row_number(&dflt, names[t], &base);
+      long want = tc->want == DFLT ? base : tc->want;
+      if (tc->want == DFLT && !strcmp(names[t], "MPLANE_IB_ADDR_RANGE")) want = DFLT;
+      if (got != want) fail_msg("%s='%s': %s is %ld, expected %ld", tc->nccl, tc->value, names[t], got, want);
+    }
+    unsetenv(tc->nccl);
+  }
+  /* the text twins and the rest: NCCL's examples */
+  setenv("NCCL_IB_HCA", "^=mlx5_3:1", 1);
+  setenv("NCCL_SOCKET_IFNAME", "=eth0:1,ib", 1);
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_string_equal(cfg.ib_hca, "^=mlx5_3:1");
+  assert_string_equal(cfg.ib_socket_ifname, "=eth0,ib");
+  assert_string_equal(cfg.socket_ifname, ""); /* the socket transport's own interfaces are mplane's to say */
+  unsetenv("NCCL_IB_HCA");
+  unsetenv("NCCL_SOCKET_IFNAME");
+  for (int t = 0; t < n; t++)
+    if (!walked[t] && strcmp(nccl[t], "NCCL_IB_HCA") && strcmp(nccl[t], "NCCL_SOCKET_IFNAME"))
+      fail_msg("twin %s (of %s) has no NCCL value walked here", nccl[t], names[t]);
+  /* NCCL's "unset" values leave the variable unset for those who ask where a value came from */
+  setenv("NCCL_IB_SL", "-1", 1);
+  assert_null(mplane_config_source("MPLANE_IB_SL"));
+  setenv("NCCL_IB_SL", "3", 1);
+  assert_string_equal(mplane_config_source("MPLANE_IB_SL"), "NCCL_IB_SL");
+  unsetenv("NCCL_IB_SL");
+  /* the old, non-NCCL name is not read */
+  setenv("NCCL_IB_GDR_FLUSH_DISABLE", "1", 1);
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.ib_gdr_flush_disable, 0);
+  unsetenv("NCCL_IB_GDR_FLUSH_DISABLE");
+  setenv("NCCL_GDR_FLUSH_DISABLE", "1", 1);
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclSuccess);
+  assert_int_equal(cfg.ib_gdr_flush_disable, 1);
+  unsetenv("NCCL_GDR_FLUSH_DISABLE");
+  /* mplane's own grammar stays strict for its own names */
+  setenv("MPLANE_IB_TIMEOUT", "022", 1);
+  assert_int_equal(mplane_config_load(&cfg, err, sizeof(err)), ncclInvalidArgument);
+  unsetenv("MPLANE_IB_TIMEOUT");
 }
 
 int main(void) {
@@ -763,6 +882,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_one_bad_among_good, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ep_rows_their_own_reader, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hfreduce_rows_their_own_reader, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nccl_twins_nccl_values, setup, teardown),
       cmocka_unit_test_setup_teardown(test_short_error_buffer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_parse_long, setup, teardown),
       cmocka_unit_test_setup_teardown(test_numbers_exact_form, setup, teardown),
