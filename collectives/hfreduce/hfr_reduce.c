@@ -106,30 +106,25 @@ static float fp8_decode(int e4m3, uint8_t v) {
   return sign * ldexpf((float)((1 << mbits) | m), e - bias - mbits);
 }
 
-static uint8_t fp8_encode(int e4m3, float f) {
-  int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
-  uint8_t sign = signbit(f) ? 0x80 : 0;
-  if (isnan(f)) return sign | (e4m3 ? 0x7f : 0x7e);
-  float a = fabsf(f);
-  uint8_t maxfin = e4m3 ? 0x7e : 0x7b, inf = e4m3 ? 0x7e : 0x7c; /* e4m3 saturates */
-  if (isinf(a)) return sign | inf;
-  if (a == 0.0f) return sign;
-  int e;
-  frexpf(a, &e); /* a = fr * 2^e, fr in [0.5, 1) */
-  e -= 1;        /* a = m * 2^e, m in [1, 2) */
-  int emin = 1 - bias;
-  if (e < emin) { /* subnormal: units of 2^(emin - mbits); the count 2^mbits is the smallest normal */
-    float q = nearbyintf(ldexpf(a, mbits - emin));
-    return sign | (uint8_t)q;
+/* Round to nearest even by integer arithmetic, as mp_hfr_f32_to_f16 does: the magic-number add
+ * rounds a subnormal's count (below 2^22) in the FPU's default mode, nearest even. */
+static inline float rne_small(float x) { return (x + 12582912.0f) - 12582912.0f; }
+
+static inline uint8_t fp8_encode(int e4m3, float f) {
+  uint32_t u = f32_bits(f), a = u & 0x7fffffffu;
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+  if (e4m3) {
+    if (a > 0x7f800000u) return sign | 0x7f;
+    if (a > 0x43e00000u) return sign | 0x7e;                           /* past 448: saturate */
+    if (a < 0x3c800000u) return sign | (uint8_t)rne_small(bits_f32(a) * 512.0f); /* below 2^-6 */
+    uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+    return sign | (uint8_t)((r - (120u << 23)) >> 20);
   }
-  float q = nearbyintf(ldexpf(a, mbits - e)); /* 2^mbits .. 2^(mbits+1), exact scaling */
-  if (q >= (float)(2 << mbits)) {
-    q = (float)(1 << mbits);
-    e++;
-  }
-  int code = ((e + bias) << mbits) | ((int)q - (1 << mbits));
-  if (e + bias > (e4m3 ? 15 : 30) || code > maxfin) return sign | inf;
-  return sign | (uint8_t)code;
+  if (a > 0x7f800000u) return sign | 0x7e;
+  if (a >= 0x47700000u) return sign | 0x7c;                            /* rounds past 57344: infinity */
+  if (a < 0x38800000u) return sign | (uint8_t)rne_small(bits_f32(a) * 65536.0f); /* below 2^-14 */
+  uint32_t r = a + 0xfffffu + ((a >> 21) & 1u);
+  return sign | (uint8_t)((r - (112u << 23)) >> 21);
 }
 
 static float fp8_table[2][256];
@@ -182,6 +177,17 @@ static void reduce_scalar_range(int dtype, int op, void *dst, const void *const 
     }
     return;
   }
+  if (dtype == MPLANE_HFREDUCE_FP8_E4M3 || dtype == MPLANE_HFREDUCE_FP8_E5M2) {
+    const float *table = fp8_table[dtype == MPLANE_HFREDUCE_FP8_E4M3 ? 0 : 1];
+    int e4m3 = dtype == MPLANE_HFREDUCE_FP8_E4M3;
+    uint8_t *d = dst;
+    for (size_t i = from; i < n; i++) {
+      float acc = table[((const uint8_t *)src[0])[i]];
+      for (int k = 1; k < nsrc; k++) acc = op_f32(op, acc, table[((const uint8_t *)src[k])[i]]);
+      d[i] = fp8_encode(e4m3, acc);
+    }
+    return;
+  }
   for (size_t i = from; i < n; i++) {
     float acc = mp_hfr_load_f32(dtype, src[0], i);
     for (int k = 1; k < nsrc; k++) acc = op_f32(op, acc, mp_hfr_load_f32(dtype, src[k], i));
@@ -228,11 +234,12 @@ typedef uint16_t v16h __attribute__((vector_size(32)));
     }                                                                                  \
   } while (0)
 
-/* One ISA's kernel: 16-element blocks of the sized types, the rest (tail, FP8) the scalar way. */
+/* One ISA's kernel: 16-element blocks of the sized types, the rest (tail, FP8) the scalar way. The
+ * body is inlined once per (dtype, op) with both constant, so the loop carries no branch on them. */
 #define DEFINE_SIMD(NAME, TARGET, F16_LOAD, F16_STORE)                                           \
-  __attribute__((target(TARGET))) static void NAME(int dtype, int op, void *dst, const void *const *src, \
-                                                   int nsrc, size_t n) {                         \
-    size_t blocks = dtype <= MPLANE_HFREDUCE_BFLOAT16 ? n / 16 : 0;                             \
+  __attribute__((target(TARGET), always_inline)) static inline void NAME##_body(                 \
+      const int dtype, const int op, void *dst, const void *const *src, int nsrc, size_t n) {     \
+    size_t blocks = n / 16;                                                                       \
     for (size_t b = 0; b < blocks; b++) {                                                         \
       size_t i = b * 16;                                                                          \
       v16f acc, x;                                                                                \
@@ -252,7 +259,37 @@ typedef uint16_t v16h __attribute__((vector_size(32)));
       }                                                                                           \
     }                                                                                             \
     reduce_scalar_range(dtype, op, dst, src, nsrc, blocks * 16, n);                              \
+  }                                                                                               \
+  __attribute__((target(TARGET))) static void NAME(int dtype, int op, void *dst, const void *const *src, \
+                                                   int nsrc, size_t n) {                         \
+    if (dtype > MPLANE_HFREDUCE_BFLOAT16) {                                                       \
+      reduce_scalar_range(dtype, op, dst, src, nsrc, 0, n);                                      \
+      return;                                                                                     \
+    }                                                                                             \
+    _Pragma("GCC unroll 0")                                                                       \
+    for (int d = MPLANE_HFREDUCE_FLOAT32; d <= MPLANE_HFREDUCE_BFLOAT16; d++)                     \
+      for (int o = MPLANE_HFREDUCE_SUM; o <= MPLANE_HFREDUCE_MIN; o++)                            \
+        if (d == dtype && o == op) {                                                              \
+          SPECIALIZE(NAME, d, o, dst, src, nsrc, n);                                              \
+          return;                                                                                 \
+        }                                                                                         \
   }
+
+/* The constant (dtype, op) pairs the bodies are inlined for. */
+#define SPECIALIZE(NAME, d, o, dst, src, nsrc, n)                                                  \
+  do {                                                                                             \
+    switch ((d) * 3 + (o)) {                                                                       \
+      case 0: NAME##_body(0, 0, dst, src, nsrc, n); break;                                         \
+      case 1: NAME##_body(0, 1, dst, src, nsrc, n); break;                                         \
+      case 2: NAME##_body(0, 2, dst, src, nsrc, n); break;                                         \
+      case 3: NAME##_body(1, 0, dst, src, nsrc, n); break;                                         \
+      case 4: NAME##_body(1, 1, dst, src, nsrc, n); break;                                         \
+      case 5: NAME##_body(1, 2, dst, src, nsrc, n); break;                                         \
+      case 6: NAME##_body(2, 0, dst, src, nsrc, n); break;                                         \
+      case 7: NAME##_body(2, 1, dst, src, nsrc, n); break;                                         \
+      case 8: NAME##_body(2, 2, dst, src, nsrc, n); break;                                         \
+    }                                                                                              \
+  } while (0)
 
 #define F16_LOAD_AVX2(x, p)                                                       \
   do {                                                                            \
