@@ -9,7 +9,8 @@
  *                                   [--dtype bfloat16]
  *       forks N x L ranks (nodes told apart by NCCL_HOSTID, over the transport MPLANE_TRANSPORT and
  *       MPLANE_SOCKET_IFNAME choose), then one all-reduce per size, doubling: time and busbw
- *       (2 (n-1)/n x bytes / time, as nccl-tests counts it), the last call checked */
+ *       (2 (n-1)/n x bytes / time, as nccl-tests counts it), the last call checked; --gpu 1: the
+ *       buffers on GPU rank % GPUs (the CUDA driver through mplane's shim), copies on the copy engine */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cuda.h"
 #include "hfr_reduce.h"
 #include "mplane_hfreduce.h"
 
@@ -90,7 +92,7 @@ static int bench_reduce(size_t mib, int rounds, int nsrc) {
 }
 
 struct ar_opts {
-  int nodes, per_node, iters, dtype;
+  int nodes, per_node, iters, dtype, gpu;
   long min, max;
 };
 
@@ -104,11 +106,24 @@ static int rank_main(int rank, int nranks, const struct ar_opts *o, const mplane
     return 1;
   }
   size_t es = mp_hfr_dtype_size(o->dtype);
-  char *buf = malloc((size_t)o->max);
-  if (!buf) return 1;
+  char *buf = malloc((size_t)o->max), *dev = NULL;
+  int gpu = -1;
+  if (o->gpu) {
+    char why[256];
+    int ngpu = mplane_cuda_load(why, sizeof(why));
+    if (ngpu <= 0) {
+      fprintf(stderr, "rank %d: --gpu 1: no GPU (%s)\n", rank, why);
+      return 1;
+    }
+    gpu = rank % ngpu;
+    dev = mplane_cuda_alloc(gpu, (size_t)o->max);
+  }
+  if (!buf || (o->gpu && !dev)) return 1;
   if (rank == 0)
-    printf("# allreduce: %d ranks (%d nodes x %d), %s sum, %d iterations per size after one warm-up\n"
-           "%12s %12s %12s %12s %6s\n", nranks, o->nodes, o->per_node, mp_hfr_dtype_name(o->dtype), o->iters,
+    printf("# allreduce: %d ranks (%d nodes x %d), %s sum, %s buffers, best of %d iterations per size after one "
+           "warm-up\n"
+           "%12s %12s %12s %12s %6s\n", nranks, o->nodes, o->per_node, mp_hfr_dtype_name(o->dtype),
+           o->gpu ? "GPU" : "host", o->iters,
            "bytes", "time_us", "algbw_GB/s", "busbw_GB/s", "check");
   for (long bytes = o->min; bytes <= o->max; bytes *= 2) {
     size_t n = (size_t)bytes / es;
@@ -116,13 +131,15 @@ static int rank_main(int rank, int nranks, const struct ar_opts *o, const mplane
     int ok = 1;
     for (int it = -1; it < o->iters; it++) {
       for (size_t i = 0; i < n; i++) mp_hfr_store_f32(o->dtype, buf, i, 1.0f); /* outside the clock */
+      if (dev) mplane_cuda_memcpy_htod(gpu, dev, buf, (size_t)bytes);
       double t0 = now_s();
-      if (mplane_hfreduce_allreduce(comm, buf, buf, n, o->dtype, MPLANE_HFREDUCE_SUM, NULL) != 0) {
+      if (mplane_hfreduce_allreduce(comm, dev ? dev : buf, dev ? dev : buf, n, o->dtype, MPLANE_HFREDUCE_SUM, NULL) != 0) {
         fprintf(stderr, "rank %d: allreduce: %s\n", rank, mplane_hfreduce_last_error());
         return 1;
       }
       double t = now_s() - t0;
       if (it >= 0 && t < best) best = t;
+      if (dev) mplane_cuda_memcpy_dtoh(gpu, buf, dev, (size_t)bytes);
     }
     /* the sum of nranks ones, as the type holds it */
     unsigned char tmp[4];
@@ -168,7 +185,8 @@ static int bench_allreduce(const struct ar_opts *o) {
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "reduce") && strcmp(argv[1], "allreduce"))) {
     fprintf(stderr, "usage: %s reduce [--mib M] [--rounds R] [--sources S]\n"
-                    "       %s allreduce [--nodes N] [--per-node L] [--min SIZE] [--max SIZE] [--iters I] [--dtype NAME]\n",
+                    "       %s allreduce [--nodes N] [--per-node L] [--min SIZE] [--max SIZE] [--iters I] [--dtype NAME] "
+                    "[--gpu 0|1]\n",
             argv[0], argv[0]);
     return 2;
   }
@@ -186,6 +204,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(k, "--min")) o.min = parse_size(v);
     else if (!strcmp(k, "--max")) o.max = parse_size(v);
     else if (!strcmp(k, "--iters")) o.iters = atoi(v);
+    else if (!strcmp(k, "--gpu")) o.gpu = atoi(v);
     else if (!strcmp(k, "--dtype")) {
       o.dtype = -1;
       for (int d = 0; d < MPLANE_HFREDUCE_NDTYPES; d++)
