@@ -37,6 +37,8 @@ struct hfr_shm_rank {
   uint64_t desc_count;
   int32_t desc_dtype, desc_op;
   int32_t pid;
+  int32_t waits_for;               /* the rank this one has waited for a while (-1 none): a local rank
+                                    * that times out waiting for it names that one too */
 };
 
 struct hfr_shm_head {

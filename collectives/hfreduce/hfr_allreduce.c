@@ -17,6 +17,7 @@
 #include "hfr.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -355,14 +356,15 @@ static int network_step(struct op *o) {
   return moved;
 }
 
-/* What the oldest chunk waits for, for the error that ends a stall. */
-static void describe_wait(struct op *o, char *buf, size_t len) {
+/* What the oldest chunk waits for, for the error that ends a stall: written into buf, and the rank
+ * returned (-1 none). A local rank that itself waits for another rank says so (waits_for). */
+static int describe_wait(struct op *o, char *buf, size_t len) {
   struct mplane_hfreduce_comm *c = o->c;
   struct chunk *k = chunk_of(o, o->retired);
-  char who[160];
+  char who[160], who2[160];
   int late = -1;
   snprintf(buf, len, "nothing");
-  if (!k) return;
+  if (!k) return -1;
   switch (k->state) {
     case ST_SLOT:
       all_local_at_least(c, offsetof(struct hfr_shm_rank, consumed), k->g + 1 - (uint64_t)c->slots, &late);
@@ -372,24 +374,25 @@ static void describe_wait(struct op *o, char *buf, size_t len) {
     case ST_TREES:
       for (int i = 0; i < k->nmsgs; i++)
         if (!k->msgs[i].done) {
-          snprintf(buf, len, "%s (tree %d %s of chunk %zu)",
-                   hfr_rank_name(c, c->links[k->msgs[i].link].peer, who, sizeof(who)), k->msgs[i].tree,
-                   k->msgs[i].up ? "reduce" : "broadcast", k->idx);
-          return;
+          int peer = c->links[k->msgs[i].link].peer;
+          snprintf(buf, len, "%s (tree %d %s of chunk %zu)", hfr_rank_name(c, peer, who, sizeof(who)),
+                   k->msgs[i].tree, k->msgs[i].up ? "reduce" : "broadcast", k->idx);
+          return peer;
         }
       break;
-    default: snprintf(buf, len, "GPU %d's copy engine (chunk %zu)", o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu,
-                      k->idx);
-      return;
+    default:
+      snprintf(buf, len, "GPU %d's copy engine (chunk %zu)", o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu, k->idx);
+      return -1;
   }
+  if (late < 0) return -1;
   static const char *const what[] = {"", "copied out its previous chunk in this slot", "", "copied in",
                                      "", "reduced its slice"};
-  if (late >= 0)
-    snprintf(buf, len, "%s on this node, which has not %s (chunk %zu; counters posted %llu reduced %llu consumed "
-             "%llu, chunk %llu)", hfr_rank_name(c, c->column[c->node] - c->local + late, who, sizeof(who)),
-             what[k->state], k->idx, (unsigned long long)c->shm->rank[late].posted,
-             (unsigned long long)c->shm->rank[late].reduced, (unsigned long long)c->shm->rank[late].consumed,
-             (unsigned long long)k->g);
+  int rank = c->column[c->node] - c->local + late;
+  int next = __atomic_load_n(&c->shm->rank[late].waits_for, __ATOMIC_RELAXED);
+  snprintf(buf, len, "%s on this node, which has not %s (chunk %zu)%s%s", hfr_rank_name(c, rank, who, sizeof(who)),
+           what[k->state], k->idx, next >= 0 && next != c->rank ? " and itself waits for " : "",
+           next >= 0 && next != c->rank ? hfr_rank_name(c, next, who2, sizeof(who2)) : "");
+  return rank;
 }
 
 /* Stalled: a local rank that is gone fails us at once; otherwise MPLANE_CONNECT_TIMEOUT does. */
@@ -413,6 +416,9 @@ static int check_stall(struct op *o) {
                              hfr_rank_name(c, c->column[c->node] - c->local + l, who, sizeof(who)));
     }
   }
+  struct hfr_shm_rank *me = &c->shm->rank[c->local];
+  if (now - o->idle_since > 500000000ull) /* half a second: say whom, for the node's ranks that wait on us */
+    __atomic_store_n(&me->waits_for, describe_wait(o, what, sizeof(what)), __ATOMIC_RELAXED);
   if (now - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull) {
     describe_wait(o, what, sizeof(what));
     return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu made no progress for "
@@ -425,7 +431,8 @@ static int check_stall(struct op *o) {
 /* Idle passes give the CPU away, more and more: ranks share cores with the reducing ones. */
 static void back_off(unsigned idle) {
   if (idle < 64) return;
-  usleep(idle < 2000 ? 10 : 200);
+  if (idle < 4096) sched_yield();
+  else usleep(100);
 }
 
 static int pipeline(struct op *o) {
@@ -461,6 +468,7 @@ static int pipeline(struct op *o) {
     if (moved) {
       idle = 0;
       o->idle_since = mplane_now_ns();
+      if (c->shm->rank[c->local].waits_for >= 0) __atomic_store_n(&c->shm->rank[c->local].waits_for, -1, __ATOMIC_RELAXED);
       continue;
     }
     int r = check_stall(o);

@@ -165,6 +165,7 @@ static int shm_attach(struct mplane_hfreduce_comm *c, uint64_t magic, int numa) 
     }
   }
   c->shm->rank[c->local].pid = getpid();
+  c->shm->rank[c->local].waits_for = -1;
   /* the last to come unlinks the name: nothing is left in /dev/shm however the ranks end */
   if (__atomic_add_fetch(&c->shm->attached, 1, __ATOMIC_ACQ_REL) == c->nlocal) {
     shm_unlink(c->shm_name);

@@ -6,7 +6,7 @@
  *   kill      the last rank dies (SIGKILL) in the middle of a long run of calls: every other rank
  *             must fail within MPLANE_CONNECT_TIMEOUT, those beside it naming it
  *   stop      the same with the last rank stopped (SIGSTOP), not dead: every other rank fails within
- *             MPLANE_CONNECT_TIMEOUT, naming whom it waited for (one of them the stopped rank)
+ *             MPLANE_CONNECT_TIMEOUT, naming it
  *   gpu       as ok, on device buffers (the CUDA stand-in tests/fakecuda through MPLANE_CUDA_LIB):
  *             the copies go through the driver shim's asynchronous copy lane
  *   mismatch  rank 1 passes another count: every rank fails, one naming the count
@@ -258,9 +258,9 @@ int main(int argc, char **argv) {
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
   if (victim_fault || !strcmp(scenario, "mismatch")) {
-    /* a dead rank: every other names it (directly, or through the node's abort message); a stopped one
-     * or a bad count: the ranks that wait on it name it, the others whom they waited for */
-    if (named == 0 || (!strcmp(scenario, "kill") && named != survivors)) {
+    /* a dead or stopped rank: every other names it (directly, through the node's abort message, or
+     * through the local rank it waits for, which waits for it); a bad count: the ranks that compare */
+    if (named == 0 || (victim_fault && named != survivors)) {
       fprintf(stderr, "FAIL: %d of %d ranks' errors named the %s\n", named, survivors,
               !strcmp(scenario, "mismatch") ? "count" : "rank at fault");
       failed = 1;
