@@ -10,7 +10,9 @@
  *   gpu       as ok, on device buffers (the CUDA stand-in tests/fakecuda through MPLANE_CUDA_LIB):
  *             the copies go through the driver shim's asynchronous copy lane
  *   mismatch  rank 1 passes another count: every rank fails, one naming the count
- * Usage: hfreduce-ranks NODES PER_NODE SCENARIO [MiB]. Exit 0 when the scenario holds. */
+ * Usage: hfreduce-ranks NODES PER_NODE SCENARIO [MiB]. Exit 0 when the scenario holds.
+ * With HFR_EXPECT_SL=N and SOFTVERBS_RECORD=FILE (the IB transport on the verbs double), every QP the
+ * ranks brought up must carry service level N: the traffic class hfreduce of MPLANE_TC_MAP. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -207,6 +209,26 @@ static int rank_main(int rank, const mplane_hfreduce_unique_id *id, size_t mib) 
   return rc;
 }
 
+/* Every "sl=" of the verbs double's record equals want, and there is one at least. */
+static int check_record_sl(const char *path, int want) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "FAIL: no record %s\n", path);
+    return 1;
+  }
+  char line[1024];
+  int seen = 0, bad = 0;
+  while (fgets(line, sizeof(line), f)) {
+    const char *p = strstr(line, " sl=");
+    if (!p) continue;
+    seen++;
+    if (atoi(p + 4) != want) bad++;
+  }
+  fclose(f);
+  printf("hfreduce-ranks: %d QP transitions recorded, %d with a service level other than %d\n", seen, bad, want);
+  return seen == 0 || bad != 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: %s NODES PER_NODE ok|big|kill|stop|mismatch [MiB]\n", argv[0]);
@@ -217,6 +239,7 @@ int main(int argc, char **argv) {
   scenario = argv[3];
   size_t mib = argc > 4 ? (size_t)atol(argv[4]) : 16;
   nranks = nodes * per_node;
+  if (getenv("HFR_EXPECT_SL") && getenv("SOFTVERBS_RECORD")) unlink(getenv("SOFTVERBS_RECORD")); /* this run's only */
   mplane_hfreduce_unique_id id;
   if (mplane_hfreduce_get_unique_id(&id) != 0) {
     fprintf(stderr, "FAIL: get_unique_id: %s\n", mplane_hfreduce_last_error());
@@ -268,5 +291,7 @@ int main(int argc, char **argv) {
     printf("hfreduce-ranks: %s: all %d other ranks failed within %.1f s, %d of them naming the %s\n", scenario,
            survivors, s, named, !strcmp(scenario, "mismatch") ? "count" : "rank at fault");
   }
+  const char *want_sl = getenv("HFR_EXPECT_SL"), *record = getenv("SOFTVERBS_RECORD");
+  if (want_sl && record) failed |= check_record_sl(record, atoi(want_sl));
   return failed;
 }
