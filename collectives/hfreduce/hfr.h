@@ -98,7 +98,7 @@ struct mplane_hfreduce_comm {
   int timeout_s;
   uint64_t chunks_done;              /* chunks before the next allreduce (same on every local rank) */
   uint64_t op_seq;
-  int gpu;                           /* GPU of the last device buffers, -1 none */
+  int pinned;                        /* the shared segment and scratch are page-locked for the copy engine */
 };
 
 /* In-slot addresses. */

@@ -589,6 +589,24 @@ static int buffer_gpu(const void *p) {
   return loaded ? mplane_cuda_pointer_device(p) : -1;
 }
 
+/* The first call on device buffers page-locks the shared segment (and the scratch), so the copy
+ * engine moves chunks by DMA instead of staging them through the driver's own buffer. Where the
+ * driver refuses, the copies still work, staged: one INFO says so. */
+static void pin_for_gpu(struct mplane_hfreduce_comm *c, int gpu) {
+  if (c->pinned || gpu < 0) return;
+  c->pinned = 1;
+  size_t head = (size_t)(c->data - (char *)c->shm);
+  if (mplane_cuda_host_register(gpu, c->data, c->shm_bytes - head) != 0) {
+    MP_INFO(NCCL_INIT, "hfreduce: rank %d: the driver would not page-lock the shared segment: copies are staged", c->rank);
+    c->pinned = 0;
+    return;
+  }
+  if (mplane_cuda_host_register(gpu, c->scratch, c->scratch_bytes) != 0) {
+    mplane_cuda_host_unregister(c->data);
+    c->pinned = 0;
+  }
+}
+
 static int wait_stream(struct mplane_hfreduce_comm *c, int gpu, void *stream) {
   if (!stream || gpu < 0) return ncclSuccess;
   if (mplane_cu_use(gpu) != 0 || !mplane_cu.cuStreamSynchronize ||
@@ -626,6 +644,7 @@ int mplane_hfreduce_allreduce(mplane_hfreduce_comm_t c, const void *send, void *
   o->send_gpu = buffer_gpu(send);
   o->recv_gpu = buffer_gpu(recv);
   c->op_seq++;
+  pin_for_gpu(c, o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu);
   int res = wait_stream(c, o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu, stream);
   if (res == ncclSuccess) res = local_desc_check(o);
   if (res == ncclSuccess && c->nnodes > 1) res = remote_desc_check(o);

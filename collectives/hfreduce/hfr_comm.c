@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/cuda.h"
 #include "common/log.h"
 #include "common/tc_map.h"
 #include "net/tc.h"
@@ -425,7 +426,6 @@ int mplane_hfreduce_comm_init(mplane_hfreduce_comm_t *out, int nranks, const mpl
   if (!c) return hfr_fail(ncclSystemError, "hfreduce: out of memory");
   c->rank = rank;
   c->nranks = nranks;
-  c->gpu = -1;
   c->boot_fd = -1;
   int res = comm_setup(c, id);
   if (res == ncclSuccess && c->nnodes > 1) res = connect_links(c);
@@ -458,6 +458,10 @@ int mplane_hfreduce_comm_destroy(mplane_hfreduce_comm_t c) {
     }
   }
   if (c->listen_comm) c->ops->close_listen(c->listen_comm);
+  if (c->pinned) {
+    mplane_cuda_host_unregister(c->data);
+    mplane_cuda_host_unregister(c->scratch);
+  }
   if (c->shm) {
     if (!c->shm_unlinked && c->local == 0) shm_unlink(c->shm_name); /* a rank never came */
     munmap(c->shm, c->shm_bytes);

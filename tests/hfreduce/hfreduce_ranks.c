@@ -13,6 +13,7 @@
  * Usage: hfreduce-ranks NODES PER_NODE SCENARIO [MiB]. Exit 0 when the scenario holds.
  * With HFR_EXPECT_SL=N and SOFTVERBS_RECORD=FILE (the IB transport on the verbs double), every QP the
  * ranks brought up must carry service level N: the traffic class hfreduce of MPLANE_TC_MAP. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -200,6 +201,13 @@ static int rank_main(int rank, const mplane_hfreduce_unique_id *id, size_t mib) 
     CHECK(mplane_cuda_load(why, sizeof(why)) > 0, "no CUDA (MPLANE_CUDA_LIB): %s", why);
     on_gpu = 1;
     rc = run_ok(comm);
+    /* the shared segment and the scratch were page-locked for the copy engine, and stay so until destroy */
+    void *fake = dlopen(getenv("MPLANE_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
+    int (*registered)(void) = fake ? (int (*)(void))dlsym(fake, "fake_cuda_host_registered") : NULL;
+    CHECK(registered && registered() == 2, "%d regions page-locked, expected 2", registered ? registered() : -1);
+    mplane_hfreduce_comm_destroy(comm);
+    CHECK(registered() == 0, "%d regions still page-locked after destroy", registered());
+    return rc;
   } else if (!strcmp(scenario, "ok")) rc = run_ok(comm);
   else if (!strcmp(scenario, "big")) rc = run_big(comm, mib);
   else if (!strcmp(scenario, "kill")) return run_kill(comm, 0); /* no destroy: peers are gone */
