@@ -280,10 +280,19 @@ static struct chunk *chunk_of(struct op *o, size_t idx) {
 }
 
 static int check_stall(struct op *o);
+static int describe_wait(struct op *o, char *buf, size_t len);
 
 static int link_fail(struct op *o, int link, const char *what) {
-  char who[160];
+  char who[160], waited[320] = "";
   struct mplane_hfreduce_comm *c = o->c;
+  /* Already stuck a while before the link broke: say on what, since the peer's going is often the
+   * echo of that (a stalled node-mate makes the other nodes give up and leave). */
+  uint64_t idle = mplane_now_ns() - o->idle_since;
+  if (idle > 500000000ull) {
+    char what_wait[256];
+    describe_wait(o, what_wait, sizeof(what_wait));
+    snprintf(waited, sizeof(waited), ", after %.1f s waiting for %s", (double)idle * 1e-9, what_wait);
+  }
   /* A peer's connection often breaks because a rank of this node died first (its peers fail and
    * leave): name that one, the cause, where it is so. */
   o->last_liveness = 0;
@@ -291,8 +300,8 @@ static int link_fail(struct op *o, int link, const char *what) {
   int res = check_stall(o);
   if (res != ncclSuccess) return res;
   return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu: %s %s failed (the peer died or "
-                       "its connection broke)", c->rank, (unsigned long long)c->op_seq, what,
-                       hfr_rank_name(c, c->links[link].peer, who, sizeof(who)));
+                       "its connection broke)%s", c->rank, (unsigned long long)c->op_seq, what,
+                       hfr_rank_name(c, c->links[link].peer, who, sizeof(who)), waited);
 }
 
 /* Post what each link may take next, in key order (chunk, tree); then test what is out. 1 if anything
