@@ -150,6 +150,11 @@ static int copy_start(struct op *o, struct chunk *k, int to_user) {
     else memcpy(slot, o->send + at, bytes);
     return 1;
   }
+  if (!mplane_cuda_async_ok(gpu)) { /* a driver without stream memory operations: synchronous copies */
+    int rc = to_user ? mplane_cuda_memcpy_htod(gpu, o->recv + at, slot, bytes)
+                     : mplane_cuda_memcpy_dtoh(gpu, slot, o->send + at, bytes);
+    return rc == 0 ? 1 : -1;
+  }
   k->copy_seq = to_user ? mplane_cuda_copy_async(gpu, o->recv + at, slot, bytes, 1)
                         : mplane_cuda_copy_async(gpu, slot, o->send + at, bytes, 0);
   if (k->copy_seq == 0) return -1;

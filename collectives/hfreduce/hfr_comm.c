@@ -206,11 +206,12 @@ static int group_nodes(struct mplane_hfreduce_comm *c) {
     if (count[k] != c->nlocal) bad = k;
   int res = ncclSuccess;
   if (bad >= 0)
-    res = hfr_fail(ncclInvalidUsage, "hfreduce: every node must hold the same number of ranks: host %s has %d, host %s "
-                   "has %d", c->recs[first[c->node]].host, c->nlocal, c->recs[first[bad]].host, count[bad]);
+    res = hfr_fail(ncclInvalidUsage, "hfreduce: rank %d: every node must hold the same number of ranks: host %s has "
+                   "%d, host %s has %d", c->rank, c->recs[first[c->node]].host, c->nlocal, c->recs[first[bad]].host,
+                   count[bad]);
   else if (c->nlocal > HFR_MAX_LOCAL)
-    res = hfr_fail(ncclInvalidUsage, "hfreduce: host %s has %d ranks; at most %d are supported", c->host, c->nlocal,
-                   HFR_MAX_LOCAL);
+    res = hfr_fail(ncclInvalidUsage, "hfreduce: rank %d: host %s has %d ranks; at most %d are supported", c->rank,
+                   c->host, c->nlocal, HFR_MAX_LOCAL);
   if (res == ncclSuccess) {
     c->column = malloc(sizeof(int) * (size_t)c->nnodes);
     int *seen = calloc((size_t)c->nnodes, sizeof(int));

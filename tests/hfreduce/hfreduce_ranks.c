@@ -9,6 +9,8 @@
  *   gpu       as ok, on device buffers (the CUDA stand-in tests/fakecuda through MPLANE_CUDA_LIB):
  *             the copies go through the driver shim's asynchronous copy lane
  *   mismatch  rank 1 passes another count: every rank fails, one naming the count
+ *   badconfig rank 1 has another MPLANE_HFREDUCE_CHUNK_BYTES: comm_init fails on every rank, naming it
+ *   uneven    the last node has one rank fewer: comm_init fails on every rank, naming both hosts
  * Usage: hfreduce-ranks NODES PER_NODE SCENARIO [MiB]. Exit 0 when the scenario holds.
  * With HFR_EXPECT_SL=N and SOFTVERBS_RECORD=FILE (the IB transport on the verbs double), every QP the
  * ranks brought up must carry service level N: the traffic class hfreduce of MPLANE_TC_MAP. */
@@ -183,11 +185,29 @@ static int run_mismatch(mplane_hfreduce_comm_t comm) {
   return strstr(mplane_hfreduce_last_error(), "count") ? 0 : 3;
 }
 
+/* comm_init must fail, its error holding `want`. */
+static int expect_init_fails(const mplane_hfreduce_unique_id *id, const char *want) {
+  mplane_hfreduce_comm_t comm;
+  int rc = mplane_hfreduce_comm_init(&comm, nranks, id, my_rank);
+  CHECK(rc != 0, "comm_init went through");
+  CHECK(strstr(mplane_hfreduce_last_error(), want), "comm_init failed without naming '%s': %s", want,
+        mplane_hfreduce_last_error());
+  fprintf(stderr, "rank %d: comm_init failed as it should: %s\n", my_rank, mplane_hfreduce_last_error());
+  return 0;
+}
+
 static int rank_main(int rank, const mplane_hfreduce_unique_id *id, size_t mib) {
   my_rank = rank;
   char host[32];
-  snprintf(host, sizeof(host), "hfr-node-%d", rank / per_node);
+  int host_node = rank / per_node;
+  if (!strcmp(scenario, "uneven") && rank == nranks - 1) host_node = 0; /* the last node is one short */
+  snprintf(host, sizeof(host), "hfr-node-%d", host_node);
   setenv("NCCL_HOSTID", host, 1);
+  if (!strcmp(scenario, "uneven")) return expect_init_fails(id, "every node must hold the same number of ranks");
+  if (!strcmp(scenario, "badconfig")) {
+    if (rank == 1) setenv("MPLANE_HFREDUCE_CHUNK_BYTES", "128K", 1);
+    return expect_init_fails(id, "MPLANE_HFREDUCE_CHUNK_BYTES");
+  }
   mplane_hfreduce_comm_t comm;
   int rc = mplane_hfreduce_comm_init(&comm, nranks, id, rank);
   CHECK(rc == 0, "comm_init returned %d: %s", rc, mplane_hfreduce_last_error());
@@ -238,7 +258,7 @@ static int check_record_sl(const char *path, int want) {
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s NODES PER_NODE ok|big|kill|stop|mismatch [MiB]\n", argv[0]);
+    fprintf(stderr, "usage: %s NODES PER_NODE ok|gpu|big|kill|stop|mismatch|badconfig|uneven [MiB]\n", argv[0]);
     return 2;
   }
   nodes = atoi(argv[1]);
