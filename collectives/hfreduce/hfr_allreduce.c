@@ -304,9 +304,97 @@ static int link_fail(struct op *o, int link, const char *what) {
   o->idle_since = mplane_now_ns();
   int res = check_stall(o);
   if (res != ncclSuccess) return res;
+  c->culprit = c->links[link].peer;
   return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu: %s %s failed (the peer died or "
                        "its connection broke)%s", c->rank, (unsigned long long)c->op_seq, what,
                        hfr_rank_name(c, c->links[link].peer, who, sizeof(who)), waited);
+}
+
+/* A failing rank tells its tree neighbours whom it blames, so ranks further away name the same rank:
+ * a note of HFR_NOTE_BYTES goes out as the next message on each link. Both ends know every message's
+ * size, so the receiver tells a note from data by its size (a link whose next message is that size,
+ * or smaller than a note, gets none) and its magic. */
+#define HFR_NOTE_BYTES 48
+struct hfr_note {
+  char magic[8];
+  int32_t culprit, origin;
+  uint64_t op_seq;
+  int32_t sure; /* the origin knows (a death, a broken link, bad arguments), or it only waited too long */
+  char pad[HFR_NOTE_BYTES - 28];
+};
+_Static_assert(sizeof(struct hfr_note) == HFR_NOTE_BYTES, "note size");
+static const char note_magic[8] = {'H', 'F', 'R', 'N', 'O', 'T', 'E', '1'};
+
+static int is_note(const void *buf) { return memcmp(buf, note_magic, sizeof(note_magic)) == 0; }
+
+/* A neighbour's note ends the call here: a sure blame is taken over and passed on; a neighbour that
+ * only waited too long may have waited for this very rank's wait, so where this rank waited long as
+ * well, it says what it waited for and blames that. */
+static int note_fail(struct op *o, const void *buf, int link, int chunks) {
+  struct mplane_hfreduce_comm *c = o->c;
+  struct hfr_note note;
+  char who[160], who2[160], mine[320] = "", what[256];
+  memcpy(&note, buf, sizeof(note));
+  int told = note.culprit >= 0 && note.culprit < c->nranks ? note.culprit : c->links[link].peer;
+  c->culprit = told;
+  c->culprit_sure = note.sure != 0;
+  uint64_t idle = mplane_now_ns() - o->idle_since;
+  if (!note.sure && chunks && idle > 500000000ull) {
+    int waited = describe_wait(o, what, sizeof(what));
+    if (waited >= 0) c->culprit = waited;
+    snprintf(mine, sizeof(mine), "; this rank had waited %.1f s for %s", (double)idle * 1e-9, what);
+  }
+  return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu: %s %s (as %s told its tree "
+                       "neighbours)%s", c->rank, (unsigned long long)c->op_seq, hfr_rank_name(c, told, who, sizeof(who)),
+                       note.sure ? "failed" : "was waited for too long", hfr_rank_name(c, c->links[link].peer, who2,
+                       sizeof(who2)), mine);
+}
+
+/* The message at a link's send cursor, if its chunk is in flight. */
+static struct msg *next_send(struct op *o, int li) {
+  struct hfr_link *l = &o->c->links[li];
+  for (size_t key = l->send_next; key / 2 < o->nchunks; key++) {
+    struct chunk *k = chunk_of(o, key / 2);
+    if (!k) return NULL;
+    for (int i = 0; i < k->nmsgs; i++)
+      if (k->msgs[i].link == li && k->msgs[i].is_send && k->msgs[i].tree == (int)(key % 2)) return &k->msgs[i];
+  }
+  return NULL;
+}
+
+/* Best effort, bounded (0.2 s): the comm has failed, the caller returns its error next. in_desc: the
+ * failure came before this rank sent its descriptor, so the note takes the descriptor's place. */
+static void tell_neighbours(struct op *o, int in_desc) {
+  struct mplane_hfreduce_comm *c = o->c;
+  struct hfr_note *note = (struct hfr_note *)hfr_note_buf(c);
+  memset(note, 0, sizeof(*note));
+  memcpy(note->magic, note_magic, sizeof(note_magic));
+  note->culprit = c->culprit >= 0 ? c->culprit : c->rank;
+  note->origin = c->rank;
+  note->op_seq = c->op_seq;
+  note->sure = c->culprit_sure;
+  void *req[HFR_MAX_LINKS] = {0};
+  int want[HFR_MAX_LINKS] = {0};
+  for (int li = 0; li < c->nlinks; li++) {
+    struct msg *m = in_desc ? NULL : next_send(o, li);
+    want[li] = (in_desc || (m && m->bytes > HFR_NOTE_BYTES)) && c->links[li].peer != note->culprit;
+  }
+  uint64_t deadline = mplane_now_ns() + 200000000ull;
+  int left = 1;
+  while (left && mplane_now_ns() < deadline) {
+    left = 0;
+    for (int li = 0; li < c->nlinks; li++) {
+      if (!want[li]) continue;
+      int done = 0;
+      if (!req[li] && c->ops->isend(c->links[li].send_comm, note, HFR_NOTE_BYTES, 0, c->links[li].send_mh_scratch,
+                                     &req[li]) != ncclSuccess)
+        want[li] = 0;
+      else if (req[li] && (c->ops->test(req[li], &done, NULL) != ncclSuccess || done))
+        want[li] = 0;
+      left |= want[li];
+    }
+    if (left) sched_yield();
+  }
 }
 
 /* Post what each link may take next, in key order (chunk, tree); then test what is out. 1 if anything
@@ -355,6 +443,9 @@ static int network_step(struct op *o) {
       int done = 0, sizes[1] = {0};
       if (c->ops->test(m->req, &done, m->is_send ? NULL : sizes) != ncclSuccess)
         return -link_fail(o, m->link, m->is_send ? "sending to" : "receiving from");
+      if (done && !m->is_send && (size_t)sizes[0] == HFR_NOTE_BYTES && m->bytes != HFR_NOTE_BYTES && is_note(m->buf)) {
+        return -note_fail(o, m->buf, m->link, 1);
+      }
       if (done && !m->is_send && (size_t)sizes[0] != m->bytes) {
         char who[160];
         return -hfr_fail_comm(c, ncclInvalidUsage, "hfreduce: rank %d: allreduce #%llu: %s sent %d bytes where %zu "
@@ -386,11 +477,19 @@ static int describe_wait(struct op *o, char *buf, size_t len) {
     case ST_POSTED: all_local_at_least(c, offsetof(struct hfr_shm_rank, posted), k->g + 1, &late); break;
     case ST_GATHER: all_local_at_least(c, offsetof(struct hfr_shm_rank, reduced), k->g + 1, &late); break;
     case ST_TREES:
-      for (int i = 0; i < k->nmsgs; i++)
-        if (!k->msgs[i].done) {
-          int peer = c->links[k->msgs[i].link].peer;
-          snprintf(buf, len, "%s (tree %d %s of chunk %zu)", hfr_rank_name(c, peer, who, sizeof(who)),
-                   k->msgs[i].tree, k->msgs[i].up ? "reduce" : "broadcast", k->idx);
+      /* what the tree step waits on: a child's sum (stage 0), the parent's result (1), a send the peer
+       * has not taken (2); a send not yet due waits on one of those, so it is never the answer */
+      for (int t = 0; t < 2; t++)
+        for (int i = 0; i < k->nmsgs; i++) {
+          struct msg *m = &k->msgs[i];
+          if (m->tree != t || m->done) continue;
+          int stage = k->tree_stage[t];
+          int blocking = (stage == 0 && !m->is_send && m->up) || (stage == 1 && !m->is_send && !m->up) ||
+                         (stage == 2 && m->is_send && m->posted);
+          if (!blocking) continue;
+          int peer = c->links[m->link].peer;
+          snprintf(buf, len, "%s (tree %d %s of chunk %zu)", hfr_rank_name(c, peer, who, sizeof(who)), m->tree,
+                   m->up ? "reduce" : "broadcast", k->idx);
           return peer;
         }
       break;
@@ -406,7 +505,7 @@ static int describe_wait(struct op *o, char *buf, size_t len) {
   snprintf(buf, len, "%s on this node, which has not %s (chunk %zu)%s%s", hfr_rank_name(c, rank, who, sizeof(who)),
            what[k->state], k->idx, next >= 0 && next != c->rank ? " and itself waits for " : "",
            next >= 0 && next != c->rank ? hfr_rank_name(c, next, who2, sizeof(who2)) : "");
-  return rank;
+  return next >= 0 && next != c->rank ? next : rank;
 }
 
 /* Stalled: a local rank that is gone fails us at once; otherwise MPLANE_CONNECT_TIMEOUT does. */
@@ -416,6 +515,8 @@ static int check_stall(struct op *o) {
   if (__atomic_load_n(&c->shm->abort, __ATOMIC_ACQUIRE)) {
     char msg[600];
     snprintf(msg, sizeof(msg), "%s", c->shm->abort_msg);
+    c->culprit = c->shm->abort_culprit;
+    c->culprit_sure = c->shm->abort_sure;
     return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu stopped: a rank of this node failed: %s",
                          c->rank, (unsigned long long)c->op_seq, msg);
   }
@@ -424,7 +525,7 @@ static int check_stall(struct op *o) {
     o->last_liveness = now;
     for (int l = 0; l < c->nlocal; l++) {
       int pid = c->shm->rank[l].pid;
-      if (l != c->local && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
+      if (l != c->local && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH && (c->culprit = c->column[c->node] - c->local + l) >= 0)
         return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu: %s has died", c->rank,
                              (unsigned long long)c->op_seq,
                              hfr_rank_name(c, c->column[c->node] - c->local + l, who, sizeof(who)));
@@ -434,7 +535,8 @@ static int check_stall(struct op *o) {
   if (now - o->idle_since > 500000000ull) /* half a second: say whom, for the node's ranks that wait on us */
     __atomic_store_n(&me->waits_for, describe_wait(o, what, sizeof(what)), __ATOMIC_RELAXED);
   if (now - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull) {
-    describe_wait(o, what, sizeof(what));
+    c->culprit = describe_wait(o, what, sizeof(what));
+    c->culprit_sure = 0;
     return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu made no progress for "
                          "MPLANE_CONNECT_TIMEOUT=%d s, waiting for %s", c->rank, (unsigned long long)c->op_seq,
                          c->timeout_s, what);
@@ -447,6 +549,11 @@ static void back_off(unsigned idle) {
   if (idle < 64) return;
   if (idle < 4096) sched_yield();
   else usleep(100);
+}
+
+static int fail_and_tell(struct op *o, int res) {
+  if (o->c->nnodes > 1) tell_neighbours(o, 0);
+  return res;
 }
 
 static int pipeline(struct op *o) {
@@ -470,12 +577,12 @@ static int pipeline(struct op *o) {
     }
     for (size_t idx = o->retired; idx < o->started; idx++) {
       int r = chunk_step(o, chunk_of(o, idx));
-      if (r < 0) return -r;
+      if (r < 0) return fail_and_tell(o, -r);
       moved |= r;
     }
     if (c->nnodes > 1) {
       int r = network_step(o);
-      if (r < 0) return -r;
+      if (r < 0) return fail_and_tell(o, -r);
       moved |= r;
     }
     while (o->retired < o->started && chunk_of(o, o->retired)->state == ST_DONE) o->retired++;
@@ -486,7 +593,7 @@ static int pipeline(struct op *o) {
       continue;
     }
     int r = check_stall(o);
-    if (r != ncclSuccess) return r;
+    if (r != ncclSuccess) return fail_and_tell(o, r);
     back_off(++idle);
   }
   c->chunks_done += o->nchunks;
@@ -513,7 +620,8 @@ static int local_desc_check(struct op *o) {
   for (int l = 0; l < c->nlocal; l++) {
     struct hfr_shm_rank *r = &c->shm->rank[l];
     while (load_acq(&r->desc_seq) < c->op_seq) {
-      if (mplane_now_ns() - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull)
+      if (mplane_now_ns() - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull &&
+          (c->culprit = c->column[c->node] - c->local + l) >= 0 && !(c->culprit_sure = 0))
         return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu: %s did not start it within "
                              "MPLANE_CONNECT_TIMEOUT=%d s", c->rank, (unsigned long long)c->op_seq,
                              hfr_rank_name(c, c->column[c->node] - c->local + l, who, sizeof(who)), c->timeout_s);
@@ -521,7 +629,8 @@ static int local_desc_check(struct op *o) {
       if (res != ncclSuccess) return res;
       back_off(++idle);
     }
-    if (r->desc_count != o->count || r->desc_dtype != o->dtype || r->desc_op != o->op)
+    if ((r->desc_count != o->count || r->desc_dtype != o->dtype || r->desc_op != o->op) &&
+        (c->culprit = c->column[c->node] - c->local + l) >= 0)
       return hfr_fail_comm(c, ncclInvalidUsage, "hfreduce: rank %d: allreduce #%llu: %s passed count %llu, dtype %s, "
                            "op %s; this rank count %zu, dtype %s, op %s", c->rank, (unsigned long long)c->op_seq,
                            hfr_rank_name(c, c->column[c->node] - c->local + l, who, sizeof(who)),
@@ -547,7 +656,7 @@ static int remote_desc_check(struct op *o) {
       struct hfr_link *l = &c->links[i];
       if (!rreq[i]) {
         void *data = hfr_desc_buf(c, i);
-        size_t size = sizeof(struct desc);
+        size_t size = 64; /* a descriptor, or a neighbour's failure note in its place */
         int tag = 0;
         if (c->ops->irecv(l->recv_comm, 1, &data, &size, &tag, &l->recv_mh_scratch, &rreq[i]) != ncclSuccess)
           return link_fail(o, i, "receiving from");
@@ -560,7 +669,15 @@ static int remote_desc_check(struct op *o) {
         if (done) sdone[i] = 1, left--, moved = 1;
       }
       if (rreq[i] && !rdone[i]) {
-        if (c->ops->test(rreq[i], &done, NULL) != ncclSuccess) return link_fail(o, i, "receiving from");
+        int got[1] = {0};
+        if (c->ops->test(rreq[i], &done, got) != ncclSuccess) return link_fail(o, i, "receiving from");
+        if (done && got[0] == HFR_NOTE_BYTES && is_note(hfr_desc_buf(c, i))) {
+          return note_fail(o, hfr_desc_buf(c, i), i, 0);
+        }
+        if (done && got[0] != (int)sizeof(struct desc))
+          return hfr_fail_comm(c, ncclInvalidUsage, "hfreduce: rank %d: allreduce #%llu: %s sent %d bytes for its "
+                               "descriptor, not %zu", c->rank, (unsigned long long)c->op_seq,
+                               hfr_rank_name(c, l->peer, who, sizeof(who)), got[0], sizeof(struct desc));
         if (done) rdone[i] = 1, left--, moved = 1;
       }
     }
@@ -572,6 +689,8 @@ static int remote_desc_check(struct op *o) {
     if (mplane_now_ns() - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull) {
       int i = 0;
       while (i < c->nlinks && rdone[i] && sdone[i]) i++;
+      c->culprit = c->links[i < c->nlinks ? i : 0].peer;
+      c->culprit_sure = 0;
       return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu: %s did not start it within "
                            "MPLANE_CONNECT_TIMEOUT=%d s", c->rank, (unsigned long long)c->op_seq,
                            hfr_rank_name(c, c->links[i < c->nlinks ? i : 0].peer, who, sizeof(who)), c->timeout_s);
@@ -660,7 +779,10 @@ int mplane_hfreduce_allreduce(mplane_hfreduce_comm_t c, const void *send, void *
   c->op_seq++;
   pin_for_gpu(c, o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu);
   int res = wait_stream(c, o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu, stream);
-  if (res == ncclSuccess) res = local_desc_check(o);
+  if (res == ncclSuccess) {
+    res = local_desc_check(o);
+    if (res != ncclSuccess && c->nnodes > 1) tell_neighbours(o, 1);
+  }
   if (res == ncclSuccess && c->nnodes > 1) res = remote_desc_check(o);
   if (res == ncclSuccess) res = pipeline(o);
   free(o);

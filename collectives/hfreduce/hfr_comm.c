@@ -42,6 +42,8 @@ int hfr_fail_comm(struct mplane_hfreduce_comm *c, int res, const char *fmt, ...)
   c->failed = 1;
   if (c->shm && !__atomic_load_n(&c->shm->abort, __ATOMIC_ACQUIRE)) {
     snprintf(c->shm->abort_msg, sizeof(c->shm->abort_msg), "%s", last_error);
+    c->shm->abort_culprit = c->culprit >= 0 ? c->culprit : c->rank;
+    c->shm->abort_sure = c->culprit_sure;
     __atomic_store_n(&c->shm->abort, 1, __ATOMIC_RELEASE);
   }
   return res;
@@ -427,6 +429,8 @@ int mplane_hfreduce_comm_init(mplane_hfreduce_comm_t *out, int nranks, const mpl
   if (!c) return hfr_fail(ncclSystemError, "hfreduce: out of memory");
   c->rank = rank;
   c->nranks = nranks;
+  c->culprit = -1;
+  c->culprit_sure = 1;
   c->boot_fd = -1;
   int res = comm_setup(c, id);
   if (res == ncclSuccess && c->nnodes > 1) res = connect_links(c);
