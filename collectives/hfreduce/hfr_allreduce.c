@@ -68,6 +68,8 @@ struct op {
   size_t started, retired;
   uint64_t idle_since;
   uint64_t last_liveness;
+  int wait_hops;            /* describe_wait's estimate of how far the wait is from its cause (hops) */
+  int wait_peer;            /* the peer a tree step waits on, -1 none */
 };
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -327,9 +329,7 @@ static const char note_magic[8] = {'H', 'F', 'R', 'N', 'O', 'T', 'E', '1'};
 
 static int is_note(const void *buf) { return memcmp(buf, note_magic, sizeof(note_magic)) == 0; }
 
-/* A neighbour's note ends the call here: a sure blame is taken over and passed on; a neighbour that
- * only waited too long may have waited for this very rank's wait, so where this rank waited long as
- * well, it says what it waited for and blames that. */
+/* A neighbour's note ends the call here, its blame taken over and passed on. */
 static int note_fail(struct op *o, const void *buf, int link, int chunks) {
   struct mplane_hfreduce_comm *c = o->c;
   struct hfr_note note;
@@ -338,12 +338,12 @@ static int note_fail(struct op *o, const void *buf, int link, int chunks) {
   int told = note.culprit >= 0 && note.culprit < c->nranks ? note.culprit : c->links[link].peer;
   c->culprit = told;
   c->culprit_sure = note.sure != 0;
+  /* A note that comes before this rank's own deadline comes from a wait that gave up earlier, so one
+   * nearer the cause (wait_deadline_ns): its blame is taken over and passed on; what this rank itself
+   * waited on is said beside it. */
   uint64_t idle = mplane_now_ns() - o->idle_since;
-  if (!note.sure && chunks && idle > 500000000ull) {
-    int waited = describe_wait(o, what, sizeof(what));
-    if (waited >= 0) c->culprit = waited;
+  if (!note.sure && chunks && idle > 500000000ull && describe_wait(o, what, sizeof(what)) >= 0)
     snprintf(mine, sizeof(mine), "; this rank had waited %.1f s for %s", (double)idle * 1e-9, what);
-  }
   return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu: %s %s (as %s told its tree "
                        "neighbours)%s", c->rank, (unsigned long long)c->op_seq, hfr_rank_name(c, told, who, sizeof(who)),
                        note.sure ? "failed" : "was waited for too long", hfr_rank_name(c, c->links[link].peer, who2,
@@ -461,6 +461,34 @@ static int network_step(struct op *o) {
   return moved;
 }
 
+/* Stalls come in chains (a rank waits for its parent, which waits for its own...). Each wait gives up
+ * after a share of MPLANE_CONNECT_TIMEOUT that grows with its distance from where the chain can start:
+ * a child waiting for its parent's result is as many hops from the top as its depth, a parent waiting
+ * for a child's sum as the child's height plus one, a wait in the node the most. The rank next to the
+ * culprit gives up first, blames it and tells its neighbours; those that waited on it take that over
+ * (note_fail) well before their own, later, deadline. Every wait still ends within the timeout. */
+static int tree_pos(struct mplane_hfreduce_comm *c, int t, int node) { return t == 0 ? node : c->nnodes - 1 - node; }
+static int tree_depth(struct mplane_hfreduce_comm *c, int t) {
+  int d = 0;
+  for (int p = tree_pos(c, t, c->node); p > 0; p = (p - 1) / 2) d++;
+  return d;
+}
+static int tree_height(struct mplane_hfreduce_comm *c, int t, int node) {
+  int h = 0;
+  for (int p = tree_pos(c, t, node); 2 * p + 1 < c->nnodes; p = 2 * p + 1) h++;
+  return h;
+}
+static int max_hops(struct mplane_hfreduce_comm *c) {
+  int d = 0;
+  for (int n = c->nnodes; n > 1; n /= 2) d++;
+  return d + 2;
+}
+/* The deadline of a wait `hops` from its cause: from half the timeout (1 hop) to all of it. */
+static uint64_t wait_deadline_ns(struct mplane_hfreduce_comm *c, double hops) {
+  double m = max_hops(c);
+  return (uint64_t)((double)c->timeout_s * 1e9 * (m + hops) / (2.0 * m));
+}
+
 /* What the oldest chunk waits for, for the error that ends a stall: written into buf, and the rank
  * returned (-1 none). A local rank that itself waits for another rank says so (waits_for). */
 static int describe_wait(struct op *o, char *buf, size_t len) {
@@ -469,6 +497,8 @@ static int describe_wait(struct op *o, char *buf, size_t len) {
   char who[160], who2[160];
   int late = -1;
   snprintf(buf, len, "nothing");
+  o->wait_hops = max_hops(c); /* a wait in the node, or none found: the last to give up */
+  o->wait_peer = -1;
   if (!k) return -1;
   switch (k->state) {
     case ST_SLOT:
@@ -490,6 +520,8 @@ static int describe_wait(struct op *o, char *buf, size_t len) {
           int peer = c->links[m->link].peer;
           snprintf(buf, len, "%s (tree %d %s of chunk %zu)", hfr_rank_name(c, peer, who, sizeof(who)), m->tree,
                    m->up ? "reduce" : "broadcast", k->idx);
+          o->wait_peer = peer;
+          o->wait_hops = stage == 0 ? tree_height(c, t, c->node_of[peer]) + 1 : stage == 1 ? tree_depth(c, t) : 1;
           return peer;
         }
       break;
@@ -534,12 +566,14 @@ static int check_stall(struct op *o) {
   struct hfr_shm_rank *me = &c->shm->rank[c->local];
   if (now - o->idle_since > 500000000ull) /* half a second: say whom, for the node's ranks that wait on us */
     __atomic_store_n(&me->waits_for, describe_wait(o, what, sizeof(what)), __ATOMIC_RELAXED);
-  if (now - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull) {
+  else
+    o->wait_hops = max_hops(c);
+  if (now - o->idle_since > wait_deadline_ns(c, o->wait_hops)) {
     c->culprit = describe_wait(o, what, sizeof(what));
     c->culprit_sure = 0;
-    return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu made no progress for "
-                         "MPLANE_CONNECT_TIMEOUT=%d s, waiting for %s", c->rank, (unsigned long long)c->op_seq,
-                         c->timeout_s, what);
+    return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu made no progress for %.1f s "
+                         "(MPLANE_CONNECT_TIMEOUT=%d s), waiting for %s", c->rank, (unsigned long long)c->op_seq,
+                         (double)(now - o->idle_since) * 1e-9, c->timeout_s, what);
   }
   return ncclSuccess;
 }
@@ -620,7 +654,7 @@ static int local_desc_check(struct op *o) {
   for (int l = 0; l < c->nlocal; l++) {
     struct hfr_shm_rank *r = &c->shm->rank[l];
     while (load_acq(&r->desc_seq) < c->op_seq) {
-      if (mplane_now_ns() - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull &&
+      if (mplane_now_ns() - o->idle_since > wait_deadline_ns(c, max_hops(c) - 0.5) &&
           (c->culprit = c->column[c->node] - c->local + l) >= 0 && !(c->culprit_sure = 0))
         return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu: %s did not start it within "
                              "MPLANE_CONNECT_TIMEOUT=%d s", c->rank, (unsigned long long)c->op_seq,
