@@ -267,6 +267,19 @@ int main(int argc, char **argv) {
   size_t mib = argc > 4 ? (size_t)atol(argv[4]) : 16;
   nranks = nodes * per_node;
   if (getenv("HFR_EXPECT_SL") && getenv("SOFTVERBS_RECORD")) unlink(getenv("SOFTVERBS_RECORD")); /* this run's only */
+  if (!strcmp(scenario, "gpu")) { /* no GPU, no test: 77 (a child asks: CUDA does not survive a fork) */
+    pid_t probe = fork();
+    if (probe == 0) {
+      char why[256];
+      int n = mplane_cuda_load(why, sizeof(why));
+      if (n <= 0) printf("hfreduce-ranks: gpu: SKIP: %s\n", why);
+      fflush(stdout);
+      _exit(n > 0 ? 0 : 77);
+    }
+    int st;
+    waitpid(probe, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+  }
   mplane_hfreduce_unique_id id;
   if (mplane_hfreduce_get_unique_id(&id) != 0) {
     fprintf(stderr, "FAIL: get_unique_id: %s\n", mplane_hfreduce_last_error());
