@@ -69,6 +69,8 @@ static void cu_load_once(void) {
   *(void **)&mplane_cu.cuStreamWriteValue64 = dlsym(mplane_cu.lib, "cuStreamWriteValue64_v2");
   *(void **)&mplane_cu.cuStreamBatchMemOp = dlsym(mplane_cu.lib, "cuStreamBatchMemOp_v2");
   *(void **)&mplane_cu.cuMemGetHandleForAddressRange = dlsym(mplane_cu.lib, "cuMemGetHandleForAddressRange");
+  *(void **)&mplane_cu.cuMemHostRegister = dlsym(mplane_cu.lib, "cuMemHostRegister_v2");
+  *(void **)&mplane_cu.cuMemHostUnregister = dlsym(mplane_cu.lib, "cuMemHostUnregister");
   *(void **)&mplane_cu.cuModuleLoadData = dlsym(mplane_cu.lib, "cuModuleLoadData");
   *(void **)&mplane_cu.cuModuleGetFunction = dlsym(mplane_cu.lib, "cuModuleGetFunction");
   *(void **)&mplane_cu.cuLaunchKernel = dlsym(mplane_cu.lib, "cuLaunchKernel");
@@ -159,6 +161,17 @@ void *mplane_cuda_host_alloc(int gpu, size_t bytes) {
 
 void mplane_cuda_host_free(void *ptr) {
   if (ptr && mplane_cu.cuMemFreeHost) mplane_cu.cuMemFreeHost(ptr);
+}
+
+int mplane_cuda_host_register(int gpu, void *ptr, size_t bytes) {
+  if (mplane_cu_use(gpu) != 0 || !mplane_cu.cuMemHostRegister || !mplane_cu.cuMemHostUnregister) return -1;
+  return mplane_cu.cuMemHostRegister(ptr, bytes, 0x01 /* PORTABLE: every context's copies use it */) == CUDA_SUCCESS
+             ? 0
+             : -1;
+}
+
+void mplane_cuda_host_unregister(void *ptr) {
+  if (ptr && mplane_cu.cuMemHostUnregister) mplane_cu.cuMemHostUnregister(ptr);
 }
 
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes) {

@@ -57,6 +57,10 @@ int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
  * not staged by the driver through a buffer of its own. NULL where the driver cannot give it. */
 void *mplane_cuda_host_alloc(int gpu, size_t bytes);
 void mplane_cuda_host_free(void *ptr);
+/* Page-lock memory the caller allocated (an mmap'ed segment), so copies to and from it are DMA;
+ * 0, or -1 where the driver lacks it or refuses (the memory stays usable, copies are staged). */
+int mplane_cuda_host_register(int gpu, void *ptr, size_t bytes);
+void mplane_cuda_host_unregister(void *ptr);
 /* A dma-buf fd for [ptr, ptr + bytes) of GPU memory (cuMemGetHandleForAddressRange), or -1. */
 int mplane_cuda_dmabuf_fd(int gpu, void *ptr, size_t bytes);
 /* The PCI bus id of a GPU ("0000:19:00.0"), for choosing the GPU beside a NIC. 0 on success. */

@@ -60,6 +60,9 @@ struct mplane_cu_driver {
   CUresult (*cuStreamWriteValue64)(CUstream, CUdeviceptr, uint64_t, unsigned);
   CUresult (*cuStreamBatchMemOp)(CUstream, unsigned, void *, unsigned);
   CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
+  /* optional: page-locking memory the caller allocated (libmplane-hfreduce's shared segment) */
+  CUresult (*cuMemHostRegister)(void *, size_t, unsigned);
+  CUresult (*cuMemHostUnregister)(void *);
   /* optional: the lane kernel (MPLANE_GIN_LANE=kernel) */
   CUresult (*cuModuleLoadData)(CUmodule *, const void *);
   CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);

@@ -90,7 +90,7 @@ int mplane_tc_resolve_hints(int nccl_traffic_class, const ncclNetAttr_v11_t *att
     static int warned;
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
       MP_WARN("communicator trafficClass %d is not an mplane class (0 default, 1 collective, 2 alltoall, "
-              "3 lowlat, 4 storage); using the setNetAttr hints or default", nccl_traffic_class);
+              "3 lowlat, 4 storage, 5 hfreduce); using the setNetAttr hints or default", nccl_traffic_class);
   }
   if (cls >= 0) return cls;
   cls = mplane_tc_class_from_attr(attr_or_null);

@@ -407,7 +407,7 @@ def read_network_report(log_dir, nprocs):
 
 
 # mplane's traffic classes (common/tc_map.h): ncclConfig_t.trafficClass values 0..4
-TRAFFIC_CLASSES = {"default": 0, "collective": 1, "alltoall": 2, "lowlat": 3, "storage": 4}
+TRAFFIC_CLASSES = {"default": 0, "collective": 1, "alltoall": 2, "lowlat": 3, "storage": 4, "hfreduce": 5}
 
 
 def parse_traffic_class(text):
@@ -466,7 +466,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=300, help="seconds for the whole run (and NCCL's own timeout)")
     ap.add_argument("--traffic-class", type=parse_traffic_class, default=None,
                     help="give the process group this ncclConfig_t.trafficClass through ProcessGroupNCCL.Options "
-                         "(mplane classes: default, collective, alltoall, lowlat, storage, or a number)")
+                         "(mplane classes: default, collective, alltoall, lowlat, storage, hfreduce, or a number)")
     ap.add_argument("--corrupt", action="store_true", help="spoil one value per op on the last rank (tests the checks)")
     ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,

@@ -37,12 +37,16 @@ struct hfr_shm_rank {
   uint64_t desc_count;
   int32_t desc_dtype, desc_op;
   int32_t pid;
+  int32_t waits_for;               /* the rank this one has waited for a while (-1 none): a local rank
+                                    * that times out waiting for it names that one too */
 };
 
 struct hfr_shm_head {
   uint64_t magic;
   int32_t attached;
   int32_t abort;                   /* set by a local rank that failed; abort_msg says why */
+  int32_t abort_culprit;           /* the rank at fault as that rank saw it */
+  int32_t abort_sure;              /* 1: it died, broke a link or passed bad arguments; 0: it was waited for too long */
   char abort_msg[512];
   struct hfr_shm_rank rank[HFR_MAX_LOCAL];
 };
@@ -68,6 +72,8 @@ struct mplane_hfreduce_comm {
   char (*handles)[NCCL_NET_HANDLE_MAXSIZE]; /* [nranks]: listen handles (second bootstrap round) */
   int boot_fd;
   int failed;                        /* a call failed: only destroy is accepted */
+  int culprit;                       /* the rank a failure is blamed on (-1: this one), told to the tree neighbours */
+  int culprit_sure;                  /* 0: only waited for too long (it may wait for another itself) */
 
   /* the transport */
   const struct mplane_transport_ops *ops;
@@ -96,7 +102,7 @@ struct mplane_hfreduce_comm {
   int timeout_s;
   uint64_t chunks_done;              /* chunks before the next allreduce (same on every local rank) */
   uint64_t op_seq;
-  int gpu;                           /* GPU of the last device buffers, -1 none */
+  int pinned;                        /* the shared segment and scratch are page-locked for the copy engine */
 };
 
 /* In-slot addresses. */
@@ -107,8 +113,9 @@ static inline char *hfr_res(struct mplane_hfreduce_comm *c, int slot) { return h
 static inline char *hfr_child_buf(struct mplane_hfreduce_comm *c, int slot, int tree, int k) {
   return c->scratch + 4096 + ((size_t)slot * 4 + (size_t)tree * 2 + (size_t)k) * c->child_bytes;
 }
-/* descriptors: mine at 0, link i's at 64 * (i + 1) */
+/* descriptors: mine at 0, link i's at 64 * (i + 1); the failure note at 1024 */
 static inline char *hfr_desc_buf(struct mplane_hfreduce_comm *c, int i) { return c->scratch + 64 * (size_t)(i + 1); }
+static inline char *hfr_note_buf(struct mplane_hfreduce_comm *c) { return c->scratch + 1024; }
 
 /* The error of the last failing call (thread-local), written with a WARN. Returns res. */
 int hfr_fail(int res, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -17,6 +17,7 @@
 #include "hfr.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +68,8 @@ struct op {
   size_t started, retired;
   uint64_t idle_since;
   uint64_t last_liveness;
+  int wait_hops;            /* describe_wait's estimate of how far the wait is from its cause (hops) */
+  int wait_peer;            /* the peer a tree step waits on, -1 none */
 };
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -148,6 +151,11 @@ static int copy_start(struct op *o, struct chunk *k, int to_user) {
     if (to_user) memcpy(o->recv + at, slot, bytes);
     else memcpy(slot, o->send + at, bytes);
     return 1;
+  }
+  if (!mplane_cuda_async_ok(gpu)) { /* a driver without stream memory operations: synchronous copies */
+    int rc = to_user ? mplane_cuda_memcpy_htod(gpu, o->recv + at, slot, bytes)
+                     : mplane_cuda_memcpy_dtoh(gpu, slot, o->send + at, bytes);
+    return rc == 0 ? 1 : -1;
   }
   k->copy_seq = to_user ? mplane_cuda_copy_async(gpu, o->recv + at, slot, bytes, 1)
                         : mplane_cuda_copy_async(gpu, slot, o->send + at, bytes, 0);
@@ -279,19 +287,114 @@ static struct chunk *chunk_of(struct op *o, size_t idx) {
 }
 
 static int check_stall(struct op *o);
+static int describe_wait(struct op *o, char *buf, size_t len);
 
 static int link_fail(struct op *o, int link, const char *what) {
-  char who[160];
+  char who[160], waited[320] = "";
   struct mplane_hfreduce_comm *c = o->c;
+  /* Already stuck a while before the link broke: say on what, since the peer's going is often the
+   * echo of that (a stalled node-mate makes the other nodes give up and leave). */
+  uint64_t idle = mplane_now_ns() - o->idle_since;
+  if (idle > 500000000ull) {
+    char what_wait[256];
+    describe_wait(o, what_wait, sizeof(what_wait));
+    snprintf(waited, sizeof(waited), ", after %.1f s waiting for %s", (double)idle * 1e-9, what_wait);
+  }
   /* A peer's connection often breaks because a rank of this node died first (its peers fail and
    * leave): name that one, the cause, where it is so. */
   o->last_liveness = 0;
   o->idle_since = mplane_now_ns();
   int res = check_stall(o);
   if (res != ncclSuccess) return res;
+  c->culprit = c->links[link].peer;
   return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu: %s %s failed (the peer died or "
-                       "its connection broke)", c->rank, (unsigned long long)c->op_seq, what,
-                       hfr_rank_name(c, c->links[link].peer, who, sizeof(who)));
+                       "its connection broke)%s", c->rank, (unsigned long long)c->op_seq, what,
+                       hfr_rank_name(c, c->links[link].peer, who, sizeof(who)), waited);
+}
+
+/* A failing rank tells its tree neighbours whom it blames, so ranks further away name the same rank:
+ * a note of HFR_NOTE_BYTES goes out as the next message on each link. Both ends know every message's
+ * size, so the receiver tells a note from data by its size (a link whose next message is that size,
+ * or smaller than a note, gets none) and its magic. */
+#define HFR_NOTE_BYTES 48
+struct hfr_note {
+  char magic[8];
+  int32_t culprit, origin;
+  uint64_t op_seq;
+  int32_t sure; /* the origin knows (a death, a broken link, bad arguments), or it only waited too long */
+  char pad[HFR_NOTE_BYTES - 28];
+};
+_Static_assert(sizeof(struct hfr_note) == HFR_NOTE_BYTES, "note size");
+static const char note_magic[8] = {'H', 'F', 'R', 'N', 'O', 'T', 'E', '1'};
+
+static int is_note(const void *buf) { return memcmp(buf, note_magic, sizeof(note_magic)) == 0; }
+
+/* A neighbour's note ends the call here, its blame taken over and passed on. */
+static int note_fail(struct op *o, const void *buf, int link, int chunks) {
+  struct mplane_hfreduce_comm *c = o->c;
+  struct hfr_note note;
+  char who[160], who2[160], mine[320] = "", what[256];
+  memcpy(&note, buf, sizeof(note));
+  int told = note.culprit >= 0 && note.culprit < c->nranks ? note.culprit : c->links[link].peer;
+  c->culprit = told;
+  c->culprit_sure = note.sure != 0;
+  /* A note that comes before this rank's own deadline comes from a wait that gave up earlier, so one
+   * nearer the cause (wait_deadline_ns): its blame is taken over and passed on; what this rank itself
+   * waited on is said beside it. */
+  uint64_t idle = mplane_now_ns() - o->idle_since;
+  if (!note.sure && chunks && idle > 500000000ull && describe_wait(o, what, sizeof(what)) >= 0)
+    snprintf(mine, sizeof(mine), "; this rank had waited %.1f s for %s", (double)idle * 1e-9, what);
+  return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu: %s %s (as %s told its tree "
+                       "neighbours)%s", c->rank, (unsigned long long)c->op_seq, hfr_rank_name(c, told, who, sizeof(who)),
+                       note.sure ? "failed" : "was waited for too long", hfr_rank_name(c, c->links[link].peer, who2,
+                       sizeof(who2)), mine);
+}
+
+/* The message at a link's send cursor, if its chunk is in flight. */
+static struct msg *next_send(struct op *o, int li) {
+  struct hfr_link *l = &o->c->links[li];
+  for (size_t key = l->send_next; key / 2 < o->nchunks; key++) {
+    struct chunk *k = chunk_of(o, key / 2);
+    if (!k) return NULL;
+    for (int i = 0; i < k->nmsgs; i++)
+      if (k->msgs[i].link == li && k->msgs[i].is_send && k->msgs[i].tree == (int)(key % 2)) return &k->msgs[i];
+  }
+  return NULL;
+}
+
+/* Best effort, bounded (0.2 s): the comm has failed, the caller returns its error next. in_desc: the
+ * failure came before this rank sent its descriptor, so the note takes the descriptor's place. */
+static void tell_neighbours(struct op *o, int in_desc) {
+  struct mplane_hfreduce_comm *c = o->c;
+  struct hfr_note *note = (struct hfr_note *)hfr_note_buf(c);
+  memset(note, 0, sizeof(*note));
+  memcpy(note->magic, note_magic, sizeof(note_magic));
+  note->culprit = c->culprit >= 0 ? c->culprit : c->rank;
+  note->origin = c->rank;
+  note->op_seq = c->op_seq;
+  note->sure = c->culprit_sure;
+  void *req[HFR_MAX_LINKS] = {0};
+  int want[HFR_MAX_LINKS] = {0};
+  for (int li = 0; li < c->nlinks; li++) {
+    struct msg *m = in_desc ? NULL : next_send(o, li);
+    want[li] = (in_desc || (m && m->bytes > HFR_NOTE_BYTES)) && c->links[li].peer != note->culprit;
+  }
+  uint64_t deadline = mplane_now_ns() + 200000000ull;
+  int left = 1;
+  while (left && mplane_now_ns() < deadline) {
+    left = 0;
+    for (int li = 0; li < c->nlinks; li++) {
+      if (!want[li]) continue;
+      int done = 0;
+      if (!req[li] && c->ops->isend(c->links[li].send_comm, note, HFR_NOTE_BYTES, 0, c->links[li].send_mh_scratch,
+                                     &req[li]) != ncclSuccess)
+        want[li] = 0;
+      else if (req[li] && (c->ops->test(req[li], &done, NULL) != ncclSuccess || done))
+        want[li] = 0;
+      left |= want[li];
+    }
+    if (left) sched_yield();
+  }
 }
 
 /* Post what each link may take next, in key order (chunk, tree); then test what is out. 1 if anything
@@ -340,6 +443,9 @@ static int network_step(struct op *o) {
       int done = 0, sizes[1] = {0};
       if (c->ops->test(m->req, &done, m->is_send ? NULL : sizes) != ncclSuccess)
         return -link_fail(o, m->link, m->is_send ? "sending to" : "receiving from");
+      if (done && !m->is_send && (size_t)sizes[0] == HFR_NOTE_BYTES && m->bytes != HFR_NOTE_BYTES && is_note(m->buf)) {
+        return -note_fail(o, m->buf, m->link, 1);
+      }
       if (done && !m->is_send && (size_t)sizes[0] != m->bytes) {
         char who[160];
         return -hfr_fail_comm(c, ncclInvalidUsage, "hfreduce: rank %d: allreduce #%llu: %s sent %d bytes where %zu "
@@ -355,14 +461,45 @@ static int network_step(struct op *o) {
   return moved;
 }
 
-/* What the oldest chunk waits for, for the error that ends a stall. */
-static void describe_wait(struct op *o, char *buf, size_t len) {
+/* Stalls come in chains (a rank waits for its parent, which waits for its own...). Each wait gives up
+ * after a share of MPLANE_CONNECT_TIMEOUT that grows with its distance from where the chain can start:
+ * a child waiting for its parent's result is as many hops from the top as its depth, a parent waiting
+ * for a child's sum as the child's height plus one, a wait in the node the most. The rank next to the
+ * culprit gives up first, blames it and tells its neighbours; those that waited on it take that over
+ * (note_fail) well before their own, later, deadline. Every wait still ends within the timeout. */
+static int tree_pos(struct mplane_hfreduce_comm *c, int t, int node) { return t == 0 ? node : c->nnodes - 1 - node; }
+static int tree_depth(struct mplane_hfreduce_comm *c, int t) {
+  int d = 0;
+  for (int p = tree_pos(c, t, c->node); p > 0; p = (p - 1) / 2) d++;
+  return d;
+}
+static int tree_height(struct mplane_hfreduce_comm *c, int t, int node) {
+  int h = 0;
+  for (int p = tree_pos(c, t, node); 2 * p + 1 < c->nnodes; p = 2 * p + 1) h++;
+  return h;
+}
+static int max_hops(struct mplane_hfreduce_comm *c) {
+  int d = 0;
+  for (int n = c->nnodes; n > 1; n /= 2) d++;
+  return d + 2;
+}
+/* The deadline of a wait `hops` from its cause: from half the timeout (1 hop) to all of it. */
+static uint64_t wait_deadline_ns(struct mplane_hfreduce_comm *c, double hops) {
+  double m = max_hops(c);
+  return (uint64_t)((double)c->timeout_s * 1e9 * (m + hops) / (2.0 * m));
+}
+
+/* What the oldest chunk waits for, for the error that ends a stall: written into buf, and the rank
+ * returned (-1 none). A local rank that itself waits for another rank says so (waits_for). */
+static int describe_wait(struct op *o, char *buf, size_t len) {
   struct mplane_hfreduce_comm *c = o->c;
   struct chunk *k = chunk_of(o, o->retired);
-  char who[160];
+  char who[160], who2[160];
   int late = -1;
   snprintf(buf, len, "nothing");
-  if (!k) return;
+  o->wait_hops = max_hops(c); /* a wait in the node, or none found: the last to give up */
+  o->wait_peer = -1;
+  if (!k) return -1;
   switch (k->state) {
     case ST_SLOT:
       all_local_at_least(c, offsetof(struct hfr_shm_rank, consumed), k->g + 1 - (uint64_t)c->slots, &late);
@@ -370,26 +507,37 @@ static void describe_wait(struct op *o, char *buf, size_t len) {
     case ST_POSTED: all_local_at_least(c, offsetof(struct hfr_shm_rank, posted), k->g + 1, &late); break;
     case ST_GATHER: all_local_at_least(c, offsetof(struct hfr_shm_rank, reduced), k->g + 1, &late); break;
     case ST_TREES:
-      for (int i = 0; i < k->nmsgs; i++)
-        if (!k->msgs[i].done) {
-          snprintf(buf, len, "%s (tree %d %s of chunk %zu)",
-                   hfr_rank_name(c, c->links[k->msgs[i].link].peer, who, sizeof(who)), k->msgs[i].tree,
-                   k->msgs[i].up ? "reduce" : "broadcast", k->idx);
-          return;
+      /* what the tree step waits on: a child's sum (stage 0), the parent's result (1), a send the peer
+       * has not taken (2); a send not yet due waits on one of those, so it is never the answer */
+      for (int t = 0; t < 2; t++)
+        for (int i = 0; i < k->nmsgs; i++) {
+          struct msg *m = &k->msgs[i];
+          if (m->tree != t || m->done) continue;
+          int stage = k->tree_stage[t];
+          int blocking = (stage == 0 && !m->is_send && m->up) || (stage == 1 && !m->is_send && !m->up) ||
+                         (stage == 2 && m->is_send && m->posted);
+          if (!blocking) continue;
+          int peer = c->links[m->link].peer;
+          snprintf(buf, len, "%s (tree %d %s of chunk %zu)", hfr_rank_name(c, peer, who, sizeof(who)), m->tree,
+                   m->up ? "reduce" : "broadcast", k->idx);
+          o->wait_peer = peer;
+          o->wait_hops = stage == 0 ? tree_height(c, t, c->node_of[peer]) + 1 : stage == 1 ? tree_depth(c, t) : 1;
+          return peer;
         }
       break;
-    default: snprintf(buf, len, "GPU %d's copy engine (chunk %zu)", o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu,
-                      k->idx);
-      return;
+    default:
+      snprintf(buf, len, "GPU %d's copy engine (chunk %zu)", o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu, k->idx);
+      return -1;
   }
+  if (late < 0) return -1;
   static const char *const what[] = {"", "copied out its previous chunk in this slot", "", "copied in",
                                      "", "reduced its slice"};
-  if (late >= 0)
-    snprintf(buf, len, "%s on this node, which has not %s (chunk %zu; counters posted %llu reduced %llu consumed "
-             "%llu, chunk %llu)", hfr_rank_name(c, c->column[c->node] - c->local + late, who, sizeof(who)),
-             what[k->state], k->idx, (unsigned long long)c->shm->rank[late].posted,
-             (unsigned long long)c->shm->rank[late].reduced, (unsigned long long)c->shm->rank[late].consumed,
-             (unsigned long long)k->g);
+  int rank = c->column[c->node] - c->local + late;
+  int next = __atomic_load_n(&c->shm->rank[late].waits_for, __ATOMIC_RELAXED);
+  snprintf(buf, len, "%s on this node, which has not %s (chunk %zu)%s%s", hfr_rank_name(c, rank, who, sizeof(who)),
+           what[k->state], k->idx, next >= 0 && next != c->rank ? " and itself waits for " : "",
+           next >= 0 && next != c->rank ? hfr_rank_name(c, next, who2, sizeof(who2)) : "");
+  return next >= 0 && next != c->rank ? next : rank;
 }
 
 /* Stalled: a local rank that is gone fails us at once; otherwise MPLANE_CONNECT_TIMEOUT does. */
@@ -399,6 +547,8 @@ static int check_stall(struct op *o) {
   if (__atomic_load_n(&c->shm->abort, __ATOMIC_ACQUIRE)) {
     char msg[600];
     snprintf(msg, sizeof(msg), "%s", c->shm->abort_msg);
+    c->culprit = c->shm->abort_culprit;
+    c->culprit_sure = c->shm->abort_sure;
     return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu stopped: a rank of this node failed: %s",
                          c->rank, (unsigned long long)c->op_seq, msg);
   }
@@ -407,17 +557,23 @@ static int check_stall(struct op *o) {
     o->last_liveness = now;
     for (int l = 0; l < c->nlocal; l++) {
       int pid = c->shm->rank[l].pid;
-      if (l != c->local && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
+      if (l != c->local && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH && (c->culprit = c->column[c->node] - c->local + l) >= 0)
         return hfr_fail_comm(c, ncclRemoteError, "hfreduce: rank %d: allreduce #%llu: %s has died", c->rank,
                              (unsigned long long)c->op_seq,
                              hfr_rank_name(c, c->column[c->node] - c->local + l, who, sizeof(who)));
     }
   }
-  if (now - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull) {
-    describe_wait(o, what, sizeof(what));
-    return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu made no progress for "
-                         "MPLANE_CONNECT_TIMEOUT=%d s, waiting for %s", c->rank, (unsigned long long)c->op_seq,
-                         c->timeout_s, what);
+  struct hfr_shm_rank *me = &c->shm->rank[c->local];
+  if (now - o->idle_since > 500000000ull) /* half a second: say whom, for the node's ranks that wait on us */
+    __atomic_store_n(&me->waits_for, describe_wait(o, what, sizeof(what)), __ATOMIC_RELAXED);
+  else
+    o->wait_hops = max_hops(c);
+  if (now - o->idle_since > wait_deadline_ns(c, o->wait_hops)) {
+    c->culprit = describe_wait(o, what, sizeof(what));
+    c->culprit_sure = 0;
+    return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu made no progress for %.1f s "
+                         "(MPLANE_CONNECT_TIMEOUT=%d s), waiting for %s", c->rank, (unsigned long long)c->op_seq,
+                         (double)(now - o->idle_since) * 1e-9, c->timeout_s, what);
   }
   return ncclSuccess;
 }
@@ -425,7 +581,13 @@ static int check_stall(struct op *o) {
 /* Idle passes give the CPU away, more and more: ranks share cores with the reducing ones. */
 static void back_off(unsigned idle) {
   if (idle < 64) return;
-  usleep(idle < 2000 ? 10 : 200);
+  if (idle < 4096) sched_yield();
+  else usleep(100);
+}
+
+static int fail_and_tell(struct op *o, int res) {
+  if (o->c->nnodes > 1) tell_neighbours(o, 0);
+  return res;
 }
 
 static int pipeline(struct op *o) {
@@ -449,22 +611,23 @@ static int pipeline(struct op *o) {
     }
     for (size_t idx = o->retired; idx < o->started; idx++) {
       int r = chunk_step(o, chunk_of(o, idx));
-      if (r < 0) return -r;
+      if (r < 0) return fail_and_tell(o, -r);
       moved |= r;
     }
     if (c->nnodes > 1) {
       int r = network_step(o);
-      if (r < 0) return -r;
+      if (r < 0) return fail_and_tell(o, -r);
       moved |= r;
     }
     while (o->retired < o->started && chunk_of(o, o->retired)->state == ST_DONE) o->retired++;
     if (moved) {
       idle = 0;
       o->idle_since = mplane_now_ns();
+      if (c->shm->rank[c->local].waits_for >= 0) __atomic_store_n(&c->shm->rank[c->local].waits_for, -1, __ATOMIC_RELAXED);
       continue;
     }
     int r = check_stall(o);
-    if (r != ncclSuccess) return r;
+    if (r != ncclSuccess) return fail_and_tell(o, r);
     back_off(++idle);
   }
   c->chunks_done += o->nchunks;
@@ -491,7 +654,8 @@ static int local_desc_check(struct op *o) {
   for (int l = 0; l < c->nlocal; l++) {
     struct hfr_shm_rank *r = &c->shm->rank[l];
     while (load_acq(&r->desc_seq) < c->op_seq) {
-      if (mplane_now_ns() - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull)
+      if (mplane_now_ns() - o->idle_since > wait_deadline_ns(c, max_hops(c) - 0.5) &&
+          (c->culprit = c->column[c->node] - c->local + l) >= 0 && !(c->culprit_sure = 0))
         return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu: %s did not start it within "
                              "MPLANE_CONNECT_TIMEOUT=%d s", c->rank, (unsigned long long)c->op_seq,
                              hfr_rank_name(c, c->column[c->node] - c->local + l, who, sizeof(who)), c->timeout_s);
@@ -499,7 +663,8 @@ static int local_desc_check(struct op *o) {
       if (res != ncclSuccess) return res;
       back_off(++idle);
     }
-    if (r->desc_count != o->count || r->desc_dtype != o->dtype || r->desc_op != o->op)
+    if ((r->desc_count != o->count || r->desc_dtype != o->dtype || r->desc_op != o->op) &&
+        (c->culprit = c->column[c->node] - c->local + l) >= 0)
       return hfr_fail_comm(c, ncclInvalidUsage, "hfreduce: rank %d: allreduce #%llu: %s passed count %llu, dtype %s, "
                            "op %s; this rank count %zu, dtype %s, op %s", c->rank, (unsigned long long)c->op_seq,
                            hfr_rank_name(c, c->column[c->node] - c->local + l, who, sizeof(who)),
@@ -525,7 +690,7 @@ static int remote_desc_check(struct op *o) {
       struct hfr_link *l = &c->links[i];
       if (!rreq[i]) {
         void *data = hfr_desc_buf(c, i);
-        size_t size = sizeof(struct desc);
+        size_t size = 64; /* a descriptor, or a neighbour's failure note in its place */
         int tag = 0;
         if (c->ops->irecv(l->recv_comm, 1, &data, &size, &tag, &l->recv_mh_scratch, NULL, &rreq[i]) != ncclSuccess)
           return link_fail(o, i, "receiving from");
@@ -538,7 +703,15 @@ static int remote_desc_check(struct op *o) {
         if (done) sdone[i] = 1, left--, moved = 1;
       }
       if (rreq[i] && !rdone[i]) {
-        if (c->ops->test(rreq[i], &done, NULL) != ncclSuccess) return link_fail(o, i, "receiving from");
+        int got[1] = {0};
+        if (c->ops->test(rreq[i], &done, got) != ncclSuccess) return link_fail(o, i, "receiving from");
+        if (done && got[0] == HFR_NOTE_BYTES && is_note(hfr_desc_buf(c, i))) {
+          return note_fail(o, hfr_desc_buf(c, i), i, 0);
+        }
+        if (done && got[0] != (int)sizeof(struct desc))
+          return hfr_fail_comm(c, ncclInvalidUsage, "hfreduce: rank %d: allreduce #%llu: %s sent %d bytes for its "
+                               "descriptor, not %zu", c->rank, (unsigned long long)c->op_seq,
+                               hfr_rank_name(c, l->peer, who, sizeof(who)), got[0], sizeof(struct desc));
         if (done) rdone[i] = 1, left--, moved = 1;
       }
     }
@@ -550,6 +723,8 @@ static int remote_desc_check(struct op *o) {
     if (mplane_now_ns() - o->idle_since > (uint64_t)c->timeout_s * 1000000000ull) {
       int i = 0;
       while (i < c->nlinks && rdone[i] && sdone[i]) i++;
+      c->culprit = c->links[i < c->nlinks ? i : 0].peer;
+      c->culprit_sure = 0;
       return hfr_fail_comm(c, ncclSystemError, "hfreduce: rank %d: allreduce #%llu: %s did not start it within "
                            "MPLANE_CONNECT_TIMEOUT=%d s", c->rank, (unsigned long long)c->op_seq,
                            hfr_rank_name(c, c->links[i < c->nlinks ? i : 0].peer, who, sizeof(who)), c->timeout_s);
@@ -579,6 +754,24 @@ static int buffer_gpu(const void *p) {
     loaded = mplane_cuda_load(why, sizeof(why)) > 0;
   }
   return loaded ? mplane_cuda_pointer_device(p) : -1;
+}
+
+/* The first call on device buffers page-locks the shared segment (and the scratch), so the copy
+ * engine moves chunks by DMA instead of staging them through the driver's own buffer. Where the
+ * driver refuses, the copies still work, staged: one INFO says so. */
+static void pin_for_gpu(struct mplane_hfreduce_comm *c, int gpu) {
+  if (c->pinned || gpu < 0) return;
+  c->pinned = 1;
+  size_t head = (size_t)(c->data - (char *)c->shm);
+  if (mplane_cuda_host_register(gpu, c->data, c->shm_bytes - head) != 0) {
+    MP_INFO(NCCL_INIT, "hfreduce: rank %d: the driver would not page-lock the shared segment: copies are staged", c->rank);
+    c->pinned = 0;
+    return;
+  }
+  if (mplane_cuda_host_register(gpu, c->scratch, c->scratch_bytes) != 0) {
+    mplane_cuda_host_unregister(c->data);
+    c->pinned = 0;
+  }
 }
 
 static int wait_stream(struct mplane_hfreduce_comm *c, int gpu, void *stream) {
@@ -618,8 +811,12 @@ int mplane_hfreduce_allreduce(mplane_hfreduce_comm_t c, const void *send, void *
   o->send_gpu = buffer_gpu(send);
   o->recv_gpu = buffer_gpu(recv);
   c->op_seq++;
+  pin_for_gpu(c, o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu);
   int res = wait_stream(c, o->send_gpu >= 0 ? o->send_gpu : o->recv_gpu, stream);
-  if (res == ncclSuccess) res = local_desc_check(o);
+  if (res == ncclSuccess) {
+    res = local_desc_check(o);
+    if (res != ncclSuccess && c->nnodes > 1) tell_neighbours(o, 1);
+  }
   if (res == ncclSuccess && c->nnodes > 1) res = remote_desc_check(o);
   if (res == ncclSuccess) res = pipeline(o);
   free(o);

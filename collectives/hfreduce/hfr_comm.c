@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/cuda.h"
 #include "common/log.h"
 #include "common/tc_map.h"
 #include "net/tc.h"
@@ -41,6 +42,8 @@ int hfr_fail_comm(struct mplane_hfreduce_comm *c, int res, const char *fmt, ...)
   c->failed = 1;
   if (c->shm && !__atomic_load_n(&c->shm->abort, __ATOMIC_ACQUIRE)) {
     snprintf(c->shm->abort_msg, sizeof(c->shm->abort_msg), "%s", last_error);
+    c->shm->abort_culprit = c->culprit >= 0 ? c->culprit : c->rank;
+    c->shm->abort_sure = c->culprit_sure;
     __atomic_store_n(&c->shm->abort, 1, __ATOMIC_RELEASE);
   }
   return res;
@@ -165,6 +168,7 @@ static int shm_attach(struct mplane_hfreduce_comm *c, uint64_t magic, int numa) 
     }
   }
   c->shm->rank[c->local].pid = getpid();
+  c->shm->rank[c->local].waits_for = -1;
   /* the last to come unlinks the name: nothing is left in /dev/shm however the ranks end */
   if (__atomic_add_fetch(&c->shm->attached, 1, __ATOMIC_ACQ_REL) == c->nlocal) {
     shm_unlink(c->shm_name);
@@ -204,11 +208,12 @@ static int group_nodes(struct mplane_hfreduce_comm *c) {
     if (count[k] != c->nlocal) bad = k;
   int res = ncclSuccess;
   if (bad >= 0)
-    res = hfr_fail(ncclInvalidUsage, "hfreduce: every node must hold the same number of ranks: host %s has %d, host %s "
-                   "has %d", c->recs[first[c->node]].host, c->nlocal, c->recs[first[bad]].host, count[bad]);
+    res = hfr_fail(ncclInvalidUsage, "hfreduce: rank %d: every node must hold the same number of ranks: host %s has "
+                   "%d, host %s has %d", c->rank, c->recs[first[c->node]].host, c->nlocal, c->recs[first[bad]].host,
+                   count[bad]);
   else if (c->nlocal > HFR_MAX_LOCAL)
-    res = hfr_fail(ncclInvalidUsage, "hfreduce: host %s has %d ranks; at most %d are supported", c->host, c->nlocal,
-                   HFR_MAX_LOCAL);
+    res = hfr_fail(ncclInvalidUsage, "hfreduce: rank %d: host %s has %d ranks; at most %d are supported", c->rank,
+                   c->host, c->nlocal, HFR_MAX_LOCAL);
   if (res == ncclSuccess) {
     c->column = malloc(sizeof(int) * (size_t)c->nnodes);
     int *seen = calloc((size_t)c->nnodes, sizeof(int));
@@ -424,7 +429,8 @@ int mplane_hfreduce_comm_init(mplane_hfreduce_comm_t *out, int nranks, const mpl
   if (!c) return hfr_fail(ncclSystemError, "hfreduce: out of memory");
   c->rank = rank;
   c->nranks = nranks;
-  c->gpu = -1;
+  c->culprit = -1;
+  c->culprit_sure = 1;
   c->boot_fd = -1;
   int res = comm_setup(c, id);
   if (res == ncclSuccess && c->nnodes > 1) res = connect_links(c);
@@ -457,6 +463,10 @@ int mplane_hfreduce_comm_destroy(mplane_hfreduce_comm_t c) {
     }
   }
   if (c->listen_comm) c->ops->close_listen(c->listen_comm);
+  if (c->pinned) {
+    mplane_cuda_host_unregister(c->data);
+    mplane_cuda_host_unregister(c->scratch);
+  }
   if (c->shm) {
     if (!c->shm_unlinked && c->local == 0) shm_unlink(c->shm_name); /* a rank never came */
     munmap(c->shm, c->shm_bytes);

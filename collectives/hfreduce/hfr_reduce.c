@@ -106,30 +106,25 @@ static float fp8_decode(int e4m3, uint8_t v) {
   return sign * ldexpf((float)((1 << mbits) | m), e - bias - mbits);
 }
 
-static uint8_t fp8_encode(int e4m3, float f) {
-  int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
-  uint8_t sign = signbit(f) ? 0x80 : 0;
-  if (isnan(f)) return sign | (e4m3 ? 0x7f : 0x7e);
-  float a = fabsf(f);
-  uint8_t maxfin = e4m3 ? 0x7e : 0x7b, inf = e4m3 ? 0x7e : 0x7c; /* e4m3 saturates */
-  if (isinf(a)) return sign | inf;
-  if (a == 0.0f) return sign;
-  int e;
-  frexpf(a, &e); /* a = fr * 2^e, fr in [0.5, 1) */
-  e -= 1;        /* a = m * 2^e, m in [1, 2) */
-  int emin = 1 - bias;
-  if (e < emin) { /* subnormal: units of 2^(emin - mbits); the count 2^mbits is the smallest normal */
-    float q = nearbyintf(ldexpf(a, mbits - emin));
-    return sign | (uint8_t)q;
+/* Round to nearest even by integer arithmetic, as mp_hfr_f32_to_f16 does: the magic-number add
+ * rounds a subnormal's count (below 2^22) in the FPU's default mode, nearest even. */
+static inline float rne_small(float x) { return (x + 12582912.0f) - 12582912.0f; }
+
+static inline uint8_t fp8_encode(int e4m3, float f) {
+  uint32_t u = f32_bits(f), a = u & 0x7fffffffu;
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+  if (e4m3) {
+    if (a > 0x7f800000u) return sign | 0x7f;
+    if (a > 0x43e00000u) return sign | 0x7e;                           /* past 448: saturate */
+    if (a < 0x3c800000u) return sign | (uint8_t)rne_small(bits_f32(a) * 512.0f); /* below 2^-6 */
+    uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+    return sign | (uint8_t)((r - (120u << 23)) >> 20);
   }
-  float q = nearbyintf(ldexpf(a, mbits - e)); /* 2^mbits .. 2^(mbits+1), exact scaling */
-  if (q >= (float)(2 << mbits)) {
-    q = (float)(1 << mbits);
-    e++;
-  }
-  int code = ((e + bias) << mbits) | ((int)q - (1 << mbits));
-  if (e + bias > (e4m3 ? 15 : 30) || code > maxfin) return sign | inf;
-  return sign | (uint8_t)code;
+  if (a > 0x7f800000u) return sign | 0x7e;
+  if (a >= 0x47700000u) return sign | 0x7c;                            /* rounds past 57344: infinity */
+  if (a < 0x38800000u) return sign | (uint8_t)rne_small(bits_f32(a) * 65536.0f); /* below 2^-14 */
+  uint32_t r = a + 0xfffffu + ((a >> 21) & 1u);
+  return sign | (uint8_t)((r - (112u << 23)) >> 21);
 }
 
 static float fp8_table[2][256];
@@ -182,6 +177,17 @@ static void reduce_scalar_range(int dtype, int op, void *dst, const void *const 
     }
     return;
   }
+  if (dtype == MPLANE_HFREDUCE_FP8_E4M3 || dtype == MPLANE_HFREDUCE_FP8_E5M2) {
+    const float *table = fp8_table[dtype == MPLANE_HFREDUCE_FP8_E4M3 ? 0 : 1];
+    int e4m3 = dtype == MPLANE_HFREDUCE_FP8_E4M3;
+    uint8_t *d = dst;
+    for (size_t i = from; i < n; i++) {
+      float acc = table[((const uint8_t *)src[0])[i]];
+      for (int k = 1; k < nsrc; k++) acc = op_f32(op, acc, table[((const uint8_t *)src[k])[i]]);
+      d[i] = fp8_encode(e4m3, acc);
+    }
+    return;
+  }
   for (size_t i = from; i < n; i++) {
     float acc = mp_hfr_load_f32(dtype, src[0], i);
     for (int k = 1; k < nsrc; k++) acc = op_f32(op, acc, mp_hfr_load_f32(dtype, src[k], i));
@@ -189,85 +195,163 @@ static void reduce_scalar_range(int dtype, int op, void *dst, const void *const 
   }
 }
 
-/* ---- SIMD: 16 lanes in gcc vector types ---- */
+/* ---- SIMD: gcc vector types, W 32-bit lanes (8 for AVX2, 16 for AVX-512) ----
+ *
+ * FP32 and FP16 take W elements a block (FP16 through F16C), BF16 2W: a W-lane load of 32-bit words
+ * holds 2W bf16 values, the even ones become floats by a shift and the odd ones by a mask, and the
+ * results go back the same way; FP8 W, decoded and encoded by the scalar code's bit arithmetic on
+ * lanes (a gather from the table is microcode on AMD's cores). Every lane computes what the scalar code computes. */
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint8_t v16b __attribute__((vector_size(16)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint8_t v8b __attribute__((vector_size(8)));
 
 /* Lane-wise m ? a : b, m all ones or all zeros per lane: the twin of op_f32's ?: */
-#define SEL_V(m, a, b) ((v16f)((((v16u)(a)) & (m)) | (((v16u)(b)) & ~(m))))
-#define OP_V(op, a, b)                                                             \
+#define SEL_V(VF, VU, m, a, b) ((VF)((((VU)(a)) & (m)) | (((VU)(b)) & ~(m))))
+#define OP_V(VF, VU, op, a, b)                                                     \
   ((op) == MPLANE_HFREDUCE_SUM ? (a) + (b)                                         \
-   : (op) == MPLANE_HFREDUCE_MAX ? SEL_V((v16u)((a) > (b)), (a), (b))              \
-                                 : SEL_V((v16u)((a) < (b)), (a), (b)))
+   : (op) == MPLANE_HFREDUCE_MAX ? SEL_V(VF, VU, (VU)((a) > (b)), (a), (b))        \
+                                 : SEL_V(VF, VU, (VU)((a) < (b)), (a), (b)))
 
-#define BF16_TO_F32(h) ((v16f)(__builtin_convertvector((h), v16u) << 16))
-/* The twin of mp_hfr_f32_to_bf16, into the v16h out. */
-#define BF16_FROM_F32(out, f)                                                          \
+/* The twin of mp_hfr_f32_to_bf16 on lanes holding float bits: the bf16 in the low 16 bits. */
+#define BF16_ROUND(VU, out, bits)                                                      \
   do {                                                                                 \
-    v16u u_ = (v16u)(f);                                                               \
-    v16u r_ = (u_ + 0x7fffu + ((u_ >> 16) & 1u)) >> 16;                                \
-    v16u nan_ = (v16u)((u_ & 0x7fffffffu) > 0x7f800000u);                              \
-    r_ = (r_ & ~nan_) | (((u_ >> 16) | 0x40u) & nan_);                                 \
-    (out) = __builtin_convertvector(r_, v16h);                                         \
+    VU u_ = (bits);                                                                    \
+    VU r_ = (u_ + 0x7fffu + ((u_ >> 16) & 1u)) >> 16;                                  \
+    VU nan_ = (VU)((u_ & 0x7fffffffu) > 0x7f800000u);                                  \
+    (out) = (r_ & ~nan_) | (((u_ >> 16) | 0x40u) & nan_ & 0xffffu);                    \
   } while (0)
 
-/* Source k's 16 elements from i on, as floats, into x. */
-#define LOAD_V(x, F16_LOAD, k)                                                         \
-  do {                                                                                 \
-    if (dtype == MPLANE_HFREDUCE_FLOAT32) {                                            \
-      memcpy(&(x), (const float *)src[k] + i, 64);                                     \
-    } else if (dtype == MPLANE_HFREDUCE_BFLOAT16) {                                    \
-      v16h h_;                                                                         \
-      memcpy(&h_, (const uint16_t *)src[k] + i, 32);                                   \
-      (x) = BF16_TO_F32(h_);                                                           \
-    } else {                                                                           \
-      F16_LOAD(x, (const uint16_t *)src[k] + i);                                       \
-    }                                                                                  \
+/* The twin of fp8_encode on lanes: the code in the low 8 bits. */
+#define FP8_ENCODE(VF, VU, VI, out, f, e4m3)                                                              \
+  do {                                                                                                    \
+    VU u_ = (VU)(f), a_ = u_ & 0x7fffffffu, sign_ = (u_ >> 24) & 0x80u, r_, m_;                          \
+    VF af_ = (VF)a_;                                                                                      \
+    if (e4m3) {                                                                                           \
+      r_ = (a_ + 0x7ffffu + ((a_ >> 20) & 1u) - (120u << 23)) >> 20;                                      \
+      VU sub_ = (VU)__builtin_convertvector((af_ * 512.0f + 12582912.0f) - 12582912.0f, VI);              \
+      m_ = (VU)(a_ < 0x3c800000u); r_ = (r_ & ~m_) | (sub_ & m_);                                         \
+      m_ = (VU)(a_ > 0x43e00000u); r_ = (r_ & ~m_) | (0x7eu & m_);                                        \
+      m_ = (VU)(a_ > 0x7f800000u); r_ = (r_ & ~m_) | (0x7fu & m_);                                        \
+    } else {                                                                                              \
+      r_ = (a_ + 0xfffffu + ((a_ >> 21) & 1u) - (112u << 23)) >> 21;                                      \
+      VU sub_ = (VU)__builtin_convertvector((af_ * 65536.0f + 12582912.0f) - 12582912.0f, VI);            \
+      m_ = (VU)(a_ < 0x38800000u); r_ = (r_ & ~m_) | (sub_ & m_);                                         \
+      m_ = (VU)(a_ >= 0x47700000u); r_ = (r_ & ~m_) | (0x7cu & m_);                                       \
+      m_ = (VU)(a_ > 0x7f800000u); r_ = (r_ & ~m_) | (0x7eu & m_);                                        \
+    }                                                                                                     \
+    (out) = (r_ & 0xffu) | sign_;                                                                         \
   } while (0)
 
-/* One ISA's kernel: 16-element blocks of the sized types, the rest (tail, FP8) the scalar way. */
-#define DEFINE_SIMD(NAME, TARGET, F16_LOAD, F16_STORE)                                           \
-  __attribute__((target(TARGET))) static void NAME(int dtype, int op, void *dst, const void *const *src, \
-                                                   int nsrc, size_t n) {                         \
-    size_t blocks = dtype <= MPLANE_HFREDUCE_BFLOAT16 ? n / 16 : 0;                             \
-    for (size_t b = 0; b < blocks; b++) {                                                         \
-      size_t i = b * 16;                                                                          \
-      v16f acc, x;                                                                                \
-      LOAD_V(acc, F16_LOAD, 0);                                                                   \
-      for (int k = 1; k < nsrc; k++) {                                                            \
-        LOAD_V(x, F16_LOAD, k);                                                                   \
-        acc = OP_V(op, acc, x);                                                                   \
-      }                                                                                           \
-      if (dtype == MPLANE_HFREDUCE_FLOAT32) {                                                     \
-        memcpy((float *)dst + i, &acc, 64);                                                       \
-      } else if (dtype == MPLANE_HFREDUCE_BFLOAT16) {                                             \
-        v16h h;                                                                                   \
-        BF16_FROM_F32(h, acc);                                                                    \
-        memcpy((uint16_t *)dst + i, &h, 32);                                                      \
-      } else {                                                                                    \
-        F16_STORE((uint16_t *)dst + i, acc);                                                      \
-      }                                                                                           \
-    }                                                                                             \
-    reduce_scalar_range(dtype, op, dst, src, nsrc, blocks * 16, n);                              \
+/* FP8 codes at p (W of them) to floats on lanes, bit for bit the table's values (fp8_decode). */
+#define FP8_DECODE(VF, VU, VI, BYTES_TO_U32, x, p, e4m3)                                                \
+  do {                                                                                                  \
+    VU v_, e_, m_, r_, k_;                                                                              \
+    BYTES_TO_U32(v_, (p));                                                                              \
+    VU s_ = (v_ & 0x80u) << 24;                                                                         \
+    VF sub_;                                                                                            \
+    if (e4m3) {                                                                                         \
+      e_ = (v_ >> 3) & 0xfu;                                                                            \
+      m_ = v_ & 7u;                                                                                     \
+      r_ = s_ | ((e_ + 120u) << 23) | (m_ << 20);                                                       \
+      sub_ = __builtin_convertvector((VI)m_, VF) * 0x1p-9f;                                             \
+      k_ = (VU)(e_ == 0u); r_ = (r_ & ~k_) | (((VU)sub_ | s_) & k_);                                    \
+      k_ = (VU)((v_ & 0x7fu) == 0x7fu); r_ = (r_ & ~k_) | (0x7fc00000u & k_);                           \
+    } else {                                                                                            \
+      e_ = (v_ >> 2) & 0x1fu;                                                                           \
+      m_ = v_ & 3u;                                                                                     \
+      r_ = s_ | ((e_ + 112u) << 23) | (m_ << 21);                                                       \
+      sub_ = __builtin_convertvector((VI)m_, VF) * 0x1p-16f;                                            \
+      k_ = (VU)(e_ == 0u); r_ = (r_ & ~k_) | (((VU)sub_ | s_) & k_);                                    \
+      k_ = (VU)(e_ == 31u); r_ = (r_ & ~k_) | ((s_ | 0x7f800000u) & k_);                                \
+      k_ = (VU)((e_ == 31u) & (m_ != 0u)); r_ = (r_ & ~k_) | (0x7fc00000u & k_);                        \
+    }                                                                                                   \
+    (x) = (VF)r_;                                                                                       \
+  } while (0)
+
+/* One ISA's kernel. The body is inlined once per (dtype, op) with both constant, so the block loop
+ * carries no branch on them; the tail (n % block) goes the scalar way. */
+#define DEFINE_SIMD(NAME, TARGET, VF, VU, VI, VB, W, F16_LOAD, F16_STORE, BYTES_TO_U32)                      \
+  __attribute__((target(TARGET), always_inline)) static inline void NAME##_body(                          \
+      const int dtype, const int op, void *dst, const void *const *src, int nsrc, size_t n) {              \
+    const size_t per = dtype == MPLANE_HFREDUCE_BFLOAT16 ? 2 * (W) : (W);                                  \
+    const size_t blocks = n / per;                                                                         \
+    const int e4m3 = dtype == MPLANE_HFREDUCE_FP8_E4M3;                                                    \
+    for (size_t b = 0; b < blocks; b++) {                                                                  \
+      const size_t i = b * per;                                                                            \
+      if (dtype == MPLANE_HFREDUCE_BFLOAT16) {                                                             \
+        VU w;                                                                                              \
+        memcpy(&w, (const uint16_t *)src[0] + i, (W) * 4);                                                 \
+        VF ae = (VF)(w << 16), ao = (VF)(w & 0xffff0000u);                                                 \
+        for (int k = 1; k < nsrc; k++) {                                                                   \
+          memcpy(&w, (const uint16_t *)src[k] + i, (W) * 4);                                               \
+          VF xe = (VF)(w << 16), xo = (VF)(w & 0xffff0000u);                                               \
+          ae = OP_V(VF, VU, op, ae, xe);                                                                   \
+          ao = OP_V(VF, VU, op, ao, xo);                                                                   \
+        }                                                                                                  \
+        VU re, ro;                                                                                         \
+        BF16_ROUND(VU, re, (VU)ae);                                                                        \
+        BF16_ROUND(VU, ro, (VU)ao);                                                                        \
+        w = re | (ro << 16);                                                                               \
+        memcpy((uint16_t *)dst + i, &w, (W) * 4);                                                          \
+        continue;                                                                                          \
+      }                                                                                                    \
+      VF acc = {0}, x; /* nsrc >= 1: the first source sets it */                                         \
+      for (int k = 0; k < nsrc; k++) {                                                                     \
+        if (dtype == MPLANE_HFREDUCE_FLOAT32) memcpy(&x, (const float *)src[k] + i, (W) * 4);              \
+        else if (dtype == MPLANE_HFREDUCE_FLOAT16) F16_LOAD(x, (const uint16_t *)src[k] + i);              \
+        else FP8_DECODE(VF, VU, VI, BYTES_TO_U32, x, (const uint8_t *)src[k] + i, e4m3);                      \
+        acc = k == 0 ? x : OP_V(VF, VU, op, acc, x);                                                       \
+      }                                                                                                    \
+      if (dtype == MPLANE_HFREDUCE_FLOAT32) {                                                              \
+        memcpy((float *)dst + i, &acc, (W) * 4);                                                           \
+      } else if (dtype == MPLANE_HFREDUCE_FLOAT16) {                                                       \
+        F16_STORE((uint16_t *)dst + i, acc);                                                               \
+      } else {                                                                                             \
+        VU code;                                                                                           \
+        FP8_ENCODE(VF, VU, VI, code, acc, e4m3);                                                           \
+        VB bytes = __builtin_convertvector(code, VB);                                                      \
+        memcpy((uint8_t *)dst + i, &bytes, (W));                                                           \
+      }                                                                                                    \
+    }                                                                                                      \
+    reduce_scalar_range(dtype, op, dst, src, nsrc, blocks * per, n);                                      \
+  }                                                                                                        \
+  __attribute__((target(TARGET))) static void NAME(int dtype, int op, void *dst, const void *const *src,  \
+                                                   int nsrc, size_t n) {                                   \
+    switch (dtype * 3 + op) {                                                                              \
+      case 0: NAME##_body(0, 0, dst, src, nsrc, n); break;                                                 \
+      case 1: NAME##_body(0, 1, dst, src, nsrc, n); break;                                                 \
+      case 2: NAME##_body(0, 2, dst, src, nsrc, n); break;                                                 \
+      case 3: NAME##_body(1, 0, dst, src, nsrc, n); break;                                                 \
+      case 4: NAME##_body(1, 1, dst, src, nsrc, n); break;                                                 \
+      case 5: NAME##_body(1, 2, dst, src, nsrc, n); break;                                                 \
+      case 6: NAME##_body(2, 0, dst, src, nsrc, n); break;                                                 \
+      case 7: NAME##_body(2, 1, dst, src, nsrc, n); break;                                                 \
+      case 8: NAME##_body(2, 2, dst, src, nsrc, n); break;                                                 \
+      case 9: NAME##_body(3, 0, dst, src, nsrc, n); break;                                                 \
+      case 10: NAME##_body(3, 1, dst, src, nsrc, n); break;                                                \
+      case 11: NAME##_body(3, 2, dst, src, nsrc, n); break;                                                \
+      case 12: NAME##_body(4, 0, dst, src, nsrc, n); break;                                                \
+      case 13: NAME##_body(4, 1, dst, src, nsrc, n); break;                                                \
+      case 14: NAME##_body(4, 2, dst, src, nsrc, n); break;                                                \
+    }                                                                                                      \
   }
 
-#define F16_LOAD_AVX2(x, p)                                                       \
-  do {                                                                            \
-    __m256 lo_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)));          \
-    __m256 hi_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p) + 1));      \
-    memcpy(&(x), &lo_, 32);                                                       \
-    memcpy((char *)&(x) + 32, &hi_, 32);                                          \
+#define F16_LOAD_AVX2(x, p)                                                    \
+  do {                                                                         \
+    __m256 v_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)));        \
+    memcpy(&(x), &v_, 32);                                                     \
   } while (0)
 #define F16_STORE_AVX2(p, v)                                                                   \
   do {                                                                                         \
-    __m256 lo_, hi_;                                                                           \
-    memcpy(&lo_, &(v), 32);                                                                    \
-    memcpy(&hi_, (char *)&(v) + 32, 32);                                                       \
-    _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(lo_, _MM_FROUND_TO_NEAREST_INT));         \
-    _mm_storeu_si128((__m128i *)(p) + 1, _mm256_cvtps_ph(hi_, _MM_FROUND_TO_NEAREST_INT));     \
+    __m256 v_;                                                                                 \
+    memcpy(&v_, &(v), 32);                                                                     \
+    _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(v_, _MM_FROUND_TO_NEAREST_INT));          \
   } while (0)
 #define F16_LOAD_AVX512(x, p)                                                      \
   do {                                                                             \
@@ -280,9 +364,22 @@ typedef uint16_t v16h __attribute__((vector_size(32)));
     memcpy(&v_, &(v), 64);                                                                            \
     _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v_, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); \
   } while (0)
+/* W bytes at p zero-extended to W 32-bit lanes (vpmovzxbd: gcc's __builtin_convertvector does it
+ * byte by byte) */
+#define BYTES_TO_U32_AVX2(v, p)                                                        \
+  do {                                                                                 \
+    __m256i w_ = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)));         \
+    memcpy(&(v), &w_, 32);                                                             \
+  } while (0)
+#define BYTES_TO_U32_AVX512(v, p)                                                      \
+  do {                                                                                 \
+    __m512i w_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)));         \
+    memcpy(&(v), &w_, 64);                                                             \
+  } while (0)
 
-DEFINE_SIMD(reduce_avx2, "avx2,f16c", F16_LOAD_AVX2, F16_STORE_AVX2)
-DEFINE_SIMD(reduce_avx512, "avx512f,avx512bw,avx2,f16c", F16_LOAD_AVX512, F16_STORE_AVX512)
+DEFINE_SIMD(reduce_avx2, "avx2,f16c", v8f, v8u, v8i, v8b, 8, F16_LOAD_AVX2, F16_STORE_AVX2, BYTES_TO_U32_AVX2)
+DEFINE_SIMD(reduce_avx512, "avx512f,avx512bw,avx2,f16c", v16f, v16u, v16i, v16b, 16, F16_LOAD_AVX512,
+            F16_STORE_AVX512, BYTES_TO_U32_AVX512)
 
 void mp_hfr_reduce_isa(int isa, int dtype, int op, void *dst, const void *const *src, int nsrc, size_t n) {
   if (nsrc <= 0 || n == 0) return;

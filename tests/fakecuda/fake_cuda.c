@@ -301,6 +301,24 @@ FC_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags
 
 FC_EXPORT CUresult cuMemFreeHost(void *p) { return free_region((uintptr_t)p, FC_MEM_HOST); }
 
+/* Page-locking the caller's memory: nothing to lock here; the arguments are checked as the driver
+ * checks them, and the count of live registrations is kept so a test can see them
+ * (fake_cuda_host_registered). */
+static int host_registered;
+FC_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
+  if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!p || bytesize == 0 || (Flags & ~0x0fu)) return CUDA_ERROR_INVALID_VALUE;
+  __atomic_add_fetch(&host_registered, 1, __ATOMIC_RELAXED);
+  return CUDA_SUCCESS;
+}
+FC_EXPORT CUresult cuMemHostUnregister(void *p) {
+  if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  __atomic_sub_fetch(&host_registered, 1, __ATOMIC_RELAXED);
+  return CUDA_SUCCESS;
+}
+FC_EXPORT int fake_cuda_host_registered(void) { return __atomic_load_n(&host_registered, __ATOMIC_RELAXED); }
+
 FC_EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
   if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!data) return CUDA_ERROR_INVALID_VALUE;

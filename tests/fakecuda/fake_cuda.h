@@ -127,6 +127,11 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, unsigned gridDimY, unsi
 
 int fake_cuda_kernel_launches(void); /* kernels launched in this process (tests) */
 
+/* Page-locking the caller's memory: arguments checked, nothing locked; the live count for tests. */
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
+CUresult cuMemHostUnregister(void *p);
+int fake_cuda_host_registered(void);
+
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
 CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from . import _abi, _nccl
 
 # mplane's traffic classes (common/tc_map.h): the ncclConfig_t.trafficClass values the plugin understands
-TRAFFIC_CLASSES = {"default": 0, "collective": 1, "alltoall": 2, "lowlat": 3, "storage": 4}
+TRAFFIC_CLASSES = {"default": 0, "collective": 1, "alltoall": 2, "lowlat": 3, "storage": 4, "hfreduce": 5}
 
 
 def _traffic_class_value(tc):
