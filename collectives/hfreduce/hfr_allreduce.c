@@ -387,7 +387,7 @@ static void tell_neighbours(struct op *o, int in_desc) {
       if (!want[li]) continue;
       int done = 0;
       if (!req[li] && c->ops->isend(c->links[li].send_comm, note, HFR_NOTE_BYTES, 0, c->links[li].send_mh_scratch,
-                                     &req[li]) != ncclSuccess)
+                                     NULL, &req[li]) != ncclSuccess)
         want[li] = 0;
       else if (req[li] && (c->ops->test(req[li], &done, NULL) != ncclSuccess || done))
         want[li] = 0;
