@@ -21,6 +21,9 @@
  *                                 stream is created, so a test may change it between streams
  *   MPLANE_FAKE_CUDA_FAIL=copy:N  the N-th asynchronous copy of the process (1-based) fails at
  *                                 submission with CUDA_ERROR_UNKNOWN; read by cuInit
+ *   MPLANE_FAKE_CUDA_LANE=nostart the lane kernel never starts (an application holds every SM)
+ *   MPLANE_FAKE_CUDA_LANE=stall:N the lane kernels stop for good after N ops of the process, the
+ *                                 next one claimed and never run (stopped mid-burst); read by cuInit
  *
  * Kernels: the plugin's lane kernel only (cuLaunchKernel), its loop written again in C.
  * Not modelled: other kernels, graphs, memory pools, IPC, dma-bufs (cuMemGetHandleForAddressRange says
@@ -126,6 +129,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, unsigned gridDimY, unsi
                         void **kernelParams, void **extra);
 
 int fake_cuda_kernel_launches(void); /* kernels launched in this process (tests) */
+void fake_cuda_hold_sms(int held);   /* 1: an application kernel holds every SM, no lane kernel starts */
 
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
 CUresult cuStreamDestroy_v2(CUstream hStream);
