@@ -197,7 +197,7 @@ run_mplane() {
     NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$tmp/nccl.%h.%p.log" \
     timeout -k 5 "$run_limit" "$bench" --gpus 2 --nodes 2 --share-gpus --mode bench --tokens "$tokens" --hidden 7168 \
     --experts 256 --topk 8 --groups 8 --topk-groups 4 --sms "$sms" --iters "$iters" --warmup "$warmup" \
-    --timeout $((run_limit - 5))
+    --timeout $((run_limit > 15 ? run_limit - 5 : run_limit))
   local rc=$?
   guard_after "libmplane-ep $shape" $rc || say "libmplane-ep $shape: $guard_why"
   echo "rc=$rc limit=$run_limit${guard_why:+ why=${guard_why// /_}}" >"$out/mplane-$shape.status"

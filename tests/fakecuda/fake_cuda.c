@@ -137,6 +137,12 @@ FC_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+/* The primary context stays for the whole process: releasing it only checks the device. */
+FC_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  return dev_ok(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
 FC_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
   if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
   if (ctx && !ctx_ok(ctx)) return CUDA_ERROR_INVALID_CONTEXT;

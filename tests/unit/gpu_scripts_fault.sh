@@ -13,6 +13,7 @@
 # printed.
 #
 #   gpu_scripts_fault.sh SOURCE_ROOT [bench|budget|side-by-side|ep-bench]   (default: all four)
+#   gpu_scripts_fault.sh SOURCE_ROOT probe LIBFAKECUDA    the default probe against the CUDA stand-in
 set -uo pipefail
 root=$1
 which=${2:-all}
@@ -102,13 +103,13 @@ case "$which" in all|bench)
   start ok hang break ok ok ok
   t0=$(date +%s)
   NCCL_TESTS_DIR="$T/tests" MPIRUN="$T/bin/mpirun" "$root/scripts/bench-emulated-nodes.sh" --plugin "$plugin" \
-    --tests alltoall --time "-b 8 -e 8" --bw "" --warmup "" --rounds 3 --run-timeout 3 --budget 120 \
+    --tests alltoall --time "-b 8 -e 8" --bw "" --warmup "" --rounds 3 --run-timeout 2 --budget 120 \
     --out "$T/bench" >"$T/bench.out" 2>&1
   rc=$? took=$(($(date +%s) - t0))
   cat "$T/bench.out"
   [ $rc = 1 ] || fail "bench-emulated-nodes: exit $rc, expected 1 (runs failed)"
-  [ $took -le 30 ] || fail "bench-emulated-nodes: took ${took}s (3 s hang limit, 6 short runs)"
-  has "$T/bench.out" "FAIL: socket alltoall round 1: did not finish within 3s: killed at its time limit" "the hang is reported"
+  [ $took -le 30 ] || fail "bench-emulated-nodes: took ${took}s (2 s hang limit, 6 short runs)"
+  has "$T/bench.out" "FAIL: socket alltoall round 1: did not finish within 2s: killed at its time limit" "the hang is reported"
   has "$T/bench.out" "FAIL: mplane alltoall round 2: left the GPU unusable \(GPU unusable: .*busy or unavailable" "the broken GPU is reported"
   has "$T/bench.out" "runs failed or not run \(2\)" "the summary lists the failed runs"
   has "$T/bench.out" "^ *8 B +[0-9.]+ +[0-9.]+ +1\.00x .* [0-9]/1$" "the summary has the runs that finished (round 3 paired)"
@@ -125,17 +126,18 @@ case "$which" in all|bench)
   ;;
 esac
 
-# Every run hangs: with --budget 14 the script ends inside it, the runs past it reported not run.
+# Every run hangs: with --budget 10 the script ends inside it, the runs past it reported not run.
 case "$which" in all|budget)
   start hang hang hang hang hang hang
   t0=$(date +%s)
   NCCL_TESTS_DIR="$T/tests" MPIRUN="$T/bin/mpirun" "$root/scripts/bench-emulated-nodes.sh" --plugin "$plugin" \
-    --tests alltoall --time "-b 8 -e 8" --bw "" --warmup "" --rounds 3 --run-timeout 5 --budget 14 \
+    --tests alltoall --time "-b 8 -e 8" --bw "" --warmup "" --rounds 3 --run-timeout 2 --budget 10 \
     --out "$T/budget" >"$T/budget.out" 2>&1
   took=$(($(date +%s) - t0))
   cat "$T/budget.out"
-  [ $took -le 14 ] || fail "bench-emulated-nodes --budget 14: took ${took}s"
-  has "$T/budget.out" "not run: the budget \(14s\) was spent" "runs past the budget are reported not run"
+  [ $took -le 10 ] || fail "bench-emulated-nodes --budget 10: took ${took}s"
+  has "$T/budget.out" "did not finish within 2s: killed at its time limit" "the runs inside the budget ran"
+  has "$T/budget.out" "not run: the budget \(10s\) was spent" "runs past the budget are reported not run"
   has "$T/budget.out" "runs failed or not run \(6\)" "the summary is printed"
   ;;
 esac
@@ -152,12 +154,12 @@ case "$which" in all|side-by-side)
   start hang break ok ok
   t0=$(date +%s)
   EP_BUILD="$T/ep" MPIRUN="$T/bin/mpirun" "$root/scripts/ep-side-by-side.sh" --no-build --ep-bench "$T/ep/ep_bench" \
-    --mplane-timeout 12 --timeout 12 --budget 100 --out "$T/sbs" >"$T/sbs.out" 2>&1
+    --mplane-timeout 3 --timeout 3 --budget 100 --out "$T/sbs" >"$T/sbs.out" 2>&1
   rc=$? took=$(($(date +%s) - t0))
   cat "$T/sbs.out"
   [ $rc = 0 ] || fail "ep-side-by-side: exit $rc"
-  [ $took -le 40 ] || fail "ep-side-by-side: took ${took}s"
-  has "$T/sbs.out" "^\| ht \| libmplane-ep .*FAILED \(did not finish within 12s; killed at its time limit; MPS restarted" "the hung libmplane-ep run"
+  [ $took -le 30 ] || fail "ep-side-by-side: took ${took}s"
+  has "$T/sbs.out" "^\| ht \| libmplane-ep .*FAILED \(did not finish within 3s; killed at its time limit; MPS restarted" "the hung libmplane-ep run"
   has "$T/sbs.out" "^\| ht \| NCCL EP .*FAILED \(exit 1 .*left the GPU unusable .*MPS restarted" "the NCCL EP run that broke the GPU"
   has "$T/sbs.out" "^\| small \| libmplane-ep \| node-limited \| FP8 \| 24 \| 10 \| 2500 " "libmplane-ep small still ran"
   has "$T/sbs.out" "^\| small \| NCCL EP \| LL \(-a ll\) \| BF16 \| 32 \| - \| 6000 " "NCCL EP small still ran"
@@ -173,15 +175,29 @@ case "$which" in all|ep-bench)
   chmod +x "$T/epb/mplane-ep-bench"
   start hang ok
   t0=$(date +%s)
-  EP_BENCH_BIN="$T/epb/mplane-ep-bench" EP_TIMEOUT=4 EP_BUDGET=60 OUT="$T/epb-out" EP_BUILD="$T/epb" \
+  EP_BENCH_BIN="$T/epb/mplane-ep-bench" EP_TIMEOUT=2 EP_BUDGET=60 OUT="$T/epb-out" EP_BUILD="$T/epb" \
     "$root/scripts/ep-bench.sh" node1 node2 >"$T/epb.out" 2>&1
   rc=$? took=$(($(date +%s) - t0))
   cat "$T/epb.out"
   [ $rc = 1 ] || fail "ep-bench: exit $rc, expected 1 (node1 failed)"
   [ $took -le 30 ] || fail "ep-bench: took ${took}s"
-  has "$T/epb.out" "node1: FAILED: killed at its time limit \(exit 124 after a limit of 4s\)" "the hung shape"
+  has "$T/epb.out" "node1: FAILED: killed at its time limit \(exit 124 after a limit of 2s\)" "the hung shape"
   has "$T/epb.out" "node2: exit 0" "node2 still ran"
   [ "$(cat "$STATE/n")" = 2 ] || fail "ep-bench: $(cat "$STATE/n") runs, expected 2"
+  ;;
+esac
+
+# ---------------------------------------------------------------- the default probe
+# scripts/gpu-guard.sh's own probe (libcuda through python3's ctypes) against the CUDA stand-in as
+# libcuda.so.1: it passes with a device, and fails naming the driver's error without one.
+case "$which" in probe)
+  fake=${3:?probe needs the path of libfakecuda.so}
+  mkdir -p "$T/lib" && ln -s "$fake" "$T/lib/libcuda.so.1"
+  out=$(unset GUARD_PROBE; export LD_LIBRARY_PATH="$T/lib"; . "$root/scripts/gpu-guard.sh"; guard_probe && echo usable || echo "$guard_why")
+  [ "$out" = usable ] || fail "the probe on a working stand-in GPU: $out"
+  out=$(unset GUARD_PROBE; export LD_LIBRARY_PATH="$T/lib" MPLANE_FAKE_CUDA_DEVICES=0; . "$root/scripts/gpu-guard.sh"; guard_probe && echo usable || echo "$guard_why")
+  [[ "$out" == "GPU unusable: cuDeviceGet: CUDA error 101"* ]] || fail "the probe without a device: '$out'"
+  echo "probe without a device: $out"
   ;;
 esac
 
