@@ -226,6 +226,7 @@ static int klane_watch(struct cu_signal_lane *l) {
  * (klane_watch): afterwards l->kernel is 0, and the caller goes the stream way. */
 static int klane_kick(struct cu_signal_lane *l) {
   volatile struct mplane_lane_ctl *c = l->ctl;
+  if (!l->kernel) return 0; /* fell back already (another thread, between its look and the lock) */
   if (l->seq <= __atomic_load_n(&c->done, __ATOMIC_ACQUIRE)) return 0;
   int w = klane_watch(l);
   if (w) return w < 0 ? -1 : 0;
