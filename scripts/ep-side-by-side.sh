@@ -76,7 +76,7 @@ while [ $# -gt 0 ]; do
     --no-build) no_build=1; shift ;;
     --from-logs) from_logs=1; shift ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (--help lists them)" ;;
   esac
 done
