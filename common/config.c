@@ -202,6 +202,10 @@ static const struct row rows[] = {
      "microseconds, an integer from 10 to 1000000", "the lane kernel exits after this long with nothing to do"},
     {"MPLANE_GIN_LANE_KERNEL_MAX", K_INT, OFF(gin_lane_kernel_max), 0, "262144", 0, 67108864, NULL,
      "bytes, an integer from 0 to 67108864", "with MPLANE_GIN_LANE=kernel, larger copies go to the copy engine"},
+    {"MPLANE_GIN_LANE_STALL_MS", K_INT, OFF(gin_lane_stall_ms), 0, "200", 1, 5000, NULL,
+     "milliseconds, an integer from 1 to 5000",
+     "with MPLANE_GIN_LANE=kernel, ops waiting this long on a lane kernel that does not start or move go to "
+     "stream ops, and the lane stays on them (docs/gin.md)"},
     {"MPLANE_IB_PKEY", K_INT, OFF(ib_pkey), 0, "0", 0, 65535, NULL, "an integer from 0 to 65535",
      "partition key index of every QP"},
     {"MPLANE_IB_ECE", K_BOOL, OFF(ib_ece), 0, "1", 0, 1, NULL, "0 or 1",

@@ -56,6 +56,7 @@ struct mplane_config {
   int gin_lane;                              /* enum mplane_gin_lane: how GPU memory ops are run */
   int gin_lane_idle_us;                      /* the lane kernel exits after this long idle */
   int gin_lane_kernel_max;                   /* copies up to this many bytes by the lane kernel */
+  int gin_lane_stall_ms;                     /* ops wait no longer on a lane kernel that makes no progress */
   int ib_pkey;                               /* partition key index of every QP */
   int ib_ece;                                /* negotiate ECE on IB connections where supported */
   int ib_qps;                                /* QPs per connection */

@@ -52,6 +52,10 @@ int mplane_cuda_lane_wait(int gpu, uint64_t seq, int timeout_ms);
 /* The newest asynchronous copy given to the GPU's lane so far (0: none): waiting for it waits for
  * every copy issued before, e.g. before a window's memory is given back. */
 uint64_t mplane_cuda_lane_issued(int gpu);
+/* 1 while the GPU's lane runs its ops through the lane kernel (MPLANE_GIN_LANE=kernel), 0 on stream
+ * ops: the default, a kernel that could not be loaded, or after the fallback from one that did not
+ * start or stopped making progress (docs/gin.md). */
+int mplane_cuda_lane_kernel(int gpu);
 int mplane_cuda_memset(int gpu, void *dst, int value, size_t bytes);
 /* Pinned (page-locked) host memory, usable by every context: copies to and from it are real DMA,
  * not staged by the driver through a buffer of its own. NULL where the driver cannot give it. */

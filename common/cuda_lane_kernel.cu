@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(MPLANE_LANE_THREADS) mplane_lane_ru
   }
   __syncthreads();
   for (;;) {
-    if (threadIdx.x == 0) { // wait for op `next`, or give up after idle_ns
+    if (threadIdx.x == 0) { // wait for op `next`, or give up after idle_ns; claim it (cuda_lane_ring.h)
       volatile struct mplane_lane_cmd *c = &v->ring[next % MPLANE_LANE_SLOTS];
       mplane_u64 t0 = now_ns(), idle = v->idle_ns;
       go = 0;
@@ -51,7 +51,9 @@ extern "C" __global__ void __launch_bounds__(MPLANE_LANE_THREADS) mplane_lane_ru
         if (c->seq == next) {
           __threadfence_system(); // the fields were written before seq
           cmd.op = c->op, cmd.dst = c->dst, cmd.src = c->src, cmd.bytes = c->bytes, cmd.value = c->value;
-          go = 1;
+          v->claimed = next;
+          __threadfence_system(); // the claim before the read of stop: the host's fallback relies on it
+          go = !v->stop;
           break;
         }
         if (v->stop || now_ns() - t0 > idle) break;
@@ -71,10 +73,12 @@ extern "C" __global__ void __launch_bounds__(MPLANE_LANE_THREADS) mplane_lane_ru
       __threadfence_system();
       if (cmd.op == MPLANE_LANE_WRITE64) *(volatile mplane_u64 *)cmd.dst = cmd.value;
       __threadfence_system();
-      v->done = next;
+      if (v->stop) go = 0; // taken back: the host runs this op (again) and publishes it
+      else v->done = next;
       next++;
     }
     __syncthreads();
+    if (!go) break;
   }
   if (threadIdx.x == 0) {
     __threadfence_system();

@@ -13,7 +13,16 @@
  * The kernel runs ops in seq order and, after each one's stores are visible system-wide, sets done =
  * seq. It exits after idle_ns with nothing to run, or when stop is set, and then sets exited = the
  * epoch it was launched with. The host launches a kernel (epoch + 1) whenever ops wait and no kernel
- * is live (exited == epoch): one kernel at a time, so ops never run out of order. */
+ * is live (exited == epoch): one kernel at a time, so ops never run out of order.
+ *
+ * Taking ops back (the host's fallback, cuda_lane.c: a kernel that cannot start or stopped making
+ * progress). Before it runs op s the kernel sets claimed = s, fences (system scope, sequentially
+ * consistent), then reads stop, and runs nothing once stop is set; it publishes done only while stop
+ * is clear. The host sets stop, fences, and reads claimed then done: the kernel never starts an op
+ * after claimed (its read of stop comes after its claim, so it sees the host's stop), every op up to
+ * done is complete, and the one op between (claimed = done + 1, if any) was begun and may be half
+ * done. The host runs every op after done on a stream in order, that one included; their bytes and
+ * values are the ones the ring holds, so running one twice writes the same thing. */
 #ifndef MPLANE_COMMON_CUDA_LANE_RING_H
 #define MPLANE_COMMON_CUDA_LANE_RING_H
 
@@ -38,14 +47,15 @@ enum mplane_lane_op {
 
 struct mplane_lane_cmd { /* 64 bytes: one slot never shares a cache line with another */
   mplane_u64 seq;        /* written last */
-  mplane_u32 op, pad;
+  mplane_u32 op, to_gpu; /* to_gpu (COPY): dst is GPU memory, src host memory; for the host's fallback */
   mplane_u64 dst, src, bytes, value;
   mplane_u64 pad2[2];
 };
 
 struct mplane_lane_ctl {
-  mplane_u64 done; /* kernel: the last seq whose op is complete */
-  mplane_u64 pad0[7];
+  mplane_u64 done;    /* kernel: the last seq whose op is complete */
+  mplane_u64 claimed; /* kernel: the last seq it began (set before it reads stop) */
+  mplane_u64 pad0[6];
   mplane_u64 started; /* kernel: its epoch, on entry */
   mplane_u64 exited;  /* kernel: its epoch, once it runs nothing more */
   mplane_u64 pad1[6];

@@ -59,6 +59,10 @@
 #   --gin-nccl-lib DIR   prepended to LD_LIBRARY_PATH in the GIN sweep's runs (that NCCL's lib)
 #   --out DIR          rows.txt, summary.txt and each run's log (default build/bench-emulated-nodes)
 #   --no-mps           do not start the CUDA MPS daemon (one already runs, or time-slicing is wanted)
+#   --run-timeout S    seconds a run may take before it is killed and reported failed (default 300)
+#   --budget S         seconds for the whole script (default 0: no limit; e.g. 540 inside a 10-minute
+#                      limit): each run gets what is left (less a reserve for the summary), runs
+#                      past it are reported not run, and the summary of what finished is printed
 #   --summarize FILE   only print the summary of an earlier rows.txt
 #
 # Both MPI ranks use GPU 0 (NCCL_TESTS_DEVICE=0) and each exports NCCL_HOSTID=node<rank>, so NCCL
@@ -66,6 +70,11 @@
 # (MPLANE_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo) or the veth pair (=mpv0 / =mpv1's prefix mpv). MPS lets both ranks' kernels run at once; without
 # it they take turns on the GPU. NCCL_NVLS_ENABLE=0 always. Needs Open MPI's mpirun (MPIRUN, PATH, or
 # /usr/lib/x86_64-linux-gnu/openmpi/bin/mpirun) and nccl-tests built with MPI=1.
+#
+# Before each run a probe makes a CUDA context and a buffer on the GPU (scripts/gpu-guard.sh); where
+# it fails the MPS daemon is restarted and the probe tried again, and a GPU still unusable fails that
+# run with the probe's answer while the next runs still try. A run killed at its limit, or one after
+# which the probe fails, gets the MPS daemon restarted and is reported failed with that reason.
 #
 # Every run must exit 0, report 0 wrong values and name the intended network ("Using network
 # mplane" / "Using network Socket") in its log, and a GIN run's log must not show GIN assigned to
@@ -84,6 +93,8 @@ link=lo
 netns_tools=""
 out="$here/build/bench-emulated-nodes"
 mps=1
+run_timeout=300
+budget=${BENCH_BUDGET:-0}
 summarize=""
 gin_args=""
 gin_dir=""
@@ -114,6 +125,8 @@ while [ $# -gt 0 ]; do
     --gin-nccl-lib) need "$@"; gin_lib="$2"; shift 2 ;;
     --out) need "$@"; out="$2"; shift 2 ;;
     --no-mps) mps=0; shift ;;
+    --run-timeout) need "$@"; run_timeout="$2"; shift 2 ;;
+    --budget) need "$@"; budget="$2"; shift 2 ;;
     --summarize) need "$@"; summarize="$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^set -uo/ {exit} NR > 1' "$0"; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
@@ -304,6 +317,11 @@ if gin_sizes or gin_failed:
         print(gin_verdict(f"{v}: -D 3 <= 1.5x -D 4", [(s, b) for s, _, b in vt], 1.5))
     if gin_failed:
         print("GIN runs refused: " + ", ".join(f"{GIN.get(c, c)} round {r} ({why})" for r, _, c, _, why in gin_failed))
+
+other_failed = [f for f in failed_runs if f[1] != "gin"]
+if other_failed:
+    print(f"\nruns failed or not run ({len(other_failed)}): " +
+          "; ".join(f"{s} {c} {t} round {r}: {why}" for r, s, c, t, why in other_failed))
 PY
 }
 
@@ -314,6 +332,11 @@ if [ -n "$summarize" ]; then
 fi
 
 case "$rounds" in ''|*[!0-9]*|0) die "--rounds '$rounds': expected a whole number from 1" ;; esac
+case "$run_timeout" in ''|*[!0-9]*|0) die "--run-timeout '$run_timeout': expected a whole number of seconds from 1" ;; esac
+case "$budget" in ''|*[!0-9]*) die "--budget '$budget': expected a whole number of seconds (0: no limit)" ;; esac
+# shellcheck source=scripts/gpu-guard.sh
+. "$here/scripts/gpu-guard.sh"
+guard_init bench-emulated-nodes.sh "$budget"
 case "$grid" in
   best) points=(1x1 1x2 4x4 4x4-512K-8M 8x4-512K-8M 2x8-512K-8M) ;;
   full) points=(); for t in 1 2 4 8; do for s in 1 2 4 8; do points+=("${s}x$t" "${s}x$t-512K-8M"); done; done ;;
@@ -404,11 +427,17 @@ chmod +x "$wrap"
 if [ $mps = 1 ]; then
   export CUDA_MPS_PIPE_DIRECTORY="$out/mps" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d || die "nvidia-cuda-mps-control -d failed (--no-mps runs without it)"
-  trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
+  guard_mps_start || die "nvidia-cuda-mps-control -d failed (--no-mps runs without it)"
+  trap guard_mps_stop EXIT
 fi
 
 failed=0
+# run_failed WHY (in run): the run is reported, noted in rows.txt, and the script exits 1 at the end
+run_failed() {
+  echo "FAIL: $config $test round $round: $1 (log: $log)"
+  echo "# failed $round $sweep $config $test $1" >>"$rowsf" # the summary counts what was refused
+  failed=1
+}
 perf_dir=${NCCL_TESTS_DIR:-} # where run finds the nccl-tests; run_gin points it at the GIN sweep's
 # run ROUND SWEEP CONFIG NET TEST ARGS [VAR=VALUE ...]: one nccl-tests run, its rows into rows.txt.
 run() {
@@ -420,11 +449,25 @@ run() {
   [ $mps = 1 ] && x+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
   local kv
   for kv in "$@"; do x+=(-x "$kv"); done
+  local limit rc rows why=""
+  limit=$(guard_limit "$run_timeout")
+  if [ "$limit" -le 0 ] || { [ "$limit" -lt "$run_timeout" ] && [ "$limit" -lt 5 ]; }; then # cut short by the budget
+    run_failed "not run: the budget (${budget}s) was spent"
+    return
+  fi
+  if ! guard_before "$config $test round $round"; then
+    run_failed "not run: $guard_why"
+    return
+  fi
   # shellcheck disable=SC2086 # ARGS is a list of nccl-tests arguments
-  timeout 300 "$mpirun" --allow-run-as-root -np 2 --oversubscribe --bind-to none "${x[@]}" \
+  timeout -k 10 "$limit" "$mpirun" --allow-run-as-root -np 2 --oversubscribe --bind-to none "${x[@]}" \
     "$wrap" "$perf_dir/${test}_perf" -g 1 $args >"$log" 2>&1
-  local rc=$?
-  local rows why=""
+  rc=$?
+  if ! guard_after "$config $test round $round" $rc; then
+    [ $rc = 124 ] || [ $rc = 137 ] && guard_why="did not finish within ${limit}s: $guard_why"
+    run_failed "$guard_why"
+    return
+  fi
   # nccl-tests' result rows: size, then out-of-place time (col 6), busbw (8) and wrong values (9)
   rows=$(awk -v pre="$round $sweep $config $test" '$1 ~ /^[0-9]+$/ && NF >= 12 {print pre, $1, $6, $8, $9}' "$log")
   if [ $rc -ne 0 ]; then why="exit status $rc"
@@ -435,9 +478,7 @@ run() {
     why="GIN assigned to another plugin" # NCCL's own GIN backend would be measured instead of mplane's
   fi
   if [ -n "$why" ]; then
-    echo "FAIL: $config $test round $round: $why (log: $log)"
-    echo "# failed $round $sweep $config $test $why" >>"$rowsf" # the summary counts what was refused
-    failed=1
+    run_failed "$why"
     return
   fi
   echo "$rows" >>"$rowsf"

@@ -25,7 +25,14 @@
 #   EP_ARGS        extra mplane-ep-bench arguments (e.g. "--iters 10 --sms 0")
 #   EP_TIMEOUT     seconds per shape at most (default 270)
 #   EP_BUDGET      seconds for the whole script (default 570: inside a 10-minute limit per command);
-#                  a shape gets what is left, and is skipped with a message under 60 s
+#                  a shape gets what is left, and is skipped with a message under 60 s (or under
+#                  EP_TIMEOUT, where that is shorter)
+#   EP_BENCH_BIN   a built mplane-ep-bench: no build step (its folder holds libmplane-ep.so; the
+#                  plugin from EP_PLUGIN_DIR, else none)
+# Before each shape a probe makes a CUDA context on the GPU (scripts/gpu-guard.sh); where it fails the
+# MPS daemon (when this script started one) is restarted, and a GPU still unusable fails that shape
+# with the probe's answer. A shape killed at its limit, or one after which the probe fails, gets the
+# MPS daemon restarted and is reported failed with that reason; the next shape still runs.
 #   EP_NVCC_FLAGS  extra nvcc flags for the kernels (builds directly, without meson), e.g.
 #                  -DMP_EP_TRACE: every fused dispatch prints when its pack, link and unpack blocks ended
 #                  and how many tokens / link batches / rows each finished per 10 us
@@ -48,6 +55,10 @@ t_start=$(date +%s)
 export NCCL_NVLS_ENABLE=0
 export PATH="/usr/local/cuda/bin:$PATH"
 results="$out/ep-bench.txt"
+# shellcheck source=scripts/gpu-guard.sh
+. "$here/scripts/gpu-guard.sh"
+guard_init ep-bench "$budget"
+guard_t0=$t_start
 
 say() { echo "ep-bench: $*" | tee -a "$results"; }
 
@@ -185,9 +196,9 @@ start_mps() {
   fi
   export CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  if nvidia-cuda-mps-control -d; then
+  if guard_mps_start; then
     MPS_STARTED=1
-    trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
+    trap guard_mps_stop EXIT
     say "MPS control daemon started (pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
   else
     say "nvidia-cuda-mps-control -d failed: the two ranks time-slice the GPU"
@@ -200,7 +211,9 @@ run_shape() {
   local left=$((budget - ($(date +%s) - t_start)))
   local limit=$shape_timeout
   [ "$left" -lt "$limit" ] && limit=$left
-  if [ "$limit" -lt 60 ]; then
+  local least=60
+  [ "$shape_timeout" -lt "$least" ] && least=$shape_timeout
+  if [ "$limit" -lt "$least" ]; then
     say "---- $name: SKIPPED: only ${left}s of the ${budget}s budget left (run 'scripts/ep-bench.sh $name' on its own)"
     return 1
   fi
@@ -208,7 +221,7 @@ run_shape() {
   local env=(LD_LIBRARY_PATH="$EPLIB_DIR:${PLUGIN_DIR:+$PLUGIN_DIR:}$(dirname "$NCCL_LIB"):$(cuda_lib):${LD_LIBRARY_PATH:-}"
              NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$tmp/nccl.%h.%p.log"
              NCCL_SOCKET_IFNAME=lo MPLANE_SOCKET_IFNAME=lo)
-  local args=(--gpus 2 --nodes "$nodes" --mode all --out "$results" --timeout $((limit - 15)))
+  local args=(--gpus 2 --nodes "$nodes" --mode all --out "$results" --timeout $((limit > 30 ? limit - 15 : limit)))
   local ngpu; ngpu=$(visible_gpus)
   if [ "$ngpu" -lt 2 ]; then
     if [ "$nodes" -lt 2 ]; then
@@ -227,11 +240,16 @@ run_shape() {
   fi
   # shellcheck disable=SC2206
   args+=(${EP_ARGS:-})
+  if ! guard_before "$name"; then
+    say "---- $name: FAILED: not run: $guard_why"
+    return 1
+  fi
   say "---- $name: $nodes node(s), $(env "${env[@]}" sh -c 'echo NCCL_NET_PLUGIN=$NCCL_NET_PLUGIN'); $BENCH ${args[*]}"
   echo "## $name" >>"$results"
   env "${env[@]}" timeout -k 5 "$limit" "$BENCH" "${args[@]}" >"$out/$name.log" 2>&1
   local rc=$?
   cat "$out/$name.log"
+  guard_after "$name" $rc || say "$name: FAILED: $guard_why (exit $rc after a limit of ${limit}s)"
   { echo "== $name =="; grep -hE "Using network|NET/(Plugin|mplane|Socket|IB)|NCCL_NET|Loaded net plugin|Failed to load|WARN" "$tmp"/nccl.*.log 2>/dev/null | sed -E 's/^[^ ]+ [0-9]+:[0-9]+ //' | sort | uniq -c | sort -rn | head -60; } >>"$out/nccl-net.txt"
   { for f in "$tmp"/stats-*.json; do [ -f "$f" ] && { echo "== $name $f"; cat "$f"; }; done; } >>"$out/stats.txt" 2>/dev/null
   local net; net=$(grep -hoE "Using network [A-Za-z0-9_]+" "$tmp"/nccl.*.log 2>/dev/null | sort -u | tr '\n' ' ')
@@ -280,6 +298,11 @@ sweep() {
 }
 
 rc=0
+if [ -n "${EP_BENCH_BIN:-}" ]; then
+  [ -x "$EP_BENCH_BIN" ] || { echo "ep-bench.sh: EP_BENCH_BIN '$EP_BENCH_BIN' is not an executable file" >&2; exit 2; }
+  find_nccl
+  BENCH="$EP_BENCH_BIN" EPLIB_DIR="$(dirname "$EP_BENCH_BIN")" PLUGIN_DIR="${EP_PLUGIN_DIR:-}"
+fi
 if [ "${what[0]}" = prepare ]; then prepare; exit $?; fi
 : >"$results"
 if [ "${what[0]}" = sweep ]; then sweep "${what[@]:1}"; rc=$?; say "done: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"; exit $rc; fi

@@ -28,6 +28,13 @@
 #     --timeout S         seconds for each NCCL EP run (default 150)
 #     --mplane-timeout S  seconds for each libmplane-ep run (default 180; a run takes ~10-20 s)
 #     --shapes LIST       ht,small (default both)
+#     --budget S          seconds for the whole script (default 0: no limit): each run's limit is
+#                         cut to what is left (less a reserve for the table); a run with none left is
+#                         reported not run. Before each run a probe makes a CUDA context on the GPU
+#                         (scripts/gpu-guard.sh); where it fails the MPS daemon is restarted, and a GPU
+#                         still unusable fails that run with the probe's answer; a run killed at its
+#                         limit or one that leaves the GPU unusable gets MPS restarted and its row says so
+#     --no-build          do not build libmplane-ep first (use what EP_BUILD holds)
 #     --no-validate       do not pass -V (validation) to ep_bench
 #     --out DIR           results (default $OUT, else build-ep-dev/side-by-side): side-by-side.md
 #                         (the table), *.log, nccl-net.txt
@@ -48,6 +55,8 @@ mplane_timeout=180
 shapes="ht,small"
 validate=1
 from_logs=0
+budget=0
+no_build=0
 out="${OUT:-}"
 die() { echo "ep-side-by-side: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -63,13 +72,15 @@ while [ $# -gt 0 ]; do
     --mplane-timeout) mplane_timeout=$2; shift 2 ;;
     --shapes) shapes=$2; shift 2 ;;
     --no-validate) validate=0; shift ;;
+    --budget) budget=$2; shift 2 ;;
+    --no-build) no_build=1; shift ;;
     --from-logs) from_logs=1; shift ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (--help lists them)" ;;
   esac
 done
-for v in sms ll_sms iters warmup timeout_s mplane_timeout; do
+for v in sms ll_sms iters warmup timeout_s mplane_timeout budget; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || die "--${v//_/-} '${!v}': expected a whole number"
 done
 build="${EP_BUILD:-$here/build-ep-dev}"
@@ -106,11 +117,20 @@ on_signal() {
   exit 143
 }
 trap on_signal TERM INT
-mps_stop() {
-  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
-  # a daemon started right after may find the old server still holding the GPU: wait (10 s at most)
-  local i
-  for i in $(seq 1 50); do pgrep -x nvidia-cuda-mps-server >/dev/null 2>&1 || break; sleep 0.2; done
+# shellcheck source=scripts/gpu-guard.sh
+. "$here/scripts/gpu-guard.sh"
+guard_init ep-side-by-side "$budget"
+# guarded_limit WANT STATUS: the limit of the next run, after the GPU probe; 1 (and STATUS says why
+# the run was not run) where no time is left or the GPU is unusable
+guarded_limit() {
+  run_limit=$(guard_limit "$1")
+  if [ "$run_limit" -le 0 ] || { [ "$run_limit" -lt "$1" ] && [ "$run_limit" -lt 10 ]; }; then # cut short by the budget
+    echo "notrun=the budget (${budget}s) was spent" >"$2"
+    return 1
+  fi
+  guard_before "$(basename "$2" .status)" && return 0
+  echo "notrun=$guard_why" >"$2"
+  return 1
 }
 prepare_run() {
   if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -124,8 +144,12 @@ prepare_run() {
     say "no --ep-bench (NCCL_EP_BENCH): NCCL EP is not run; build ep_bench from contrib/nccl_ep of NCCL 2.30+ on this machine and give its path"
   fi
   # libmplane-ep and the plugin, built as scripts/ep-bench.sh builds them
-  run_step "$out/build-step.log" env EP_BUILD="$build" OUT="$out/build" "$here/scripts/ep-bench.sh" build ||
-    { cat "$out/build-step.log"; die "building libmplane-ep failed (see $out/build)"; }
+  if [ $no_build = 0 ]; then
+    run_step "$out/build-step.log" env EP_BUILD="$build" OUT="$out/build" "$here/scripts/ep-bench.sh" build ||
+      { cat "$out/build-step.log"; die "building libmplane-ep failed (see $out/build)"; }
+  else
+    : >"$out/build-step.log"
+  fi
   grep -E "^ep-bench: (NCCL header|nvcc|date|  GPU)" "$out/build-step.log" | sed 's/^ep-bench: /  /' >>"$out/notes.txt"
   bench=""
   for b in "$build/collectives/ep/mplane-ep-bench" "$build/direct/mplane-ep-bench"; do
@@ -144,9 +168,9 @@ prepare_run() {
   if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
     export CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if nvidia-cuda-mps-control -d; then
+    if guard_mps_start; then
       mps=1
-      trap mps_stop EXIT
+      trap guard_mps_stop EXIT
     fi
   fi
   if [ $mps = 1 ]; then say "MPS daemon started (pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
@@ -163,16 +187,20 @@ net_lines() { # LOGDIR LABEL: which network NCCL said it used
 
 # libmplane-ep: one mplane-ep-bench run per shape; status in mplane-SHAPE.status
 run_mplane() {
-  local shape=$1 tokens=$2 log="$out/mplane-$1.log" tmp
+  local shape=$1 tokens=$2 log="$out/mplane-$1.log" tmp run_limit
+  rm -f "$log"
+  guarded_limit "$mplane_timeout" "$out/mplane-$shape.status" || { say "libmplane-ep $shape: not run: $(sed -n 's/^notrun=//p' "$out/mplane-$shape.status")"; return 0; }
   tmp=$(mktemp -d "$out/nccl-mplane-$1-XXXX")
   local ld="$eplib_dir:$(dirname "$plugin"):${mplane_nccl_lib:+$mplane_nccl_lib:}$cuda_root/lib64:${LD_LIBRARY_PATH:-}"
   say "libmplane-ep $shape: $bench --gpus 2 --nodes 2 --share-gpus --mode bench --tokens $tokens --sms $sms --iters $iters --warmup $warmup"
   run_step "$log" env LD_LIBRARY_PATH="$ld" NCCL_NET_PLUGIN="$plugin" MPLANE_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo \
     NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$tmp/nccl.%h.%p.log" \
-    timeout -k 5 "$mplane_timeout" "$bench" --gpus 2 --nodes 2 --share-gpus --mode bench --tokens "$tokens" --hidden 7168 \
+    timeout -k 5 "$run_limit" "$bench" --gpus 2 --nodes 2 --share-gpus --mode bench --tokens "$tokens" --hidden 7168 \
     --experts 256 --topk 8 --groups 8 --topk-groups 4 --sms "$sms" --iters "$iters" --warmup "$warmup" \
-    --timeout $((mplane_timeout - 10))
-  echo "rc=$? limit=$mplane_timeout" >"$out/mplane-$shape.status"
+    --timeout $((run_limit > 15 ? run_limit - 5 : run_limit))
+  local rc=$?
+  guard_after "libmplane-ep $shape" $rc || say "libmplane-ep $shape: $guard_why"
+  echo "rc=$rc limit=$run_limit${guard_why:+ why=${guard_why// /_}}" >"$out/mplane-$shape.status"
   net_lines "$tmp" "libmplane-ep $shape"
   rm -rf "$tmp"
 }
@@ -216,6 +244,8 @@ run_nccl_ep() {
   make_shim || { echo "notrun=could not build the gethostname preload" >"$st"; return 0; }
   local mpirun="${MPIRUN:-$(command -v mpirun || echo /usr/lib/x86_64-linux-gnu/openmpi/bin/mpirun)}"
   [ -x "$mpirun" ] || { echo "notrun=no mpirun (set MPIRUN)" >"$st"; return 0; }
+  local run_limit
+  guarded_limit "$timeout_s" "$st" || { say "NCCL EP $shape: not run: $(sed -n 's/^notrun=//p' "$st")"; return 0; }
   tmp=$(mktemp -d "$out/nccl-ep-$1-XXXX")
   local ld="${nccl_lib:+$nccl_lib:}$(dirname "$ep_bench"):$(dirname "$ep_bench")/../lib:$cuda_root/lib64:${LD_LIBRARY_PATH:-}"
   local args=(-a "$algo" -t "$tokens" -d 7168 -k 8 -e 256 -S "$s" -w "$warmup" -i "$iters")
@@ -224,11 +254,13 @@ run_nccl_ep() {
            -x NCCL_SOCKET_IFNAME=lo -x NCCL_NVLS_ENABLE=0 -x NCCL_MULTI_RANK_GPU_ENABLE=1 -x CUDA_VISIBLE_DEVICES
            -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET -x NCCL_DEBUG_FILE="$tmp/nccl.%h.%p.log")
   [ $mps = 1 ] && x+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
-  say "NCCL EP $shape: mpirun -np 2 ... ep_bench ${args[*]} (limit ${timeout_s}s)"
+  say "NCCL EP $shape: mpirun -np 2 ... ep_bench ${args[*]} (limit ${run_limit}s)"
   local t0; t0=$(date +%s)
-  run_step "$log" timeout -k 10 "$timeout_s" "$mpirun" --allow-run-as-root -np 2 --oversubscribe --bind-to none "${x[@]}" \
+  run_step "$log" timeout -k 10 "$run_limit" "$mpirun" --allow-run-as-root -np 2 --oversubscribe --bind-to none "${x[@]}" \
     "$out/rank-wrap.sh" "$ep_bench" "${args[@]}"
-  echo "rc=$? seconds=$(( $(date +%s) - t0 )) limit=$timeout_s" >"$st"
+  local rc=$?
+  guard_after "NCCL EP $shape" $rc || say "NCCL EP $shape: $guard_why"
+  echo "rc=$rc seconds=$(( $(date +%s) - t0 )) limit=$run_limit${guard_why:+ why=${guard_why// /_}}" >"$st"
   net_lines "$tmp" "NCCL EP $shape"
   rm -rf "$tmp"
 }
@@ -239,11 +271,18 @@ stat_get() { sed -n "s/.*\b$2=\([^ ]*\).*/\1/p" "$1" 2>/dev/null | head -1; }
 
 parse_mplane() {
   local shape=$1 log="$out/mplane-$1.log" rc
+  local notrun; notrun=$(sed -n 's/^notrun=//p' "$out/mplane-$shape.status" 2>/dev/null)
+  if [ -n "$notrun" ]; then
+    echo "$shape|libmplane-ep|node-limited|-|$sms|-|-|-|-|-|FAILED (not run: $notrun)" >>"$rows"
+    return
+  fi
   rc=$(stat_get "$out/mplane-$shape.status" rc)
   local ncclv; ncclv=$(grep -oE "NCCL [0-9]+, device" "$log" 2>/dev/null | head -1 | tr -dc '0-9')
   if [ "${rc:-x}" != 0 ] || ! grep -q "^| node-limited |" "$log" 2>/dev/null; then
     local why="exit ${rc:-?}"
     [ "$rc" = 124 ] || [ "$rc" = 137 ] && why="did not finish within $(stat_get "$out/mplane-$shape.status" limit)s"
+    local gw; gw=$(stat_get "$out/mplane-$shape.status" why)
+    [ -n "$gw" ] && why="$why; ${gw//_/ }; MPS restarted"
     echo "$shape|libmplane-ep|node-limited|-|$sms|-|-|-|-|-|FAILED ($why; see mplane-$shape.log)" >>"$rows"
     return
   fi
@@ -270,6 +309,8 @@ parse_nccl_ep() {
   if [ $validate = 1 ] || grep -qiE "validation: *(PASSED|FAILED)" "$log"; then
     vnote="; validation: $(grep -ciE "validation: *PASSED" "$log") passed, $(grep -ciE "validation: *FAILED" "$log") failed"
   fi
+  local gw; gw=$(stat_get "$st" why)
+  [ -n "$gw" ] && vnote="$vnote; ${gw//_/ }; MPS restarted"
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     local stage; stage=$(grep -E "ncclEpCreateGroup took|handle creation took|Starting benchmark|Tensors set up" "$log" | tail -1 | sed 's/^ *//')
     echo "$shape|NCCL EP|$label|BF16|$s|-|-|-|-|-|DID NOT FINISH within ${limit}s (killed; last step: ${stage:-none})" >>"$rows"

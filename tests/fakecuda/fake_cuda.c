@@ -71,7 +71,26 @@ static long parse_fail(void) {
   return n;
 }
 
+/* Faults of the lane kernel: see lane_kernel_run. */
+static int sms_held;          /* fake_cuda_hold_sms; MPLANE_FAKE_CUDA_LANE=nostart holds them for good */
+static long lane_stall_after; /* MPLANE_FAKE_CUDA_LANE=stall:N: the kernels stop after N ops in all */
+static long lane_ops_run;
+
+/* MPLANE_FAKE_CUDA_LANE=nostart|stall:N; anything else is refused loudly, as MPLANE_FAKE_CUDA_FAIL. */
+static void parse_lane_fault(void) {
+  const char *v = getenv("MPLANE_FAKE_CUDA_LANE");
+  if (!v || !*v) return;
+  char *end = NULL;
+  if (strcmp(v, "nostart") == 0) sms_held = 1;
+  else if (strncmp(v, "stall:", 6) == 0 && (lane_stall_after = strtol(v + 6, &end, 10)) > 0 && !*end) {
+  } else {
+    fprintf(stderr, "fakecuda: MPLANE_FAKE_CUDA_LANE=%s: expected nostart or stall:N with N >= 1\n", v);
+    abort();
+  }
+}
+
 static void fc_init_once(void) {
+  parse_lane_fault();
   fc.ndev = (int)env_long("MPLANE_FAKE_CUDA_DEVICES", 1, 0, FAKE_CUDA_MAX_DEVICES);
   fc.fail_copy = parse_fail();
   for (int d = 0; d < fc.ndev; d++) fc.ctx[d] = (struct CUctx_st){.magic = FC_CTX_MAGIC, .dev = d};
@@ -116,6 +135,12 @@ FC_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
   *pctx = &fc.ctx[dev];
   return CUDA_SUCCESS;
+}
+
+/* The primary context stays for the whole process: releasing it only checks the device. */
+FC_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  return dev_ok(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
 FC_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
@@ -432,8 +457,18 @@ static void land_writes(const struct fc_write *w, unsigned n) {
   }
 }
 
+/* Faults of the lane kernel, for the host's fallback (cuda_lane.c): an application holding every SM
+ * (no lane kernel starts while it does), and a kernel that stops for good in the middle of a burst,
+ * having claimed an op it never runs. */
+
+/* Parked for good (or while the SMs are held): sleeps, so a test's stuck kernel costs no CPU. */
+static void lane_park(const int *until_clear) {
+  while (!until_clear || __atomic_load_n(until_clear, __ATOMIC_ACQUIRE)) usleep(1000);
+}
+
 /* The lane kernel (common/cuda_lane_kernel.cu) in C: the same protocol, one thread. */
 static void lane_kernel_run(struct mplane_lane_ctl *c, uint64_t epoch) {
+  if (__atomic_load_n(&sms_held, __ATOMIC_ACQUIRE)) lane_park(&sms_held); /* no SM for it yet */
   __atomic_store_n(&c->started, epoch, __ATOMIC_RELEASE);
   uint64_t next = __atomic_load_n(&c->done, __ATOMIC_ACQUIRE) + 1;
   for (;;) {
@@ -445,12 +480,17 @@ static void lane_kernel_run(struct mplane_lane_ctl *c, uint64_t epoch) {
       sched_yield();
     }
     if (!go) break;
+    __atomic_store_n(&c->claimed, next, __ATOMIC_SEQ_CST); /* the claim before the read of stop */
+    if (__atomic_load_n(&c->stop, __ATOMIC_SEQ_CST)) break;
+    if (lane_stall_after && __atomic_add_fetch(&lane_ops_run, 1, __ATOMIC_RELAXED) > lane_stall_after)
+      lane_park(NULL); /* claimed, never run: stopped mid-burst */
     if (k->op == MPLANE_LANE_COPY) land_copy((char *)(uintptr_t)k->dst, (const char *)(uintptr_t)k->src, k->bytes);
     else if (k->op == MPLANE_LANE_WRITE64) __atomic_store_n((uint64_t *)(uintptr_t)k->dst, k->value, __ATOMIC_RELEASE);
     else if (k->op == MPLANE_LANE_WAIT)
       while (__atomic_load_n((uint64_t *)(uintptr_t)k->src, __ATOMIC_ACQUIRE) < k->value &&
              !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
         sched_yield();
+    if (__atomic_load_n(&c->stop, __ATOMIC_SEQ_CST)) break; /* taken back: the host publishes it */
     __atomic_store_n(&c->done, next, __ATOMIC_RELEASE);
     next++;
   }
@@ -814,6 +854,9 @@ static int kernel_launches;
 
 /* For tests: how many kernels were launched in this process. */
 FC_EXPORT int fake_cuda_kernel_launches(void) { return __atomic_load_n(&kernel_launches, __ATOMIC_RELAXED); }
+
+/* For tests: an application kernel takes every SM (held 1) or gives them back (0). */
+FC_EXPORT void fake_cuda_hold_sms(int held) { __atomic_store_n(&sms_held, held, __ATOMIC_RELEASE); }
 
 /* Any image that declares the lane kernel's entry loads; anything else is not PTX we can run. */
 FC_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {

@@ -21,6 +21,9 @@
  *                                 stream is created, so a test may change it between streams
  *   MPLANE_FAKE_CUDA_FAIL=copy:N  the N-th asynchronous copy of the process (1-based) fails at
  *                                 submission with CUDA_ERROR_UNKNOWN; read by cuInit
+ *   MPLANE_FAKE_CUDA_LANE=nostart the lane kernel never starts (an application holds every SM)
+ *   MPLANE_FAKE_CUDA_LANE=stall:N the lane kernels stop for good after N ops of the process, the
+ *                                 next one claimed and never run (stopped mid-burst); read by cuInit
  *
  * Kernels: the plugin's lane kernel only (cuLaunchKernel), its loop written again in C.
  * Not modelled: other kernels, graphs, memory pools, IPC, dma-bufs (cuMemGetHandleForAddressRange says
@@ -92,6 +95,7 @@ CUresult cuInit(unsigned int flags);
 CUresult cuDeviceGetCount(int *count);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int flags);
 CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
@@ -126,6 +130,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, unsigned gridDimY, unsi
                         void **kernelParams, void **extra);
 
 int fake_cuda_kernel_launches(void); /* kernels launched in this process (tests) */
+void fake_cuda_hold_sms(int held);   /* 1: an application kernel holds every SM, no lane kernel starts */
 
 /* Page-locking the caller's memory: arguments checked, nothing locked; the live count for tests. */
 CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);

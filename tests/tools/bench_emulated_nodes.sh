@@ -96,6 +96,7 @@ mkdir -p "$work/gin" "$work/nccl230" # the GIN sweep's own nccl-tests, and its N
 cp "$work/nt/fake_perf" "$work/gin/alltoall_perf"
 touch "$work/plugin.so"
 export PATH="$work/bin:$PATH" NCCL_TESTS_DIR="$work/nt" MPIRUN="$work/bin/mpirun"
+export GUARD_PROBE=true # no GPU to probe here (the probe and the faults: tests/unit/gpu_scripts_fault.sh)
 bench() { "$script" --plugin "$work/plugin.so" --no-mps --rounds 2 --time "-b 1K -e 1M -f 32" --bw "-b 32M -e 64M -f 2" \
   --out "$work/out" "$@" 2>&1; }
 
