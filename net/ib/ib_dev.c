@@ -919,6 +919,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
     return ncclSystemError;
   }
   fork_init_once();
+  npresent = 0; /* a discovery that failed may be tried again */
   int n = 0;
   struct ibv_device **list = mpib_v.get_device_list(&n);
   if (!list || n == 0) {
