@@ -211,8 +211,8 @@ static const struct row rows[] = {
     {"MPLANE_IB_ECE", K_BOOL, OFF(ib_ece), 0, "1", 0, 1, NULL, "0 or 1",
      "negotiate ECE (enhanced connection establishment) where the HCA has it"},
     {"MPLANE_IB_SUBNET_PROBE", K_BOOL, OFF(ib_subnet_probe), 0, "1", 0, 1, NULL, "0 or 1",
-     "where every IB port keeps the default GID prefix, find which share a subnet (LIDs, SM LIDs, one RDMA write "
-     "between the node's own ports) and make those one plane"},
+     "find which ports share a subnet where nothing names it (IB ports with the default GID prefix, RoCE ports: "
+     "LIDs, SM LIDs, one RDMA write between the node's own ports) and make those one plane; 0: a plane per port"},
     {"MPLANE_IB_ROCE_VERSION_NUM", K_INT, OFF(ib_roce_version), 0, "0", 0, 2, NULL,
      "0 (automatic: v2, then v1), 1 or 2", "RoCE version of the GID a RoCE port uses (MPLANE_IB_GID_INDEX wins)"},
     {"MPLANE_IB_ADDR_FAMILY", K_ENUM, OFF(ib_addr_family), 0, "any", 0, 0, "any|AF_INET|AF_INET6",
@@ -690,7 +690,7 @@ static void load_global(void) {
   global_config_ok = 1;
   for (size_t i = 0; i < sizeof(nccl_aliases) / sizeof(nccl_aliases[0]); i++) {
     const char *from, *value = row_value(nccl_aliases[i].name, &from);
-    if (value && from == nccl_aliases[i].nccl)
+    if (value && from == nccl_aliases[i].nccl && mplane_config_source(nccl_aliases[i].name) == from)
       MP_INFO(NCCL_INIT | NCCL_ENV, "%s unset: using %s=%s", nccl_aliases[i].name, from, value);
   }
 }

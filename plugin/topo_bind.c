@@ -164,8 +164,12 @@ ncclResult_t mplane_topo_plugin_init(const struct mplane_config *cfg, struct mpl
   }
   int ncompute = 0;
   for (int i = 0; i < t->nnics; i++) ncompute += t->nics[i].compute;
-  MP_INFO(NCCL_INIT | NCCL_NET, "topo: %s: %d GPUs, %d NICs (%d compute), %d planes from %s", t->source, t->ngpus,
-          t->nnics, ncompute, t->nplanes, mplane_topo_plane_source_name(t->plane_source));
+  MP_INFO(NCCL_INIT | NCCL_NET, "topo: %s: %d GPUs, %d NICs (%d compute), %d planes from %s%s", t->source, t->ngpus,
+          t->nnics, ncompute, t->nplanes, mplane_topo_plane_source_name(t->plane_source),
+          t->plane_source == MPLANE_TOPO_PLANE_PCI && ncompute > 1
+              ? " (the fabric told no subnet of some compute NIC: a plane per NIC; where NICs share a fabric, "
+                "say so with MPLANE_PLANES, e.g. mlx5_0=0,mlx5_1=0)"
+              : "");
   for (int g = 0; g < t->ngpus; g++) {
     const struct mplane_topo_gpu *gpu = &t->gpus[g];
     if (gpu->cuda_dev == -1) continue;

@@ -721,7 +721,7 @@ ncclResult_t mpib_iflush(void *recv_comm, int n, void **data, int *sizes, void *
   }
   if (last < 0) return ncclSuccess; /* host memory is coherent: nothing to flush */
   /* The site says its platform orders the NIC's writes before the GPU's reads (NCCL's
-   * NCCL_IB_GDR_FLUSH_DISABLE): NULL, done, and no flush QP is ever made. */
+   * NCCL_GDR_FLUSH_DISABLE): NULL, done, and no flush QP is ever made. */
   if (mpib_config()->ib_gdr_flush_disable) return ncclSuccess;
   MP_CHECK(mpib_error_check(&c->b.err));
   if (!c->flush_qp) {

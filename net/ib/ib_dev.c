@@ -800,23 +800,25 @@ static int probe_groups(const struct mplane_config *cfg, int *group, char *why, 
  * Where the probe cannot decide, every port is a plane of its own by its place among the ports
  * present, and INFO says so once, with what to set. topo/ (the node's files, these facts) and
  * MPLANE_PLANES decide the planes the plugin reports (plugin/topo_bind.c). */
-static void assign_planes(const struct mplane_config *cfg) {
-  int group[MPIB_MAX_DEVS];
-  char why[256] = "";
-  int decided = probe_groups(cfg, group, why, sizeof(why));
-  int any_named_ib = 0;
+/* Ports whose IB GID prefix names their subnet get it as their fact; 1 if any did. */
+static int name_by_prefix(void) {
+  int any = 0;
   for (int d = 0; d < g.ndev; d++) {
+    if (probe_candidate(&g.devs[d])) continue;
     struct mplane_dev_props *p = &g.devs[d].props;
     uint64_t prefix = be64toh(g.devs[d].gid.global.subnet_prefix);
-    if (probe_candidate(&g.devs[d])) continue;
-    any_named_ib = 1;
+    any = 1;
     p->subnet_kind = MPLANE_SUBNET_IB;
     p->subnet_key = prefix;
     snprintf(p->subnet, sizeof(p->subnet), "%04x:%04x:%04x:%04x", (unsigned)(prefix >> 48),
              (unsigned)(prefix >> 32) & 0xffff, (unsigned)(prefix >> 16) & 0xffff, (unsigned)prefix & 0xffff);
   }
-  /* Number the probed subnets over the ports present: a down port keeps a number of its own where
-   * its kind of port is probed (RoCE; IB where no port names its subnet by prefix). */
+  return any;
+}
+
+/* The probed subnets as facts, numbered over the ports present: a down port keeps a number of its
+ * own where its kind of port is probed (RoCE; IB where no port names its subnet by prefix). */
+static void number_probed(const int *group, int any_named_ib) {
   int pgroup[MPIB_MAX_DEVS], slot[MPIB_MAX_DEVS], np = 0, pos_of_dev[MPIB_MAX_DEVS];
   for (int i = 0; i < npresent; i++) {
     int d = present[i].dev;
@@ -828,7 +830,7 @@ static void assign_planes(const struct mplane_config *cfg) {
     }
   }
   mplane_planes_number_groups(np, pgroup, slot);
-  for (int d = 0; decided && d < g.ndev; d++) {
+  for (int d = 0; d < g.ndev; d++) {
     if (group[d] < 0) continue;
     struct mplane_dev_props *p = &g.devs[d].props;
     p->subnet_kind = MPLANE_SUBNET_PROBED;
@@ -836,18 +838,10 @@ static void assign_planes(const struct mplane_config *cfg) {
     snprintf(p->subnet, sizeof(p->subnet), "%s subnet %d (probed)",
              g.devs[d].link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "fe80::", slot[pos_of_dev[d]]);
   }
-  struct mplane_subnet subnets[MPIB_MAX_DEVS];
-  int plane[MPIB_MAX_DEVS], rail[MPIB_MAX_DEVS];
-  for (int d = 0; d < g.ndev; d++)
-    subnets[d] = (struct mplane_subnet){.kind = g.devs[d].props.subnet_kind, .key = g.devs[d].props.subnet_key};
-  int nplanes = mplane_planes_by_subnet(g.ndev, subnets, plane, rail);
-  for (int i = 0; i < npresent; i++) {
-    int d = present[i].dev;
-    if (d < 0) continue;
-    /* without facts: a plane per port, by its place among the ports present (down ones too) */
-    g.devs[d].props.plane = nplanes > 0 ? plane[d] : i;
-    g.devs[d].props.rail = nplanes > 0 ? rail[d] : 0;
-  }
+}
+
+/* One INFO line: what decided the planes, the ports down, and what to set where nothing did. */
+static void say_planes(int nplanes, int any_named_ib, const char *why) {
   char downs[256] = "";
   for (int i = 0; i < npresent; i++)
     if (present[i].dev < 0)
@@ -862,6 +856,27 @@ static void assign_planes(const struct mplane_config *cfg) {
             "order, so connections between ports of one fabric are relayed; name the planes with MPLANE_PLANES "
             "(e.g. %s=0,...; ports of one fabric given one plane)", why[0] ? why : "no fact",
             g.ndev ? g.devs[0].props.name : "mlx5_0:1");
+}
+
+static void assign_planes(const struct mplane_config *cfg) {
+  int group[MPIB_MAX_DEVS];
+  char why[256] = "";
+  int decided = probe_groups(cfg, group, why, sizeof(why));
+  int any_named_ib = name_by_prefix();
+  if (decided) number_probed(group, any_named_ib);
+  struct mplane_subnet subnets[MPIB_MAX_DEVS];
+  int plane[MPIB_MAX_DEVS], rail[MPIB_MAX_DEVS];
+  for (int d = 0; d < g.ndev; d++)
+    subnets[d] = (struct mplane_subnet){.kind = g.devs[d].props.subnet_kind, .key = g.devs[d].props.subnet_key};
+  int nplanes = mplane_planes_by_subnet(g.ndev, subnets, plane, rail);
+  for (int i = 0; i < npresent; i++) {
+    int d = present[i].dev;
+    if (d < 0) continue;
+    /* without facts: a plane per port, by its place among the ports present (down ones too) */
+    g.devs[d].props.plane = nplanes > 0 ? plane[d] : i;
+    g.devs[d].props.rail = nplanes > 0 ? rail[d] : 0;
+  }
+  say_planes(nplanes, any_named_ib, why);
 }
 
 int mpib_max_comms(int max_qp, int max_cq, int nports, int nqps) {
@@ -919,6 +934,7 @@ ncclResult_t mpib_discover(const struct mplane_config *cfg) {
     return ncclSystemError;
   }
   fork_init_once();
+  npresent = 0; /* a discovery that failed may be tried again */
   int n = 0;
   struct ibv_device **list = mpib_v.get_device_list(&n);
   if (!list || n == 0) {

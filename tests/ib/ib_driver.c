@@ -117,8 +117,29 @@ struct pair {
   void *lc, *sc, *rc;
 };
 
+/* What the plugin logs, as NCCL's logger would get it (WARNs also on stderr, for the test's log). */
+static char logged[1 << 16];
+static void capture_log(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...) {
+  (void)flags, (void)file, (void)line;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  size_t used = strlen(logged);
+  snprintf(logged + used, sizeof(logged) - used, "%s\n", msg);
+  if (level == NCCL_LOG_WARN) fprintf(stderr, "WARN %s\n", msg);
+}
+
+/* How many logged lines hold text. */
+static int log_count(const char *text) {
+  int n = 0;
+  for (const char *p = logged; (p = strstr(p, text)) != NULL; p += strlen(text)) n++;
+  return n;
+}
+
 static void up(void) {
-  if (mplane_net_global_init(NULL) != ncclSuccess) fail("plugin init failed");
+  if (mplane_net_global_init(capture_log) != ncclSuccess) fail("plugin init failed");
   if (strcmp(mplane_net_transport()->name, "ib") != 0) fail("transport is %s, not ib", mplane_net_transport()->name);
 }
 
@@ -827,6 +848,9 @@ static int sc_devices(void) {
   /* named prefixes 4, 9, 6 rank 0, 2, 1; the RoCE port a plane after them (mlx5_0:2 is IB and down) */
   if (!want) want = "mlx5_0:1@0,mlx5_1:1@2,mlx5_10:1@1,mlx5_2:1@3";
   if (strcmp(names, want) != 0) fail("devices '%s', expected '%s' (MPLANE_IB_HCA='%s')", names, want, hca ? hca : "");
+  /* IB_TEST_WANT_INFO: a line the plugin must log exactly once (what it found, what to set) */
+  const char *info = getenv("IB_TEST_WANT_INFO");
+  if (info && log_count(info) != 1) fail("'%s' logged %d times, expected once; the log:\n%s", info, log_count(info), logged);
   note("MPLANE_IB_HCA='%s' -> %s", hca ? hca : "", names);
   return 0;
 }

@@ -7,6 +7,8 @@
 #
 # Steps, each with a PASS/FAIL summary line and its seconds at the end:
 #   devices    ibv_devinfo of rxe0 and rxe1 (both PORT_ACTIVE)
+#   planes     both ports in one process: the RoCE subnet probe between them (real kernel verbs, RoCE
+#              v2 over the veth pair) finds one subnet, so they are one plane, rails 0 and 1
 #   perftest   ib_write_bw rxe1 -> rxe0: the wire works (prints "rxe ib_write_bw: X MB/s")
 #   wire       the ABI harness over MPLANE_TRANSPORT=ib, rank 0 on rxe0 and rank 1 on rxe1: every
 #              scenario of the IB suite's first part (read from tests/ib/meson.build) that this
@@ -79,6 +81,20 @@ devices() {
     echo "  RoCE v2 IPv4 GID index: $(ipv4_gid_index "$d" || echo none)"
   done
   return $rc
+}
+
+# The RoCE subnet probe on kernel verbs: rxe0 and rxe1 reach each other over the veth pair, so the
+# probe write arrives and both ports are one plane (the plugin's INFO lines say so).
+planes() {
+  local out
+  out=$(MPLANE_DEBUG=1 MPLANE_TRANSPORT=ib MPLANE_IB_HCA='=rxe0,rxe1' MPLANE_SOCKET_IFNAME='=veth0' \
+          "$BUILD/tools/mplane-netbench" --plugin "$PLUGIN" --devices-only 2>&1) || { echo "$out"; return 1; }
+  echo "$out" | grep -E "NET/IB: (rxe|1 plane|[0-9]+ plane)|dev [0-9]:"
+  grep -q "rxe0:1 and rxe1:1: one subnet (the probe write arrived)" <<<"$out" || {
+    echo "the probe between rxe0 and rxe1 did not find one subnet"
+    return 1
+  }
+  grep -q "NET/IB: 1 plane(s) from the fabric" <<<"$out" || { echo "not one plane from the fabric"; return 1; }
 }
 
 perftest() {
@@ -237,6 +253,7 @@ plugin_rate() {
 [ -x "$HARNESS" ] && [ -f "$PLUGIN" ] || { echo "rxe suite: no $HARNESS or $PLUGIN (build first)"; exit 2; }
 T0=$SECONDS
 step devices devices
+step planes planes
 step perftest perftest
 step wire wire
 step loopback loopback
