@@ -183,14 +183,13 @@ int mps_sendv_all(int fd, struct iovec *iov, int n);
 int mps_sendv_flags(int fd, struct iovec *iov, int n, int flags);
 
 /* Data streams of a connection over a link of speed_mbps from a process that may run on ncpus CPUs
- * (MPLANE_SOCKET_STREAMS; 0: 8 on a fast link with at least 16 CPUs, else 4: every stream has a
- * helper thread at each end, and threads beyond the cores only contend), and helper threads per
- * direction for nstreams streams (MPLANE_SOCKET_THREADS, 0: one per stream). */
+ * (MPLANE_SOCKET_STREAMS; 0: 8 on a fast link with at least 16 CPUs, else 4: one TCP stream per
+ * core falls short on a fast link, and streams beyond what the pool's threads can move only
+ * contend). */
 int mps_streams_for(const struct mplane_config *cfg, int speed_mbps, int ncpus);
-int mps_threads_for(const struct mplane_config *cfg, int nstreams);
 #define MPS_FAST_LINK_MBPS 100000 /* links this fast get 8 streams: one TCP stream per core falls short */
 
-/* Helper-thread spin time from MPLANE_SOCKET_SPIN_US. */
+/* How long a pool thread polls before it sleeps, from MPLANE_SOCKET_SPIN_US. */
 uint64_t mps_spin_ns(const struct mplane_config *cfg);
 /* 1 if ifname is selected by an NCCL_SOCKET_IFNAME-style spec ("" = automatic choice). */
 int mps_iface_match(const char *spec, const char *ifname, int is_loopback);
@@ -213,20 +212,90 @@ struct mps_send_req;
 
 struct mps_task {
   struct mps_send_req *req;
-  int fd;
   int stream;
   struct mps_chunk hdr;
   const char *data;
 };
 
-struct mps_queue {
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  struct mps_task *tasks;
-  unsigned cap, head, tail; /* cap is a power of two; head == tail: empty */
-  int wake_fd;              /* eventfd: wakes the thread while it waits for acks as well (sleeping) */
-  int sleeping;             /* under lock */
+/* ---- the I/O engine (socket_engine.c) ----
+ * One pool of I/O threads per process moves every connection's data streams, both directions: each
+ * thread waits in epoll on the non-blocking streams given to it (a stream stays on one thread), on
+ * an eventfd that wakes it for new work, and owns one splice pipe. A stream is a send stream (the
+ * proxy thread queues chunks, the pool thread writes them and reads the acks of spliced ones) or a
+ * receive stream (the pool thread parses chunks into their slots and writes the acks). */
+struct mps_pool;
+enum mps_stream_kind { MPS_STREAM_SEND = 1, MPS_STREAM_RECV = 2 };
+
+struct mps_spliced {               /* a spliced chunk waiting for its ack */
+  struct mps_send_req *req;
+  uint32_t slot;
 };
+
+struct mps_ack_out {               /* an ack not yet written, and the chunk it completes after */
+  struct mps_ack a;
+  struct mps_slot *slot;
+  uint64_t len, total;
+};
+
+struct mps_stream {
+  int fd;
+  int kind;                        /* enum mps_stream_kind */
+  int index;                       /* in its comm's streams */
+  void *comm;                      /* struct mps_send_comm or mps_recv_comm */
+  struct mps_pool *pool;
+  uint32_t armed;                  /* epoll events asked for (pool thread, and attach) */
+  int finished;                    /* pool thread: no more I/O on it (closed by the peer or failed) */
+  int detached;                    /* under the pool's lock: the pool thread let go of it */
+  struct mps_stream *next;         /* on the pool's ready or detach list (under its lock) */
+  int listed;                      /* on the ready list */
+  /* send: chunks queued by the proxy thread, under the pool's lock (a ring that grows) */
+  struct mps_task *tasks;
+  unsigned cap, head, tail;
+  struct {                         /* the chunk being written (pool thread) */
+    int active, spliced;
+    struct mps_task t;
+    struct mps_chunk hdr;          /* as it goes on the wire (MPS_CHUNK_ACK when spliced) */
+    size_t done;                   /* bytes of header + payload on the socket */
+  } cur;
+  struct mps_spliced *acks;        /* spliced chunks waiting for their ack, oldest first (pool thread) */
+  unsigned acap, ahead, atail;
+  char carry[sizeof(struct mps_ack)];
+  unsigned ncarry;
+  /* receive: the chunk being parsed (pool thread) */
+  struct mps_chunk h;
+  size_t hhave;
+  int in_payload;
+  struct mps_slot *slot;
+  char *dst;
+  uint64_t rem;
+  struct mps_ack_out ackq[8];      /* acks not yet written (the socket's buffer was full) */
+  unsigned nackq;
+  size_t ackq_done;                /* bytes of ackq[0] written */
+};
+
+/* Threads of the pool for a process on ncpus CPUs whose connections have nstreams streams
+ * (MPLANE_SOCKET_THREADS; 0: the usable CPUs, at most two per stream, one per direction). */
+int mps_pool_size_for(const struct mplane_config *cfg, int nstreams, int ncpus);
+/* Give a stream to a pool thread (started if it is the first): 0, or -1 after a WARN. */
+int mps_engine_attach(struct mps_stream *st);
+/* Take it back: returns once its pool thread no longer touches it (the fd stays open). */
+void mps_engine_detach(struct mps_stream *st);
+/* Pool thread: take the next chunk queued on st into *t. 0: none. */
+int mps_engine_take(struct mps_stream *st, struct mps_task *t);
+/* Proxy thread: queue a chunk on a send stream. 0, or -1 with no memory (after a WARN). */
+int mps_engine_push(struct mps_stream *st, const struct mps_task *t);
+/* Pool threads started so far (tests, the scale harness). */
+int mps_engine_threads(void);
+/* Pool thread: arm exactly these epoll events on st. */
+void mps_engine_arm(struct mps_stream *st, uint32_t events);
+/* Pool thread: a splice pipe of st's thread for st (the one holding its bytes, else a free one);
+ * NULL: copy (all busy, or no more can be made). */
+int *mps_engine_pipe(struct mps_stream *st);
+/* Pool thread: that pipe holds bytes of st's chunk (bytes > 0; no other stream takes it), or is empty. */
+void mps_engine_pipe_hold(struct mps_stream *st, const int *pipe, size_t bytes);
+size_t mps_engine_pipe_bytes(struct mps_stream *st, const int *pipe);
+/* socket_data.c: what the pool thread runs for a stream: epoll events (0: chunks were queued). */
+void mps_stream_io(struct mps_stream *st, uint32_t events);
 
 struct mps_send_comm;
 struct mps_recv_comm;
@@ -255,15 +324,15 @@ struct mps_cts_group {
 
 struct mps_send_comm {
   int ctrl_fd;
-  int nstreams, nthreads;
-  int fds[MPS_MAX_STREAMS];
+  int nstreams;                    /* data streams the connection opens at most */
+  int nopen;                       /* ... opened so far: streams[0..nopen) */
+  struct mps_stream *streams[MPS_MAX_STREAMS];
   char peer[80];
   int acked;                       /* the acceptor's ACK (or a CTS, which follows it) has arrived */
   uint64_t ack_deadline_ns;        /* isend fails if no ACK by then (MPLANE_CONNECT_TIMEOUT after connect) */
   size_t split_bytes;
   size_t chunk_bytes;              /* a split message's chunks are at least this big */
   size_t splice_bytes;             /* data-stream chunks this big are spliced (0: never) */
-  uint64_t spin_ns;                /* helper threads poll this long before sleeping */
   unsigned rr;                     /* stream of the next unsplit message */
   struct mps_cts_group cts[MPS_MAX_GROUPS];
   uint64_t cts_head, cts_tail;     /* ring of offered receive groups; cts_tail: groups read so far */
@@ -272,9 +341,6 @@ struct mps_send_comm {
   struct mps_send_req reqs[MPS_MAX_SLOTS];
   struct mps_send_req trunc_req; /* owner of "does not fit" notices: never handed to NCCL or reused */
   int stop;
-  struct mps_queue queues[MPS_MAX_STREAMS];
-  pthread_t threads[MPS_MAX_STREAMS];
-  int threads_started;
   struct mplane_error err;
   struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
   struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
@@ -333,11 +399,11 @@ struct mps_recv_req {
 
 struct mps_recv_comm {
   int ctrl_fd;
-  int nstreams, nthreads;
-  int fds[MPS_MAX_STREAMS];
+  int nstreams;                    /* data streams the sender opens at most */
+  int nopen;                       /* ... attached so far: streams[0..nopen) */
+  struct mps_stream *streams[MPS_MAX_STREAMS];
   char peer[80];
   uint64_t seq;
-  uint64_t spin_ns;
   struct mps_slot slots[MPS_MAX_SLOTS];
   uint32_t free_slots[MPS_MAX_SLOTS];
   int nfree;
@@ -376,8 +442,6 @@ struct mps_recv_comm {
     uint64_t empty_ns;           /* when test() last read it */
     char stage[MPS_CTRL_STAGE];
   } rx;
-  pthread_t threads[MPS_MAX_STREAMS];
-  int threads_started;
   struct mplane_error err;
   struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
 };
@@ -389,8 +453,9 @@ ncclResult_t mps_accept(void *listen_comm, void **recv_comm);
 ncclResult_t mps_close_listen(void *listen_comm);
 
 /* ---- data path (socket_data.c) ---- */
-ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg);
-ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c);
+/* Start a comm whose first nopen data streams are fds[] (they become the comm's, closed on failure). */
+ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg, const int *fds);
+ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c, const int *fds);
 ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
 ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
                        void **request);

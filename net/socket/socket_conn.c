@@ -177,8 +177,8 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   int nstreams = mps_streams_for(cfg, d->props.speed_mbps, ncpus);
   static int said; /* once per process: what every connection of this kind opens */
   if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-    MP_INFO(NCCL_INIT | NCCL_NET, "socket: %d data streams per connection, %d helper threads at each end (%s; %s "
-            "at %d Mb/s, %d CPUs usable)", nstreams, mps_threads_for(cfg, nstreams),
+    MP_INFO(NCCL_INIT | NCCL_NET, "socket: %d data streams per connection (%s; %s at %d Mb/s, %d CPUs usable)",
+            nstreams,
             cfg->socket_streams ? "MPLANE_SOCKET_STREAMS" : "automatic", d->ifname, d->props.speed_mbps, ncpus);
   st->nsock = nstreams + 1;
   st->deadline = mplane_now_s() + cfg->connect_timeout_s;
@@ -281,12 +281,11 @@ ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *han
   struct mps_send_comm *c = calloc(1, sizeof(*c));
   if (!c) return ncclSystemError;
   c->ctrl_fd = st->fds[0];
-  c->nstreams = st->nsock - 1;
-  for (int i = 0; i < c->nstreams; i++) c->fds[i] = st->fds[i + 1];
+  c->nstreams = c->nopen = st->nsock - 1;
   snprintf(c->peer, sizeof(c->peer), "%s", st->peer);
   mplane_connect_stage_drop(&connect_stages, handle, MPS_STAGE_OFFSET, st);
+  res = mps_send_comm_start(c, mps_config(), st->fds + 1);
   free(st); /* fds now belong to c */
-  res = mps_send_comm_start(c, mps_config());
   if (res != ncclSuccess) {
     mps_close_send(c);
     return res;
@@ -396,7 +395,7 @@ static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
 }
 
 /* If every socket of one connection (same nonce) has said hello, build its recv comm. */
-static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv_comm **out) {
+static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv_comm **out, int *fds) {
   for (int i = 0; i < lc->npending; i++) {
     struct mps_pending *ctrl = &lc->pending[i];
     if (ctrl->have < sizeof(ctrl->hello) || ctrl->hello.stream != 0) continue;
@@ -415,13 +414,13 @@ static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv
     if (found != n + 1) continue;
     struct mps_recv_comm *c = calloc(1, sizeof(*c));
     if (!c) return ncclSystemError;
-    c->nstreams = n;
+    c->nstreams = c->nopen = n;
     c->ctrl_fd = lc->pending[idx[0]].fd;
-    for (int s = 0; s < n; s++) c->fds[s] = lc->pending[idx[s + 1]].fd;
+    for (int s = 0; s < n; s++) fds[s] = lc->pending[idx[s + 1]].fd;
     snprintf(c->peer, sizeof(c->peer), "%s", ctrl->peer);
     /* Our side of the connection (ACKs, CTS) rides the class the connector asked for. */
     mplane_tc_mark_socket_or_log(c->ctrl_fd, (int)ctrl->hello.sl, c->peer);
-    for (int s = 0; s < n; s++) mplane_tc_mark_socket_or_log(c->fds[s], (int)ctrl->hello.sl, c->peer);
+    for (int s = 0; s < n; s++) mplane_tc_mark_socket_or_log(fds[s], (int)ctrl->hello.sl, c->peer);
     /* Keep the pending sockets that belong to other connections. */
     int used[MPS_PENDING_MAX] = {0};
     for (int s = 0; s <= n; s++) used[idx[s]] = 1;
@@ -472,10 +471,11 @@ ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
   }
   MP_CHECK(pending_progress(lc));
   struct mps_recv_comm *c = NULL;
-  MP_CHECK(pending_assemble(lc, &c));
+  int fds[MPS_MAX_STREAMS];
+  MP_CHECK(pending_assemble(lc, &c, fds));
   if (!c) return ncclSuccess;
   send_ctrl_now(c->ctrl_fd, MPS_ACK);
-  ncclResult_t res = mps_recv_comm_start(c);
+  ncclResult_t res = mps_recv_comm_start(c, fds);
   if (res != ncclSuccess) {
     mps_close_recv(c);
     return res;

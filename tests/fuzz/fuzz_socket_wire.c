@@ -384,7 +384,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (x) {
       struct mps_recv_comm *c = x;
       int ok = (ctrl_sock = sock_of_fd(c->ctrl_fd, socks, nsock)) >= 0;
-      for (int s = 0; s < c->nstreams && ok; s++) ok = (stream_sock[s] = sock_of_fd(c->fds[s], socks, nsock)) >= 0;
+      for (int s = 0; s < c->nstreams && ok; s++) ok = (stream_sock[s] = sock_of_fd(c->streams[s]->fd, socks, nsock)) >= 0;
       if (!ok) {
         mplane_net_close_recv(x); /* assembled from an earlier input's sockets: not ours */
         continue;

@@ -256,11 +256,17 @@ static void test_streams_and_threads(void **state) {
   peer_up(&p);
   int want = streams_expected();
   assert_int_equal(p.nstreams, want);
-  /* the helpers name themselves once they run: give them a moment, then the count must be exact */
+  /* the pool's threads name themselves once they run: one per stream at most, never more than the
+   * pool holds, and none created for this connection beyond that */
+  cpu_set_t set;
+  assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
+  int pool = mps_pool_size_for(mps_config(), want, CPU_COUNT(&set));
+  int expect = want < pool ? want : pool;
   double deadline = now() + 5;
-  while (threads_named("mplane-snd") < want && now() < deadline) usleep(1000);
+  while (threads_named("mplane-io") < expect && now() < deadline) usleep(1000);
   usleep(20000);
-  assert_int_equal(threads_named("mplane-snd"), want);
+  assert_int_equal(threads_named("mplane-io"), expect);
+  assert_int_equal(mps_engine_threads(), expect);
   peer_down(&p);
 }
 
@@ -277,11 +283,12 @@ static void test_stream_rule(void **state) {
   cfg.socket_streams = 6;
   assert_int_equal(mps_streams_for(&cfg, 400000, 2), 6);   /* what the user set, always */
   cfg.socket_threads = 0;
-  assert_int_equal(mps_threads_for(&cfg, 6), 6);
-  cfg.socket_threads = 2;
-  assert_int_equal(mps_threads_for(&cfg, 6), 2);
+  assert_int_equal(mps_pool_size_for(&cfg, 4, 2), 2);      /* the usable CPUs, ... */
+  assert_int_equal(mps_pool_size_for(&cfg, 4, 64), 8);     /* ... at most two per stream */
+  assert_int_equal(mps_pool_size_for(&cfg, 16, 128), 32);
+  assert_int_equal(mps_pool_size_for(&cfg, 16, 1024), 32);
   cfg.socket_threads = 9;
-  assert_int_equal(mps_threads_for(&cfg, 6), 6);           /* never more threads than streams */
+  assert_int_equal(mps_pool_size_for(&cfg, 4, 2), 9);      /* what the user set, always */
 }
 
 static void test_chunk_sizes(void **state) {
