@@ -95,10 +95,16 @@ struct mps_hello {
   uint64_t nonce;        /* same for the sockets of one connection */
   int32_t plane;
   uint16_t stream;       /* 0 = control, 1.. = data stream index + 1 */
-  uint16_t nstreams;
+  uint16_t nstreams;     /* data streams the connection opens at most */
   uint32_t sl;           /* service level / DSCP class requested */
-  uint32_t reserved[5];
+  uint32_t flags;        /* MPS_HELLO_LAZY */
+  uint32_t reserved[4];
 };
+/* Control hello: the data streams come later, each when a message first needs it, to the port the
+ * ACK names (the process's stream listener), not with the control socket to the listening port.
+ * Without it the acceptor waits for the whole set (all nstreams streams with the control socket).
+ * A data stream's hello to the stream listener carries it too. */
+#define MPS_HELLO_LAZY 0x1u
 
 /* Control records, receiver -> sender, fixed size. */
 struct mps_ctrl {
@@ -111,11 +117,16 @@ struct mps_ctrl {
     uint64_t seq;        /* CTS: receive sequence number */
     uint64_t hold;       /* ACK: bytes of unmatched eager messages the receiver holds at most */
   };
-  struct {
-    uint32_t slot;
-    int32_t tag;
-    uint64_t size;
-  } e[MPS_MAX_RECVS];
+  union {
+    struct {
+      uint32_t slot;
+      int32_t tag;
+      uint64_t size;
+    } e[MPS_MAX_RECVS];  /* CTS */
+    struct {
+      uint32_t stream_port; /* ACK: the port (host order) lazy data streams connect to; 0: none */
+    } ack;
+  };
 };
 
 #define MPS_CHUNK_TRUNCATED 0x1 /* sender's message does not fit: no payload follows */
@@ -224,7 +235,7 @@ struct mps_task {
  * proxy thread queues chunks, the pool thread writes them and reads the acks of spliced ones) or a
  * receive stream (the pool thread parses chunks into their slots and writes the acks). */
 struct mps_pool;
-enum mps_stream_kind { MPS_STREAM_SEND = 1, MPS_STREAM_RECV = 2 };
+enum mps_stream_kind { MPS_STREAM_SEND = 1, MPS_STREAM_RECV = 2, MPS_STREAM_LISTEN = 3, MPS_STREAM_HELLO = 4 };
 
 struct mps_spliced {               /* a spliced chunk waiting for its ack */
   struct mps_send_req *req;
@@ -271,13 +282,22 @@ struct mps_stream {
   struct mps_ack_out ackq[8];      /* acks not yet written (the socket's buffer was full) */
   unsigned nackq;
   size_t ackq_done;                /* bytes of ackq[0] written */
+  /* an accepted stream saying hello (pool thread 0), or the stream listener */
+  struct mps_hello hello;
+  double since;
+  int dev;
+  char peer[80];
 };
 
 /* Threads of the pool for a process on ncpus CPUs whose connections have nstreams streams
  * (MPLANE_SOCKET_THREADS; 0: the usable CPUs, at most two per stream, one per direction). */
 int mps_pool_size_for(const struct mplane_config *cfg, int nstreams, int ncpus);
-/* Give a stream to a pool thread (started if it is the first): 0, or -1 after a WARN. */
+/* Give a stream to a pool thread (started if it is the first): 0, or -1 after a WARN. With first,
+ * to thread 0 (the stream listener's). */
 int mps_engine_attach(struct mps_stream *st);
+int mps_engine_attach_first(struct mps_stream *st);
+/* The pool thread that holds st lets go of it at once (it is that thread): no more events. */
+void mps_engine_forget(struct mps_stream *st);
 /* Take it back: returns once its pool thread no longer touches it (the fd stays open). */
 void mps_engine_detach(struct mps_stream *st);
 /* Pool thread: take the next chunk queued on st into *t. 0: none. */
@@ -366,6 +386,26 @@ struct mps_send_comm {
     size_t done;                   /* bytes of hdr + data + filler written so far */
   } inl;
   uint32_t pad_to;                 /* control-socket chunks shorter than this are padded to it */
+  /* lazy data streams (socket.h, MPS_HELLO_LAZY): opened when a message first needs them */
+  int dev;                         /* our device: streams leave from its address */
+  union {
+    struct sockaddr sa;
+    struct sockaddr_in sin;
+    struct sockaddr_in6 sin6;
+  } peer_addr;                     /* the acceptor's address; the ACK names the port */
+  socklen_t peer_addr_len;
+  uint32_t stream_port;            /* from the ACK; 0: none offered */
+  struct mps_hello hello;          /* the control socket's hello: streams say the same, with their index */
+  struct {
+    int fd;
+    int index;                     /* its hello's stream number (1..nstreams) */
+    int connected;
+    size_t sent;                   /* bytes of its hello written */
+  } opening[MPS_MAX_STREAMS];      /* streams being connected, not yet given to the engine */
+  int nopening;
+  int nstarted;                    /* streams ever started: the next one's index */
+  int trunc_pending;               /* a "does not fit" notice waits for a stream (trunc_hdr) */
+  struct mps_chunk trunc_hdr;
 };
 
 /* ---- receive side ---- */
@@ -444,9 +484,24 @@ struct mps_recv_comm {
   } rx;
   struct mplane_error err;
   struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
+  uint64_t nonce, node_id;         /* the connection's, from its hello: lazy streams find it by them */
+  uint32_t sl;                     /* the class the connector asked for (our side's sockets too) */
+  struct mps_recv_comm *reg_next;  /* in the process's table of comms that take lazy streams */
+  int registered;
 };
 
 /* ---- connection establishment (socket_conn.c) ---- */
+/* The recv comms that take lazy data streams (socket_conn.c): a stream's hello names its nonce. */
+void mps_recv_register(struct mps_recv_comm *c);
+void mps_recv_unregister(struct mps_recv_comm *c);
+/* The process's stream listener on device dev (made at the first call): its port, 0 after a WARN. */
+int mps_stream_listener_port(int dev);
+/* Pool thread 0: the stream listener and the hellos of streams it accepted (kinds LISTEN, HELLO). */
+void mps_stream_accept_io(struct mps_stream *st, uint32_t events);
+/* Pool thread 0, each turn: drop accepted streams silent too long; the wait (ms) until next due, -1 none. */
+int mps_stream_hellos_sweep(void);
+/* Proxy thread: open a data stream of send comm c (non-blocking connect + hello); 0, or -1 after a WARN. */
+int mps_stream_connect(struct mps_send_comm *c, int *fd);
 ncclResult_t mps_listen(int dev, void *handle, void **listen_comm);
 ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm);
 ncclResult_t mps_accept(void *listen_comm, void **recv_comm);

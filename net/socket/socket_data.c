@@ -139,6 +139,7 @@ static ncclResult_t send_ctrl_record(struct mps_send_comm *c, const struct mps_c
   }
   if (m->type == MPS_ACK) {
     c->acked = 1;
+    c->stream_port = m->ack.stream_port;
     /* The receiver says how many eager messages it holds; we also keep them within our inline limit
      * (they ride the control socket). */
     c->eager_max = m->n < MPS_EAGER_MAX ? m->n : MPS_EAGER_MAX;
@@ -205,6 +206,73 @@ static struct mps_send_req *send_req_alloc(struct mps_send_comm *c) {
   return NULL;
 }
 
+/* ---- lazy data streams (socket.h, MPS_HELLO_LAZY) ---- */
+
+/* Start opening streams until `want` are open or opening (at most the connection's nstreams). */
+static ncclResult_t streams_want(struct mps_send_comm *c, int want) {
+  if (want > c->nstreams) want = c->nstreams;
+  while (c->nopen + c->nopening < want && c->nstarted < c->nstreams) {
+    if (!c->stream_port) {
+      mps_error_set(&c->err, ncclSystemError, "peer %s offers no data streams (its stream listener could not be "
+                    "opened: its log says why); messages above MPLANE_SOCKET_INLINE_BYTES cannot go", c->peer);
+      return mps_error_check(&c->err);
+    }
+    int fd;
+    if (mps_stream_connect(c, &fd) != 0) {
+      mps_error_set(&c->err, ncclSystemError, "cannot open a data stream to peer %s (WARN above)", c->peer);
+      return mps_error_check(&c->err);
+    }
+    c->nstarted++;
+    c->opening[c->nopening++] = (typeof(c->opening[0])){.fd = fd, .index = c->nstarted};
+  }
+  return ncclSuccess;
+}
+
+/* Advance the streams being opened (connect, then hello); a whole one goes to the engine. Never
+ * blocks: NCCL calls again. */
+static ncclResult_t streams_progress(struct mps_send_comm *c) {
+  for (int i = 0; i < c->nopening;) {
+    typeof(c->opening[0]) *o = &c->opening[i];
+    if (!o->connected) {
+      struct pollfd p = {.fd = o->fd, .events = POLLOUT};
+      if (poll(&p, 1, 0) <= 0) {
+        i++;
+        continue;
+      }
+      int soerr = 0;
+      socklen_t len = sizeof(soerr);
+      getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
+      if (soerr) {
+        mps_error_set(&c->err, ncclRemoteError, "cannot open a data stream to peer %s (port %u): %s", c->peer,
+                      c->stream_port, strerror(soerr));
+        return mps_error_check(&c->err);
+      }
+      o->connected = 1;
+    }
+    struct mps_hello h = c->hello;
+    h.stream = (uint16_t)o->index;
+    ssize_t w = send(o->fd, (char *)&h + o->sent, sizeof(h) - o->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      mps_error_set(&c->err, ncclRemoteError, "data stream to peer %s failed in its handshake: %s", c->peer,
+                    strerror(errno));
+      return mps_error_check(&c->err);
+    }
+    if (w > 0) o->sent += (size_t)w;
+    if (o->sent < sizeof(h)) {
+      i++;
+      continue;
+    }
+    if (stream_attach(&c->streams[c->nopen], o->fd, MPS_STREAM_SEND, c->nopen, c) != 0) {
+      close(o->fd);
+      mps_error_set(&c->err, ncclSystemError, "no I/O thread for a data stream to peer %s (WARN above)", c->peer);
+      return mps_error_check(&c->err);
+    }
+    c->nopen++;
+    c->opening[i] = c->opening[--c->nopening];
+  }
+  return ncclSuccess;
+}
+
 /* Queue a chunk on stream s; the stream's pool thread writes it. */
 static ncclResult_t push_task(struct mps_send_comm *c, int s, const struct mps_task *t) {
   struct mps_task task = *t;
@@ -236,6 +304,14 @@ static const char mps_filler[MPS_PAD_MAX]; /* the zeros a small chunk is padded 
  * completes once its last byte is in the kernel, as a helper thread's would. */
 static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
   for (;;) {
+    if (!c->inl.req && c->trunc_pending) { /* a "does not fit" notice of a comm with no stream open */
+      c->trunc_pending = 0;
+      c->inl.req = &c->trunc_req;
+      c->inl.hdr = c->trunc_hdr;
+      c->inl.data = NULL;
+      c->inl.done = 0;
+      c->inl.pad = 0; /* a notice carries no filler (rx_header) */
+    }
     if (!c->inl.req) return ncclSuccess;
     size_t hlen = sizeof(c->inl.hdr), dlen = c->inl.hdr.len, total = hlen + dlen + c->inl.pad, done = c->inl.done;
     struct iovec iov[3];
@@ -267,7 +343,7 @@ static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
  * another tag's send: a shared comm's order, kept as it was). */
 static int eager_ok(const struct mps_send_comm *c, size_t size) {
   return c->neager < c->eager_max && size <= c->eager_bytes && c->eager_unmatched + size <= c->eager_hold &&
-         !c->inl.req && c->cts_head == c->cts_tail && (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy);
+         !c->inl.req && !c->trunc_pending && c->cts_head == c->cts_tail && (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy);
 }
 
 /* Start writing an inline chunk on the control socket: the proxy thread writes it now, no thread
@@ -311,13 +387,28 @@ static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size,
  * a hand-off to a helper thread and a wake-up at both ends; NCCL keeps several steps in flight per
  * channel, so the streams a message leaves idle carry the next one
  * (docs/results/2026-12-01-eight-streams.md). */
-static size_t chunk_size(const struct mps_send_comm *c, size_t size) {
+static size_t chunk_size(const struct mps_send_comm *c, size_t size, int nstreams) {
   if (size < c->split_bytes) return size;
   size_t n = size / c->chunk_bytes;
   if (n < 1) n = 1;
-  if (n > (size_t)c->nopen) n = (size_t)c->nopen;
+  if (n > (size_t)nstreams) n = (size_t)nstreams;
   size_t per = (size + n - 1) / n;
   return (per + 4095) & ~(size_t)4095;
+}
+
+/* The chunks a message of `size` is cut into over nstreams streams (an empty message is one). */
+static int chunk_count(const struct mps_send_comm *c, size_t size, int nstreams) {
+  size_t per = chunk_size(c, size, nstreams);
+  return size > per ? (int)((size + per - 1) / per) : 1;
+}
+
+/* Whether a message that has its CTS goes on the control socket now (socket.h): small enough, the
+ * control socket idle, and (above MPS_INLINE_ALWAYS) few sends in flight in the process; with no
+ * data stream open yet, the last rule waives (a stream would cost more than the wait). */
+static int inline_now(const struct mps_send_comm *c, size_t size) {
+  return size <= c->inline_bytes && !c->inl.req && !c->trunc_pending &&
+         (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || c->nopen == 0 ||
+          LOAD(&g_sends_inflight) < c->inline_busy);
 }
 
 /* The untaken entry of `tag` in the oldest open group we have read, or -1. */
@@ -334,7 +425,8 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   (void)mhandle;
   *request = NULL;
   MP_CHECK(mps_error_check(&c->err));
-  if (c->inl.req) MP_CHECK(send_flush_inline(c));
+  if (c->inl.req || c->trunc_pending) MP_CHECK(send_flush_inline(c));
+  if (c->nopening) MP_CHECK(streams_progress(c));
   /* A send that an offer we hold already matches, or that may go eagerly, needs nothing new from
    * the receiver: no look at the control socket (a system call per message saved). The CTS
    * records are read when what we hold runs out. */
@@ -359,7 +451,10 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
       send_warn_wait(c, &c->cts[c->cts_head % MPS_MAX_GROUPS], tag);
     if (c->acked && c->eager_max && !c->nudged && LOAD(&c->nudge_req.chunks_done) == c->nudges) {
       /* The receiver may be holding the CTS back (socket.h): ask for it, once until one comes, on a
-       * data stream, where its helper threads read it even while its proxy thread calls nothing. */
+       * data stream, where its I/O threads read it even while its proxy thread calls nothing (the
+       * first stream opens for it if none has yet). */
+      MP_CHECK(streams_want(c, 1));
+      if (c->nopen == 0) return ncclSuccess;
       c->nudged = 1;
       c->nudges++;
       int s = (int)(c->rr++ % (unsigned)c->nopen);
@@ -369,6 +464,19 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
     return ncclSuccess;
   }
   struct mps_cts_group *g = &c->cts[c->cts_head % MPS_MAX_GROUPS];
+  int inl = inline_now(c, size);
+  if (size <= g->e[k].size && !inl) {
+    /* A message that fits goes on the data streams: as many as it will be cut into must be open
+     * first (until then NULL, NCCL calls again). A small one waits for the control socket instead,
+     * so that a connection that carries only small messages holds no stream. */
+    if (size <= c->inline_bytes && c->nopen == 0) return ncclSuccess;
+    int want = chunk_count(c, size, c->nstreams);
+    if (c->nopen < want) {
+      MP_CHECK(streams_want(c, want));
+      MP_CHECK(streams_progress(c));
+      if (c->nopen < want) return ncclSuccess;
+    }
+  }
   struct mps_send_req *req = send_req_alloc(c);
   if (!req) return ncclSuccess; /* cannot happen while offers <= slots; be polite anyway */
   mplane_tag_wait_matched(&c->tag_wait, tag);
@@ -387,21 +495,26 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
     req->used = 0;
     t.req = &c->trunc_req;
     t.hdr.flags = MPS_CHUNK_TRUNCATED;
-    int s = (int)(c->rr++ % (unsigned)c->nopen);
-    MP_CHECK(push_task(c, s, &t));
+    if (c->nopen) {
+      int s = (int)(c->rr++ % (unsigned)c->nopen);
+      MP_CHECK(push_task(c, s, &t));
+    } else { /* on the control socket, once it is idle (send_flush_inline) */
+      c->trunc_hdr = t.hdr;
+      c->trunc_pending = 1;
+      MP_CHECK(send_flush_inline(c));
+    }
     MP_WARN("socket: send of %zu bytes (tag %d) to peer %s, but its receive buffer holds %llu bytes", size, tag,
             c->peer, (unsigned long long)g->e[k].size);
     return ncclInvalidUsage;
   }
-  if (size <= c->inline_bytes && !c->inl.req &&
-      (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy)) {
+  if (inl) {
     t.hdr.len = size;
     return send_inline(c, req, &t.hdr, data, request);
   }
   req->counted = 1;
   ADD(&g_sends_inflight, 1);
-  size_t per = chunk_size(c, size);
-  int n = size > per ? (int)((size + per - 1) / per) : 1; /* an empty message is one empty chunk */
+  size_t per = chunk_size(c, size, c->nopen);
+  int n = chunk_count(c, size, c->nopen);
   req->nchunks = n;
   unsigned first = c->rr;
   c->rr += (unsigned)n; /* the next message starts on the streams this one left idle */
@@ -469,6 +582,7 @@ ncclResult_t mps_close_send(void *send_comm) {
     stream_release(c->streams[i]);
     if (fd >= 0) close(fd);
   }
+  for (int i = 0; i < c->nopening; i++) close(c->opening[i].fd);
   ctrl_close_orderly(c);
   free(c);
   return ncclSuccess;
@@ -783,7 +897,8 @@ static void recv_stream_io(struct mps_stream *st, uint32_t events) {
 
 void mps_stream_io(struct mps_stream *st, uint32_t events) {
   if (st->kind == MPS_STREAM_SEND) send_stream_io(st, events);
-  else recv_stream_io(st, events);
+  else if (st->kind == MPS_STREAM_RECV) recv_stream_io(st, events);
+  else mps_stream_accept_io(st, events);
 }
 
 /* Write queued CTS records, unless messages come eagerly and the batch is not full (socket.h).
@@ -1184,11 +1299,14 @@ static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
   if (complete < req->n) {
     /* Nothing more can come once every stream has closed: the control socket too, or, since a
      * sender writes its inline messages before it closes the data streams, a moment later (the
-     * control socket's bytes may trail the streams' FINs on a real network). */
-    if (closed == LOAD(&c->nopen) && closed > 0 && !LOAD(&c->stop)) {
+     * control socket's bytes may trail the streams' FINs on a real network). A connection whose
+     * streams were never opened is over once its control socket closed, a moment later too (a
+     * stream it opened last may still be saying hello). */
+    int nopen = LOAD(&c->nopen);
+    if (closed == nopen && (nopen > 0 || c->rx.closed) && !LOAD(&c->stop)) {
       uint64_t t = mplane_now_ns();
       if (!c->streams_closed_ns) c->streams_closed_ns = t;
-      if (c->rx.closed || t - c->streams_closed_ns > MPS_CTRL_GRACE_NS)
+      if ((c->rx.closed && nopen > 0) || t - c->streams_closed_ns > MPS_CTRL_GRACE_NS)
         mps_error_set(&c->err, ncclRemoteError, "peer %s closed every data stream while a receive was still "
                       "waiting (process exited or closed its comm early?)", c->peer);
     }
@@ -1209,10 +1327,11 @@ ncclResult_t mps_close_recv(void *recv_comm) {
   struct mps_recv_comm *c = recv_comm;
   if (!c) return ncclSuccess;
   STORE(&c->stop, 1);
+  mps_recv_unregister(c); /* no stream attaches after this */
   /* Close with a reset, not a FIN: a sender blocked on a full window would otherwise wait for the
    * kernel's FIN timeout (a minute) instead of failing now. */
   struct linger abort_close = {.l_onoff = 1, .l_linger = 0};
-  for (int i = 0; i < c->nopen; i++) {
+  for (int i = 0; i < MPS_MAX_STREAMS; i++) {
     int fd = c->streams[i] ? c->streams[i]->fd : -1;
     stream_release(c->streams[i]);
     if (fd < 0) continue;

@@ -46,7 +46,6 @@ struct mps_pool {
     size_t bytes;
   } pipes[MPS_POOL_PIPES];
   int npipes;
-  int no_pipe;                     /* no more pipes (after a WARN) */
 };
 
 static struct {
@@ -83,21 +82,27 @@ int *mps_engine_pipe(struct mps_stream *st) {
     if (p->pipes[i].owner == st) return p->pipes[i].fd;
     if (!p->pipes[i].owner && free_one < 0) free_one = i;
   }
-  if (free_one >= 0) return p->pipes[free_one].fd;
-  if (p->no_pipe || p->npipes == MPS_POOL_PIPES) return NULL;
-  int *fd = p->pipes[p->npipes].fd;
-  if (pipe2(fd, O_CLOEXEC | O_NONBLOCK) != 0) {
-    struct rlimit rl = {0};
-    getrlimit(RLIMIT_NOFILE, &rl);
-    MP_WARN("socket: I/O thread %d cannot make a splice pipe (%s; %d pipes held, open files limited to %ld): its "
-            "chunks are copied when its %d pipes are busy; MPLANE_SOCKET_SPLICE_BYTES=0 turns splicing off, "
-            "MPLANE_SOCKET_THREADS=n lowers the pipes", p->index, strerror(errno), p->npipes, (long)rl.rlim_cur,
-            p->npipes);
-    p->no_pipe = 1;
-    return NULL;
+  return free_one >= 0 ? p->pipes[free_one].fd : NULL;
+}
+
+/* The thread's pipes, made when it starts (a fixed cost per thread, none per connection; a thread
+ * whose pipes could not all be made splices with fewer, after one WARN). */
+static void pipes_make(struct mps_pool *p) {
+  if (!mps_config()->socket_splice_bytes) return;
+  while (p->npipes < MPS_POOL_PIPES) {
+    int *fd = p->pipes[p->npipes].fd;
+    if (pipe2(fd, O_CLOEXEC | O_NONBLOCK) != 0) {
+      struct rlimit rl = {0};
+      getrlimit(RLIMIT_NOFILE, &rl);
+      MP_WARN("socket: I/O thread %d made %d of its %d splice pipes (%s; open files limited to %ld): its chunks "
+              "are copied while those are busy; MPLANE_SOCKET_SPLICE_BYTES=0 turns splicing off, "
+              "MPLANE_SOCKET_THREADS=n lowers the pipes", p->index, p->npipes, MPS_POOL_PIPES, strerror(errno),
+              (long)rl.rlim_cur);
+      return;
+    }
+    fcntl(fd[1], F_SETPIPE_SZ, MPS_PIPE_BYTES); /* best effort: a smaller pipe takes more calls */
+    p->npipes++;
   }
-  fcntl(fd[1], F_SETPIPE_SZ, MPS_PIPE_BYTES); /* best effort: a smaller pipe takes more calls */
-  return p->pipes[p->npipes++].fd;
 }
 
 /* The pipe (as mps_engine_pipe gave it) holds bytes of st's chunk, or (0) is empty again. */
@@ -191,6 +196,10 @@ static void *pool_thread(void *arg) {
       idle_since = 0;
     }
     pthread_mutex_unlock(&p->lock);
+    if (p->index == 0) { /* the stream listener's thread: accepted streams that never say hello go */
+      int due = mps_stream_hellos_sweep();
+      if (due >= 0 && (timeout < 0 || due < timeout)) timeout = due;
+    }
     int n = epoll_wait(p->epfd, evs, MPS_EVENTS, timeout);
     if (timeout) {
       pthread_mutex_lock(&p->lock);
@@ -225,6 +234,7 @@ static int pool_start(int i) {
   const char *what = "file descriptors (its epoll and eventfd)";
   int err = errno;
   if (p->wake_fd >= 0 && epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->wake_fd, &ev) == 0) {
+    pipes_make(p);
     what = "threads";
     err = pthread_create(&p->thread, NULL, pool_thread, p);
     if (err == 0) {
@@ -242,19 +252,30 @@ static int pool_start(int i) {
           (long)rl.rlim_cur, i);
   if (p->wake_fd >= 0) close(p->wake_fd);
   if (p->epfd >= 0) close(p->epfd);
+  for (int k = 0; k < p->npipes; k++) {
+    close(p->pipes[k].fd[0]);
+    close(p->pipes[k].fd[1]);
+  }
   return -1;
+}
+
+/* Under g_engine.lock: the pool's size, fixed at the first stream. */
+static void pool_size_init(void) {
+  if (g_engine.size) return;
+  const struct mplane_config *cfg = mps_config();
+  int ncpus = mps_usable_cpus();
+  const struct mps_dev *d = mps_dev_get(0);
+  int streams = mps_streams_for(cfg, d ? d->props.speed_mbps : 0, ncpus);
+  g_engine.size = mps_pool_size_for(cfg, streams, ncpus);
+  MP_INFO(NCCL_INIT | NCCL_NET, "socket: one pool of %d I/O threads moves every connection's data streams (%s; "
+          "%d streams per connection, %d CPUs usable)", g_engine.size,
+          cfg->socket_threads ? "MPLANE_SOCKET_THREADS" : "automatic", streams, ncpus);
 }
 
 /* The thread for the next stream: round robin over the pool, starting threads as they are reached. */
 static struct mps_pool *pool_pick(void) {
   pthread_mutex_lock(&g_engine.lock);
-  if (!g_engine.size) {
-    const struct mplane_config *cfg = mps_config();
-    int streams = cfg->socket_streams > 0 ? cfg->socket_streams : 8;
-    g_engine.size = mps_pool_size_for(cfg, streams, mps_usable_cpus());
-    MP_INFO(NCCL_INIT | NCCL_NET, "socket: one pool of %d I/O threads moves every connection's data streams "
-            "(%s)", g_engine.size, cfg->socket_threads ? "MPLANE_SOCKET_THREADS" : "the usable CPUs");
-  }
+  pool_size_init();
   struct mps_pool *p = NULL;
   for (int tries = 0; tries < 2 && !p; tries++) {
     int i = (int)(g_engine.next++ % (unsigned)g_engine.size);
@@ -269,8 +290,7 @@ static struct mps_pool *pool_pick(void) {
   return p;
 }
 
-int mps_engine_attach(struct mps_stream *st) {
-  struct mps_pool *p = pool_pick();
+static int attach_to(struct mps_stream *st, struct mps_pool *p) {
   if (!p) return -1;
   st->pool = p;
   st->armed = EPOLLIN;
@@ -281,6 +301,22 @@ int mps_engine_attach(struct mps_stream *st) {
     return -1;
   }
   return 0;
+}
+
+int mps_engine_attach(struct mps_stream *st) { return attach_to(st, pool_pick()); }
+
+/* Thread 0, started if need be: where the stream listener and the hellos it accepts live. */
+int mps_engine_attach_first(struct mps_stream *st) {
+  pthread_mutex_lock(&g_engine.lock);
+  pool_size_init();
+  struct mps_pool *p = g_engine.started > 0 || pool_start(0) == 0 ? &g_engine.pools[0] : NULL;
+  pthread_mutex_unlock(&g_engine.lock);
+  return attach_to(st, p);
+}
+
+void mps_engine_forget(struct mps_stream *st) {
+  epoll_ctl(st->pool->epfd, EPOLL_CTL_DEL, st->fd, NULL);
+  st->pool = NULL;
 }
 
 void mps_engine_detach(struct mps_stream *st) {

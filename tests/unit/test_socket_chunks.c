@@ -36,7 +36,9 @@
 /* The raw receiver: its control socket and data streams, by stream index. */
 struct peer {
   int ctrl;
-  int nstreams;
+  int lfd;      /* our listener: the control socket came here, and the data streams do (the ACK's port) */
+  int nstreams; /* the connection's streams at most (its hello) */
+  int nopen;    /* streams opened so far (they open as messages need them) */
   int fds[MPS_MAX_STREAMS];
   void *sc;
   uint64_t groups; /* CTS groups offered so far */
@@ -89,29 +91,44 @@ static void peer_up(struct peer *p) {
     assert_int_equal(mplane_net_connect(mplane_net_default_ctx(), 0, 0, handle, &p->sc), ncclSuccess);
     assert_true(now() < deadline);
   }
-  int expected = -1;
-  for (int got = 0; expected < 0 || got < expected + 1; got++) {
-    int fd = accept(lfd, NULL, NULL);
-    assert_true(fd >= 0);
-    struct mps_hello hello;
-    read_all(fd, &hello, sizeof(hello));
-    assert_int_equal(hello.type, MPS_HELLO);
-    assert_true(hello.nstreams >= 1 && hello.nstreams <= MPS_MAX_STREAMS && hello.stream <= hello.nstreams);
-    expected = hello.nstreams;
-    if (hello.stream == 0) p->ctrl = fd;
-    else p->fds[hello.stream - 1] = fd;
-  }
-  p->nstreams = expected;
-  close(lfd);
+  for (int i = 0; i < MPS_MAX_STREAMS; i++) p->fds[i] = -1;
+  p->ctrl = accept(lfd, NULL, NULL);
+  assert_true(p->ctrl >= 0);
+  struct mps_hello hello;
+  read_all(p->ctrl, &hello, sizeof(hello));
+  assert_int_equal(hello.type, MPS_HELLO);
+  assert_int_equal(hello.stream, 0);
+  assert_int_equal(hello.flags, MPS_HELLO_LAZY); /* its streams come later, to the port our ACK names */
+  assert_true(hello.nstreams >= 1 && hello.nstreams <= MPS_MAX_STREAMS);
+  p->nstreams = hello.nstreams;
+  p->lfd = lfd;
   /* the acceptor's ACK: no eager messages, so every send waits for its CTS */
   struct mps_ctrl ack = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = MPS_ACK};
+  ack.ack.stream_port = ntohs(a.sin_port);
   write_all(p->ctrl, &ack, sizeof(ack));
+}
+
+/* A data stream the sender opened: its hello says which. */
+static void peer_accept_stream(struct peer *p) {
+  int fd = accept(p->lfd, NULL, NULL);
+  assert_true(fd >= 0);
+  struct mps_hello hello;
+  read_all(fd, &hello, sizeof(hello));
+  assert_int_equal(hello.type, MPS_HELLO);
+  assert_int_equal(hello.flags, MPS_HELLO_LAZY);
+  assert_int_equal(hello.nstreams, p->nstreams);
+  assert_true(hello.stream >= 1 && hello.stream <= p->nstreams);
+  assert_int_equal(p->fds[hello.stream - 1], -1);
+  p->fds[hello.stream - 1] = fd;
+  p->nopen++;
 }
 
 static void peer_down(struct peer *p) {
   assert_int_equal(mplane_net_close_send(p->sc), ncclSuccess);
   close(p->ctrl);
-  for (int i = 0; i < p->nstreams; i++) close(p->fds[i]);
+  close(p->lfd);
+  for (int i = 0; i < p->nstreams; i++)
+    if (p->fds[i] >= 0) close(p->fds[i]);
 }
 
 struct cut {
@@ -162,9 +179,14 @@ static void read_chunks(struct peer *p, size_t size, const unsigned char *sent, 
   assert_non_null(got);
   uint64_t have = 0;
   while (have < size) {
-    struct pollfd pf[MPS_MAX_STREAMS];
+    struct pollfd pf[MPS_MAX_STREAMS + 1];
     for (int i = 0; i < p->nstreams; i++) pf[i] = (struct pollfd){.fd = p->fds[i], .events = POLLIN};
-    assert_true(poll(pf, (nfds_t)p->nstreams, 10000) > 0);
+    pf[p->nstreams] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
+    assert_true(poll(pf, (nfds_t)p->nstreams + 1, 10000) > 0);
+    if (pf[p->nstreams].revents & POLLIN) { /* a stream the message opened (before isend took it) */
+      peer_accept_stream(p);
+      continue;
+    }
     for (int i = 0; i < p->nstreams; i++) {
       if (!(pf[i].revents & POLLIN)) continue;
       struct mps_chunk h;
@@ -256,8 +278,14 @@ static void test_streams_and_threads(void **state) {
   peer_up(&p);
   int want = streams_expected();
   assert_int_equal(p.nstreams, want);
-  /* the pool's threads name themselves once they run: one per stream at most, never more than the
-   * pool holds, and none created for this connection beyond that */
+  /* a connection holds its control socket alone until a message needs the streams */
+  struct cut c;
+  struct pollfd lp = {.fd = p.lfd, .events = POLLIN};
+  assert_int_equal(poll(&lp, 1, 100), 0); /* connected: no stream has come */
+  send_one(&p, 16 << 20, &c);             /* cut over every stream: all open */
+  assert_int_equal(p.nopen, want);
+  /* the process's pool threads name themselves once they run: as many as the streams, never more
+   * than the pool holds */
   cpu_set_t set;
   assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
   int pool = mps_pool_size_for(mps_config(), want, CPU_COUNT(&set));
@@ -363,7 +391,8 @@ static void spliced_send_fails(int wrong_ack) {
   if (wrong_ack)
     ack_chunks(&p, &c, 1);
   else
-    for (int i = 0; i < p.nstreams; i++) shutdown(p.fds[i], SHUT_RDWR);
+    for (int i = 0; i < p.nstreams; i++)
+      if (p.fds[i] >= 0) shutdown(p.fds[i], SHUT_RDWR);
   int done = 0, sent = 0;
   assert_int_equal(test_until(req, 10, &done, &sent), ncclRemoteError);
   assert_false(done);
