@@ -259,6 +259,9 @@ struct mps_stream {
   int detached;                    /* under the pool's lock: the pool thread let go of it */
   struct mps_stream *next;         /* on the pool's ready or detach list (under its lock) */
   int listed;                      /* on the ready list */
+  int inflight;                    /* send: chunks queued and not yet all in the socket (atomic) */
+  int connecting;                  /* send, lazy: the pool thread finishes its connect and writes its hello first */
+  size_t hello_sent;
   /* send: chunks queued by the proxy thread, under the pool's lock (a ring that grows) */
   struct mps_task *tasks;
   unsigned cap, head, tail;
@@ -396,13 +399,6 @@ struct mps_send_comm {
   socklen_t peer_addr_len;
   uint32_t stream_port;            /* from the ACK; 0: none offered */
   struct mps_hello hello;          /* the control socket's hello: streams say the same, with their index */
-  struct {
-    int fd;
-    int index;                     /* its hello's stream number (1..nstreams) */
-    int connected;
-    size_t sent;                   /* bytes of its hello written */
-  } opening[MPS_MAX_STREAMS];      /* streams being connected, not yet given to the engine */
-  int nopening;
   int nstarted;                    /* streams ever started: the next one's index */
   int trunc_pending;               /* a "does not fit" notice waits for a stream (trunc_hdr) */
   struct mps_chunk trunc_hdr;

@@ -208,68 +208,51 @@ static struct mps_send_req *send_req_alloc(struct mps_send_comm *c) {
 
 /* ---- lazy data streams (socket.h, MPS_HELLO_LAZY) ---- */
 
-/* Start opening streams until `want` are open or opening (at most the connection's nstreams). */
-static ncclResult_t streams_want(struct mps_send_comm *c, int want) {
-  if (want > c->nstreams) want = c->nstreams;
-  while (c->nopen + c->nopening < want && c->nstarted < c->nstreams) {
-    if (!c->stream_port) {
-      mps_error_set(&c->err, ncclSystemError, "peer %s offers no data streams (its stream listener could not be "
-                    "opened: its log says why); messages above MPLANE_SOCKET_INLINE_BYTES cannot go", c->peer);
-      return mps_error_check(&c->err);
-    }
-    int fd;
-    if (mps_stream_connect(c, &fd) != 0) {
-      mps_error_set(&c->err, ncclSystemError, "cannot open a data stream to peer %s (WARN above)", c->peer);
-      return mps_error_check(&c->err);
-    }
-    c->nstarted++;
-    c->opening[c->nopening++] = (typeof(c->opening[0])){.fd = fd, .index = c->nstarted};
+/* Open one more data stream: a non-blocking connect, handed to the engine at once; its pool thread
+ * finishes the connect and writes the hello before any chunk queued meanwhile (send_stream_io). */
+static ncclResult_t stream_open(struct mps_send_comm *c) {
+  if (!c->stream_port) {
+    mps_error_set(&c->err, ncclSystemError, "peer %s offers no data streams (its stream listener could not be "
+                  "opened: its log says why); messages above MPLANE_SOCKET_INLINE_BYTES cannot go", c->peer);
+    return mps_error_check(&c->err);
   }
+  int fd;
+  if (mps_stream_connect(c, &fd) != 0) {
+    mps_error_set(&c->err, ncclSystemError, "cannot open a data stream to peer %s (WARN above)", c->peer);
+    return mps_error_check(&c->err);
+  }
+  c->nstarted++;
+  struct mps_stream *st = calloc(1, sizeof(*st));
+  if (st) {
+    st->fd = fd;
+    st->kind = MPS_STREAM_SEND;
+    st->index = c->nopen;
+    st->comm = c;
+    st->connecting = 1;
+    st->armed = EPOLLOUT; /* the connect's end */
+    st->hello = c->hello;
+    st->hello.stream = (uint16_t)c->nstarted;
+  }
+  if (!st || mps_engine_attach(st) != 0) {
+    free(st);
+    close(fd);
+    mps_error_set(&c->err, ncclSystemError, "no memory or I/O thread for a data stream to peer %s", c->peer);
+    return mps_error_check(&c->err);
+  }
+  c->streams[c->nopen] = st;
+  c->nopen++;
   return ncclSuccess;
 }
 
-/* Advance the streams being opened (connect, then hello); a whole one goes to the engine. Never
- * blocks: NCCL calls again. */
-static ncclResult_t streams_progress(struct mps_send_comm *c) {
-  for (int i = 0; i < c->nopening;) {
-    typeof(c->opening[0]) *o = &c->opening[i];
-    if (!o->connected) {
-      struct pollfd p = {.fd = o->fd, .events = POLLOUT};
-      if (poll(&p, 1, 0) <= 0) {
-        i++;
-        continue;
-      }
-      int soerr = 0;
-      socklen_t len = sizeof(soerr);
-      getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
-      if (soerr) {
-        mps_error_set(&c->err, ncclRemoteError, "cannot open a data stream to peer %s (port %u): %s", c->peer,
-                      c->stream_port, strerror(soerr));
-        return mps_error_check(&c->err);
-      }
-      o->connected = 1;
-    }
-    struct mps_hello h = c->hello;
-    h.stream = (uint16_t)o->index;
-    ssize_t w = send(o->fd, (char *)&h + o->sent, sizeof(h) - o->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      mps_error_set(&c->err, ncclRemoteError, "data stream to peer %s failed in its handshake: %s", c->peer,
-                    strerror(errno));
-      return mps_error_check(&c->err);
-    }
-    if (w > 0) o->sent += (size_t)w;
-    if (o->sent < sizeof(h)) {
-      i++;
-      continue;
-    }
-    if (stream_attach(&c->streams[c->nopen], o->fd, MPS_STREAM_SEND, c->nopen, c) != 0) {
-      close(o->fd);
-      mps_error_set(&c->err, ncclSystemError, "no I/O thread for a data stream to peer %s (WARN above)", c->peer);
-      return mps_error_check(&c->err);
-    }
-    c->nopen++;
-    c->opening[i] = c->opening[--c->nopening];
-  }
+/* A message for the data streams is about to go: the first stream opens for it, and one more (up
+ * to the connection's nstreams) each time a message finds every open stream busy writing earlier
+ * chunks. The message never waits: it is queued on the streams open now (a stream still connecting
+ * writes it after its hello). So a connection that carries one message at a time holds one
+ * stream, and one that keeps several in flight (NCCL's steps) opens as many as keep them moving. */
+static ncclResult_t streams_grow(struct mps_send_comm *c) {
+  int idle = 0;
+  for (int i = 0; i < c->nopen && !idle; i++) idle = LOAD(&c->streams[i]->inflight) == 0;
+  if (!idle && c->nopen < c->nstreams) MP_CHECK(stream_open(c));
   return ncclSuccess;
 }
 
@@ -277,6 +260,7 @@ static ncclResult_t streams_progress(struct mps_send_comm *c) {
 static ncclResult_t push_task(struct mps_send_comm *c, int s, const struct mps_task *t) {
   struct mps_task task = *t;
   task.stream = s;
+  ADD(&c->streams[s]->inflight, 1);
   if (mps_engine_push(c->streams[s], &task) != 0) {
     mps_error_set(&c->err, ncclSystemError, "out of memory queueing a chunk for peer %s", c->peer);
     return mps_error_check(&c->err);
@@ -426,7 +410,6 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   *request = NULL;
   MP_CHECK(mps_error_check(&c->err));
   if (c->inl.req || c->trunc_pending) MP_CHECK(send_flush_inline(c));
-  if (c->nopening) MP_CHECK(streams_progress(c));
   /* A send that an offer we hold already matches, or that may go eagerly, needs nothing new from
    * the receiver: no look at the control socket (a system call per message saved). The CTS
    * records are read when what we hold runs out. */
@@ -453,8 +436,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
       /* The receiver may be holding the CTS back (socket.h): ask for it, once until one comes, on a
        * data stream, where its I/O threads read it even while its proxy thread calls nothing (the
        * first stream opens for it if none has yet). */
-      MP_CHECK(streams_want(c, 1));
-      if (c->nopen == 0) return ncclSuccess;
+      if (c->nopen == 0) MP_CHECK(stream_open(c));
       c->nudged = 1;
       c->nudges++;
       int s = (int)(c->rr++ % (unsigned)c->nopen);
@@ -470,12 +452,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
      * first (until then NULL, NCCL calls again). A small one waits for the control socket instead,
      * so that a connection that carries only small messages holds no stream. */
     if (size <= c->inline_bytes && c->nopen == 0) return ncclSuccess;
-    int want = chunk_count(c, size, c->nstreams);
-    if (c->nopen < want) {
-      MP_CHECK(streams_want(c, want));
-      MP_CHECK(streams_progress(c));
-      if (c->nopen < want) return ncclSuccess;
-    }
+    MP_CHECK(streams_grow(c));
   }
   struct mps_send_req *req = send_req_alloc(c);
   if (!req) return ncclSuccess; /* cannot happen while offers <= slots; be polite anyway */
@@ -582,7 +559,6 @@ ncclResult_t mps_close_send(void *send_comm) {
     stream_release(c->streams[i]);
     if (fd >= 0) close(fd);
   }
-  for (int i = 0; i < c->nopening; i++) close(c->opening[i].fd);
   ctrl_close_orderly(c);
   free(c);
   return ncclSuccess;
@@ -721,6 +697,7 @@ static int send_chunk_start(struct mps_send_comm *c, struct mps_stream *st) {
  * completes on its ack. */
 static void send_chunk_end(struct mps_send_comm *c, struct mps_stream *st, int failed) {
   st->cur.active = 0;
+  ADD(&st->inflight, -1);
   if (!failed && st->cur.spliced) {
     if (mps_splice_wait_ack(st, st->cur.t.req, st->cur.hdr.slot) == 0) return;
     mps_error_set(&c->err, ncclSystemError, "out of memory tracking a spliced chunk to peer %s", c->peer);
@@ -745,9 +722,39 @@ static int send_copy_step(struct mps_stream *st) {
   return 1;
 }
 
+/* A lazy stream's connect has ended (or not yet): check it, write its hello. 1 done, 0 not yet,
+ * -1 failed (the comm's error set). */
+static int send_stream_hello(struct mps_send_comm *c, struct mps_stream *st) {
+  int soerr = 0;
+  socklen_t len = sizeof(soerr);
+  if (getsockopt(st->fd, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr) {
+    mps_error_set(&c->err, ncclRemoteError, "cannot open a data stream to peer %s (port %u): %s", c->peer,
+                  c->stream_port, strerror(soerr));
+    return -1;
+  }
+  while (st->hello_sent < sizeof(st->hello)) {
+    ssize_t w = send(st->fd, (char *)&st->hello + st->hello_sent, sizeof(st->hello) - st->hello_sent,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && (would_block() || errno == ENOTCONN)) return 0;
+    if (w < 0) {
+      mps_error_set(&c->err, ncclRemoteError, "data stream to peer %s failed in its handshake: %s", c->peer,
+                    strerror(errno));
+      return -1;
+    }
+    st->hello_sent += (size_t)w;
+  }
+  st->connecting = 0;
+  return 1;
+}
+
 static void send_stream_io(struct mps_stream *st, uint32_t events) {
   struct mps_send_comm *c = st->comm;
   char why[160];
+  if (st->connecting && !st->finished) {
+    int r = send_stream_hello(c, st);
+    if (r < 0) stream_finish(st);
+    if (r == 0) return mps_engine_arm(st, EPOLLOUT);
+  }
   if (!st->finished && (events & (EPOLLIN | EPOLLERR | EPOLLHUP))) {
     int r = mps_splice_reap(st, why, sizeof(why));
     if (r < 0) {

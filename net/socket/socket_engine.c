@@ -293,7 +293,7 @@ static struct mps_pool *pool_pick(void) {
 static int attach_to(struct mps_stream *st, struct mps_pool *p) {
   if (!p) return -1;
   st->pool = p;
-  st->armed = EPOLLIN;
+  if (!st->armed) st->armed = EPOLLIN; /* a stream still connecting asks for EPOLLOUT */
   struct epoll_event ev = {.events = st->armed, .data.ptr = st};
   if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, st->fd, &ev) != 0) {
     MP_WARN("socket: cannot add a data stream to I/O thread %d's epoll: %m", p->index);
@@ -384,3 +384,4 @@ int mps_engine_take(struct mps_stream *st, struct mps_task *t) {
   pthread_mutex_unlock(&p->lock);
   return any;
 }
+

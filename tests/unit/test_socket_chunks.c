@@ -231,6 +231,64 @@ static ncclResult_t test_until(void *req, double seconds, int *done, int *sent) 
   return r;
 }
 
+/* One round of `nstreams` messages of 16 MiB, all sent before any is read, then read (spliced
+ * chunks acked) and completed: a sender opens one more stream when a message finds those open busy. */
+static void busy_round(struct peer *p) {
+  size_t size = 16 << 20;
+  void *req[MPS_MAX_STREAMS];
+  unsigned char *buf[MPS_MAX_STREAMS];
+  for (int k = 0; k < p->nstreams; k++) {
+    struct mps_ctrl cts = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = MPS_CTS,
+                           .n = 1, .seq = p->groups++};
+    cts.e[0].slot = 5;
+    cts.e[0].tag = 3;
+    cts.e[0].size = size;
+    write_all(p->ctrl, &cts, sizeof(cts));
+    buf[k] = calloc(1, size);
+    assert_non_null(buf[k]);
+    req[k] = send_from(p, buf[k], size);
+  }
+  char *sink = malloc(size);
+  assert_non_null(sink);
+  for (uint64_t have = 0, want = (uint64_t)size * (uint64_t)p->nstreams; have < want;) {
+    struct pollfd pf[MPS_MAX_STREAMS + 1];
+    for (int i = 0; i < p->nstreams; i++) pf[i] = (struct pollfd){.fd = p->fds[i], .events = POLLIN};
+    pf[p->nstreams] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
+    assert_true(poll(pf, (nfds_t)p->nstreams + 1, 10000) > 0);
+    if (pf[p->nstreams].revents & POLLIN) peer_accept_stream(p);
+    for (int i = 0; i < p->nstreams; i++) {
+      if (!(pf[i].revents & POLLIN)) continue;
+      struct mps_chunk h;
+      read_all(p->fds[i], &h, sizeof(h));
+      assert_true(h.len <= size);
+      read_all(p->fds[i], sink, h.len);
+      have += h.len;
+      if (h.flags & MPS_CHUNK_ACK) {
+        struct mps_ack a = {.magic = MPS_ACK_MAGIC, .slot = h.slot};
+        write_all(p->fds[i], &a, sizeof(a));
+      }
+    }
+  }
+  free(sink);
+  for (int k = 0; k < p->nstreams; k++) {
+    int done = 0, sent = 0;
+    assert_int_equal(test_until(req[k], 10, &done, &sent), ncclSuccess);
+    assert_true(done);
+    free(buf[k]);
+  }
+}
+
+/* Open every stream the sender has: busy rounds until they are all open (one round mostly; a
+ * stream whose chunk the socket took whole is idle again, and the next message then uses it). */
+static void open_all_streams(struct peer *p) {
+  for (int round = 0; round < 20 && p->nopen < p->nstreams; round++) {
+    busy_round(p);
+    struct pollfd lp = {.fd = p->lfd, .events = POLLIN};
+    while (p->nopen < p->nstreams && poll(&lp, 1, 50) > 0) peer_accept_stream(p);
+  }
+  assert_int_equal(p->nopen, p->nstreams);
+}
+
 /* One whole message: offered, sent, read, acked, completed. */
 static void send_one(struct peer *p, size_t size, struct cut *cut) {
   unsigned char *buf;
@@ -282,7 +340,9 @@ static void test_streams_and_threads(void **state) {
   struct cut c;
   struct pollfd lp = {.fd = p.lfd, .events = POLLIN};
   assert_int_equal(poll(&lp, 1, 100), 0); /* connected: no stream has come */
-  send_one(&p, 16 << 20, &c);             /* cut over every stream: all open */
+  send_one(&p, 16 << 20, &c); /* one message at a time: one stream carries them */
+  assert_int_equal(p.nopen, 1);
+  open_all_streams(&p); /* several in flight: every stream opens */
   assert_int_equal(p.nopen, want);
   /* the process's pool threads name themselves once they run: as many as the streams, never more
    * than the pool holds */
@@ -323,6 +383,7 @@ static void test_chunk_sizes(void **state) {
   (void)state;
   struct peer p;
   peer_up(&p);
+  open_all_streams(&p);
   /* size -> chunks; below 256 KiB (MPLANE_SOCKET_SPLIT_BYTES) a message is never split */
   const struct {
     size_t size;
