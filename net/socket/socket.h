@@ -205,6 +205,8 @@ uint64_t mps_spin_ns(const struct mplane_config *cfg);
 /* 1 if ifname is selected by an NCCL_SOCKET_IFNAME-style spec ("" = automatic choice). */
 int mps_iface_match(const char *spec, const char *ifname, int is_loopback);
 void mps_addr_str(const struct sockaddr *sa, char *buf, size_t len);
+/* The WARN for running out of file descriptors (errno EMFILE/ENFILE) opening `what` (peer: or NULL). */
+void mps_warn_fds(const char *what, const char *peer);
 /* Bind an outgoing socket to the device's address without taking a port (socket_conn.c). 0 ok. */
 int mps_bind_source(int fd, const struct mps_dev *d);
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/resource.h>
@@ -56,6 +57,21 @@ int mps_bind_source(int fd, const struct mps_dev *d) {
   else src.addr.sin6.sin6_port = 0;
   setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one)); /* Linux >= 4.2; else bind takes a port */
   return bind(fd, &src.addr.sa, d->addrlen);
+}
+
+/* Out of file descriptors (EMFILE, ENFILE): one WARN that says what could not be opened, how many
+ * the process holds, its limit, and what lowers the need. */
+void mps_warn_fds(const char *what, const char *peer) {
+  struct rlimit rl = {0};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  int open_fds = 0;
+  DIR *d = opendir("/proc/self/fd");
+  for (struct dirent *e; d && (e = readdir(d));) open_fds += e->d_name[0] != '.';
+  if (d) closedir(d);
+  MP_WARN("socket: out of file descriptors: cannot open %s%s%s (%s; %d open, limit %ld): raise the limit (ulimit "
+          "-n), or lower what each peer holds: MPLANE_SOCKET_STREAMS (data streams per connection), "
+          "MPLANE_SOCKET_INLINE_BYTES higher (messages up to it need no stream)", what, peer ? " to/from peer " : "",
+          peer ? peer : "", strerror(errno), open_fds - 1, (long)rl.rlim_cur);
 }
 
 /* ------------------------------------------------------------------ listen */
@@ -198,6 +214,11 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   for (int i = 0; i < st->nsock; i++) st->fds[i] = -1;
   for (int i = 0; i < st->nsock; i++) {
     int fd = socket(d->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+      mps_warn_fds("a control socket", st->peer);
+      stage_free(st);
+      return ncclSystemError;
+    }
     if (fd < 0) goto fail;
     st->fds[i] = fd;
     tune_socket(fd);
@@ -482,7 +503,8 @@ ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
     int fd = accept4(lc->fd, &from.sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-      MP_WARN("socket: accept failed: %m");
+      if (errno == EMFILE || errno == ENFILE) mps_warn_fds("an incoming control socket", NULL);
+      else MP_WARN("socket: accept failed: %m");
       return ncclSystemError;
     }
     tune_socket(fd);
@@ -625,13 +647,8 @@ static void listener_io(struct mps_stream *l) {
     int fd = accept4(l->fd, &from.sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE) {
-        struct rlimit rl = {0};
-        getrlimit(RLIMIT_NOFILE, &rl);
-        static int said;
-        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-          MP_WARN("socket: out of file descriptors accepting a data stream (limit %ld open files): raise ulimit "
-                  "-n, or lower the streams per connection (MPLANE_SOCKET_STREAMS) or the message size that "
-                  "opens them (MPLANE_SOCKET_INLINE_BYTES)", (long)rl.rlim_cur);
+        static int said; /* the connector's stream fails too, and says so */
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) mps_warn_fds("an incoming data stream", NULL);
       }
       return; /* EAGAIN, or an error the next connection may not have */
     }
@@ -721,11 +738,8 @@ int mps_stream_connect(struct mps_send_comm *c, int *out) {
   else to.sin6.sin6_port = htons((uint16_t)c->stream_port);
   int fd = socket(to.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
-    struct rlimit rl = {0};
-    getrlimit(RLIMIT_NOFILE, &rl);
-    MP_WARN("socket: cannot open data stream %d of %d to peer %s: %m (limit %ld open files): raise ulimit -n, or "
-            "lower MPLANE_SOCKET_STREAMS, or raise MPLANE_SOCKET_INLINE_BYTES so fewer messages need streams",
-            c->nstarted + 1, c->nstreams, c->peer, (long)rl.rlim_cur);
+    if (errno == EMFILE || errno == ENFILE) mps_warn_fds("a data stream", c->peer);
+    else MP_WARN("socket: cannot open a data stream to peer %s: %m", c->peer);
     return -1;
   }
   tune_socket(fd);
