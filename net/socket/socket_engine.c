@@ -268,7 +268,7 @@ static void pool_size_init(void) {
   int streams = mps_streams_for(cfg, d ? d->props.speed_mbps : 0, ncpus);
   g_engine.size = mps_pool_size_for(cfg, streams, ncpus);
   MP_INFO(NCCL_INIT | NCCL_NET, "socket: one pool of %d I/O threads moves every connection's data streams (%s; "
-          "%d streams per connection, %d CPUs usable)", g_engine.size,
+          "%d data streams per connection, %d CPUs usable)", g_engine.size,
           cfg->socket_threads ? "MPLANE_SOCKET_THREADS" : "automatic", streams, ncpus);
 }
 
