@@ -1,19 +1,40 @@
 /* mplane: the TCP transport's shared state (net/socket/).
  *
- * A connection is one control socket plus MPLANE_SOCKET_STREAMS data streams, opened together and
- * matched by a 64-bit nonce. The receiver drives: each irecv posts its buffers into slots and
+ * A connection is one control socket plus up to MPLANE_SOCKET_STREAMS data streams, matched by a
+ * 64-bit nonce. The receiver drives: each irecv posts its buffers into slots and
  * sends a clear-to-send (CTS) record on the control socket naming slot, tag and size; the sender
  * only writes to a slot it was offered, so a short receive buffer is caught before any byte moves.
  * A send takes the first untaken entry of its tag in the oldest offered group, or waits (a NULL
  * request) when that group has none: a later group's send on a shared comm (net/tag_wait.h).
  * Data travels in self-describing chunks (slot, offset, length, total) on any stream, written
- * straight into the posted buffer by the receiver's helper threads. A connection has 8 streams on
- * links of 100 Gb/s or more in a process with 16 CPUs or more, else 4 (MPLANE_SOCKET_STREAMS),
- * each with a helper thread at both ends; a message of MPLANE_SOCKET_SPLIT_BYTES or more is cut into as many chunks as there are
- * streams, none under MPLANE_SOCKET_CHUNK_BYTES (chunk_size in socket_data.c).
+ * straight into the posted buffer at the receiver. A connection may have 8 streams on links of
+ * 100 Gb/s or more in a process with 16 CPUs or more, else 4 (MPLANE_SOCKET_STREAMS); a message of
+ * MPLANE_SOCKET_SPLIT_BYTES or more is cut into as many chunks as there are streams open, none under
+ * MPLANE_SOCKET_CHUNK_BYTES (chunk_size in socket_data.c).
+ *
+ * The I/O engine (socket_engine.c): no thread belongs to a connection. One pool of I/O threads per
+ * process (MPLANE_SOCKET_THREADS; the usable CPUs, at most two per stream) moves the data streams of
+ * every connection, both directions: each stream is given to one pool thread, which waits in epoll
+ * on its non-blocking streams and on an eventfd the proxy thread writes when it queues chunks for a
+ * sleeping thread, and holds a few splice pipes. A send stream's thread writes the queued chunks
+ * (send_chunk_start / send_chunk_end in socket_data.c: where one chunk's transfer starts and ends)
+ * and reads the acks of spliced ones; a receive stream's thread parses chunks into their slots
+ * (recv_chunk_start / recv_chunk_end) and writes the acks.
+ *
+ * Lazy streams (MPS_HELLO_LAZY): a connection is its control socket alone until a message that
+ * does not go on it (bigger than MPLANE_SOCKET_INLINE_BYTES, or the control socket busy while the
+ * process has many sends in flight) needs a data stream; then the first stream opens, and one more
+ * each time a message finds every open stream busy, up to the connection's count. They connect
+ * (IP_BIND_ADDRESS_NO_PORT: no port held before connect) to the acceptor process's stream listener,
+ * one per device, whose port the ACK names (NCCL closes the listen comm once it accepted), and say
+ * a hello with the connection's nonce and their index; the listener's pool thread (thread 0) gives
+ * each to the receive comm that nonce names. A stream's pool thread finishes its connect and writes
+ * the hello before the chunks queued on it meanwhile, so isend never waits for a stream. A hello
+ * without MPS_HELLO_LAZY brings all its streams with the control socket to the listening port, and
+ * the acceptor waits for the set (a connector that is not this library's may do so).
  *
  * Small messages (MPLANE_SOCKET_INLINE_BYTES; above MPS_INLINE_ALWAYS only while the process has
- * fewer than MPLANE_SOCKET_INLINE_BUSY sends in flight) skip the helper threads at both ends: the sender's proxy thread writes the
+ * fewer than MPLANE_SOCKET_INLINE_BUSY sends in flight) skip the I/O threads at both ends: the sender's proxy thread writes the
  * chunk on the control socket itself (without blocking; a partial write is finished by later
  * isend/test calls, and other messages take the data streams meanwhile), and
  * the receiver's test() reads the control socket and lands the chunk in its slot, with the same
@@ -37,14 +58,14 @@
  * bytes of them, which keeps the sender below the bounds: a CTS record write per 16 small messages,
  * where one per message costs about as much as the message's own write). A sender that cannot go
  * on without a CTS (a message too big to go eagerly, the bound reached, a tag no group it has read offers) says so once with a
- * WANT_CTS chunk on a data stream, where the receiver's helper threads read it even while its proxy
+ * WANT_CTS chunk on a data stream (opening one if none is), where the receiver's I/O threads read it even while its proxy
  * thread calls nothing; that thread then writes what the receiver holds (cts_lock), and each CTS
  * goes at once until messages arrive eagerly again.
  *
  * Spliced chunks: a data-stream chunk of MPLANE_SOCKET_SPLICE_BYTES or more leaves without the
  * sender's copy (socket_splice.c): its pages go to the kernel by vmsplice and splice, flagged
  * MPS_CHUNK_ACK. The socket then refers to NCCL's buffer, so the send completes only when the
- * receiver's helper, having read the payload, answers with an mps_ack on the same stream.
+ * receiver's I/O thread, having read the payload, answers with an mps_ack on the same stream.
  *
  * Filler: a control-socket chunk whose header and payload are shorter than MPLANE_SOCKET_PAD_BYTES
  * (544) is followed by zero bytes up to that size, their count in the header's flag bits above
@@ -183,7 +204,7 @@ int mps_host_link_mbps(int ncpus);
 /* 1 if every device found runs at MPS_FAST_LINK_MBPS or more: NCCL's 4 MiB buffers on 8 channels
  * and the transport's tuner rows (net/socket/socket_transport.c says why). */
 int mps_fast_links(void);
-/* The CPUs this process may run on (its affinity mask): where the helper threads run. */
+/* The CPUs this process may run on (its affinity mask): what sizes the pool of I/O threads. */
 int mps_usable_cpus(void);
 const struct mps_dev *mps_dev_get(int dev);
 ncclResult_t mps_iface_discover(const struct mplane_config *cfg);
@@ -409,7 +430,7 @@ struct mps_send_comm {
 /* ---- receive side ---- */
 enum mps_slot_state { MPS_SLOT_FREE = 0, MPS_SLOT_POSTED, MPS_SLOT_DONE, MPS_SLOT_TRUNCATED, MPS_SLOT_BAD };
 
-/* A posted buffer. Chunks of one message arrive on several streams, so on several helper threads
+/* A posted buffer. Chunks of one message arrive on several streams, so on several I/O threads
  * at once: each chunk claims its byte range under `lock` first, and a range that overlaps one
  * already claimed, lies past the message's total, or names another total is the peer's error. */
 struct mps_slot {
@@ -465,7 +486,7 @@ struct mps_recv_comm {
   uint64_t eager_bytes_since_flush; /* ... and their bytes */
   int cts_wanted;                /* a WANT_CTS came: the next CTS record goes at once */
   int ctrl_gone;                 /* the sender closed its control socket: CTS records are dropped */
-  pthread_mutex_t cts_lock;      /* out_buf, out_len and the four above: proxy and helper threads */
+  pthread_mutex_t cts_lock;      /* out_buf, out_len and the four above: proxy and I/O threads */
   struct mps_ctrl_rx { /* the control socket's incoming chunks (inline messages); proxy thread only */
     size_t have, pos;            /* stage[pos..have) read but not consumed */
     struct mps_chunk h;

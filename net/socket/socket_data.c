@@ -278,14 +278,14 @@ static void send_warn_wait(struct mps_send_comm *c, const struct mps_cts_group *
 }
 
 /* Send requests in flight in this process, all comms together. A proxy thread with several
- * messages moving (many channels, big collectives) hands a mid-sized one to a helper thread: it
+ * messages moving (many channels, big collectives) hands a mid-sized one to the I/O threads: they
  * copies in parallel, while the proxy thread would copy one message after another. */
 static int g_sends_inflight; /* atomic */
 
 static const char mps_filler[MPS_PAD_MAX]; /* the zeros a small chunk is padded with (socket.h) */
 
 /* Write what the control socket takes of the inline chunk in progress; never blocks. The request
- * completes once its last byte is in the kernel, as a helper thread's would. */
+ * completes once its last byte is in the kernel, as an I/O thread's would. */
 static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
   for (;;) {
     if (!c->inl.req && c->trunc_pending) { /* a "does not fit" notice of a comm with no stream open */
@@ -368,7 +368,7 @@ static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size,
 /* The chunk size of a message on the data streams: the whole message below
  * MPLANE_SOCKET_SPLIT_BYTES; above, as many chunks as there are streams, but none below
  * MPLANE_SOCKET_CHUNK_BYTES, in 4 KiB multiples so receivers copy aligned pages. Each chunk costs
- * a hand-off to a helper thread and a wake-up at both ends; NCCL keeps several steps in flight per
+ * a hand-off to an I/O thread and a wake-up at both ends; NCCL keeps several steps in flight per
  * channel, so the streams a message leaves idle carry the next one
  * (docs/results/2026-12-01-eight-streams.md). */
 static size_t chunk_size(const struct mps_send_comm *c, size_t size, int nstreams) {
@@ -909,7 +909,7 @@ void mps_stream_io(struct mps_stream *st, uint32_t events) {
 }
 
 /* Write queued CTS records, unless messages come eagerly and the batch is not full (socket.h).
- * cts_lock held: a helper thread that read a WANT_CTS writes them too. */
+ * cts_lock held: an I/O thread that read a WANT_CTS writes them too. */
 static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c);
 static ncclResult_t recv_cts_maybe_locked(struct mps_recv_comm *c) {
   if (c->out_len == 0 || (c->cts_defer && !c->cts_wanted && c->eager_since_flush < MPS_EAGER_MAX / 2 &&
@@ -929,7 +929,7 @@ static ncclResult_t recv_cts_maybe(struct mps_recv_comm *c) {
   return res;
 }
 
-/* A helper thread read the sender's WANT_CTS: what we hold goes now, and every CTS at once until
+/* An I/O thread read the sender's WANT_CTS: what we hold goes now, and every CTS at once until
  * messages come eagerly again. A failed write sets the comm's error; the proxy thread reports it. */
 static void recv_want_cts(struct mps_recv_comm *c) {
   pthread_mutex_lock(&c->cts_lock);
@@ -1252,7 +1252,7 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
         if (x->rem == 0) MP_CHECK(rx_payload_end(c));
         continue;
       }
-      /* once the comm failed (a helper thread's chunk too), nothing more is parsed */
+      /* once the comm failed (an I/O thread's chunk too), nothing more is parsed */
       if (LOAD(&c->err.state) != 0) return rx_failed(c);
       size_t n = sizeof(x->h) - x->hhave;
       if (n > avail) n = avail;
