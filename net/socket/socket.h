@@ -228,6 +228,8 @@ int mps_iface_match(const char *spec, const char *ifname, int is_loopback);
 void mps_addr_str(const struct sockaddr *sa, char *buf, size_t len);
 /* The WARN for running out of file descriptors (errno EMFILE/ENFILE) opening `what` (peer: or NULL). */
 void mps_warn_fds(const char *what, const char *peer);
+/* ... and for running out of local ports (errno EADDRNOTAVAIL at connect). */
+void mps_warn_ports(const char *what, const char *peer);
 /* Bind an outgoing socket to the device's address without taking a port (socket_conn.c). 0 ok. */
 int mps_bind_source(int fd, const struct mps_dev *d);
 

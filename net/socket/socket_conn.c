@@ -64,14 +64,28 @@ int mps_bind_source(int fd, const struct mps_dev *d) {
 void mps_warn_fds(const char *what, const char *peer) {
   struct rlimit rl = {0};
   getrlimit(RLIMIT_NOFILE, &rl);
-  int open_fds = 0;
+  int open_fds = 1; /* the directory's own, taken off below; none left to read it: all of them */
   DIR *d = opendir("/proc/self/fd");
   for (struct dirent *e; d && (e = readdir(d));) open_fds += e->d_name[0] != '.';
   if (d) closedir(d);
+  else open_fds = (int)rl.rlim_cur + 1;
   MP_WARN("socket: out of file descriptors: cannot open %s%s%s (%s; %d open, limit %ld): raise the limit (ulimit "
           "-n), or lower what each peer holds: MPLANE_SOCKET_STREAMS (data streams per connection), "
           "MPLANE_SOCKET_INLINE_BYTES higher (messages up to it need no stream)", what, peer ? " to/from peer " : "",
           peer ? peer : "", strerror(errno), open_fds - 1, (long)rl.rlim_cur);
+}
+
+/* Out of local ports (EADDRNOTAVAIL at connect): the same, with the port range. */
+void mps_warn_ports(const char *what, const char *peer) {
+  char range[64] = "?";
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    unsigned lo = 0, hi = 0;
+    if (fscanf(f, "%u %u", &lo, &hi) == 2) snprintf(range, sizeof(range), "%u-%u, %u ports", lo, hi, hi - lo + 1);
+    fclose(f);
+  }
+  MP_WARN("socket: out of local ports: cannot open %s to peer %s (net.ipv4.ip_local_port_range %s, each shared "
+          "by every peer address): widen the range, or lower MPLANE_SOCKET_STREAMS", what, peer, range);
 }
 
 /* ------------------------------------------------------------------ listen */
@@ -230,7 +244,8 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   *out = st;
   return ncclSuccess;
 fail:
-  MP_WARN("socket: connect from %s to peer %s failed: %m", d->ifname, st->peer);
+  if (errno == EADDRNOTAVAIL) mps_warn_ports("a control socket", st->peer);
+  else MP_WARN("socket: connect from %s to peer %s failed: %m", d->ifname, st->peer);
   stage_free(st);
   return ncclRemoteError;
 }
@@ -640,7 +655,26 @@ int mps_stream_hellos_sweep(void) {
   return g_nhellos ? 1000 : -1;
 }
 
+/* A descriptor kept in reserve (pool thread 0): with none left, the stream listener gives it up to
+ * accept one waiting stream and reset it at once, so that its sender fails (and says why) instead of
+ * waiting on a stream nobody reads, and the level-triggered listener does not spin. 1 if one went. */
+static int g_reserve_fd = -1;
+
+static int refuse_one(int lfd) {
+  if (g_reserve_fd < 0) return 0;
+  close(g_reserve_fd);
+  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd >= 0) {
+    struct linger abort_close = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &abort_close, sizeof(abort_close));
+    close(fd);
+  }
+  g_reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return fd >= 0;
+}
+
 static void listener_io(struct mps_stream *l) {
+  if (g_reserve_fd < 0) g_reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   for (;;) {
     union { struct sockaddr sa; struct sockaddr_in6 sin6; } from;
     socklen_t len = sizeof(from);
@@ -649,6 +683,7 @@ static void listener_io(struct mps_stream *l) {
       if (errno == EMFILE || errno == ENFILE) {
         static int said; /* the connector's stream fails too, and says so */
         if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) mps_warn_fds("an incoming data stream", NULL);
+        if (refuse_one(l->fd)) continue;
       }
       return; /* EAGAIN, or an error the next connection may not have */
     }
@@ -746,8 +781,9 @@ int mps_stream_connect(struct mps_send_comm *c, int *out) {
   mplane_tc_mark_socket_or_log(fd, (int)c->hello.sl, d ? d->ifname : "?");
   if ((d && mps_bind_source(fd, d) != 0) ||
       (connect(fd, &to.sa, c->peer_addr_len) != 0 && errno != EINPROGRESS)) {
-    MP_WARN("socket: cannot open data stream %d of %d to peer %s (port %u): %m", c->nstarted + 1, c->nstreams,
-            c->peer, c->stream_port);
+    if (errno == EADDRNOTAVAIL) mps_warn_ports("a data stream", c->peer);
+    else MP_WARN("socket: cannot open data stream %d of %d to peer %s (port %u): %m", c->nstarted + 1, c->nstreams,
+                 c->peer, c->stream_port);
     close(fd);
     return -1;
   }

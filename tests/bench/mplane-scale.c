@@ -13,6 +13,8 @@
  * limit (the peers' process too).
  *
  * --max-threads and --max-fds-per-peer make it a check (exit 1 past them): counts, never times.
+ * --nofile N lowers the rank's open-file limit to N and --expect-warn TEXT makes a plugin error the
+ * pass, once a WARN containing TEXT came first (running out must be said, never silent).
  * Any plugin error, a connection not made in 120 s, or a wrong byte fails it (exit 1). */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -35,6 +37,8 @@
 #define TAG 7
 
 static const char *g_who = "rank";
+static const char *g_expect_warn; /* --expect-warn: a plugin error after a WARN saying this is the pass */
+static int g_warned;
 
 static void die(const char *fmt, ...) {
   va_list ap;
@@ -46,10 +50,19 @@ static void die(const char *fmt, ...) {
   exit(1);
 }
 
-#define NCHECK(call)                                                 \
-  do {                                                               \
-    ncclResult_t r_ = (call);                                        \
-    if (r_ != ncclSuccess) die("%s failed: %d (line %d)", #call, r_, __LINE__); \
+static void plugin_failed(const char *call, int res, int line) {
+  if (g_expect_warn && g_warned) {
+    printf("%s failed (%d) after the WARN expected ('%s'): as it should\n", call, res, g_expect_warn);
+    fflush(stdout);
+    _exit(0);
+  }
+  die("%s failed: %d (line %d)%s", call, res, line, g_expect_warn ? " without the WARN expected" : "");
+}
+
+#define NCHECK(call)                                   \
+  do {                                                 \
+    ncclResult_t r_ = (call);                          \
+    if (r_ != ncclSuccess) plugin_failed(#call, r_, __LINE__); \
   } while (0)
 
 static void logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...) {
@@ -57,12 +70,13 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char *fil
   (void)file;
   (void)line;
   if (level != NCCL_LOG_WARN && !getenv("MPLANE_SCALE_VERBOSE")) return;
+  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "mplane-scale (%s) %s: ", g_who, level == NCCL_LOG_WARN ? "WARN" : "INFO");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
+  vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  if (level == NCCL_LOG_WARN && g_expect_warn && strstr(msg, g_expect_warn)) g_warned = 1;
+  fprintf(stderr, "mplane-scale (%s) %s: %s\n", g_who, level == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
 }
 
 static double now(void) {
@@ -242,8 +256,10 @@ int main(int argc, char **argv) {
   int n = 0, max_threads = 0;
   double max_fpp = 0;
   size_t big = 1 << 20;
+  long nofile_rank = 0;
   static struct option lo[] = {{"plugin", 1, 0, 'p'}, {"peers", 1, 0, 'n'}, {"big", 1, 0, 'b'},
-                               {"max-threads", 1, 0, 't'}, {"max-fds-per-peer", 1, 0, 'f'}, {0, 0, 0, 0}};
+                               {"max-threads", 1, 0, 't'}, {"max-fds-per-peer", 1, 0, 'f'},
+                               {"nofile", 1, 0, 'o'}, {"expect-warn", 1, 0, 'w'}, {0, 0, 0, 0}};
   for (int c; (c = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
     char *end = NULL;
     switch (c) {
@@ -252,9 +268,11 @@ int main(int argc, char **argv) {
       case 'b': big = (size_t)strtoull(optarg, &end, 10); break;
       case 't': max_threads = (int)strtol(optarg, &end, 10); break;
       case 'f': max_fpp = strtod(optarg, &end); break;
+      case 'o': nofile_rank = strtol(optarg, &end, 10); break;
+      case 'w': g_expect_warn = optarg; break;
       default:
         fprintf(stderr, "usage: mplane-scale [--plugin PATH] --peers N [--big BYTES] [--max-threads T] "
-                        "[--max-fds-per-peer F]\n");
+                        "[--max-fds-per-peer F] [--nofile N --expect-warn TEXT]\n");
         return 2;
     }
     if (end && *end) {
@@ -287,6 +305,13 @@ int main(int argc, char **argv) {
   }
   s.to = p2c[1];
   s.from = c2p[0];
+  if (nofile_rank > 0) { /* the rank alone runs short of descriptors (--nofile) */
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = (rlim_t)nofile_rank;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) die("cannot lower the open-file limit to %ld", nofile_rank);
+    nofile = nofile_rank;
+  }
   int fds0 = count_dir("/proc/self/fd"), thr0 = count_dir("/proc/self/task");
   double t0 = now();
   open_plugin(&s, plugin);
