@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -292,7 +293,9 @@ int main(int argc, char **argv) {
   pid_t pid = fork();
   if (pid < 0) die("fork: %s", strerror(errno));
   struct side s = {.n = n};
-  if (pid == 0) { /* the peers */
+  if (pid == 0) { /* the peers: they go with the rank, whatever way it ends */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) _exit(1);
     g_who = "peers";
     s.to = c2p[1];
     s.from = p2c[0];
