@@ -110,8 +110,8 @@ static const struct row rows[] = {
      ifname_drop_ports},
     {"MPLANE_SOCKET_STREAMS", K_INT, OFF(socket_streams), 0, "0", 0, 16, NULL,
      "0 (automatic) or an integer from 1 to 16",
-     "TCP data streams per connection (automatic: 8 on links of 100 Gb/s or more, loopback included, "
-     "when the process may run on 16 CPUs or more; else 4)"},
+     "TCP data streams per connection at most, opened as its messages need them (automatic: 8 on links "
+     "of 100 Gb/s or more, loopback included, when the process may run on 16 CPUs or more; else 4)"},
     {"MPLANE_SOCKET_THREADS", K_INT, OFF(socket_threads), 0, "0", 0, 64, NULL,
      "0 (automatic) or an integer from 1 to 64",
      "I/O threads of the process's one pool, which moves the data streams of every connection, both "
