@@ -425,7 +425,7 @@ struct mps_send_comm {
   uint32_t stream_port;            /* from the ACK; 0: none offered */
   struct mps_hello hello;          /* the control socket's hello: streams say the same, with their index */
   int nstarted;                    /* streams ever started: the next one's index */
-  int trunc_pending;               /* a "does not fit" notice waits for a stream (trunc_hdr) */
+  int trunc_pending;               /* a "does not fit" notice waits for the control socket (trunc_hdr) */
   struct mps_chunk trunc_hdr;
 };
 
