@@ -112,12 +112,13 @@ static const struct row rows[] = {
      ifname_drop_ports},
     {"MPLANE_SOCKET_STREAMS", K_INT, OFF(socket_streams), 0, "0", 0, 16, NULL,
      "0 (automatic) or an integer from 1 to 16",
-     "TCP data streams per connection (automatic: 8 on links of 100 Gb/s or more, loopback included, "
-     "when the process may run on 16 CPUs or more; else 4)"},
-    {"MPLANE_SOCKET_THREADS", K_INT, OFF(socket_threads), 0, "0", 0, 16, NULL,
-     "0 (one per stream) or an integer from 1 to 16",
-     "helper threads per connection and direction that move the data streams; fewer than the streams "
-     "share them (a thread per stream moves the most)"},
+     "TCP data streams per connection at most, opened as its messages need them (automatic: 8 on links "
+     "of 100 Gb/s or more, loopback included, when the process may run on 16 CPUs or more; else 4)"},
+    {"MPLANE_SOCKET_THREADS", K_INT, OFF(socket_threads), 0, "0", 0, 64, NULL,
+     "0 (automatic) or an integer from 1 to 64",
+     "I/O threads of the process's one pool, which moves the data streams of every connection, both "
+     "directions (automatic: the usable CPUs, at most two per stream); the count does not grow with "
+     "the peers"},
     {"MPLANE_SOCKET_SPLIT_BYTES", K_SIZE, OFF(socket_split_bytes), 0, "256K", 1, 1L << 30, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 1 to 1G",
      "messages at least this big are split across the streams; smaller ones ride one stream"},
@@ -129,7 +130,7 @@ static const struct row rows[] = {
     {"MPLANE_SOCKET_INLINE_BYTES", K_SIZE, OFF(socket_inline_bytes), 0, "128K", 0, 1L << 20, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1M",
      "messages up to this big are written and read by NCCL's proxy thread on the control socket, "
-     "without the helper threads (lower latency); bigger ones ride the data streams"},
+     "without the I/O threads (lower latency); bigger ones ride the data streams"},
     {"MPLANE_SOCKET_EAGER_BYTES", K_SIZE, OFF(socket_eager_bytes), 0, "64K", 0, 1L << 20, NULL,
      "a size in bytes, K/M/G suffixes allowed, from 0 (never) to 1M",
      "inline messages up to this big may be sent before the receiver posts its receive; it holds at "
@@ -145,7 +146,7 @@ static const struct row rows[] = {
     {"MPLANE_SOCKET_INLINE_BUSY", K_INT, OFF(socket_inline_busy), 0, "2", 0, 1024, NULL,
      "an integer from 0 to 1024; 0: no limit",
      "messages above 16K ride the control socket only while fewer sends than this are in flight in the "
-     "process; with more, helper threads copy them in parallel"},
+     "process; with more, the I/O threads copy them in parallel"},
     {"MPLANE_SOCKET_SPEED", K_INT, OFF(socket_speed_mbps), 0, "-1", -1, 10000000, NULL,
      "-1 (automatic) or Mb/s from 1 to 10000000",
      "speed reported where the driver reports none, and for loopback and veth; NCCL sizes its channels by it, "
@@ -154,9 +155,8 @@ static const struct row rows[] = {
      speed_validate},
     {"MPLANE_SOCKET_SPIN_US", K_INT, OFF(socket_spin_us), 0, "0", 0, 10000, NULL,
      "microseconds, an integer from 0 to 10000",
-     "how long a helper thread polls for the next message before it sleeps (0: sleep at once); every "
-     "helper of every connection polls, so under NCCL's many connections even 100 slows collectives "
-     "(docs/results/2026-12-01-lone-message-stream.md)"},
+     "how long an I/O thread of the pool polls for more work before it sleeps in epoll (0: sleep at "
+     "once; docs/results/2026-12-01-lone-message-stream.md)"},
     {"MPLANE_NCCL_DEFAULTS", K_BOOL, OFF(nccl_defaults), 0, "1", 0, 1, NULL, "0 or 1",
      "set NCCL tuning variables the user left unset to values suited to the transport (logged at INFO)"},
     {"MPLANE_CONNECT_TIMEOUT", K_INT, OFF(connect_timeout_s), 0, "120", 1, 3600, NULL,

@@ -26,7 +26,7 @@ struct mplane_config {
   int transport;                             /* enum mplane_transport_choice */
   char socket_ifname[MPLANE_CONFIG_STR];     /* NCCL_SOCKET_IFNAME grammar; "" = automatic */
   int socket_streams;                        /* TCP data streams per connection; 0 by link speed */
-  int socket_threads;                        /* helper threads per connection; 0 one per stream */
+  int socket_threads;                        /* I/O threads of the process's pool; 0 automatic */
   long socket_split_bytes;                   /* messages at least this big are split across streams */
   long socket_chunk_bytes;                   /* ... into chunks at least this big (so onto fewer streams) */
   long socket_inline_bytes;                  /* messages up to this big ride the control socket */

@@ -13,7 +13,7 @@
 #include "../common/nccl/err.h"
 
 #define MPLANE_HANDLE_MAGIC 0x4e4c504du /* "MPLN" read as little-endian u32 */
-#define MPLANE_PROTOCOL_VERSION 5 /* 2: socket inline messages on the control socket; 3: eager ones; 4: filler after small ones; 5: spliced chunks acked */
+#define MPLANE_PROTOCOL_VERSION 6 /* 2: socket inline messages on the control socket; 3: eager ones; 4: filler after small ones; 5: spliced chunks acked; 6: lazy data streams */
 #define MPLANE_HANDLE_SIZE 128
 #define MPLANE_HANDLE_HEADER 17
 #define MPLANE_HANDLE_PAYLOAD_MAX (MPLANE_HANDLE_SIZE - MPLANE_HANDLE_HEADER)

@@ -7,7 +7,8 @@
  * Prints the devices the plugin discovers (NCCL's view: name, plane, speed, PCI path), then runs a
  * two-process bandwidth check through the plugin's ncclNet_v11 table on device 0, driven the way
  * NCCL's proxy drives it (a window of isend/irecv in flight, test polling), with every byte checked
- * in the first and last rounds. With --raw-streams N it also measures a plain N-stream TCP transfer
+ * in the first and last rounds. It also measures a plain TCP transfer over as many streams as the
+ * plugin's connection opens (what it says at INFO; --raw-streams N: N streams, 0: none)
  * between the same two processes over the same address (device 0's), as many bytes: the ceiling the
  * plugin is judged against. --repeat N alternates the two N times (plugin, raw, plugin, raw ...) and
  * prints each pair and the min / median / max of both and of the pair-by-pair ratio: on a shared
@@ -87,14 +88,26 @@ static void die(const char *what) {
     }                                                                           \
   } while (0)
 
+/* The data streams per connection the plugin says it opens (its INFO "N data streams per
+ * connection"), -1 until it says: what --raw-streams defaults to, so the ratio compares like with
+ * like. */
+static int g_plugin_streams = -1;
+
 static void logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...) {
   (void)flags; (void)file; (void)line;
-  if (level != NCCL_LOG_WARN && !getenv("MPLANE_DEBUG")) return;
+  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
+  const char *at = strstr(msg, " data streams per connection");
+  if (at && level == NCCL_LOG_INFO) {
+    const char *p = at;
+    while (p > msg && p[-1] >= '0' && p[-1] <= '9') p--;
+    if (p < at) g_plugin_streams = atoi(p);
+  }
+  if (level != NCCL_LOG_WARN && !getenv("MPLANE_DEBUG")) return;
+  fprintf(stderr, "%s\n", msg);
 }
 
 static void fill(char *buf, size_t n, unsigned round) {
@@ -369,7 +382,7 @@ static void parse(int argc, char **argv, struct opts *o) {
   if (o->window < 1 || o->window > 32) die("--window must be 1..32");
   if (o->repeat < 1 || o->repeat > 1000) die("--repeat must be 1..1000");
   if (o->size > (1u << 30)) die("--size must be at most 1G");
-  if (o->raw_streams < 0 || o->raw_streams > 64) die("--raw-streams must be 0..64");
+  if (o->raw_streams < -1 || o->raw_streams > 64) die("--raw-streams must be 0..64");
   if (o->rounds < 0 || o->rounds > 10000000) die("--rounds must be 1..10000000");
   if (o->iters < 0 || o->iters > 10000000) die("--iters must be 1..10000000");
   if (o->min_size < 1 || o->max_size < o->min_size || o->max_size > (1u << 30)) die("--min-size/--max-size: 1 <= min <= max <= 1G");
@@ -703,6 +716,10 @@ static void sender_main(const struct opts *o, int fd) {
   if (read(fd, &plan, sizeof(plan)) != sizeof(plan)) _exit(1);
   void *send_comm = NULL;
   while (!send_comm) NCHECK(net->connect(ctx, 0, plan.handle, &send_comm, NULL));
+  struct opts mine = *o;
+  o = &mine;
+  /* the receiver's count of raw streams, once it accepted (the plugin's own by default) */
+  if (read(fd, &mine.raw_streams, sizeof(mine.raw_streams)) != sizeof(mine.raw_streams)) _exit(1);
   struct raw_link raw = {.lfd = -1, .len = plan.raw_len};
   memcpy(&raw.addr, &plan.raw_addr, sizeof(raw.addr));
   if (o->raw_streams > 0) raw_connect(&raw, o->raw_streams);
@@ -731,7 +748,7 @@ static void spread(double *v, int n, double out[3]) {
 }
 
 int main(int argc, char **argv) {
-  struct opts o = {.plugin = "libnccl-net-mplane.so", .size = 4 << 20, .window = 8, .seconds = 3, .repeat = 1,
+  struct opts o = {.plugin = "libnccl-net-mplane.so", .size = 4 << 20, .window = 8, .seconds = 3, .repeat = 1, .raw_streams = -1,
                    .min_size = 8, .max_size = 1 << 20};
   parse(argc, argv, &o);
   if (o.pingpong) return pingpong_main(&o);
@@ -771,7 +788,7 @@ int main(int argc, char **argv) {
   char ip[INET6_ADDRSTRLEN];
   iface_ip(p0.name, ip, sizeof(ip));
   struct raw_link raw = {.lfd = -1};
-  if (o.raw_streams > 0) {
+  if (o.raw_streams != 0) {
     raw_listen(&raw, ip);
     memcpy(&plan.raw_addr, &raw.addr, sizeof(raw.addr));
     plan.raw_len = raw.len;
@@ -782,6 +799,12 @@ int main(int argc, char **argv) {
     NCHECK(net->accept(listen_comm, &recv_comm, NULL));
     if (!recv_comm && waitpid(pid, &st, WNOHANG) == pid) die("sender process failed before it connected");
   }
+  if (o.raw_streams < 0) {
+    o.raw_streams = g_plugin_streams > 0 ? g_plugin_streams : 0;
+    printf("raw TCP gets %d streams: the plugin's own data streams per connection%s\n", o.raw_streams,
+           g_plugin_streams > 0 ? "" : " (it said none: no raw run)");
+  }
+  if (write(pipefd[1], &o.raw_streams, sizeof(o.raw_streams)) != sizeof(o.raw_streams)) die("pipe write failed");
   if (o.raw_streams > 0) raw_accept(&raw, o.raw_streams);
   /* Plugin and raw rounds alternate, so a noisy machine's drift hits both alike; the ratio is
    * taken pair by pair. */

@@ -1,19 +1,40 @@
 /* mplane: the TCP transport's shared state (net/socket/).
  *
- * A connection is one control socket plus MPLANE_SOCKET_STREAMS data streams, opened together and
- * matched by a 64-bit nonce. The receiver drives: each irecv posts its buffers into slots and
+ * A connection is one control socket plus up to MPLANE_SOCKET_STREAMS data streams, matched by a
+ * 64-bit nonce. The receiver drives: each irecv posts its buffers into slots and
  * sends a clear-to-send (CTS) record on the control socket naming slot, tag and size; the sender
  * only writes to a slot it was offered, so a short receive buffer is caught before any byte moves.
  * A send takes the first untaken entry of its tag in the oldest offered group, or waits (a NULL
  * request) when that group has none: a later group's send on a shared comm (net/tag_wait.h).
  * Data travels in self-describing chunks (slot, offset, length, total) on any stream, written
- * straight into the posted buffer by the receiver's helper threads. A connection has 8 streams on
- * links of 100 Gb/s or more in a process with 16 CPUs or more, else 4 (MPLANE_SOCKET_STREAMS),
- * each with a helper thread at both ends; a message of MPLANE_SOCKET_SPLIT_BYTES or more is cut into as many chunks as there are
- * streams, none under MPLANE_SOCKET_CHUNK_BYTES (chunk_size in socket_data.c).
+ * straight into the posted buffer at the receiver. A connection may have 8 streams on links of
+ * 100 Gb/s or more in a process with 16 CPUs or more, else 4 (MPLANE_SOCKET_STREAMS); a message of
+ * MPLANE_SOCKET_SPLIT_BYTES or more is cut into as many chunks as there are streams open, none under
+ * MPLANE_SOCKET_CHUNK_BYTES (chunk_size in socket_data.c).
+ *
+ * The I/O engine (socket_engine.c): no thread belongs to a connection. One pool of I/O threads per
+ * process (MPLANE_SOCKET_THREADS; the usable CPUs, at most two per stream) moves the data streams of
+ * every connection, both directions: each stream is given to one pool thread, which waits in epoll
+ * on its non-blocking streams and on an eventfd the proxy thread writes when it queues chunks for a
+ * sleeping thread, and holds a few splice pipes. A send stream's thread writes the queued chunks
+ * (send_chunk_start / send_chunk_end in socket_data.c: where one chunk's transfer starts and ends)
+ * and reads the acks of spliced ones; a receive stream's thread parses chunks into their slots
+ * (recv_chunk_start / recv_chunk_end) and writes the acks.
+ *
+ * Lazy streams (MPS_HELLO_LAZY): a connection is its control socket alone until a message that
+ * does not go on it (bigger than MPLANE_SOCKET_INLINE_BYTES, or the control socket busy while the
+ * process has many sends in flight) needs a data stream; then the first stream opens, and one more
+ * each time a message finds every open stream busy, up to the connection's count. They connect
+ * (IP_BIND_ADDRESS_NO_PORT: no port held before connect) to the acceptor process's stream listener,
+ * one per device, whose port the ACK names (NCCL closes the listen comm once it accepted), and say
+ * a hello with the connection's nonce and their index; the listener's pool thread (thread 0) gives
+ * each to the receive comm that nonce names. A stream's pool thread finishes its connect and writes
+ * the hello before the chunks queued on it meanwhile, so isend never waits for a stream. A hello
+ * without MPS_HELLO_LAZY brings all its streams with the control socket to the listening port, and
+ * the acceptor waits for the set (a connector that is not this library's may do so).
  *
  * Small messages (MPLANE_SOCKET_INLINE_BYTES; above MPS_INLINE_ALWAYS only while the process has
- * fewer than MPLANE_SOCKET_INLINE_BUSY sends in flight) skip the helper threads at both ends: the sender's proxy thread writes the
+ * fewer than MPLANE_SOCKET_INLINE_BUSY sends in flight) skip the I/O threads at both ends: the sender's proxy thread writes the
  * chunk on the control socket itself (without blocking; a partial write is finished by later
  * isend/test calls, and other messages take the data streams meanwhile), and
  * the receiver's test() reads the control socket and lands the chunk in its slot, with the same
@@ -37,14 +58,14 @@
  * bytes of them, which keeps the sender below the bounds: a CTS record write per 16 small messages,
  * where one per message costs about as much as the message's own write). A sender that cannot go
  * on without a CTS (a message too big to go eagerly, the bound reached, a tag no group it has read offers) says so once with a
- * WANT_CTS chunk on a data stream, where the receiver's helper threads read it even while its proxy
+ * WANT_CTS chunk on a data stream (opening one if none is), where the receiver's I/O threads read it even while its proxy
  * thread calls nothing; that thread then writes what the receiver holds (cts_lock), and each CTS
  * goes at once until messages arrive eagerly again.
  *
  * Spliced chunks: a data-stream chunk of MPLANE_SOCKET_SPLICE_BYTES or more leaves without the
  * sender's copy (socket_splice.c): its pages go to the kernel by vmsplice and splice, flagged
  * MPS_CHUNK_ACK. The socket then refers to NCCL's buffer, so the send completes only when the
- * receiver's helper, having read the payload, answers with an mps_ack on the same stream.
+ * receiver's I/O thread, having read the payload, answers with an mps_ack on the same stream.
  *
  * Filler: a control-socket chunk whose header and payload are shorter than MPLANE_SOCKET_PAD_BYTES
  * (544) is followed by zero bytes up to that size, their count in the header's flag bits above
@@ -95,10 +116,16 @@ struct mps_hello {
   uint64_t nonce;        /* same for the sockets of one connection */
   int32_t plane;
   uint16_t stream;       /* 0 = control, 1.. = data stream index + 1 */
-  uint16_t nstreams;
+  uint16_t nstreams;     /* data streams the connection opens at most */
   uint32_t sl;           /* service level / DSCP class requested */
-  uint32_t reserved[5];
+  uint32_t flags;        /* MPS_HELLO_LAZY */
+  uint32_t reserved[4];
 };
+/* Control hello: the data streams come later, each when a message first needs it, to the port the
+ * ACK names (the process's stream listener), not with the control socket to the listening port.
+ * Without it the acceptor waits for the whole set (all nstreams streams with the control socket).
+ * A data stream's hello to the stream listener carries it too. */
+#define MPS_HELLO_LAZY 0x1u
 
 /* Control records, receiver -> sender, fixed size. */
 struct mps_ctrl {
@@ -111,11 +138,16 @@ struct mps_ctrl {
     uint64_t seq;        /* CTS: receive sequence number */
     uint64_t hold;       /* ACK: bytes of unmatched eager messages the receiver holds at most */
   };
-  struct {
-    uint32_t slot;
-    int32_t tag;
-    uint64_t size;
-  } e[MPS_MAX_RECVS];
+  union {
+    struct {
+      uint32_t slot;
+      int32_t tag;
+      uint64_t size;
+    } e[MPS_MAX_RECVS];  /* CTS */
+    struct {
+      uint32_t stream_port; /* ACK: the port (host order) lazy data streams connect to; 0: none */
+    } ack;
+  };
 };
 
 #define MPS_CHUNK_TRUNCATED 0x1 /* sender's message does not fit: no payload follows */
@@ -172,7 +204,7 @@ int mps_host_link_mbps(int ncpus);
 /* 1 if every device found runs at MPS_FAST_LINK_MBPS or more: NCCL's 4 MiB buffers on 8 channels
  * and the transport's tuner rows (net/socket/socket_transport.c says why). */
 int mps_fast_links(void);
-/* The CPUs this process may run on (its affinity mask): where the helper threads run. */
+/* The CPUs this process may run on (its affinity mask): what sizes the pool of I/O threads. */
 int mps_usable_cpus(void);
 const struct mps_dev *mps_dev_get(int dev);
 ncclResult_t mps_iface_discover(const struct mplane_config *cfg);
@@ -183,18 +215,21 @@ int mps_sendv_all(int fd, struct iovec *iov, int n);
 int mps_sendv_flags(int fd, struct iovec *iov, int n, int flags);
 
 /* Data streams of a connection over a link of speed_mbps from a process that may run on ncpus CPUs
- * (MPLANE_SOCKET_STREAMS; 0: 8 on a fast link with at least 16 CPUs, else 4: every stream has a
- * helper thread at each end, and threads beyond the cores only contend), and helper threads per
- * direction for nstreams streams (MPLANE_SOCKET_THREADS, 0: one per stream). */
+ * (MPLANE_SOCKET_STREAMS; 0: 8 on a fast link with at least 16 CPUs, else 4: one TCP stream per
+ * core falls short on a fast link, and streams beyond what the pool's threads can move only
+ * contend). */
 int mps_streams_for(const struct mplane_config *cfg, int speed_mbps, int ncpus);
-int mps_threads_for(const struct mplane_config *cfg, int nstreams);
 #define MPS_FAST_LINK_MBPS 100000 /* links this fast get 8 streams: one TCP stream per core falls short */
 
-/* Helper-thread spin time from MPLANE_SOCKET_SPIN_US. */
+/* How long a pool thread polls before it sleeps, from MPLANE_SOCKET_SPIN_US. */
 uint64_t mps_spin_ns(const struct mplane_config *cfg);
 /* 1 if ifname is selected by an NCCL_SOCKET_IFNAME-style spec ("" = automatic choice). */
 int mps_iface_match(const char *spec, const char *ifname, int is_loopback);
 void mps_addr_str(const struct sockaddr *sa, char *buf, size_t len);
+/* The WARN for running out of file descriptors (errno EMFILE/ENFILE) opening `what` (peer: or NULL). */
+void mps_warn_fds(const char *what, const char *peer);
+/* ... and for running out of local ports (errno EADDRNOTAVAIL at connect). */
+void mps_warn_ports(const char *what, const char *peer);
 /* Bind an outgoing socket to the device's address without taking a port (socket_conn.c). 0 ok. */
 int mps_bind_source(int fd, const struct mps_dev *d);
 
@@ -213,20 +248,104 @@ struct mps_send_req;
 
 struct mps_task {
   struct mps_send_req *req;
-  int fd;
   int stream;
   struct mps_chunk hdr;
   const char *data;
 };
 
-struct mps_queue {
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  struct mps_task *tasks;
-  unsigned cap, head, tail; /* cap is a power of two; head == tail: empty */
-  int wake_fd;              /* eventfd: wakes the thread while it waits for acks as well (sleeping) */
-  int sleeping;             /* under lock */
+/* ---- the I/O engine (socket_engine.c) ----
+ * One pool of I/O threads per process moves every connection's data streams, both directions: each
+ * thread waits in epoll on the non-blocking streams given to it (a stream stays on one thread), on
+ * an eventfd that wakes it for new work, and owns one splice pipe. A stream is a send stream (the
+ * proxy thread queues chunks, the pool thread writes them and reads the acks of spliced ones) or a
+ * receive stream (the pool thread parses chunks into their slots and writes the acks). */
+struct mps_pool;
+enum mps_stream_kind { MPS_STREAM_SEND = 1, MPS_STREAM_RECV = 2, MPS_STREAM_LISTEN = 3, MPS_STREAM_HELLO = 4 };
+
+struct mps_spliced {               /* a spliced chunk waiting for its ack */
+  struct mps_send_req *req;
+  uint32_t slot;
 };
+
+struct mps_ack_out {               /* an ack not yet written, and the chunk it completes after */
+  struct mps_ack a;
+  struct mps_slot *slot;
+  uint64_t len, total;
+};
+
+struct mps_stream {
+  int fd;
+  int kind;                        /* enum mps_stream_kind */
+  int index;                       /* in its comm's streams */
+  void *comm;                      /* struct mps_send_comm or mps_recv_comm */
+  struct mps_pool *pool;
+  uint32_t armed;                  /* epoll events asked for (pool thread, and attach) */
+  int finished;                    /* pool thread: no more I/O on it (closed by the peer or failed) */
+  int detached;                    /* under the pool's lock: the pool thread let go of it */
+  struct mps_stream *next;         /* on the pool's ready or detach list (under its lock) */
+  int listed;                      /* on the ready list */
+  int inflight;                    /* send: chunks queued and not yet all in the socket (atomic) */
+  int connecting;                  /* send, lazy: the pool thread finishes its connect and writes its hello first */
+  size_t hello_sent;
+  /* send: chunks queued by the proxy thread, under the pool's lock (a ring that grows) */
+  struct mps_task *tasks;
+  unsigned cap, head, tail;
+  struct {                         /* the chunk being written (pool thread) */
+    int active, spliced;
+    struct mps_task t;
+    struct mps_chunk hdr;          /* as it goes on the wire (MPS_CHUNK_ACK when spliced) */
+    size_t done;                   /* bytes of header + payload on the socket */
+    void *prof;                    /* its profiler event (net/profiler.h), or NULL */
+  } cur;
+  struct mps_spliced *acks;        /* spliced chunks waiting for their ack, oldest first (pool thread) */
+  unsigned acap, ahead, atail;
+  char carry[sizeof(struct mps_ack)];
+  unsigned ncarry;
+  /* receive: the chunk being parsed (pool thread) */
+  struct mps_chunk h;
+  size_t hhave;
+  int in_payload;
+  struct mps_slot *slot;
+  char *dst;
+  uint64_t rem;
+  void *prof;                      /* the payload's profiler event (net/profiler.h), or NULL */
+  struct mps_ack_out ackq[8];      /* acks not yet written (the socket's buffer was full) */
+  unsigned nackq;
+  size_t ackq_done;                /* bytes of ackq[0] written */
+  /* an accepted stream saying hello (pool thread 0), or the stream listener */
+  struct mps_hello hello;
+  double since;
+  int dev;
+  char peer[80];
+};
+
+/* Threads of the pool for a process on ncpus CPUs whose connections have nstreams streams
+ * (MPLANE_SOCKET_THREADS; 0: the usable CPUs, at most two per stream, one per direction). */
+int mps_pool_size_for(const struct mplane_config *cfg, int nstreams, int ncpus);
+/* Give a stream to a pool thread (started if it is the first): 0, or -1 after a WARN. With first,
+ * to thread 0 (the stream listener's). */
+int mps_engine_attach(struct mps_stream *st);
+int mps_engine_attach_first(struct mps_stream *st);
+/* The pool thread that holds st lets go of it at once (it is that thread): no more events. */
+void mps_engine_forget(struct mps_stream *st);
+/* Take it back: returns once its pool thread no longer touches it (the fd stays open). */
+void mps_engine_detach(struct mps_stream *st);
+/* Pool thread: take the next chunk queued on st into *t. 0: none. */
+int mps_engine_take(struct mps_stream *st, struct mps_task *t);
+/* Proxy thread: queue a chunk on a send stream. 0, or -1 with no memory (after a WARN). */
+int mps_engine_push(struct mps_stream *st, const struct mps_task *t);
+/* Pool threads started so far (tests, the scale harness). */
+int mps_engine_threads(void);
+/* Pool thread: arm exactly these epoll events on st. */
+void mps_engine_arm(struct mps_stream *st, uint32_t events);
+/* Pool thread: a splice pipe of st's thread for st (the one holding its bytes, else a free one);
+ * NULL: copy (all busy, or no more can be made). */
+int *mps_engine_pipe(struct mps_stream *st);
+/* Pool thread: that pipe holds bytes of st's chunk (bytes > 0; no other stream takes it), or is empty. */
+void mps_engine_pipe_hold(struct mps_stream *st, const int *pipe, size_t bytes);
+size_t mps_engine_pipe_bytes(struct mps_stream *st, const int *pipe);
+/* socket_data.c: what the pool thread runs for a stream: epoll events (0: chunks were queued). */
+void mps_stream_io(struct mps_stream *st, uint32_t events);
 
 struct mps_send_comm;
 struct mps_recv_comm;
@@ -256,15 +375,15 @@ struct mps_cts_group {
 
 struct mps_send_comm {
   int ctrl_fd;
-  int nstreams, nthreads;
-  int fds[MPS_MAX_STREAMS];
+  int nstreams;                    /* data streams the connection opens at most */
+  int nopen;                       /* ... opened so far: streams[0..nopen) */
+  struct mps_stream *streams[MPS_MAX_STREAMS];
   char peer[80];
   int acked;                       /* the acceptor's ACK (or a CTS, which follows it) has arrived */
   uint64_t ack_deadline_ns;        /* isend fails if no ACK by then (MPLANE_CONNECT_TIMEOUT after connect) */
   size_t split_bytes;
   size_t chunk_bytes;              /* a split message's chunks are at least this big */
   size_t splice_bytes;             /* data-stream chunks this big are spliced (0: never) */
-  uint64_t spin_ns;                /* helper threads poll this long before sleeping */
   unsigned rr;                     /* stream of the next unsplit message */
   struct mps_cts_group cts[MPS_MAX_GROUPS];
   uint64_t cts_head, cts_tail;     /* ring of offered receive groups; cts_tail: groups read so far */
@@ -273,9 +392,6 @@ struct mps_send_comm {
   struct mps_send_req reqs[MPS_MAX_SLOTS];
   struct mps_send_req trunc_req; /* owner of "does not fit" notices: never handed to NCCL or reused */
   int stop;
-  struct mps_queue queues[MPS_MAX_STREAMS];
-  pthread_t threads[MPS_MAX_STREAMS];
-  int threads_started;
   struct mplane_error err;
   struct mplane_tag_wait tag_wait; /* sends that wait for a later receive group (shared comms) */
   struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
@@ -302,12 +418,25 @@ struct mps_send_comm {
     void *prof;                    /* its NCCL profiler event (net/profiler.h) */
   } inl;
   uint32_t pad_to;                 /* control-socket chunks shorter than this are padded to it */
+  /* lazy data streams (socket.h, MPS_HELLO_LAZY): opened when a message first needs them */
+  int dev;                         /* our device: streams leave from its address */
+  union {
+    struct sockaddr sa;
+    struct sockaddr_in sin;
+    struct sockaddr_in6 sin6;
+  } peer_addr;                     /* the acceptor's address; the ACK names the port */
+  socklen_t peer_addr_len;
+  uint32_t stream_port;            /* from the ACK; 0: none offered */
+  struct mps_hello hello;          /* the control socket's hello: streams say the same, with their index */
+  int nstarted;                    /* streams ever started: the next one's index */
+  int trunc_pending;               /* a "does not fit" notice waits for the control socket (trunc_hdr) */
+  struct mps_chunk trunc_hdr;
 };
 
 /* ---- receive side ---- */
 enum mps_slot_state { MPS_SLOT_FREE = 0, MPS_SLOT_POSTED, MPS_SLOT_DONE, MPS_SLOT_TRUNCATED, MPS_SLOT_BAD };
 
-/* A posted buffer. Chunks of one message arrive on several streams, so on several helper threads
+/* A posted buffer. Chunks of one message arrive on several streams, so on several I/O threads
  * at once: each chunk claims its byte range under `lock` first, and a range that overlaps one
  * already claimed, lies past the message's total, or names another total is the peer's error. */
 struct mps_slot {
@@ -336,11 +465,11 @@ struct mps_recv_req {
 
 struct mps_recv_comm {
   int ctrl_fd;
-  int nstreams, nthreads;
-  int fds[MPS_MAX_STREAMS];
+  int nstreams;                    /* data streams the sender opens at most */
+  int nopen;                       /* ... attached so far: streams[0..nopen) */
+  struct mps_stream *streams[MPS_MAX_STREAMS];
   char peer[80];
   uint64_t seq;
-  uint64_t spin_ns;
   struct mps_slot slots[MPS_MAX_SLOTS];
   uint32_t free_slots[MPS_MAX_SLOTS];
   int nfree;
@@ -364,7 +493,7 @@ struct mps_recv_comm {
   uint64_t eager_bytes_since_flush; /* ... and their bytes */
   int cts_wanted;                /* a WANT_CTS came: the next CTS record goes at once */
   int ctrl_gone;                 /* the sender closed its control socket: CTS records are dropped */
-  pthread_mutex_t cts_lock;      /* out_buf, out_len and the four above: proxy and helper threads */
+  pthread_mutex_t cts_lock;      /* out_buf, out_len and the four above: proxy and I/O threads */
   struct mps_ctrl_rx { /* the control socket's incoming chunks (inline messages); proxy thread only */
     size_t have, pos;            /* stage[pos..have) read but not consumed */
     struct mps_chunk h;
@@ -380,21 +509,35 @@ struct mps_recv_comm {
     uint64_t empty_ns;           /* when test() last read it */
     char stage[MPS_CTRL_STAGE];
   } rx;
-  pthread_t threads[MPS_MAX_STREAMS];
-  int threads_started;
   struct mplane_error err;
   struct mplane_stats_comm stats;  /* plugin/'s counters of this comm (net/stats.h) */
+  uint64_t nonce, node_id;         /* the connection's, from its hello: lazy streams find it by them */
+  uint32_t sl;                     /* the class the connector asked for (our side's sockets too) */
+  struct mps_recv_comm *reg_next;  /* in the process's table of comms that take lazy streams */
+  int registered;
 };
 
 /* ---- connection establishment (socket_conn.c) ---- */
+/* The recv comms that take lazy data streams (socket_conn.c): a stream's hello names its nonce. */
+void mps_recv_register(struct mps_recv_comm *c);
+void mps_recv_unregister(struct mps_recv_comm *c);
+/* The process's stream listener on device dev (made at the first call): its port, 0 after a WARN. */
+int mps_stream_listener_port(int dev);
+/* Pool thread 0: the stream listener and the hellos of streams it accepted (kinds LISTEN, HELLO). */
+void mps_stream_accept_io(struct mps_stream *st, uint32_t events);
+/* Pool thread 0, each turn: drop accepted streams silent too long; the wait (ms) until next due, -1 none. */
+int mps_stream_hellos_sweep(void);
+/* Proxy thread: open a data stream of send comm c (non-blocking connect + hello); 0, or -1 after a WARN. */
+int mps_stream_connect(struct mps_send_comm *c, int *fd);
 ncclResult_t mps_listen(int dev, void *handle, void **listen_comm);
 ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *handle, void **send_comm);
 ncclResult_t mps_accept(void *listen_comm, void **recv_comm);
 ncclResult_t mps_close_listen(void *listen_comm);
 
 /* ---- data path (socket_data.c) ---- */
-ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg);
-ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c);
+/* Start a comm whose first nopen data streams are fds[] (they become the comm's, closed on failure). */
+ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg, const int *fds);
+ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c, const int *fds);
 ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                        void **request);
 ncclResult_t mps_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,

@@ -8,7 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "../../common/clock.h"
@@ -53,6 +57,35 @@ int mps_bind_source(int fd, const struct mps_dev *d) {
   else src.addr.sin6.sin6_port = 0;
   setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one)); /* Linux >= 4.2; else bind takes a port */
   return bind(fd, &src.addr.sa, d->addrlen);
+}
+
+/* Out of file descriptors (EMFILE, ENFILE): one WARN that says what could not be opened, how many
+ * the process holds, its limit, and what lowers the need. */
+void mps_warn_fds(const char *what, const char *peer) {
+  struct rlimit rl = {0};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  int open_fds = 1; /* the directory's own, taken off below; none left to read it: all of them */
+  DIR *d = opendir("/proc/self/fd");
+  for (struct dirent *e; d && (e = readdir(d));) open_fds += e->d_name[0] != '.';
+  if (d) closedir(d);
+  else open_fds = (int)rl.rlim_cur + 1;
+  MP_WARN("socket: out of file descriptors: cannot open %s%s%s (%s; %d open, limit %ld): raise the limit (ulimit "
+          "-n), or lower what each peer holds: MPLANE_SOCKET_STREAMS (data streams per connection), "
+          "MPLANE_SOCKET_INLINE_BYTES higher (messages up to it need no stream)", what, peer ? " to/from peer " : "",
+          peer ? peer : "", strerror(errno), open_fds - 1, (long)rl.rlim_cur);
+}
+
+/* Out of local ports (EADDRNOTAVAIL at connect): the same, with the port range. */
+void mps_warn_ports(const char *what, const char *peer) {
+  char range[64] = "?";
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    unsigned lo = 0, hi = 0;
+    if (fscanf(f, "%u %u", &lo, &hi) == 2) snprintf(range, sizeof(range), "%u-%u, %u ports", lo, hi, hi - lo + 1);
+    fclose(f);
+  }
+  MP_WARN("socket: out of local ports: cannot open %s to peer %s (net.ipv4.ip_local_port_range %s, each shared "
+          "by every peer address): widen the range, or lower MPLANE_SOCKET_STREAMS", what, peer, range);
 }
 
 /* ------------------------------------------------------------------ listen */
@@ -135,6 +168,9 @@ struct mps_connect_stage {
   struct mps_hello hello;
   double deadline;
   char peer[80];
+  int dev;
+  struct sockaddr_storage peer_addr;
+  socklen_t peer_addr_len;
 };
 
 static struct mplane_stage_set connect_stages = MPLANE_STAGE_SET_INIT;
@@ -177,18 +213,26 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   int nstreams = mps_streams_for(cfg, d->props.speed_mbps, ncpus);
   static int said; /* once per process: what every connection of this kind opens */
   if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-    MP_INFO(NCCL_INIT | NCCL_NET, "socket: %d data streams per connection, %d helper threads at each end (%s; %s "
-            "at %d Mb/s, %d CPUs usable)", nstreams, mps_threads_for(cfg, nstreams),
+    MP_INFO(NCCL_INIT | NCCL_NET, "socket: %d data streams per connection (%s; %s at %d Mb/s, %d CPUs usable)",
+            nstreams,
             cfg->socket_streams ? "MPLANE_SOCKET_STREAMS" : "automatic", d->ifname, d->props.speed_mbps, ncpus);
-  st->nsock = nstreams + 1;
+  st->nsock = 1; /* the control socket; data streams open when a message first needs them */
+  st->dev = dev;
+  memcpy(&st->peer_addr, &peer.ss, peer_len);
+  st->peer_addr_len = peer_len;
   st->deadline = mplane_now_s() + cfg->connect_timeout_s;
   st->hello = (struct mps_hello){.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION,
                                  .type = MPS_HELLO, .node_id = mplane_node_id(), .nonce = nonce,
                                  .plane = d->props.plane, .nstreams = (uint16_t)nstreams,
-                                 .sl = (uint32_t)opts->service_level};
+                                 .sl = (uint32_t)opts->service_level, .flags = MPS_HELLO_LAZY};
   for (int i = 0; i < st->nsock; i++) st->fds[i] = -1;
   for (int i = 0; i < st->nsock; i++) {
     int fd = socket(d->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+      mps_warn_fds("a control socket", st->peer);
+      stage_free(st);
+      return ncclSystemError;
+    }
     if (fd < 0) goto fail;
     st->fds[i] = fd;
     tune_socket(fd);
@@ -200,7 +244,8 @@ static ncclResult_t stage_open(int dev, const struct mplane_comm_opts *opts, con
   *out = st;
   return ncclSuccess;
 fail:
-  MP_WARN("socket: connect from %s to peer %s failed: %m", d->ifname, st->peer);
+  if (errno == EADDRNOTAVAIL) mps_warn_ports("a control socket", st->peer);
+  else MP_WARN("socket: connect from %s to peer %s failed: %m", d->ifname, st->peer);
   stage_free(st);
   return ncclRemoteError;
 }
@@ -281,12 +326,16 @@ ncclResult_t mps_connect(int dev, const struct mplane_comm_opts *opts, void *han
   struct mps_send_comm *c = calloc(1, sizeof(*c));
   if (!c) return ncclSystemError;
   c->ctrl_fd = st->fds[0];
-  c->nstreams = st->nsock - 1;
-  for (int i = 0; i < c->nstreams; i++) c->fds[i] = st->fds[i + 1];
+  c->nstreams = st->hello.nstreams;
+  c->nopen = st->nsock - 1;
+  c->dev = st->dev;
+  memcpy(&c->peer_addr, &st->peer_addr, st->peer_addr_len);
+  c->peer_addr_len = st->peer_addr_len;
+  c->hello = st->hello;
   snprintf(c->peer, sizeof(c->peer), "%s", st->peer);
   mplane_connect_stage_drop(&connect_stages, handle, MPS_STAGE_OFFSET, st);
+  res = mps_send_comm_start(c, mps_config(), st->fds + 1);
   free(st); /* fds now belong to c */
-  res = mps_send_comm_start(c, mps_config());
   if (res != ncclSuccess) {
     mps_close_send(c);
     return res;
@@ -304,8 +353,9 @@ static void pending_drop(struct mps_listen_comm *lc, int i) {
 
 /* An ACK offers eager messages (socket.h): how many this side holds and how big, from
  * MPLANE_SOCKET_EAGER_BYTES (mps_recv_comm_start reads the same value). */
-static void send_ctrl_now(int fd, uint16_t type) {
+static void send_ctrl_now(int fd, uint16_t type, int stream_port) {
   struct mps_ctrl m = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = type};
+  m.ack.stream_port = type == MPS_ACK ? (uint32_t)stream_port : 0;
   long eager = mps_config()->socket_eager_bytes;
   if (type == MPS_ACK && eager > 0) {
     m.n = MPS_EAGER_MAX;
@@ -325,6 +375,8 @@ static int hello_refused(const struct mps_hello *h, char *why, size_t whylen) {
   else if (h->type != MPS_HELLO || h->nstreams < 1 || h->nstreams > MPS_MAX_STREAMS || h->stream > h->nstreams)
     snprintf(why, whylen, "a malformed hello (type %u, stream %u of %u; 1..%d streams)", h->type, h->stream,
              h->nstreams, MPS_MAX_STREAMS);
+  else if (h->flags & ~MPS_HELLO_LAZY)
+    snprintf(why, whylen, "a hello with unknown flags 0x%x", h->flags);
   else if (h->sl > MPLANE_TC_SL_MAX)
     snprintf(why, whylen, "it asks for service level %u (0..%d)", h->sl, MPLANE_TC_SL_MAX);
   else
@@ -382,7 +434,7 @@ static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
         MP_WARN("socket: connection from %s refused: %s", p->peer, why);
         /* The connector fails on the NACK; this listener goes on accepting (a stranger on the port
          * must not end the job). */
-        send_ctrl_now(p->fd, MPS_NACK);
+        send_ctrl_now(p->fd, MPS_NACK, 0);
         pending_drop(lc, i);
         continue;
       }
@@ -409,18 +461,20 @@ static ncclResult_t pending_progress(struct mps_listen_comm *lc) {
 }
 
 /* If every socket of one connection (same nonce) has said hello, build its recv comm. */
-static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv_comm **out) {
+static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv_comm **out, int *fds) {
   for (int i = 0; i < lc->npending; i++) {
     struct mps_pending *ctrl = &lc->pending[i];
     if (ctrl->have < sizeof(ctrl->hello) || ctrl->hello.stream != 0) continue;
-    int n = ctrl->hello.nstreams, found = 0;
+    /* lazy: the control socket alone; its streams come to the stream listener (socket.h) */
+    int lazy = (ctrl->hello.flags & MPS_HELLO_LAZY) != 0;
+    int n = lazy ? 0 : ctrl->hello.nstreams, found = 0;
     int idx[MPS_MAX_STREAMS + 1];
     for (int s = 0; s <= n; s++) idx[s] = -1;
     for (int j = 0; j < lc->npending; j++) {
       struct mps_pending *p = &lc->pending[j];
       /* same nonce and same stream count: a stream index beyond n would read idx[] past what was set */
-      if (p->have == sizeof(p->hello) && p->hello.nonce == ctrl->hello.nonce && p->hello.nstreams == n &&
-          idx[p->hello.stream] < 0) {
+      if (p->have == sizeof(p->hello) && p->hello.nonce == ctrl->hello.nonce &&
+          p->hello.nstreams == ctrl->hello.nstreams && p->hello.stream <= n && idx[p->hello.stream] < 0) {
         idx[p->hello.stream] = j;
         found++;
       }
@@ -428,13 +482,17 @@ static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv
     if (found != n + 1) continue;
     struct mps_recv_comm *c = calloc(1, sizeof(*c));
     if (!c) return ncclSystemError;
-    c->nstreams = n;
+    c->nstreams = ctrl->hello.nstreams;
+    c->nopen = n;
+    c->nonce = ctrl->hello.nonce;
+    c->node_id = ctrl->hello.node_id;
+    c->sl = ctrl->hello.sl;
     c->ctrl_fd = lc->pending[idx[0]].fd;
-    for (int s = 0; s < n; s++) c->fds[s] = lc->pending[idx[s + 1]].fd;
+    for (int s = 0; s < n; s++) fds[s] = lc->pending[idx[s + 1]].fd;
     snprintf(c->peer, sizeof(c->peer), "%s", ctrl->peer);
     /* Our side of the connection (ACKs, CTS) rides the class the connector asked for. */
     mplane_tc_mark_socket_or_log(c->ctrl_fd, (int)ctrl->hello.sl, c->peer);
-    for (int s = 0; s < n; s++) mplane_tc_mark_socket_or_log(c->fds[s], (int)ctrl->hello.sl, c->peer);
+    for (int s = 0; s < n; s++) mplane_tc_mark_socket_or_log(fds[s], (int)ctrl->hello.sl, c->peer);
     /* Keep the pending sockets that belong to other connections. */
     int used[MPS_PENDING_MAX] = {0};
     for (int s = 0; s <= n; s++) used[idx[s]] = 1;
@@ -482,7 +540,8 @@ ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
     int fd = accept4(lc->fd, &from.sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-      MP_WARN("socket: accept failed: %m");
+      if (errno == EMFILE || errno == ENFILE) mps_warn_fds("an incoming control socket", NULL);
+      else MP_WARN("socket: accept failed: %m");
       return ncclSystemError;
     }
     tune_socket(fd);
@@ -494,14 +553,263 @@ ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
   }
   MP_CHECK(pending_progress(lc));
   struct mps_recv_comm *c = NULL;
-  MP_CHECK(pending_assemble(lc, &c));
+  int fds[MPS_MAX_STREAMS];
+  MP_CHECK(pending_assemble(lc, &c, fds));
   if (!c) return ncclSuccess;
-  send_ctrl_now(c->ctrl_fd, MPS_ACK);
-  ncclResult_t res = mps_recv_comm_start(c);
+  ncclResult_t res = mps_recv_comm_start(c, fds);
+  if (res == ncclSuccess) {
+    mps_recv_register(c); /* before the ACK: a stream may follow it at once */
+    send_ctrl_now(c->ctrl_fd, MPS_ACK, mps_stream_listener_port(lc->dev));
+  }
   if (res != ncclSuccess) {
     mps_close_recv(c);
     return res;
   }
   *recv_comm = c;
   return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ lazy data streams
+ *
+ * A connection's data streams open when a message first needs them (socket.h, MPS_HELLO_LAZY),
+ * long after NCCL closed the listen comm its control socket came through. So they connect to the
+ * process's stream listener instead (one per device, its port in every ACK), whose thread (pool
+ * thread 0) accepts them, reads their hellos without blocking, and gives each to the recv comm its
+ * nonce names, from the table below. */
+
+#define MPS_REG_BUCKETS 4096
+#define MPS_HELLOS_MAX 1024 /* accepted streams that have not said hello yet, at most */
+
+static struct {
+  pthread_mutex_t lock;
+  struct mps_recv_comm *bucket[MPS_REG_BUCKETS];
+} g_reg = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static unsigned reg_hash(uint64_t nonce) { return (unsigned)((nonce * 0x9e3779b97f4a7c15ull) >> 52); }
+
+void mps_recv_register(struct mps_recv_comm *c) {
+  pthread_mutex_lock(&g_reg.lock);
+  struct mps_recv_comm **b = &g_reg.bucket[reg_hash(c->nonce)];
+  c->reg_next = *b;
+  *b = c;
+  c->registered = 1;
+  pthread_mutex_unlock(&g_reg.lock);
+}
+
+void mps_recv_unregister(struct mps_recv_comm *c) {
+  pthread_mutex_lock(&g_reg.lock);
+  if (c->registered) {
+    struct mps_recv_comm **pp = &g_reg.bucket[reg_hash(c->nonce)];
+    while (*pp && *pp != c) pp = &(*pp)->reg_next;
+    if (*pp) *pp = c->reg_next;
+    c->registered = 0;
+  }
+  pthread_mutex_unlock(&g_reg.lock);
+}
+
+/* The stream listeners, by device; touched under g_reg.lock (made by the proxy thread, read by
+ * pool thread 0). */
+static struct mps_stream *g_listeners[MPS_MAX_DEVS];
+static int g_listener_ports[MPS_MAX_DEVS];
+
+/* Accepted streams saying hello (pool thread 0 only): a list to time out the silent ones. */
+static struct mps_stream *g_hellos[MPS_HELLOS_MAX];
+static int g_nhellos;
+
+int mps_stream_listener_port(int dev) {
+  if (dev < 0 || dev >= MPS_MAX_DEVS) return 0;
+  pthread_mutex_lock(&g_reg.lock);
+  int port = g_listener_ports[dev];
+  if (port || g_listeners[dev]) { /* made (or failed, port 0, WARNed once) */
+    pthread_mutex_unlock(&g_reg.lock);
+    return port;
+  }
+  const struct mps_dev *d = mps_dev_get(dev);
+  struct mps_stream *st = calloc(1, sizeof(*st));
+  int fd = d && st ? socket(d->addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0) : -1;
+  struct mps_dev a = d ? *d : (struct mps_dev){0};
+  if (a.addr.sa.sa_family == AF_INET) a.addr.sin.sin_port = 0;
+  else a.addr.sin6.sin6_port = 0;
+  socklen_t len = a.addrlen;
+  if (fd < 0 || bind(fd, &a.addr.sa, a.addrlen) != 0 || listen(fd, 4096) != 0 ||
+      getsockname(fd, &a.addr.sa, &len) != 0) {
+    MP_WARN("socket: cannot open the stream listener on %s: %s; connections to this process can carry no "
+            "message bigger than MPLANE_SOCKET_INLINE_BYTES", d ? d->ifname : "?", strerror(errno));
+    if (fd >= 0) close(fd);
+    if (st) {
+      st->fd = -1;
+      g_listeners[dev] = st; /* said once */
+    }
+    pthread_mutex_unlock(&g_reg.lock);
+    return 0;
+  }
+  st->fd = fd;
+  st->kind = MPS_STREAM_LISTEN;
+  st->dev = dev;
+  port = a.addr.sa.sa_family == AF_INET ? ntohs(a.addr.sin.sin_port) : ntohs(a.addr.sin6.sin6_port);
+  g_listeners[dev] = st;
+  if (mps_engine_attach_first(st) != 0) {
+    close(fd);
+    st->fd = -1;
+    port = 0;
+  }
+  g_listener_ports[dev] = port;
+  pthread_mutex_unlock(&g_reg.lock);
+  return port;
+}
+
+static void hello_drop(int i, const char *why) {
+  struct mps_stream *st = g_hellos[i];
+  if (why) MP_WARN("socket: data stream from %s %s; dropped", st->peer, why);
+  mps_engine_forget(st);
+  close(st->fd);
+  free(st);
+  g_hellos[i] = g_hellos[--g_nhellos];
+}
+
+int mps_stream_hellos_sweep(void) {
+  if (!g_nhellos) return -1;
+  double now = mplane_now_s();
+  for (int i = 0; i < g_nhellos;) {
+    if (now - g_hellos[i]->since > MPS_SILENT_TIMEOUT_S) hello_drop(i, "sent no handshake in time");
+    else i++;
+  }
+  return g_nhellos ? 1000 : -1;
+}
+
+/* A descriptor kept in reserve (pool thread 0): with none left, the stream listener gives it up to
+ * accept one waiting stream and reset it at once, so that its sender fails (and says why) instead of
+ * waiting on a stream nobody reads, and the level-triggered listener does not spin. 1 if one went. */
+static int g_reserve_fd = -1;
+
+static int refuse_one(int lfd) {
+  if (g_reserve_fd < 0) return 0;
+  close(g_reserve_fd);
+  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd >= 0) {
+    struct linger abort_close = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &abort_close, sizeof(abort_close));
+    close(fd);
+  }
+  g_reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return fd >= 0;
+}
+
+static void listener_io(struct mps_stream *l) {
+  if (g_reserve_fd < 0) g_reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  for (;;) {
+    union { struct sockaddr sa; struct sockaddr_in6 sin6; } from;
+    socklen_t len = sizeof(from);
+    int fd = accept4(l->fd, &from.sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        static int said; /* the connector's stream fails too, and says so */
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) mps_warn_fds("an incoming data stream", NULL);
+        if (refuse_one(l->fd)) continue;
+      }
+      return; /* EAGAIN, or an error the next connection may not have */
+    }
+    if (g_nhellos == MPS_HELLOS_MAX) hello_drop(0, "waited for its handshake while the table was full");
+    struct mps_stream *st = calloc(1, sizeof(*st));
+    if (!st) {
+      close(fd);
+      continue;
+    }
+    tune_socket(fd);
+    st->fd = fd;
+    st->kind = MPS_STREAM_HELLO;
+    st->dev = l->dev;
+    st->since = mplane_now_s();
+    mps_addr_str(&from.sa, st->peer, sizeof(st->peer));
+    if (mps_engine_attach_first(st) != 0) {
+      close(fd);
+      free(st);
+      continue;
+    }
+    g_hellos[g_nhellos++] = st;
+    mps_stream_accept_io(st, EPOLLIN); /* its hello is often there already */
+  }
+}
+
+/* A whole hello: give the stream to the recv comm its nonce names, under g_reg.lock. NULL, or why not. */
+static const char *hello_attach(struct mps_stream *st) {
+  const struct mps_hello *h = &st->hello;
+  static char why[160];
+  if (hello_refused(h, why, sizeof(why))) return why;
+  if (!(h->flags & MPS_HELLO_LAZY) || h->stream < 1) return "is not a lazy data stream's";
+  struct mps_recv_comm *c = g_reg.bucket[reg_hash(h->nonce)];
+  while (c && (c->nonce != h->nonce || c->node_id != h->node_id)) c = c->reg_next;
+  if (!c) return "names no connection of this process (closed, or never made)";
+  if (h->nstreams != c->nstreams || c->streams[h->stream - 1])
+    return "does not fit its connection (another stream count, or a stream index taken)";
+  mps_engine_forget(st); /* off thread 0's hello watch, onto a pool thread of its own */
+  st->kind = MPS_STREAM_RECV;
+  st->comm = c;
+  st->index = h->stream - 1;
+  st->hhave = 0; /* it counted the hello's bytes; now a chunk header's */
+  mplane_tc_mark_socket_or_log(st->fd, (int)c->sl, c->peer);
+  if (mps_engine_attach(st) != 0) return "could not be given to an I/O thread";
+  c->streams[st->index] = st; /* its first chunk, if it came with the hello, wakes its new thread */
+  __atomic_add_fetch(&c->nopen, 1, __ATOMIC_ACQ_REL);
+  return NULL;
+}
+
+static void hello_io(struct mps_stream *st) {
+  int i = 0;
+  while (i < g_nhellos && g_hellos[i] != st) i++;
+  if (i == g_nhellos) return; /* not one of ours (cannot happen: dropped ones are off the epoll) */
+  ssize_t r = recv(st->fd, (char *)&st->hello + st->hhave, sizeof(st->hello) - st->hhave, MSG_DONTWAIT);
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (r <= 0) return hello_drop(i, NULL); /* closed before its hello: an aborted connect */
+  st->hhave += (size_t)r;
+  if (st->hhave >= sizeof(st->hello.magic) && st->hello.magic != MPLANE_HANDLE_MAGIC)
+    return hello_drop(i, "is not mplane");
+  if (st->hhave < sizeof(st->hello)) return;
+  pthread_mutex_lock(&g_reg.lock);
+  int fd = st->fd;
+  const char *why = hello_attach(st);
+  pthread_mutex_unlock(&g_reg.lock);
+  if (!why) {
+    g_hellos[i] = g_hellos[--g_nhellos];
+    return;
+  }
+  if (st->kind == MPS_STREAM_HELLO) return hello_drop(i, why);
+  MP_WARN("socket: data stream from %s %s; dropped", st->peer, why); /* forgotten already */
+  close(fd);
+  free(st);
+  g_hellos[i] = g_hellos[--g_nhellos];
+}
+
+void mps_stream_accept_io(struct mps_stream *st, uint32_t events) {
+  (void)events;
+  if (st->kind == MPS_STREAM_LISTEN) listener_io(st);
+  else hello_io(st);
+}
+
+/* ---- the sender's side: open one more stream ---- */
+
+int mps_stream_connect(struct mps_send_comm *c, int *out) {
+  const struct mps_dev *d = mps_dev_get(c->dev);
+  union { struct sockaddr sa; struct sockaddr_storage ss; struct sockaddr_in sin; struct sockaddr_in6 sin6; } to;
+  memcpy(&to, &c->peer_addr, c->peer_addr_len);
+  if (to.sa.sa_family == AF_INET) to.sin.sin_port = htons((uint16_t)c->stream_port);
+  else to.sin6.sin6_port = htons((uint16_t)c->stream_port);
+  int fd = socket(to.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    if (errno == EMFILE || errno == ENFILE) mps_warn_fds("a data stream", c->peer);
+    else MP_WARN("socket: cannot open a data stream to peer %s: %m", c->peer);
+    return -1;
+  }
+  tune_socket(fd);
+  mplane_tc_mark_socket_or_log(fd, (int)c->hello.sl, d ? d->ifname : "?");
+  if ((d && mps_bind_source(fd, d) != 0) ||
+      (connect(fd, &to.sa, c->peer_addr_len) != 0 && errno != EINPROGRESS)) {
+    if (errno == EADDRNOTAVAIL) mps_warn_ports("a data stream", c->peer);
+    else MP_WARN("socket: cannot open data stream %d of %d to peer %s (port %u): %m", c->nstarted + 1, c->nstreams,
+                 c->peer, c->stream_port);
+    close(fd);
+    return -1;
+  }
+  *out = fd;
+  return 0;
 }

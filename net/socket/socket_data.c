@@ -1,6 +1,6 @@
-/* mplane: the socket data path. The proxy thread posts work and polls; helper threads move bytes
- * with blocking I/O on the data streams, and the proxy thread itself moves small messages on the
- * control socket without blocking (see socket.h for the protocol). */
+/* mplane: the socket data path. The proxy thread posts work and polls; the process's pool of I/O
+ * threads (socket_engine.c) moves the data streams' bytes without blocking, and the proxy thread
+ * itself moves small messages on the control socket (see socket.h for the protocol). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -8,13 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <linux/sockios.h>
-#include <sched.h>
-#include <signal.h>
 
 #include "../../common/clock.h"
 #include "../../common/log.h"
@@ -26,217 +24,61 @@
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
 
-/* ------------------------------------------------------------------ blocking I/O helpers */
-
-static int write_full(int fd, const void *hdr, size_t hlen, const void *data, size_t dlen) {
-  struct iovec iov[2] = {{(void *)hdr, hlen}, {(void *)data, dlen}};
-  return mps_sendv_all(fd, iov, dlen ? 2 : 1);
-}
-
-/* 1 on success, 0 on orderly close before any byte, -1 on error or close mid-record. */
-static int read_full(int fd, void *buf, size_t len) {
-  size_t have = 0;
-  while (have < len) {
-    ssize_t r = recv(fd, (char *)buf + have, len - have, MSG_WAITALL);
-    if (r == 0) return have == 0 ? 0 : -1;
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    have += (size_t)r;
-  }
-  return 1;
-}
-
-/* read_full, but first poll without blocking for up to spin_ns: the next chunk header usually
- * arrives within microseconds, and sleeping in recv() then costs a wake-up per chunk. */
-static int read_full_spin(int fd, void *buf, size_t len, uint64_t spin_ns) {
-  size_t have = 0;
-  uint64_t deadline = spin_ns ? mplane_now_ns() + spin_ns : 0;
-  while (have < len && spin_ns && mplane_now_ns() < deadline) {
-    ssize_t r = recv(fd, (char *)buf + have, len - have, MSG_DONTWAIT);
-    if (r > 0) have += (size_t)r;
-    else if (r == 0) return have == 0 ? 0 : -1;
-    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
-  }
-  if (have == len) return 1;
-  int r = read_full(fd, (char *)buf + have, len - have);
-  if (r == 0 && have > 0) return -1;
-  return r;
-}
-
-/* Helper threads carry a name (top -H, perf, gdb): which of a process's threads move which bytes. */
-static void name_thread(const char *what, int index) {
-  char name[16];
-  snprintf(name, sizeof(name), "%s%d", what, index);
-  pthread_setname_np(pthread_self(), name);
-}
-
-static void set_blocking(int fd) {
-  int fl = fcntl(fd, F_GETFL);
-  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-}
+uint64_t mps_spin_ns(const struct mplane_config *cfg) { return (uint64_t)cfg->socket_spin_us * 1000u; }
 
 /* ------------------------------------------------------------------ send side */
 
-static void queue_init(struct mps_queue *q, unsigned cap) {
-  pthread_mutex_init(&q->lock, NULL);
-  pthread_cond_init(&q->cond, NULL);
-  q->cap = cap;
-  q->tasks = calloc(cap, sizeof(*q->tasks));
-  q->wake_fd = -1; /* made by the thread before its first splice (send_task) */
-}
-
-int mps_threads_for(const struct mplane_config *cfg, int nstreams) {
-  return cfg->socket_threads > 0 && cfg->socket_threads < nstreams ? cfg->socket_threads : nstreams;
-}
-
-uint64_t mps_spin_ns(const struct mplane_config *cfg) { return (uint64_t)cfg->socket_spin_us * 1000u; }
-
-static void spin_until_work(struct mps_queue *q, const int *stop, uint64_t spin_ns) {
-  if (spin_ns == 0) return;
-  uint64_t deadline = mplane_now_ns() + spin_ns;
-  while (LOAD(&q->tail) == LOAD(&q->head) && !LOAD(stop) && mplane_now_ns() < deadline) __builtin_ia32_pause();
-}
-
-struct send_thread_arg {
-  struct mps_send_comm *comm;
-  int index;
-};
-
-/* The thread's streams: index, index + nthreads, ... (push_task). */
-static int thread_streams(const struct mps_send_comm *c, int index, int *fds) {
-  int n = 0;
-  for (int s = index; s < c->nstreams; s += c->nthreads) fds[n++] = c->fds[s];
-  return n;
-}
-
-/* Complete the spliced chunks whose acks have come (mps_splice_reap; wake_fd >= 0: wait for one or
- * for new work). A peer that fails the protocol fails the comm: test() reports it, and nothing is
- * left to wait for. */
-static void reap_acks(struct mps_send_comm *c, struct mps_splicer *sp, int wake_fd) {
-  char why[160];
-  if (mps_splice_reap(sp, wake_fd, why, sizeof(why)) == 0) return;
-  mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s", c->peer, why);
-  sp->pending = 0;
-}
-
-/* Wait for work. With spliced chunks awaiting their acks the thread sleeps in poll (acks or
- * wake_fd) instead of on the condition variable. Returns with q->lock held; 0 once stopped. */
-static int wait_for_task(struct mps_send_comm *c, struct mps_queue *q, struct mps_splicer *sp) {
-  /* Poll a moment before sleeping: a futex wake-up costs more than a message on a fast link. */
-  spin_until_work(q, &c->stop, c->spin_ns);
-  pthread_mutex_lock(&q->lock);
-  while (q->head == q->tail && !LOAD(&c->stop)) {
-    if (!sp->pending) {
-      pthread_cond_wait(&q->cond, &q->lock);
-      continue;
-    }
-    q->sleeping = 1;
-    pthread_mutex_unlock(&q->lock);
-    reap_acks(c, sp, q->wake_fd);
-    pthread_mutex_lock(&q->lock);
-    q->sleeping = 0;
+/* A data stream of this comm, given to the engine. 0, or -1 after a WARN (the fd stays the
+ * caller's). */
+static int stream_attach(struct mps_stream **slot, int fd, int kind, int index, void *comm) {
+  struct mps_stream *st = calloc(1, sizeof(*st));
+  if (!st) {
+    MP_WARN("socket: out of memory for a data stream (%zu bytes)", sizeof(*st));
+    return -1;
   }
-  return q->head != q->tail;
-}
-
-/* Whether the thread may splice: it can track acks, and sleep on them and on its queue at once (the
- * eventfd, made here the first time so that threads which never splice hold none). */
-static int splice_ready(struct mps_queue *q, const struct mps_splicer *sp) {
-  if (!sp->ring) return 0;
-  if (q->wake_fd >= 0) return 1;
-  int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (fd < 0) return 0;
-  pthread_mutex_lock(&q->lock);
-  q->wake_fd = fd;
-  pthread_mutex_unlock(&q->lock);
-  return 1;
-}
-
-/* One task on its stream. 1: done now; 0: spliced, done on its ack. */
-static int send_task(struct mps_send_comm *c, struct mps_queue *q, struct mps_splicer *sp, const struct mps_task *t) {
-  if (LOAD(&c->err.state) != 0) return 1; /* the comm failed: drop the work, test() reports the error */
-  int r;
-  if (c->splice_bytes && t->hdr.len >= c->splice_bytes && t->hdr.flags == 0 && splice_ready(q, sp))
-    r = mps_splice_chunk(sp, t->stream / c->nthreads, t);
-  else
-    r = write_full(t->fd, &t->hdr, sizeof(t->hdr), t->data, t->hdr.len);
-  if (r < 0)
-    mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s (peer closed or died?)", c->peer,
-                  strerror(errno));
-  return r != 1;
-}
-
-static void *send_thread(void *argp) {
-  struct send_thread_arg arg = *(struct send_thread_arg *)argp;
-  free(argp);
-  struct mps_send_comm *c = arg.comm;
-  struct mps_queue *q = &c->queues[arg.index];
-  name_thread("mplane-snd", arg.index);
-  /* splice() has no MSG_NOSIGNAL: a peer gone mid-chunk must give EPIPE here, not kill the job. */
-  sigset_t pipe_sig;
-  sigemptyset(&pipe_sig);
-  sigaddset(&pipe_sig, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &pipe_sig, NULL);
-  int fds[MPS_MAX_STREAMS];
-  struct mps_splicer sp;
-  if (mps_splicer_init(&sp, fds, thread_streams(c, arg.index, fds), q->cap) != 0)
-    MP_INFO(NCCL_NET, "socket: no memory to track spliced chunks; a helper thread copies its chunks instead");
-  while (wait_for_task(c, q, &sp)) {
-    struct mps_task t = q->tasks[q->head & (q->cap - 1)];
-    pthread_mutex_unlock(&q->lock);
-    void *ev; /* profiler: one transfer on this stream (a spliced chunk's ends when the kernel has its pages) */
-    mplane_prof_sock_start(&ev, t.req->phandle, t.fd, NCCL_PROFILER_SOCKET_SEND, t.hdr.len);
-    int done = send_task(c, q, &sp, &t);
-    mplane_prof_stop(&ev);
-    pthread_mutex_lock(&q->lock);
-    STORE(&q->head, q->head + 1);
-    pthread_mutex_unlock(&q->lock);
-    if (done) ADD(&t.req->chunks_done, 1);
-    if (sp.pending) reap_acks(c, &sp, -1);
+  st->fd = fd;
+  st->kind = kind;
+  st->index = index;
+  st->comm = comm;
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK); /* the pool thread never blocks on one stream */
+  if (mps_engine_attach(st) != 0) {
+    free(st);
+    return -1;
   }
-  pthread_mutex_unlock(&q->lock);
-  mps_splicer_free(&sp);
-  return NULL;
+  *slot = st;
+  return 0;
 }
 
-ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg) {
+/* Take a stream back from the engine and free it; its fd is closed by the caller. */
+static void stream_release(struct mps_stream *st) {
+  if (!st) return;
+  mps_engine_detach(st);
+  free(st->tasks);
+  free(st->acks);
+  free(st);
+}
+
+ncclResult_t mps_send_comm_start(struct mps_send_comm *c, const struct mplane_config *cfg, const int *fds) {
   c->split_bytes = (size_t)cfg->socket_split_bytes;
   c->chunk_bytes = (size_t)cfg->socket_chunk_bytes;
   c->splice_bytes = (size_t)cfg->socket_splice_bytes;
   c->inline_bytes = (size_t)cfg->socket_inline_bytes;
   c->pad_to = (uint32_t)cfg->socket_pad_bytes;
   c->inline_busy = cfg->socket_inline_busy;
-  c->spin_ns = mps_spin_ns(cfg);
   /* connect finished when our hellos were written, not when the acceptor answered: a listener that
    * is not mplane (accepts TCP, stays silent) is only noticed by the missing ACK */
   c->ack_deadline_ns = mplane_now_ns() + (uint64_t)cfg->connect_timeout_s * 1000000000ull;
-  c->nthreads = mps_threads_for(cfg, c->nstreams);
-  for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
-  /* Worst case per thread: every slot's message split over all streams, all on this thread. */
-  unsigned per_thread = (unsigned)(MPS_MAX_SLOTS * ((c->nstreams + c->nthreads - 1) / c->nthreads));
-  unsigned cap = 1;
-  while (cap < per_thread + 1) cap <<= 1;
   for (int i = 0; i < MPS_MAX_SLOTS; i++) {
     c->reqs[i].kind = MPS_REQ_SEND;
     c->reqs[i].comm = c;
   }
-  for (int t = 0; t < c->nthreads; t++) {
-    queue_init(&c->queues[t], cap);
-    if (!c->queues[t].tasks) return ncclSystemError;
-  }
-  for (int t = 0; t < c->nthreads; t++) {
-    struct send_thread_arg *a = malloc(sizeof(*a));
-    if (!a) return ncclSystemError;
-    a->comm = c;
-    a->index = t;
-    if (pthread_create(&c->threads[t], NULL, send_thread, a) != 0) {
-      free(a);
-      MP_WARN("socket: cannot start send thread: %m");
+  for (int i = 0; i < c->nopen; i++) {
+    if (stream_attach(&c->streams[i], fds[i], MPS_STREAM_SEND, i, c) != 0) {
+      for (int j = i; j < c->nopen; j++) close(fds[j]);
+      c->nopen = i;
       return ncclSystemError;
     }
-    c->threads_started = t + 1;
   }
   return ncclSuccess;
 }
@@ -298,6 +140,7 @@ static ncclResult_t send_ctrl_record(struct mps_send_comm *c, const struct mps_c
   }
   if (m->type == MPS_ACK) {
     c->acked = 1;
+    c->stream_port = m->ack.stream_port;
     /* The receiver says how many eager messages it holds; we also keep them within our inline limit
      * (they ride the control socket). */
     c->eager_max = m->n < MPS_EAGER_MAX ? m->n : MPS_EAGER_MAX;
@@ -364,21 +207,66 @@ static struct mps_send_req *send_req_alloc(struct mps_send_comm *c) {
   return NULL;
 }
 
-static void push_task(struct mps_send_comm *c, int stream, const struct mps_task *t) {
-  struct mps_queue *q = &c->queues[stream % c->nthreads];
-  pthread_mutex_lock(&q->lock);
-  struct mps_task *slot = &q->tasks[q->tail & (q->cap - 1)];
-  *slot = *t;
-  slot->stream = stream;
-  STORE(&q->tail, q->tail + 1);
-  if (q->sleeping) {
-    uint64_t one = 1; /* the thread waits in poll for acks too (wait_for_task) */
-    if (write(q->wake_fd, &one, sizeof(one)) < 0) {} /* EAGAIN: a wake-up is pending anyway */
-    q->sleeping = 0;
-  } else {
-    pthread_cond_signal(&q->cond);
+/* ---- lazy data streams (socket.h, MPS_HELLO_LAZY) ---- */
+
+/* Open one more data stream: a non-blocking connect, handed to the engine at once; its pool thread
+ * finishes the connect and writes the hello before any chunk queued meanwhile (send_stream_io). */
+static ncclResult_t stream_open(struct mps_send_comm *c) {
+  if (!c->stream_port) {
+    mps_error_set(&c->err, ncclSystemError, "peer %s offers no data streams (its stream listener could not be "
+                  "opened: its log says why); messages above MPLANE_SOCKET_INLINE_BYTES cannot go", c->peer);
+    return mps_error_check(&c->err);
   }
-  pthread_mutex_unlock(&q->lock);
+  int fd;
+  if (mps_stream_connect(c, &fd) != 0) {
+    mps_error_set(&c->err, ncclSystemError, "cannot open a data stream to peer %s (WARN above)", c->peer);
+    return mps_error_check(&c->err);
+  }
+  c->nstarted++;
+  struct mps_stream *st = calloc(1, sizeof(*st));
+  if (st) {
+    st->fd = fd;
+    st->kind = MPS_STREAM_SEND;
+    st->index = c->nopen;
+    st->comm = c;
+    st->connecting = 1;
+    st->armed = EPOLLOUT; /* the connect's end */
+    st->hello = c->hello;
+    st->hello.stream = (uint16_t)c->nstarted;
+  }
+  if (!st || mps_engine_attach(st) != 0) {
+    free(st);
+    close(fd);
+    mps_error_set(&c->err, ncclSystemError, "no memory or I/O thread for a data stream to peer %s", c->peer);
+    return mps_error_check(&c->err);
+  }
+  c->streams[c->nopen] = st;
+  c->nopen++;
+  return ncclSuccess;
+}
+
+/* A message for the data streams is about to go: the first stream opens for it, and one more (up
+ * to the connection's nstreams) each time a message finds every open stream busy writing earlier
+ * chunks. The message never waits: it is queued on the streams open now (a stream still connecting
+ * writes it after its hello). So a connection that carries one message at a time holds one
+ * stream, and one that keeps several in flight (NCCL's steps) opens as many as keep them moving. */
+static ncclResult_t streams_grow(struct mps_send_comm *c) {
+  int idle = 0;
+  for (int i = 0; i < c->nopen && !idle; i++) idle = LOAD(&c->streams[i]->inflight) == 0;
+  if (!idle && c->nopen < c->nstreams) MP_CHECK(stream_open(c));
+  return ncclSuccess;
+}
+
+/* Queue a chunk on stream s; the stream's pool thread writes it. */
+static ncclResult_t push_task(struct mps_send_comm *c, int s, const struct mps_task *t) {
+  struct mps_task task = *t;
+  task.stream = s;
+  ADD(&c->streams[s]->inflight, 1);
+  if (mps_engine_push(c->streams[s], &task) != 0) {
+    mps_error_set(&c->err, ncclSystemError, "out of memory queueing a chunk for peer %s", c->peer);
+    return mps_error_check(&c->err);
+  }
+  return ncclSuccess;
 }
 
 static void send_warn_wait(struct mps_send_comm *c, const struct mps_cts_group *g, int tag) {
@@ -391,16 +279,24 @@ static void send_warn_wait(struct mps_send_comm *c, const struct mps_cts_group *
 }
 
 /* Send requests in flight in this process, all comms together. A proxy thread with several
- * messages moving (many channels, big collectives) hands a mid-sized one to a helper thread: it
+ * messages moving (many channels, big collectives) hands a mid-sized one to the I/O threads: they
  * copies in parallel, while the proxy thread would copy one message after another. */
 static int g_sends_inflight; /* atomic */
 
 static const char mps_filler[MPS_PAD_MAX]; /* the zeros a small chunk is padded with (socket.h) */
 
 /* Write what the control socket takes of the inline chunk in progress; never blocks. The request
- * completes once its last byte is in the kernel, as a helper thread's would. */
+ * completes once its last byte is in the kernel, as an I/O thread's would. */
 static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
   for (;;) {
+    if (!c->inl.req && c->trunc_pending) { /* a "does not fit" notice of a comm with no stream open */
+      c->trunc_pending = 0;
+      c->inl.req = &c->trunc_req;
+      c->inl.hdr = c->trunc_hdr;
+      c->inl.data = NULL;
+      c->inl.done = 0;
+      c->inl.pad = 0; /* a notice carries no filler (rx_header) */
+    }
     if (!c->inl.req) return ncclSuccess;
     size_t hlen = sizeof(c->inl.hdr), dlen = c->inl.hdr.len, total = hlen + dlen + c->inl.pad, done = c->inl.done;
     struct iovec iov[3];
@@ -434,7 +330,7 @@ static ncclResult_t send_flush_inline(struct mps_send_comm *c) {
  * another tag's send: a shared comm's order, kept as it was). */
 static int eager_ok(const struct mps_send_comm *c, size_t size) {
   return c->neager < c->eager_max && size <= c->eager_bytes && c->eager_unmatched + size <= c->eager_hold &&
-         !c->inl.req && c->cts_head == c->cts_tail && (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy);
+         !c->inl.req && !c->trunc_pending && c->cts_head == c->cts_tail && (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy);
 }
 
 /* Start writing an inline chunk on the control socket: the proxy thread writes it now, no thread
@@ -478,16 +374,31 @@ static ncclResult_t send_eager(struct mps_send_comm *c, void *data, size_t size,
 /* The chunk size of a message on the data streams: the whole message below
  * MPLANE_SOCKET_SPLIT_BYTES; above, as many chunks as there are streams, but none below
  * MPLANE_SOCKET_CHUNK_BYTES, in 4 KiB multiples so receivers copy aligned pages. Each chunk costs
- * a hand-off to a helper thread and a wake-up at both ends; NCCL keeps several steps in flight per
+ * a hand-off to an I/O thread and a wake-up at both ends; NCCL keeps several steps in flight per
  * channel, so the streams a message leaves idle carry the next one
  * (docs/results/2026-12-01-eight-streams.md). */
-static size_t chunk_size(const struct mps_send_comm *c, size_t size) {
+static size_t chunk_size(const struct mps_send_comm *c, size_t size, int nstreams) {
   if (size < c->split_bytes) return size;
   size_t n = size / c->chunk_bytes;
   if (n < 1) n = 1;
-  if (n > (size_t)c->nstreams) n = (size_t)c->nstreams;
+  if (n > (size_t)nstreams) n = (size_t)nstreams;
   size_t per = (size + n - 1) / n;
   return (per + 4095) & ~(size_t)4095;
+}
+
+/* The chunks a message of `size` is cut into over nstreams streams (an empty message is one). */
+static int chunk_count(const struct mps_send_comm *c, size_t size, int nstreams) {
+  size_t per = chunk_size(c, size, nstreams);
+  return size > per ? (int)((size + per - 1) / per) : 1;
+}
+
+/* Whether a message that has its CTS goes on the control socket now (socket.h): small enough, the
+ * control socket idle, and (above MPS_INLINE_ALWAYS) few sends in flight in the process; with no
+ * data stream open yet, the last rule waives (a stream would cost more than the wait). */
+static int inline_now(const struct mps_send_comm *c, size_t size) {
+  return size <= c->inline_bytes && !c->inl.req && !c->trunc_pending &&
+         (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || c->nopen == 0 ||
+          LOAD(&g_sends_inflight) < c->inline_busy);
 }
 
 /* The untaken entry of `tag` in the oldest open group we have read, or -1. */
@@ -505,7 +416,7 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
   (void)mhandle;
   *request = NULL;
   MP_CHECK(mps_error_check(&c->err));
-  if (c->inl.req) MP_CHECK(send_flush_inline(c));
+  if (c->inl.req || c->trunc_pending) MP_CHECK(send_flush_inline(c));
   /* A send that an offer we hold already matches, or that may go eagerly, needs nothing new from
    * the receiver: no look at the control socket (a system call per message saved). The CTS
    * records are read when what we hold runs out. */
@@ -530,16 +441,26 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
       send_warn_wait(c, &c->cts[c->cts_head % MPS_MAX_GROUPS], tag);
     if (c->acked && c->eager_max && !c->nudged && LOAD(&c->nudge_req.chunks_done) == c->nudges) {
       /* The receiver may be holding the CTS back (socket.h): ask for it, once until one comes, on a
-       * data stream, where its helper threads read it even while its proxy thread calls nothing. */
+       * data stream, where its I/O threads read it even while its proxy thread calls nothing (the
+       * first stream opens for it if none has yet). */
+      if (c->nopen == 0) MP_CHECK(stream_open(c));
       c->nudged = 1;
       c->nudges++;
-      int s = (int)(c->rr++ % (unsigned)c->nstreams);
-      struct mps_task t = {.req = &c->nudge_req, .fd = c->fds[s], .hdr = {.flags = MPS_CHUNK_WANT_CTS}};
-      push_task(c, s, &t);
+      int s = (int)(c->rr++ % (unsigned)c->nopen);
+      struct mps_task t = {.req = &c->nudge_req, .hdr = {.flags = MPS_CHUNK_WANT_CTS}};
+      MP_CHECK(push_task(c, s, &t));
     }
     return ncclSuccess;
   }
   struct mps_cts_group *g = &c->cts[c->cts_head % MPS_MAX_GROUPS];
+  int inl = inline_now(c, size);
+  if (size <= g->e[k].size && !inl) {
+    /* A message that fits goes on the data streams: as many as it will be cut into must be open
+     * first (until then NULL, NCCL calls again). A small one waits for the control socket instead,
+     * so that a connection that carries only small messages holds no stream. */
+    if (size <= c->inline_bytes && c->nopen == 0) return ncclSuccess;
+    MP_CHECK(streams_grow(c));
+  }
   struct mps_send_req *req = send_req_alloc(c);
   if (!req) return ncclSuccess; /* cannot happen while offers <= slots; be polite anyway */
   req->phandle = phandle; /* before a helper thread sees the request's chunks */
@@ -559,33 +480,36 @@ ncclResult_t mps_isend(void *send_comm, void *data, size_t size, int tag, void *
     req->used = 0;
     t.req = &c->trunc_req;
     t.hdr.flags = MPS_CHUNK_TRUNCATED;
-    int s = (int)(c->rr++ % (unsigned)c->nstreams);
-    t.fd = c->fds[s];
-    push_task(c, s, &t);
+    if (c->nopen) {
+      int s = (int)(c->rr++ % (unsigned)c->nopen);
+      MP_CHECK(push_task(c, s, &t));
+    } else { /* on the control socket, once it is idle (send_flush_inline) */
+      c->trunc_hdr = t.hdr;
+      c->trunc_pending = 1;
+      MP_CHECK(send_flush_inline(c));
+    }
     MP_WARN("socket: send of %zu bytes (tag %d) to peer %s, but its receive buffer holds %llu bytes", size, tag,
             c->peer, (unsigned long long)g->e[k].size);
     return ncclInvalidUsage;
   }
-  if (size <= c->inline_bytes && !c->inl.req &&
-      (size <= MPS_INLINE_ALWAYS || c->inline_busy == 0 || LOAD(&g_sends_inflight) < c->inline_busy)) {
+  if (inl) {
     t.hdr.len = size;
     return send_inline(c, req, &t.hdr, data, request);
   }
   req->counted = 1;
   ADD(&g_sends_inflight, 1);
-  size_t per = chunk_size(c, size);
-  int n = size > per ? (int)((size + per - 1) / per) : 1; /* an empty message is one empty chunk */
+  size_t per = chunk_size(c, size, c->nopen);
+  int n = chunk_count(c, size, c->nopen);
   req->nchunks = n;
   unsigned first = c->rr;
   c->rr += (unsigned)n; /* the next message starts on the streams this one left idle */
   for (int i = 0; i < n; i++) {
-    int s = (int)((first + (unsigned)i) % (unsigned)c->nstreams);
+    int s = (int)((first + (unsigned)i) % (unsigned)c->nopen);
     size_t off = (size_t)i * per;
-    t.fd = c->fds[s];
     t.hdr.offset = off;
     t.hdr.len = size - off < per ? size - off : per;
     t.data = (const char *)data + off;
-    push_task(c, s, &t);
+    MP_CHECK(push_task(c, s, &t));
   }
   *request = req;
   return ncclSuccess;
@@ -636,37 +560,19 @@ ncclResult_t mps_close_send(void *send_comm) {
   for (int i = 0; i < MPS_MAX_SLOTS; i++)
     if (c->reqs[i].used && c->reqs[i].counted) ADD(&g_sends_inflight, -1);
   STORE(&c->stop, 1);
-  for (int t = 0; t < c->threads_started; t++) {
-    pthread_mutex_lock(&c->queues[t].lock);
-    pthread_cond_broadcast(&c->queues[t].cond);
-    uint64_t one = 1;
-    if (c->queues[t].wake_fd >= 0 && write(c->queues[t].wake_fd, &one, sizeof(one)) < 0) {} /* waits for acks */
-    pthread_mutex_unlock(&c->queues[t].lock);
+  /* What a completed request wrote is in the kernel already and still goes out before the FIN;
+   * chunks still queued are dropped with the streams. */
+  for (int i = 0; i < c->nopen; i++) {
+    int fd = c->streams[i] ? c->streams[i]->fd : -1;
+    stream_release(c->streams[i]);
+    if (fd >= 0) close(fd);
   }
-  /* A thread may sit in send() on a full window: the peer died, or lives and stopped reading.
-   * Shutting the streams down frees it now instead of after TCP_USER_TIMEOUT. What a completed
-   * request wrote is in the kernel already and still goes out before the FIN. */
-  for (int i = 0; i < c->nstreams; i++) shutdown(c->fds[i], SHUT_RDWR);
-  for (int t = 0; t < c->threads_started; t++) pthread_join(c->threads[t], NULL);
-  for (int t = 0; t < c->nthreads; t++) {
-    if (!c->queues[t].tasks) continue;
-    pthread_mutex_destroy(&c->queues[t].lock);
-    pthread_cond_destroy(&c->queues[t].cond);
-    free(c->queues[t].tasks);
-    if (c->queues[t].wake_fd >= 0) close(c->queues[t].wake_fd);
-  }
-  for (int i = 0; i < c->nstreams; i++) close(c->fds[i]);
   ctrl_close_orderly(c);
   free(c);
   return ncclSuccess;
 }
 
 /* ------------------------------------------------------------------ receive side */
-
-struct recv_thread_arg {
-  struct mps_recv_comm *comm;
-  int index;
-};
 
 /* Claim the chunk's byte range in its slot before any byte is read. NULL if it is consistent with
  * the message's chunks so far, else what is wrong with it. */
@@ -746,122 +652,279 @@ static void chunk_end(struct mps_slot *s, const struct mps_chunk *h) {
     __atomic_compare_exchange_n(&s->state, &posted, MPS_SLOT_DONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
-/* Receive one chunk from fd into its slot. 0 ok, -1 the stream is finished (error set if it was
- * not an orderly close at a record boundary during shutdown). */
 static void recv_want_cts(struct mps_recv_comm *c);
 
-static int recv_chunk(struct mps_recv_comm *c, int fd) {
-  struct mps_chunk h;
-  int r = read_full_spin(fd, &h, sizeof(h), c->spin_ns);
-  if (r == 0) {
-    /* An orderly close between chunks: the sender may close its comm as soon as its last bytes are in
-     * its kernel, while other streams still carry the end of a message. Not an error unless a
-     * receive is still waiting once every stream has closed (recv_test). */
-    ADD(&c->streams_closed, 1);
-    return -1;
-  }
-  if (r < 0) {
-    if (!LOAD(&c->stop))
-      mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream%s (process exited or killed?)",
-                    c->peer, r < 0 ? " mid-message" : "");
-    return -1;
-  }
-  if (h.flags == MPS_CHUNK_WANT_CTS && h.len == 0) {
-    recv_want_cts(c);
-    return 0;
-  }
-  if ((h.flags & ~(uint32_t)(MPS_CHUNK_TRUNCATED | MPS_CHUNK_ACK)) ||
-      (h.flags == (MPS_CHUNK_TRUNCATED | MPS_CHUNK_ACK))) {
-    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad record on a data stream (flags 0x%x: an eager "
-                  "message, filler, a WANT_CTS with a payload, or an acked notice)", c->peer, h.flags);
-    return -1;
-  }
-  struct mps_slot *s = NULL;
-  int b = chunk_begin(c, &h, &s);
-  if (b != 0) return b > 0 ? 0 : -1;
-  void *ev; /* profiler: the payload's transfer on this stream */
-  mplane_prof_sock_start(&ev, s->phandle, fd, NCCL_PROFILER_SOCKET_RECV, h.len);
-  int got = h.len ? read_full(fd, s->buf + h.offset, h.len) : 1;
-  mplane_prof_stop(&ev);
-  if (got != 1) {
-    if (!LOAD(&c->stop))
-      mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream mid-message (%s)", c->peer,
-                    errno ? strerror(errno) : "end of stream");
-    return -1;
-  }
-  /* The sender's pages were the source of a spliced chunk: it may reuse them once we say so. The
-   * ack goes before the chunk completes the receive: after that our rank may close the comm, and a
-   * sender still waiting for the ack of a delivered chunk would then fail. */
-  struct mps_ack a = {.magic = MPS_ACK_MAGIC, .slot = h.slot};
-  struct iovec ack = {&a, sizeof(a)};
-  int sender_gone = (h.flags & MPS_CHUNK_ACK) && mps_sendv_all(fd, &ack, 1) != 0;
-  chunk_end(s, &h);
-  if (!sender_gone) return 0;
-  /* its chunk arrived whole: as a close after it (no error unless a receive still waits once every
-   * stream has closed, recv_test) */
-  ADD(&c->streams_closed, 1);
-  return -1;
-}
-
-static void *recv_thread(void *argp) {
-  struct recv_thread_arg arg = *(struct recv_thread_arg *)argp;
-  free(argp);
-  struct mps_recv_comm *c = arg.comm;
-  name_thread("mplane-rcv", arg.index);
-  struct pollfd pfds[MPS_MAX_STREAMS];
-  int n = 0;
-  for (int s = arg.index; s < c->nstreams; s += c->nthreads) pfds[n++] = (struct pollfd){.fd = c->fds[s], .events = POLLIN};
-  if (n == 1) {
-    while (recv_chunk(c, pfds[0].fd) == 0) {}
-    return NULL;
-  }
-  int open = n;
-  while (open > 0 && !LOAD(&c->stop)) {
-    if (poll(pfds, (nfds_t)n, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    for (int i = 0; i < n; i++) {
-      if (pfds[i].fd < 0 || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      if (recv_chunk(c, pfds[i].fd) != 0) {
-        pfds[i].fd = -1;
-        open--;
-      }
-    }
-  }
-  return NULL;
-}
-
-ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c) {
+ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c, const int *fds) {
   const struct mplane_config *cfg = mps_config();
-  c->nthreads = mps_threads_for(cfg, c->nstreams);
-  c->spin_ns = mps_spin_ns(cfg);
   c->eager_bytes = (uint64_t)cfg->socket_eager_bytes; /* what accept's ACK offered */
-  pthread_mutex_init(&c->cts_lock, NULL); /* before the helper threads, which take it */
-  for (int i = 0; i < c->nstreams; i++) set_blocking(c->fds[i]);
+  pthread_mutex_init(&c->cts_lock, NULL); /* before the streams, whose pool threads take it */
   c->nfree = 0;
   for (int i = MPS_MAX_SLOTS - 1; i >= 0; i--) c->free_slots[c->nfree++] = (uint32_t)i;
   for (int i = 0; i < MPS_MAX_GROUPS; i++) {
     c->reqs[i].kind = MPS_REQ_RECV;
     c->reqs[i].comm = c;
   }
-  for (int t = 0; t < c->nthreads; t++) {
-    struct recv_thread_arg *a = malloc(sizeof(*a));
-    if (!a) return ncclSystemError;
-    a->comm = c;
-    a->index = t;
-    if (pthread_create(&c->threads[t], NULL, recv_thread, a) != 0) {
-      free(a);
-      MP_WARN("socket: cannot start receive thread: %m");
+  int n = c->nopen;
+  c->nopen = 0;
+  for (int i = 0; i < n; i++) {
+    if (stream_attach(&c->streams[i], fds[i], MPS_STREAM_RECV, i, c) != 0) {
+      for (int j = i; j < n; j++) close(fds[j]);
       return ncclSystemError;
     }
-    c->threads_started = t + 1;
+    STORE(&c->nopen, i + 1);
   }
   return ncclSuccess;
 }
 
+/* ------------------------------------------------------------------ the streams' I/O (pool threads)
+ *
+ * Each side has one place where a chunk's transfer on a stream starts and one where it ends:
+ * send_chunk_start / send_chunk_end, recv_chunk_start / recv_chunk_end. */
+
+static int would_block(void) { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
+
+/* The stream is done for: no more events. Its fd stays open until its comm closes. */
+static void stream_finish(struct mps_stream *st) {
+  st->finished = 1;
+  mps_engine_arm(st, 0);
+}
+
+/* Sender: take the next queued chunk as the current one. 0: none queued. */
+static int send_chunk_start(struct mps_send_comm *c, struct mps_stream *st) {
+  if (!mps_engine_take(st, &st->cur.t)) return 0;
+  st->cur.active = 1;
+  st->cur.done = 0;
+  st->cur.hdr = st->cur.t.hdr;
+  st->cur.spliced = c->splice_bytes && st->cur.hdr.len >= c->splice_bytes && st->cur.hdr.flags == 0 &&
+                    !mps_splice_off() && mps_engine_pipe(st) != NULL;
+  if (st->cur.spliced) st->cur.hdr.flags |= MPS_CHUNK_ACK;
+  /* profiler: one transfer on this stream (a spliced chunk's ends when the kernel has its pages) */
+  mplane_prof_sock_start(&st->cur.prof, st->cur.t.req->phandle, st->fd, NCCL_PROFILER_SOCKET_SEND,
+                         st->cur.hdr.len);
+  return 1;
+}
+
+/* Sender: the current chunk is all in the socket (or dropped: the comm failed). A spliced one
+ * completes on its ack. */
+static void send_chunk_end(struct mps_send_comm *c, struct mps_stream *st, int failed) {
+  mplane_prof_stop(&st->cur.prof);
+  st->cur.active = 0;
+  ADD(&st->inflight, -1);
+  if (!failed && st->cur.spliced) {
+    if (mps_splice_wait_ack(st, st->cur.t.req, st->cur.hdr.slot) == 0) return;
+    mps_error_set(&c->err, ncclSystemError, "out of memory tracking a spliced chunk to peer %s", c->peer);
+  }
+  ADD(&st->cur.t.req->chunks_done, 1);
+}
+
+/* Copy the current chunk's header and payload into the socket. 1 all out, 0 full, -1 error. */
+static int send_copy_step(struct mps_stream *st) {
+  size_t hlen = sizeof(st->cur.hdr), total = hlen + st->cur.hdr.len;
+  while (st->cur.done < total) {
+    struct iovec iov[2];
+    int n = 0;
+    if (st->cur.done < hlen) iov[n++] = (struct iovec){(char *)&st->cur.hdr + st->cur.done, hlen - st->cur.done};
+    size_t off = st->cur.done < hlen ? 0 : st->cur.done - hlen;
+    if (off < st->cur.hdr.len) iov[n++] = (struct iovec){(char *)st->cur.t.data + off, st->cur.hdr.len - off};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(st->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) return would_block() ? 0 : -1;
+    st->cur.done += (size_t)w;
+  }
+  return 1;
+}
+
+/* A lazy stream's connect has ended (or not yet): check it, write its hello. 1 done, 0 not yet,
+ * -1 failed (the comm's error set). */
+static int send_stream_hello(struct mps_send_comm *c, struct mps_stream *st) {
+  int soerr = 0;
+  socklen_t len = sizeof(soerr);
+  if (getsockopt(st->fd, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr) {
+    mps_error_set(&c->err, ncclRemoteError, "cannot open a data stream to peer %s (port %u): %s", c->peer,
+                  c->stream_port, strerror(soerr));
+    return -1;
+  }
+  while (st->hello_sent < sizeof(st->hello)) {
+    ssize_t w = send(st->fd, (char *)&st->hello + st->hello_sent, sizeof(st->hello) - st->hello_sent,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && (would_block() || errno == ENOTCONN)) return 0;
+    if (w < 0) {
+      mps_error_set(&c->err, ncclRemoteError, "data stream to peer %s failed in its handshake: %s", c->peer,
+                    strerror(errno));
+      return -1;
+    }
+    st->hello_sent += (size_t)w;
+  }
+  st->connecting = 0;
+  return 1;
+}
+
+static void send_stream_io(struct mps_stream *st, uint32_t events) {
+  struct mps_send_comm *c = st->comm;
+  char why[160];
+  if (st->connecting && !st->finished) {
+    int r = send_stream_hello(c, st);
+    if (r < 0) stream_finish(st);
+    if (r == 0) return mps_engine_arm(st, EPOLLOUT);
+  }
+  if (!st->finished && (events & (EPOLLIN | EPOLLERR | EPOLLHUP))) {
+    int r = mps_splice_reap(st, why, sizeof(why));
+    if (r < 0) {
+      mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s", c->peer, why);
+      stream_finish(st);
+    } else if (r > 0) {
+      stream_finish(st); /* closed by the peer: a chunk written later fails the comm */
+    }
+  }
+  for (;;) {
+    if (!st->cur.active && !send_chunk_start(c, st)) break;
+    if (st->finished || LOAD(&c->err.state) != 0) { /* the comm failed: drop the work, test() reports it */
+      if (!LOAD(&c->err.state))
+        mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: it closed a data stream (process exited "
+                      "or closed its comm?)", c->peer);
+      send_chunk_end(c, st, 1);
+      continue;
+    }
+    int r = st->cur.spliced ? mps_splice_step(st) : send_copy_step(st);
+    if (r == 2) r = send_copy_step(st);
+    if (r == 0) break;
+    if (r < 0) {
+      mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s (peer closed or died?)", c->peer,
+                    strerror(errno));
+      stream_finish(st);
+    }
+    send_chunk_end(c, st, r < 0);
+  }
+  if (!st->finished) mps_engine_arm(st, EPOLLIN | (st->cur.active ? EPOLLOUT : 0));
+}
+
+/* Receiver: a chunk header has arrived whole. 0: its payload follows (or there is none); -1 the
+ * stream is done (the peer's error, set). */
+static int recv_chunk_start(struct mps_recv_comm *c, struct mps_stream *st) {
+  const struct mps_chunk *h = &st->h;
+  if (h->flags == MPS_CHUNK_WANT_CTS && h->len == 0) {
+    recv_want_cts(c);
+    return 0;
+  }
+  if ((h->flags & ~(uint32_t)(MPS_CHUNK_TRUNCATED | MPS_CHUNK_ACK)) ||
+      (h->flags == (MPS_CHUNK_TRUNCATED | MPS_CHUNK_ACK))) {
+    mps_error_set(&c->err, ncclRemoteError, "peer %s sent a bad record on a data stream (flags 0x%x: an eager "
+                  "message, filler, a WANT_CTS with a payload, or an acked notice)", c->peer, h->flags);
+    return -1;
+  }
+  struct mps_slot *s = NULL;
+  int b = chunk_begin(c, h, &s);
+  if (b != 0) return b > 0 ? 0 : -1;
+  st->slot = s;
+  st->dst = s->buf + h->offset;
+  st->rem = h->len;
+  st->in_payload = 1;
+  mplane_prof_sock_start(&st->prof, s->phandle, st->fd, NCCL_PROFILER_SOCKET_RECV, h->len); /* the payload */
+  return 0;
+}
+
+/* Write the acks queued on st. 1 all out, 0 the socket is full, -1 the sender is gone. The chunk
+ * behind each ack completes once it is written: after that our rank may close the comm, and a
+ * sender still waiting for the ack of a delivered chunk would then fail. */
+static int recv_flush_acks(struct mps_stream *st) {
+  while (st->nackq) {
+    struct mps_ack_out *o = &st->ackq[0];
+    ssize_t w = send(st->fd, (char *)&o->a + st->ackq_done, sizeof(o->a) - st->ackq_done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && would_block()) return 0;
+    int gone = w < 0;
+    if (!gone) st->ackq_done += (size_t)w;
+    if (gone || st->ackq_done == sizeof(o->a)) {
+      struct mps_chunk h = {.len = o->len, .total = o->total};
+      chunk_end(o->slot, &h);
+      memmove(&st->ackq[0], &st->ackq[1], sizeof(st->ackq[0]) * (st->nackq - 1));
+      st->nackq--;
+      st->ackq_done = 0;
+    }
+    if (gone) { /* every chunk it sent arrived whole: as a close after them (recv_test) */
+      while (st->nackq) {
+        struct mps_chunk h = {.len = st->ackq[0].len, .total = st->ackq[0].total};
+        chunk_end(st->ackq[0].slot, &h);
+        memmove(&st->ackq[0], &st->ackq[1], sizeof(st->ackq[0]) * (--st->nackq));
+      }
+      return -1;
+    }
+  }
+  return 1;
+}
+
+/* Receiver: the current chunk's payload has landed. 0, or -1: the stream is done (sender gone). */
+static int recv_chunk_end(struct mps_recv_comm *c, struct mps_stream *st) {
+  (void)c;
+  mplane_prof_stop(&st->prof);
+  st->in_payload = 0;
+  if (!(st->h.flags & MPS_CHUNK_ACK)) {
+    chunk_end(st->slot, &st->h);
+    return 0;
+  }
+  /* The sender's pages were the source of a spliced chunk: it may reuse them once we say so. */
+  st->ackq[st->nackq++] = (struct mps_ack_out){.a = {.magic = MPS_ACK_MAGIC, .slot = st->h.slot},
+                                               .slot = st->slot, .len = st->h.len, .total = st->h.total};
+  return recv_flush_acks(st) < 0 ? -1 : 0;
+}
+
+/* Receiver: the stream ended. An orderly close between chunks is not an error: the sender may close
+ * its comm as soon as its last bytes are in its kernel, while other streams still carry the end of a
+ * message; recv_test fails a receive still waiting once everything has closed. */
+static void recv_stream_closed(struct mps_recv_comm *c, struct mps_stream *st, int orderly) {
+  if (!orderly && !LOAD(&c->stop))
+    mps_error_set(&c->err, ncclRemoteError, "peer %s closed a data stream mid-message%s%s (process exited or "
+                  "killed?)", c->peer, errno ? ": " : "", errno ? strerror(errno) : "");
+  if (orderly) ADD(&c->streams_closed, 1);
+  mplane_prof_stop(&st->prof); /* a payload cut short: its event ends with the stream */
+  stream_finish(st);
+}
+
+static void recv_stream_io(struct mps_stream *st, uint32_t events) {
+  struct mps_recv_comm *c = st->comm;
+  (void)events;
+  if (st->finished) return;
+  for (;;) {
+    if (st->nackq) { /* acks first, in order: read no more until they are out */
+      int r = recv_flush_acks(st);
+      if (r < 0) return recv_stream_closed(c, st, 1);
+      if (r == 0) return mps_engine_arm(st, EPOLLOUT);
+    }
+    if (!st->in_payload) {
+      ssize_t r = recv(st->fd, (char *)&st->h + st->hhave, sizeof(st->h) - st->hhave, MSG_DONTWAIT);
+      if (r < 0 && would_block()) break;
+      if (r <= 0) {
+        if (r == 0) errno = 0;
+        return recv_stream_closed(c, st, r == 0 && st->hhave == 0);
+      }
+      st->hhave += (size_t)r;
+      if (st->hhave < sizeof(st->h)) continue;
+      st->hhave = 0;
+      if (recv_chunk_start(c, st) < 0) return stream_finish(st);
+      if (!st->in_payload) continue;
+      if (st->rem == 0 && recv_chunk_end(c, st) < 0) return recv_stream_closed(c, st, 1);
+      continue;
+    }
+    ssize_t r = recv(st->fd, st->dst, st->rem, MSG_DONTWAIT);
+    if (r < 0 && would_block()) break;
+    if (r <= 0) {
+      if (r == 0) errno = 0;
+      return recv_stream_closed(c, st, 0);
+    }
+    st->dst += r;
+    st->rem -= (uint64_t)r;
+    if (st->rem == 0 && recv_chunk_end(c, st) < 0) return recv_stream_closed(c, st, 1);
+  }
+  mps_engine_arm(st, EPOLLIN);
+}
+
+void mps_stream_io(struct mps_stream *st, uint32_t events) {
+  if (st->kind == MPS_STREAM_SEND) send_stream_io(st, events);
+  else if (st->kind == MPS_STREAM_RECV) recv_stream_io(st, events);
+  else mps_stream_accept_io(st, events);
+}
+
 /* Write queued CTS records, unless messages come eagerly and the batch is not full (socket.h).
- * cts_lock held: a helper thread that read a WANT_CTS writes them too. */
+ * cts_lock held: an I/O thread that read a WANT_CTS writes them too. */
 static ncclResult_t recv_flush_ctrl(struct mps_recv_comm *c);
 static ncclResult_t recv_cts_maybe_locked(struct mps_recv_comm *c) {
   if (c->out_len == 0 || (c->cts_defer && !c->cts_wanted && c->eager_since_flush < MPS_EAGER_MAX / 2 &&
@@ -881,7 +944,7 @@ static ncclResult_t recv_cts_maybe(struct mps_recv_comm *c) {
   return res;
 }
 
-/* A helper thread read the sender's WANT_CTS: what we hold goes now, and every CTS at once until
+/* An I/O thread read the sender's WANT_CTS: what we hold goes now, and every CTS at once until
  * messages come eagerly again. A failed write sets the comm's error; the proxy thread reports it. */
 static void recv_want_cts(struct mps_recv_comm *c) {
   pthread_mutex_lock(&c->cts_lock);
@@ -1208,7 +1271,7 @@ static ncclResult_t recv_poll_ctrl(struct mps_recv_comm *c) {
         if (x->rem == 0) MP_CHECK(rx_payload_end(c));
         continue;
       }
-      /* once the comm failed (a helper thread's chunk too), nothing more is parsed */
+      /* once the comm failed (an I/O thread's chunk too), nothing more is parsed */
       if (LOAD(&c->err.state) != 0) return rx_failed(c);
       size_t n = sizeof(x->h) - x->hhave;
       if (n > avail) n = avail;
@@ -1262,11 +1325,14 @@ static ncclResult_t recv_test(struct mps_recv_req *req, int *done, int *sizes) {
   if (complete < req->n) {
     /* Nothing more can come once every stream has closed: the control socket too, or, since a
      * sender writes its inline messages before it closes the data streams, a moment later (the
-     * control socket's bytes may trail the streams' FINs on a real network). */
-    if (closed == c->nstreams && !LOAD(&c->stop)) {
+     * control socket's bytes may trail the streams' FINs on a real network). A connection whose
+     * streams were never opened is over once its control socket closed, a moment later too (a
+     * stream it opened last may still be saying hello). */
+    int nopen = LOAD(&c->nopen);
+    if (closed == nopen && (nopen > 0 || c->rx.closed) && !LOAD(&c->stop)) {
       uint64_t t = mplane_now_ns();
       if (!c->streams_closed_ns) c->streams_closed_ns = t;
-      if (c->rx.closed || t - c->streams_closed_ns > MPS_CTRL_GRACE_NS)
+      if ((c->rx.closed && nopen > 0) || t - c->streams_closed_ns > MPS_CTRL_GRACE_NS)
         mps_error_set(&c->err, ncclRemoteError, "peer %s closed every data stream while a receive was still "
                       "waiting (process exited or closed its comm early?)", c->peer);
     }
@@ -1287,15 +1353,16 @@ ncclResult_t mps_close_recv(void *recv_comm) {
   struct mps_recv_comm *c = recv_comm;
   if (!c) return ncclSuccess;
   STORE(&c->stop, 1);
-  for (int i = 0; i < c->nstreams; i++) shutdown(c->fds[i], SHUT_RDWR); /* wakes threads in recv/poll */
-  for (int t = 0; t < c->threads_started; t++) pthread_join(c->threads[t], NULL);
-  /* Close with a reset, not a FIN: after shutdown the threads drain what was queued without
-   * reopening the TCP window, so a sender blocked on a full window would otherwise wait for the
+  mps_recv_unregister(c); /* no stream attaches after this */
+  /* Close with a reset, not a FIN: a sender blocked on a full window would otherwise wait for the
    * kernel's FIN timeout (a minute) instead of failing now. */
   struct linger abort_close = {.l_onoff = 1, .l_linger = 0};
-  for (int i = 0; i < c->nstreams; i++) {
-    setsockopt(c->fds[i], SOL_SOCKET, SO_LINGER, &abort_close, sizeof(abort_close));
-    close(c->fds[i]);
+  for (int i = 0; i < MPS_MAX_STREAMS; i++) {
+    int fd = c->streams[i] ? c->streams[i]->fd : -1;
+    stream_release(c->streams[i]);
+    if (fd < 0) continue;
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &abort_close, sizeof(abort_close));
+    close(fd);
   }
   close(c->ctrl_fd);
   pthread_mutex_destroy(&c->cts_lock); /* zeroed (never started) is a valid unlocked mutex too */

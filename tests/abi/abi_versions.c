@@ -25,7 +25,7 @@ int sc_bad_config(void) {
   } cases[] = {
       {"MPLANE_SOCKET_STREAMS", "abc", "0 (automatic) or an integer from 1 to 16", NULL, NULL},
       {"MPLANE_SOCKET_STREAMS", "17", "0 (automatic) or an integer from 1 to 16", NULL, NULL},
-      {"MPLANE_SOCKET_THREADS", "-1", "0 (one per stream) or an integer from 1 to 16", NULL, NULL},
+      {"MPLANE_SOCKET_THREADS", "-1", "0 (automatic) or an integer from 1 to 64", NULL, NULL},
       {"MPLANE_SOCKET_CHUNK_BYTES", "1K", "from 4K to 1G", NULL, NULL},
       {"MPLANE_SOCKET_SPLIT_BYTES", "1T", "K/M/G", NULL, NULL},
       {"MPLANE_TRANSPORT", "tcp", "auto, ib or socket", NULL, NULL},

@@ -24,10 +24,13 @@
  *       all of a hello but its last); bit 4: write in small pieces, calling the plugin in between;
  *       bits 5-7: a hello field to spoil (valid hellos: 1 version, 2 type, 3 nstreams, 4 stream,
  *       5 nonce, 6 magic, 7 sl), followed by [socket, value lo, value hi]
- *   [2] bits 0-2: buffers of the first receive - 1; bits 3-5: of the second; bit 6: a flood - the
- *       listener's whole table of pending sockets (64) full of strangers before the connection is
- *       made (fuzz_flood_fill: new ones send what the silent ones send, [1] bits 2-3, one byte where
- *       that is none), and a well-formed connection must still be accepted, within FLOOD_LIMIT_S
+ *   [2] bits 0-2: buffers of the first receive - 1; bits 3-5: of the second; bit 6 (valid hellos):
+ *       lazy streams: the control hello says MPS_HELLO_LAZY and comes alone, the data streams connect
+ *       once accept returned, to the stream listener the ACK names (spoils 3-5 then spoil nothing);
+ *       bit 7: a flood - the listener's whole table of pending sockets (64) full of strangers before
+ *       the connection is made (fuzz_flood_fill: new ones send what the silent ones send, [1] bits 2-3,
+ *       one byte where that is none), and a well-formed connection must still be accepted, within
+ *       FLOOD_LIMIT_S
  *   then 2 bytes (little endian) per buffer: its size
  *   raw hellos: a struct mps_hello (56 bytes) per socket
  *   then chunks: [c0][struct mps_chunk, 32 bytes][payload]. c0 bits 0-4: socket (0 = control);
@@ -118,6 +121,22 @@ static int tcp_open(unsigned short *port) {
   if (fuzz_connect(fd, (struct sockaddr *)&listen_ss, listen_len) != 0) {
     FUZZ_REQUIRE(0, "connect to the plugin's listen address: %s", strerror(errno));
   }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  struct sockaddr_storage me;
+  socklen_t ml = sizeof(me);
+  getsockname(fd, (struct sockaddr *)&me, &ml);
+  *port = ntohs(((struct sockaddr_in *)&me)->sin_port);
+  return fd;
+}
+
+/* A data stream to the plugin's stream listener (the port its ACK names), as a lazy sender opens it. */
+static int tcp_open_port(unsigned port_to, unsigned short *port) {
+  struct sockaddr_storage to = listen_ss;
+  ((struct sockaddr_in *)&to)->sin_port = htons((unsigned short)port_to); /* same offset in sockaddr_in6 */
+  int fd = socket(to.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  FUZZ_REQUIRE(fd >= 0, "socket: %s", strerror(errno));
+  if (fuzz_connect(fd, (struct sockaddr *)&to, listen_len) != 0)
+    FUZZ_REQUIRE(0, "connect to the plugin's stream listener (port %u): %s", port_to, strerror(errno));
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   struct sockaddr_storage me;
   socklen_t ml = sizeof(me);
@@ -303,11 +322,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int raw = (mode >> 4) & 1, close_style = (mode >> 5) & 3, two = (mode >> 7) & 1;
   int nstreams = (int)(mode & 15) + 1;
   int nsock = raw ? nstreams : nstreams + 1;
+  /* lazy: the control hello says MPS_HELLO_LAZY and comes alone; the data streams connect after its
+   * ACK, to the port it names (the hello fields spoiled are then the control socket's own) */
+  int lazy = !raw && ((shape >> 6) & 1);
   int nsilent = extra & 3, silent_bytes = (int[]){0, 1, 4, sizeof(struct mps_hello) - 1}[(extra >> 2) & 3];
   int split = (extra >> 4) & 1, spoil = (extra >> 5) & 7;
   unsigned spoil_sock = 0, spoil_val = 0;
+  if (lazy && (spoil == 3 || spoil == 4 || spoil == 5)) spoil = 0; /* stream set fields: none to spoil */
   if (!raw && spoil) {
     spoil_sock = take_byte(&in, 0) % (unsigned)nsock;
+    if (lazy) spoil_sock = 0;
     spoil_val = take_byte(&in, 0);
     spoil_val |= take_byte(&in, 0) << 8;
   }
@@ -331,7 +355,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (silent_bytes) send(silent[i].fd, junk, (size_t)silent_bytes, MSG_NOSIGNAL);
   }
   /* a flood: the listener's table full of strangers, each one already accepted by the plugin */
-  int nflood = (shape >> 6) & 1;
+  int nflood = (shape >> 7) & 1;
   if (nflood)
     FUZZ_REQUIRE(fuzz_flood_fill(&flood, (struct sockaddr *)&listen_ss, listen_len, junk,
                                  silent_bytes ? (size_t)silent_bytes : 1) == 0,
@@ -344,9 +368,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   struct sock socks[MAX_SOCKS];
   memset(socks, 0, sizeof(socks));
-  for (int i = 0; i < nsock; i++) socks[i].fd = tcp_open(&socks[i].port);
+  int nsock_now = lazy ? 1 : nsock; /* the sockets open so far */
+  for (int i = 0; i < nsock; i++) socks[i].fd = -1;
+  for (int i = 0; i < nsock_now; i++) socks[i].fd = tcp_open(&socks[i].port);
   /* a hello's service level is only checked for range (0..15): that spoil alone keeps the connection */
   int expect_accept = !raw && (spoil == 0 || (spoil == 7 && spoil_val <= MPLANE_TC_SL_MAX));
+  struct mps_hello lazy_hello; /* what the lazy streams say, once they open */
   for (int i = 0; i < nsock; i++) {
     struct mps_hello hl;
     memset(&hl, 0, sizeof(hl));
@@ -364,6 +391,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     hl.nonce = 0xf0220000000000ull ^ ((uint64_t)getpid() << 24) ^ input_no;
     hl.stream = (uint16_t)i;
     hl.nstreams = (uint16_t)nstreams;
+    hl.flags = lazy ? MPS_HELLO_LAZY : 0;
+    if (lazy && i > 0) {
+      lazy_hello = hl;
+      continue;
+    }
     if (spoil && (unsigned)i == spoil_sock) {
       switch (spoil) {
         case 1: hl.version = (uint16_t)spoil_val; break;
@@ -385,13 +417,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   /* hellos out (in two pieces when split), accept until the connection is whole */
   void *rc = NULL;
-  for (int i = 0; i < nsock; i++) write_some(&socks[i], split ? 5 : 0);
+  for (int i = 0; i < nsock_now; i++) write_some(&socks[i], split ? 5 : 0);
   if (split) {
     void *x = NULL;
     FUZZ_REQUIRE(TIMED("accept", mplane_net_accept(lc, &x)) == ncclSuccess, "accept failed on half a hello");
     if (x) mplane_net_close_recv(x); /* a comm of an earlier input's sockets */
   }
-  for (int i = 0; i < nsock; i++) write_some(&socks[i], 0);
+  for (int i = 0; i < nsock_now; i++) write_some(&socks[i], 0);
   int ctrl_sock = -1, stream_sock[MPS_MAX_STREAMS];
   double t0 = now_s();
   for (int calls = 0;; calls++) {
@@ -401,7 +433,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (x) {
       struct mps_recv_comm *c = x;
       int ok = (ctrl_sock = sock_of_fd(c->ctrl_fd, socks, nsock)) >= 0;
-      for (int s = 0; s < c->nstreams && ok; s++) ok = (stream_sock[s] = sock_of_fd(c->fds[s], socks, nsock)) >= 0;
+      for (int s = 0; s < c->nstreams && ok && !lazy; s++)
+        ok = (stream_sock[s] = sock_of_fd(c->streams[s]->fd, socks, nsock)) >= 0;
       if (!ok) {
         mplane_net_close_recv(x); /* assembled from an earlier input's sockets: not ours */
         continue;
@@ -433,6 +466,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct mps_ctrl m;
     FUZZ_REQUIRE(read_ctrl(socks[ctrl_sock].fd, &m), "no ACK within %.0f s of accept", HANDSHAKE_LIMIT_S);
     FUZZ_REQUIRE(m.magic == MPLANE_HANDLE_MAGIC && m.type == MPS_ACK, "the first control record is type %u", m.type);
+    if (lazy) { /* the streams open now, to the stream listener, their hellos first on them */
+      FUZZ_REQUIRE(m.ack.stream_port != 0, "the ACK names no stream listener");
+      for (int i = 1; i < nsock; i++) {
+        socks[i].fd = tcp_open_port(m.ack.stream_port, &socks[i].port);
+        lazy_hello.stream = (uint16_t)i;
+        queue(&socks[i], &lazy_hello, sizeof(lazy_hello));
+        stream_sock[i - 1] = i;
+      }
+      nsock_now = nsock;
+    }
     for (int r = 0; r < nreq; r++) {
       void *dptr[MPS_MAX_RECVS];
       int tags[MPS_MAX_RECVS];

@@ -161,7 +161,7 @@ struct int_row {
 
 static const struct int_row int_rows[] = {
     {"MPLANE_SOCKET_STREAMS", F(socket_streams), 0, 16, 0},
-    {"MPLANE_SOCKET_THREADS", F(socket_threads), 0, 16, 0},
+    {"MPLANE_SOCKET_THREADS", F(socket_threads), 0, 64, 0},
     {"MPLANE_CONNECT_TIMEOUT", F(connect_timeout_s), 1, 3600, 120},
     {"MPLANE_STATS_INTERVAL", F(stats_interval_s), 0, 86400, 15},
     {"MPLANE_IB_GID_INDEX", F(ib_gid_index), -1, 255, -1},

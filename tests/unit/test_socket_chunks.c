@@ -36,7 +36,9 @@
 /* The raw receiver: its control socket and data streams, by stream index. */
 struct peer {
   int ctrl;
-  int nstreams;
+  int lfd;      /* our listener: the control socket came here, and the data streams do (the ACK's port) */
+  int nstreams; /* the connection's streams at most (its hello) */
+  int nopen;    /* streams opened so far (they open as messages need them) */
   int fds[MPS_MAX_STREAMS];
   void *sc;
   uint64_t groups; /* CTS groups offered so far */
@@ -89,29 +91,44 @@ static void peer_up(struct peer *p) {
     assert_int_equal(mplane_net_connect(mplane_net_default_ctx(), 0, 0, handle, &p->sc), ncclSuccess);
     assert_true(now() < deadline);
   }
-  int expected = -1;
-  for (int got = 0; expected < 0 || got < expected + 1; got++) {
-    int fd = accept(lfd, NULL, NULL);
-    assert_true(fd >= 0);
-    struct mps_hello hello;
-    read_all(fd, &hello, sizeof(hello));
-    assert_int_equal(hello.type, MPS_HELLO);
-    assert_true(hello.nstreams >= 1 && hello.nstreams <= MPS_MAX_STREAMS && hello.stream <= hello.nstreams);
-    expected = hello.nstreams;
-    if (hello.stream == 0) p->ctrl = fd;
-    else p->fds[hello.stream - 1] = fd;
-  }
-  p->nstreams = expected;
-  close(lfd);
+  for (int i = 0; i < MPS_MAX_STREAMS; i++) p->fds[i] = -1;
+  p->ctrl = accept(lfd, NULL, NULL);
+  assert_true(p->ctrl >= 0);
+  struct mps_hello hello;
+  read_all(p->ctrl, &hello, sizeof(hello));
+  assert_int_equal(hello.type, MPS_HELLO);
+  assert_int_equal(hello.stream, 0);
+  assert_int_equal(hello.flags, MPS_HELLO_LAZY); /* its streams come later, to the port our ACK names */
+  assert_true(hello.nstreams >= 1 && hello.nstreams <= MPS_MAX_STREAMS);
+  p->nstreams = hello.nstreams;
+  p->lfd = lfd;
   /* the acceptor's ACK: no eager messages, so every send waits for its CTS */
   struct mps_ctrl ack = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = MPS_ACK};
+  ack.ack.stream_port = ntohs(a.sin_port);
   write_all(p->ctrl, &ack, sizeof(ack));
+}
+
+/* A data stream the sender opened: its hello says which. */
+static void peer_accept_stream(struct peer *p) {
+  int fd = accept(p->lfd, NULL, NULL);
+  assert_true(fd >= 0);
+  struct mps_hello hello;
+  read_all(fd, &hello, sizeof(hello));
+  assert_int_equal(hello.type, MPS_HELLO);
+  assert_int_equal(hello.flags, MPS_HELLO_LAZY);
+  assert_int_equal(hello.nstreams, p->nstreams);
+  assert_true(hello.stream >= 1 && hello.stream <= p->nstreams);
+  assert_int_equal(p->fds[hello.stream - 1], -1);
+  p->fds[hello.stream - 1] = fd;
+  p->nopen++;
 }
 
 static void peer_down(struct peer *p) {
   assert_int_equal(mplane_net_close_send(p->sc), ncclSuccess);
   close(p->ctrl);
-  for (int i = 0; i < p->nstreams; i++) close(p->fds[i]);
+  close(p->lfd);
+  for (int i = 0; i < p->nstreams; i++)
+    if (p->fds[i] >= 0) close(p->fds[i]);
 }
 
 struct cut {
@@ -162,9 +179,14 @@ static void read_chunks(struct peer *p, size_t size, const unsigned char *sent, 
   assert_non_null(got);
   uint64_t have = 0;
   while (have < size) {
-    struct pollfd pf[MPS_MAX_STREAMS];
+    struct pollfd pf[MPS_MAX_STREAMS + 1];
     for (int i = 0; i < p->nstreams; i++) pf[i] = (struct pollfd){.fd = p->fds[i], .events = POLLIN};
-    assert_true(poll(pf, (nfds_t)p->nstreams, 10000) > 0);
+    pf[p->nstreams] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
+    assert_true(poll(pf, (nfds_t)p->nstreams + 1, 10000) > 0);
+    if (pf[p->nstreams].revents & POLLIN) { /* a stream the message opened (before isend took it) */
+      peer_accept_stream(p);
+      continue;
+    }
     for (int i = 0; i < p->nstreams; i++) {
       if (!(pf[i].revents & POLLIN)) continue;
       struct mps_chunk h;
@@ -207,6 +229,64 @@ static ncclResult_t test_until(void *req, double seconds, int *done, int *sent) 
   *done = 0;
   while (r == ncclSuccess && !*done && now() < deadline) r = mplane_net_test(req, done, sent);
   return r;
+}
+
+/* One round of `nstreams` messages of 16 MiB, all sent before any is read, then read (spliced
+ * chunks acked) and completed: a sender opens one more stream when a message finds those open busy. */
+static void busy_round(struct peer *p) {
+  size_t size = 16 << 20;
+  void *req[MPS_MAX_STREAMS];
+  unsigned char *buf[MPS_MAX_STREAMS];
+  for (int k = 0; k < p->nstreams; k++) {
+    struct mps_ctrl cts = {.magic = MPLANE_HANDLE_MAGIC, .version = MPLANE_PROTOCOL_VERSION, .type = MPS_CTS,
+                           .n = 1, .seq = p->groups++};
+    cts.e[0].slot = 5;
+    cts.e[0].tag = 3;
+    cts.e[0].size = size;
+    write_all(p->ctrl, &cts, sizeof(cts));
+    buf[k] = calloc(1, size);
+    assert_non_null(buf[k]);
+    req[k] = send_from(p, buf[k], size);
+  }
+  char *sink = malloc(size);
+  assert_non_null(sink);
+  for (uint64_t have = 0, want = (uint64_t)size * (uint64_t)p->nstreams; have < want;) {
+    struct pollfd pf[MPS_MAX_STREAMS + 1];
+    for (int i = 0; i < p->nstreams; i++) pf[i] = (struct pollfd){.fd = p->fds[i], .events = POLLIN};
+    pf[p->nstreams] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
+    assert_true(poll(pf, (nfds_t)p->nstreams + 1, 10000) > 0);
+    if (pf[p->nstreams].revents & POLLIN) peer_accept_stream(p);
+    for (int i = 0; i < p->nstreams; i++) {
+      if (!(pf[i].revents & POLLIN)) continue;
+      struct mps_chunk h;
+      read_all(p->fds[i], &h, sizeof(h));
+      assert_true(h.len <= size);
+      read_all(p->fds[i], sink, h.len);
+      have += h.len;
+      if (h.flags & MPS_CHUNK_ACK) {
+        struct mps_ack a = {.magic = MPS_ACK_MAGIC, .slot = h.slot};
+        write_all(p->fds[i], &a, sizeof(a));
+      }
+    }
+  }
+  free(sink);
+  for (int k = 0; k < p->nstreams; k++) {
+    int done = 0, sent = 0;
+    assert_int_equal(test_until(req[k], 10, &done, &sent), ncclSuccess);
+    assert_true(done);
+    free(buf[k]);
+  }
+}
+
+/* Open every stream the sender has: busy rounds until they are all open (one round mostly; a
+ * stream whose chunk the socket took whole is idle again, and the next message then uses it). */
+static void open_all_streams(struct peer *p) {
+  for (int round = 0; round < 20 && p->nopen < p->nstreams; round++) {
+    busy_round(p);
+    struct pollfd lp = {.fd = p->lfd, .events = POLLIN};
+    while (p->nopen < p->nstreams && poll(&lp, 1, 50) > 0) peer_accept_stream(p);
+  }
+  assert_int_equal(p->nopen, p->nstreams);
 }
 
 /* One whole message: offered, sent, read, acked, completed. */
@@ -256,11 +336,25 @@ static void test_streams_and_threads(void **state) {
   peer_up(&p);
   int want = streams_expected();
   assert_int_equal(p.nstreams, want);
-  /* the helpers name themselves once they run: give them a moment, then the count must be exact */
+  /* a connection holds its control socket alone until a message needs the streams */
+  struct cut c;
+  struct pollfd lp = {.fd = p.lfd, .events = POLLIN};
+  assert_int_equal(poll(&lp, 1, 100), 0); /* connected: no stream has come */
+  send_one(&p, 16 << 20, &c); /* one message at a time: one stream carries them */
+  assert_int_equal(p.nopen, 1);
+  open_all_streams(&p); /* several in flight: every stream opens */
+  assert_int_equal(p.nopen, want);
+  /* the process's pool threads name themselves once they run: as many as the streams, never more
+   * than the pool holds */
+  cpu_set_t set;
+  assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
+  int pool = mps_pool_size_for(mps_config(), want, CPU_COUNT(&set));
+  int expect = want < pool ? want : pool;
   double deadline = now() + 5;
-  while (threads_named("mplane-snd") < want && now() < deadline) usleep(1000);
+  while (threads_named("mplane-io") < expect && now() < deadline) usleep(1000);
   usleep(20000);
-  assert_int_equal(threads_named("mplane-snd"), want);
+  assert_int_equal(threads_named("mplane-io"), expect);
+  assert_int_equal(mps_engine_threads(), expect);
   peer_down(&p);
 }
 
@@ -277,17 +371,19 @@ static void test_stream_rule(void **state) {
   cfg.socket_streams = 6;
   assert_int_equal(mps_streams_for(&cfg, 400000, 2), 6);   /* what the user set, always */
   cfg.socket_threads = 0;
-  assert_int_equal(mps_threads_for(&cfg, 6), 6);
-  cfg.socket_threads = 2;
-  assert_int_equal(mps_threads_for(&cfg, 6), 2);
+  assert_int_equal(mps_pool_size_for(&cfg, 4, 2), 2);      /* the usable CPUs, ... */
+  assert_int_equal(mps_pool_size_for(&cfg, 4, 64), 8);     /* ... at most two per stream */
+  assert_int_equal(mps_pool_size_for(&cfg, 16, 128), 32);
+  assert_int_equal(mps_pool_size_for(&cfg, 16, 1024), 32);
   cfg.socket_threads = 9;
-  assert_int_equal(mps_threads_for(&cfg, 6), 6);           /* never more threads than streams */
+  assert_int_equal(mps_pool_size_for(&cfg, 4, 2), 9);      /* what the user set, always */
 }
 
 static void test_chunk_sizes(void **state) {
   (void)state;
   struct peer p;
   peer_up(&p);
+  open_all_streams(&p);
   /* size -> chunks; below 256 KiB (MPLANE_SOCKET_SPLIT_BYTES) a message is never split */
   const struct {
     size_t size;
@@ -356,7 +452,8 @@ static void spliced_send_fails(int wrong_ack) {
   if (wrong_ack)
     ack_chunks(&p, &c, 1);
   else
-    for (int i = 0; i < p.nstreams; i++) shutdown(p.fds[i], SHUT_RDWR);
+    for (int i = 0; i < p.nstreams; i++)
+      if (p.fds[i] >= 0) shutdown(p.fds[i], SHUT_RDWR);
   int done = 0, sent = 0;
   assert_int_equal(test_until(req, 10, &done, &sent), ncclRemoteError);
   assert_false(done);
