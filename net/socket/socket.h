@@ -26,7 +26,8 @@
  * process has many sends in flight) needs a data stream; then the first stream opens, and one more
  * each time a message finds every open stream busy, up to the connection's count. They connect
  * (IP_BIND_ADDRESS_NO_PORT: no port held before connect) to the acceptor process's stream listener,
- * one per device, whose port the ACK names (NCCL closes the listen comm once it accepted), and say
+ * one per device and service level (an accepted socket keeps its listener's DSCP and priority from
+ * the SYN-ACK on), whose port the ACK names (NCCL closes the listen comm once it accepted), and say
  * a hello with the connection's nonce and their index; the listener's pool thread (thread 0) gives
  * each to the receive comm that nonce names. A stream's pool thread finishes its connect and writes
  * the hello before the chunks queued on it meanwhile, so isend never waits for a stream. A hello
@@ -521,8 +522,9 @@ struct mps_recv_comm {
 /* The recv comms that take lazy data streams (socket_conn.c): a stream's hello names its nonce. */
 void mps_recv_register(struct mps_recv_comm *c);
 void mps_recv_unregister(struct mps_recv_comm *c);
-/* The process's stream listener on device dev (made at the first call): its port, 0 after a WARN. */
-int mps_stream_listener_port(int dev);
+/* The process's stream listener on device dev for connections of service level sl (made at the first
+ * call, its socket marked with sl): its port, 0 after a WARN. */
+int mps_stream_listener_port(int dev, int sl);
 /* Pool thread 0: the stream listener and the hellos of streams it accepted (kinds LISTEN, HELLO). */
 void mps_stream_accept_io(struct mps_stream *st, uint32_t events);
 /* Pool thread 0, each turn: drop accepted streams silent too long; the wait (ms) until next due, -1 none. */

@@ -559,7 +559,7 @@ ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
   ncclResult_t res = mps_recv_comm_start(c, fds);
   if (res == ncclSuccess) {
     mps_recv_register(c); /* before the ACK: a stream may follow it at once */
-    send_ctrl_now(c->ctrl_fd, MPS_ACK, mps_stream_listener_port(lc->dev));
+    send_ctrl_now(c->ctrl_fd, MPS_ACK, mps_stream_listener_port(lc->dev, (int)c->sl));
   }
   if (res != ncclSuccess) {
     mps_close_recv(c);
@@ -573,9 +573,11 @@ ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
  *
  * A connection's data streams open when a message first needs them (socket.h, MPS_HELLO_LAZY),
  * long after NCCL closed the listen comm its control socket came through. So they connect to the
- * process's stream listener instead (one per device, its port in every ACK), whose thread (pool
- * thread 0) accepts them, reads their hellos without blocking, and gives each to the recv comm its
- * nonce names, from the table below. */
+ * process's stream listener instead (one per device and service level, its port in every ACK), whose
+ * thread (pool thread 0) accepts them, reads their hellos without blocking, and gives each to the recv
+ * comm its nonce names, from the table below. One per service level because an accepted socket takes
+ * its listener's marks (IP_TOS / IPV6_TCLASS, SO_PRIORITY) from the SYN-ACK on: the acks of the first
+ * chunks, which the kernel sends before the stream's hello has been read, carry the connection's class. */
 
 #define MPS_REG_BUCKETS 4096
 #define MPS_HELLOS_MAX 1024 /* accepted streams that have not said hello yet, at most */
@@ -607,20 +609,22 @@ void mps_recv_unregister(struct mps_recv_comm *c) {
   pthread_mutex_unlock(&g_reg.lock);
 }
 
-/* The stream listeners, by device; touched under g_reg.lock (made by the proxy thread, read by
- * pool thread 0). */
-static struct mps_stream *g_listeners[MPS_MAX_DEVS];
-static int g_listener_ports[MPS_MAX_DEVS];
+/* The stream listeners, by device and service level; touched under g_reg.lock (made by the proxy
+ * thread, read by pool thread 0). */
+#define MPS_LISTEN_SLS (MPLANE_TC_SL_MAX + 1)
+static struct mps_stream *g_listeners[MPS_MAX_DEVS][MPS_LISTEN_SLS];
+static int g_listener_ports[MPS_MAX_DEVS][MPS_LISTEN_SLS];
 
 /* Accepted streams saying hello (pool thread 0 only): a list to time out the silent ones. */
 static struct mps_stream *g_hellos[MPS_HELLOS_MAX];
 static int g_nhellos;
 
-int mps_stream_listener_port(int dev) {
+int mps_stream_listener_port(int dev, int sl) {
   if (dev < 0 || dev >= MPS_MAX_DEVS) return 0;
+  if (sl < 0 || sl >= MPS_LISTEN_SLS) sl = 0;
   pthread_mutex_lock(&g_reg.lock);
-  int port = g_listener_ports[dev];
-  if (port || g_listeners[dev]) { /* made (or failed, port 0, WARNed once) */
+  int port = g_listener_ports[dev][sl];
+  if (port || g_listeners[dev][sl]) { /* made (or failed, port 0, WARNed once) */
     pthread_mutex_unlock(&g_reg.lock);
     return port;
   }
@@ -631,6 +635,7 @@ int mps_stream_listener_port(int dev) {
   if (a.addr.sa.sa_family == AF_INET) a.addr.sin.sin_port = 0;
   else a.addr.sin6.sin6_port = 0;
   socklen_t len = a.addrlen;
+  if (fd >= 0) mplane_tc_mark_socket_or_log(fd, sl, d->ifname); /* what its accepted streams start with */
   if (fd < 0 || bind(fd, &a.addr.sa, a.addrlen) != 0 || listen(fd, 4096) != 0 ||
       getsockname(fd, &a.addr.sa, &len) != 0) {
     MP_WARN("socket: cannot open the stream listener on %s: %s; connections to this process can carry no "
@@ -638,7 +643,7 @@ int mps_stream_listener_port(int dev) {
     if (fd >= 0) close(fd);
     if (st) {
       st->fd = -1;
-      g_listeners[dev] = st; /* said once */
+      g_listeners[dev][sl] = st; /* said once */
     }
     pthread_mutex_unlock(&g_reg.lock);
     return 0;
@@ -647,13 +652,13 @@ int mps_stream_listener_port(int dev) {
   st->kind = MPS_STREAM_LISTEN;
   st->dev = dev;
   port = a.addr.sa.sa_family == AF_INET ? ntohs(a.addr.sin.sin_port) : ntohs(a.addr.sin6.sin6_port);
-  g_listeners[dev] = st;
+  g_listeners[dev][sl] = st;
   if (mps_engine_attach_first(st) != 0) {
     close(fd);
     st->fd = -1;
     port = 0;
   }
-  g_listener_ports[dev] = port;
+  g_listener_ports[dev][sl] = port;
   pthread_mutex_unlock(&g_reg.lock);
   return port;
 }

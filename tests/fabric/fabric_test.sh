@@ -169,8 +169,11 @@ classes)
     sleep 0.5
     kill -INT "$tpid"; wait "$tpid" 2>/dev/null
     # Every packet the connecting side sends (SYN, hello, data) carries the class's DSCP; so does
-    # every packet of the accepting side once the hello told it the class (its SYN-ACK and the ACK
-    # of the hello leave before that: at most 2 per socket, 5 sockets).
+    # every packet of the accepting side once the control socket's hello told it the class (that
+    # socket's SYN-ACK and the ACK of its hello leave before: 2, 3 with a retransmission). Its data
+    # streams open later, to the stream listener of that class, and are marked from their SYN-ACK
+    # on, the acks of chunks that come before their hello is read included (failed with one stream
+    # listener for every class: up to 19 unmarked).
     tcpdump -r "$pcap" -nn -v 'tcp and src host 198.18.2.1' 2>/dev/null | grep "proto TCP" >"$work/$name-out.txt"
     tcpdump -r "$pcap" -nn -v 'tcp and src host 198.18.2.2' 2>/dev/null | grep "proto TCP" >"$work/$name-back.txt"
     out=$(wc -l <"$work/$name-out.txt") out_marked=$(grep -c "tos $tos," "$work/$name-out.txt")
@@ -179,7 +182,7 @@ classes)
       "$back_marked of $back carry tos $tos (DSCP $((tos >> 2)))"
     [ "$out" -ge 20 ] || fail "$name: only $out TCP packets from the connector captured on mplane-br2"
     [ "$out_marked" = "$out" ] || { grep -v "tos $tos," "$work/$name-out.txt" | head -5; fail "$name: $((out - out_marked)) packets lack tos $tos"; }
-    [ $((back - back_marked)) -le 10 ] && [ "$back_marked" -ge 1 ] ||
+    [ $((back - back_marked)) -le 3 ] && [ "$back_marked" -ge 1 ] ||
       fail "$name: the accepting side marked only $back_marked of its $back packets"
   done
   ;;
