@@ -358,7 +358,14 @@ static void print_human(void) {
   if (r.gpus_pci || r.gpus_cuda)
     printf("GPUDirect RDMA  peermem %s, dma-buf %s\n", r.peermem ? "loaded" : "not loaded",
            r.dmabuf ? "offered by the devices" : "not offered");
-  printf("traffic classes (MPLANE_TC_MAP; NCCL_IB_SL / NCCL_IB_TC where set)\n");
+  /* Without MPLANE_TC_MAP a communicator's trafficClass is the SL itself, as in NCCL's net_ib (net/tc.c):
+   * the class table below then only says what a map would start from. */
+  if (mplane_tc_hints_choose_class())
+    printf("traffic classes (MPLANE_TC_MAP: trafficClass 0..%d names a class; NCCL_IB_SL / NCCL_IB_TC where set)\n",
+           MPLANE_TC_NCLASSES - 1);
+  else
+    printf("traffic classes MPLANE_TC_MAP unset: a communicator's trafficClass is its SL (IB) and traffic class "
+           "(RoCE), as in NCCL's net_ib; without one, the default row; set MPLANE_TC_MAP to use these classes\n");
   for (int c = 0; c < MPLANE_TC_NCLASSES; c++) {
     int sl = mplane_tc_sl(c);
     printf("  %-11s SL %-2d  RoCE traffic class %-3d  IP DSCP %-2d  adaptive routing %s\n", mplane_tc_class_name(c), sl,
