@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "common/cuda.h"
 #include "common/log.h"
 #include "common/tc_map.h"
+#include "net/dev_planes.h"
 #include "net/tc.h"
 
 static __thread char last_error[1024];
@@ -62,6 +64,10 @@ static const struct mplane_transport_ops *transport;
 static int transport_ndev;
 static struct mplane_dev_props *transport_props;
 
+static char transport_error[1536]; /* why the devices' planes could not be resolved: bad input */
+
+/* 0: the transport is up and its devices' planes resolved; -1: no usable device; -2: bad input
+ * (MPLANE_PLANES, MPLANE_TOPO_FILE), said in transport_error: no other transport is tried. */
 static int try_transport(const struct mplane_transport_ops *ops, const struct mplane_config *cfg) {
   if (!ops->init || ops->init(cfg) != ncclSuccess) return -1;
   int n = 0;
@@ -72,6 +78,16 @@ static int try_transport(const struct mplane_transport_ops *ops, const struct mp
   transport_props = calloc((size_t)n, sizeof(*transport_props));
   if (!transport_props) return -1;
   for (int d = 0; d < n; d++) ops->get_properties(d, &transport_props[d]);
+  /* The planes topo/ resolves from these facts, the node and MPLANE_PLANES, by the same call as the
+   * plugin's: a transport's raw plane can differ, and a slice whose NIC is on another plane than its
+   * peers' would need the relay, which hfreduce does not do. */
+  if (mplane_topo_resolve_planes(transport_props, n, cfg, NULL, transport_error, sizeof(transport_error)) !=
+      ncclSuccess) {
+    if (ops->finalize) ops->finalize();
+    free(transport_props);
+    transport_props = NULL;
+    return -2;
+  }
   transport = ops;
   transport_ndev = n;
   return 0;
@@ -80,18 +96,39 @@ static int try_transport(const struct mplane_transport_ops *ops, const struct mp
 static void transport_init_once(void) {
   const struct mplane_config *cfg = mplane_config_get();
   if (!cfg) return;
-  if ((cfg->transport == MPLANE_TRANSPORT_IB || cfg->transport == MPLANE_TRANSPORT_AUTO) &&
-      try_transport(&mplane_ib_ops, cfg) == 0)
-    return;
+  if (cfg->transport == MPLANE_TRANSPORT_IB || cfg->transport == MPLANE_TRANSPORT_AUTO) {
+    int res = try_transport(&mplane_ib_ops, cfg);
+    if (res == 0 || res == -2) return;
+  }
   if (cfg->transport != MPLANE_TRANSPORT_IB) try_transport(&mplane_socket_ops, cfg);
 }
 
-/* The device of local rank `local`: the one on plane `local` where the devices say their planes (so
- * slice i travels on plane i and nothing is relayed), else local modulo the devices. */
-static int pick_device(int local) {
+/* Devices in plane order, rails within a plane, planes unknown last, a tie by index. */
+static int before_in_plane_order(int a, int b) {
+  const struct mplane_dev_props *x = &transport_props[a], *y = &transport_props[b];
+  int px = x->plane < 0 ? INT_MAX : x->plane, py = y->plane < 0 ? INT_MAX : y->plane;
+  if (px != py) return px < py;
+  if (x->rail != y->rail) return x->rail < y->rail;
+  return a < b;
+}
+
+/* The device of local rank `local`: the one topo/ put on plane `local` (so slice i travels on plane i
+ * on every node and nothing is relayed). Where no device is on that plane (fewer planes than local
+ * ranks, one plane with rails, planes with gaps), the local-th device in plane order (modulo their
+ * number): the same on every node with the same planes, and ranks spread over the NICs rather than
+ * doubled up on one. *by_plane says which. */
+static int pick_device(int local, int *by_plane) {
+  *by_plane = 1;
   for (int d = 0; d < transport_ndev; d++)
     if (transport_props[d].plane == local) return d;
-  return local % transport_ndev;
+  *by_plane = 0;
+  int want = local % transport_ndev;
+  for (int d = 0; d < transport_ndev; d++) {
+    int rank_in_order = 0;
+    for (int e = 0; e < transport_ndev; e++) rank_in_order += e != d && before_in_plane_order(e, d);
+    if (rank_in_order == want) return d;
+  }
+  return want; /* not reached: the order is total */
 }
 
 /* ---- the node's shared memory ---- */
@@ -383,6 +420,7 @@ static int comm_setup(struct mplane_hfreduce_comm *c, const mplane_hfreduce_uniq
   if (!magic) return hfr_fail(ncclInvalidArgument, "hfreduce: rank %d: the unique id was not made by "
                               "mplane_hfreduce_get_unique_id", c->rank);
   pthread_once(&transport_once, transport_init_once);
+  if (!transport && transport_error[0]) return hfr_fail(ncclInvalidArgument, "hfreduce: %s", transport_error);
   if (!transport) return hfr_fail(ncclSystemError, "hfreduce: no usable network device (MPLANE_TRANSPORT, "
                                   "MPLANE_SOCKET_IFNAME='%s')", cfg->socket_ifname);
   c->ops = transport;
@@ -399,7 +437,11 @@ static int comm_setup(struct mplane_hfreduce_comm *c, const mplane_hfreduce_uniq
   if (res != ncclSuccess) return res;
   res = group_nodes(c);
   if (res != ncclSuccess) return res;
-  c->dev = pick_device(c->local);
+  int by_plane;
+  c->dev = pick_device(c->local, &by_plane);
+  MP_INFO(NCCL_INIT | NCCL_NET, "hfreduce: rank %d (local %d): device %d (%s), plane %d rail %d, %s", c->rank,
+          c->local, c->dev, transport_props[c->dev].name, transport_props[c->dev].plane, transport_props[c->dev].rail,
+          by_plane ? "the device of its plane" : "no device on its plane: the local-th device in plane order");
   c->opts.traffic_class = MPLANE_TC_HFREDUCE;
   c->opts.tc_class = MPLANE_TC_HFREDUCE;
   c->opts.service_level = mplane_tc_sl(MPLANE_TC_HFREDUCE);
@@ -440,9 +482,9 @@ int mplane_hfreduce_comm_init(mplane_hfreduce_comm_t *out, int nranks, const mpl
     mplane_hfreduce_comm_destroy(c);
     return res;
   }
-  MP_INFO(NCCL_INIT, "hfreduce: rank %d of %d: node %d of %d, local %d of %d, device %d (%s), %d links, chunk %zu, "
-          "%d slots", rank, nranks, c->node, c->nnodes, c->local, c->nlocal, c->dev,
-          transport_props[c->dev].name, c->nlinks, c->chunk_bytes, c->slots);
+  MP_INFO(NCCL_INIT, "hfreduce: rank %d of %d: node %d of %d, local %d of %d, device %d (%s) plane %d, %d links, "
+          "chunk %zu, %d slots", rank, nranks, c->node, c->nnodes, c->local, c->nlocal, c->dev,
+          transport_props[c->dev].name, transport_props[c->dev].plane, c->nlinks, c->chunk_bytes, c->slots);
   *out = c;
   return ncclSuccess;
 }

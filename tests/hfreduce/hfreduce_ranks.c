@@ -13,7 +13,9 @@
  *   uneven    the last node has one rank fewer: comm_init fails on every rank, naming both hosts
  * Usage: hfreduce-ranks NODES PER_NODE SCENARIO [MiB]. Exit 0 when the scenario holds.
  * With HFR_EXPECT_SL=N and SOFTVERBS_RECORD=FILE (the IB transport on the verbs double), every QP the
- * ranks brought up must carry service level N: the traffic class hfreduce of MPLANE_TC_MAP. */
+ * ranks brought up must carry service level N: the traffic class hfreduce of MPLANE_TC_MAP.
+ * With HFR_EXPECT_DEVS=D0,D1,... and SOFTVERBS_RECORD=FILE, every QP of a rank of local index l must be
+ * on device Dl: the device of plane l as topo/ resolves it (MPLANE_PLANES), not the transport's order. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -256,6 +258,51 @@ static int check_record_sl(const char *path, int want) {
   return seen == 0 || bad != 0;
 }
 
+/* Every QP a rank brought up ("event=modify pid=P dev=D") is on the device its local index expects
+ * (want: comma separated, one per local rank), and each rank brought up one at least. */
+static int check_record_devs(const char *path, const char *want, const pid_t *pids) {
+  char devs[16][64];
+  int ndevs = 0;
+  char buf[1024];
+  snprintf(buf, sizeof(buf), "%s", want);
+  char *save = NULL;
+  for (char *d = strtok_r(buf, ",", &save); d && ndevs < 16; d = strtok_r(NULL, ",", &save))
+    snprintf(devs[ndevs++], sizeof(devs[0]), "%s", d);
+  if (ndevs != per_node) {
+    fprintf(stderr, "FAIL: HFR_EXPECT_DEVS='%s' names %d devices for %d ranks per node\n", want, ndevs, per_node);
+    return 1;
+  }
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "FAIL: no record %s\n", path);
+    return 1;
+  }
+  int seen[64] = {0}, bad = 0;
+  char line[1024];
+  while (fgets(line, sizeof(line), f)) {
+    const char *p = strstr(line, "event=modify pid="), *d = strstr(line, " dev=");
+    if (!p || !d) continue;
+    int pid = atoi(p + strlen("event=modify pid="));
+    char dev[64];
+    if (sscanf(d + 5, "%63s", dev) != 1) continue;
+    int r = 0;
+    while (r < nranks && pids[r] != pid) r++;
+    if (r == nranks) continue;
+    seen[r]++;
+    if (strcmp(dev, devs[r % per_node]) != 0) {
+      if (!bad) fprintf(stderr, "FAIL: rank %d (local %d) brought up a QP on %s, not %s\n", r, r % per_node, dev,
+                        devs[r % per_node]);
+      bad++;
+    }
+  }
+  fclose(f);
+  int idle = 0;
+  for (int r = 0; r < nranks; r++) idle += seen[r] == 0;
+  printf("hfreduce-ranks: QPs on the device of each rank's plane (%s): %d off it, %d ranks without a QP\n", want, bad,
+         idle);
+  return bad != 0 || idle != 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: %s NODES PER_NODE ok|gpu|big|kill|stop|mismatch|badconfig|uneven [MiB]\n", argv[0]);
@@ -266,7 +313,8 @@ int main(int argc, char **argv) {
   scenario = argv[3];
   size_t mib = argc > 4 ? (size_t)atol(argv[4]) : 16;
   nranks = nodes * per_node;
-  if (getenv("HFR_EXPECT_SL") && getenv("SOFTVERBS_RECORD")) unlink(getenv("SOFTVERBS_RECORD")); /* this run's only */
+  if ((getenv("HFR_EXPECT_SL") || getenv("HFR_EXPECT_DEVS")) && getenv("SOFTVERBS_RECORD"))
+    unlink(getenv("SOFTVERBS_RECORD")); /* this run's only */
   if (!strcmp(scenario, "gpu")) { /* no GPU, no test: 77 (a child asks: CUDA does not survive a fork) */
     pid_t probe = fork();
     if (probe == 0) {
@@ -337,5 +385,7 @@ int main(int argc, char **argv) {
   }
   const char *want_sl = getenv("HFR_EXPECT_SL"), *record = getenv("SOFTVERBS_RECORD");
   if (want_sl && record) failed |= check_record_sl(record, atoi(want_sl));
+  const char *want_devs = getenv("HFR_EXPECT_DEVS");
+  if (want_devs && record) failed |= check_record_devs(record, want_devs, pids);
   return failed;
 }
