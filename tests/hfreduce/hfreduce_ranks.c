@@ -11,6 +11,8 @@
  *   mismatch  rank 1 passes another count: every rank fails, one naming the count
  *   badconfig rank 1 has another MPLANE_HFREDUCE_CHUNK_BYTES: comm_init fails on every rank, naming it
  *   uneven    the last node has one rank fewer: comm_init fails on every rank, naming both hosts
+ *   badplanes MPLANE_PLANES (set by the caller) names a NIC the node lacks: comm_init fails on every
+ *             rank, naming MPLANE_PLANES, as the plugin's init would
  * Usage: hfreduce-ranks NODES PER_NODE SCENARIO [MiB]. Exit 0 when the scenario holds.
  * With HFR_EXPECT_SL=N and SOFTVERBS_RECORD=FILE (the IB transport on the verbs double), every QP the
  * ranks brought up must carry service level N: the traffic class hfreduce of MPLANE_TC_MAP.
@@ -206,6 +208,7 @@ static int rank_main(int rank, const mplane_hfreduce_unique_id *id, size_t mib) 
   snprintf(host, sizeof(host), "hfr-node-%d", host_node);
   setenv("NCCL_HOSTID", host, 1);
   if (!strcmp(scenario, "uneven")) return expect_init_fails(id, "every node must hold the same number of ranks");
+  if (!strcmp(scenario, "badplanes")) return expect_init_fails(id, "MPLANE_PLANES");
   if (!strcmp(scenario, "badconfig")) {
     if (rank == 1) setenv("MPLANE_HFREDUCE_CHUNK_BYTES", "128K", 1);
     return expect_init_fails(id, "MPLANE_HFREDUCE_CHUNK_BYTES");
@@ -305,7 +308,7 @@ static int check_record_devs(const char *path, const char *want, const pid_t *pi
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s NODES PER_NODE ok|gpu|big|kill|stop|mismatch|badconfig|uneven [MiB]\n", argv[0]);
+    fprintf(stderr, "usage: %s NODES PER_NODE ok|gpu|big|kill|stop|mismatch|badconfig|uneven|badplanes [MiB]\n", argv[0]);
     return 2;
   }
   nodes = atoi(argv[1]);
