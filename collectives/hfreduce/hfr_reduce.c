@@ -210,6 +210,12 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint8_t v8b __attribute__((vector_size(8)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef int16_t v16s __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef int16_t v8s __attribute__((vector_size(16)));
+typedef int8_t v64c __attribute__((vector_size(64)));
+typedef int8_t v32c __attribute__((vector_size(32)));
 
 /* Lane-wise m ? a : b, m all ones or all zeros per lane: the twin of op_f32's ?: */
 #define SEL_V(VF, VU, m, a, b) ((VF)((((VU)(a)) & (m)) | (((VU)(b)) & ~(m))))
@@ -248,42 +254,63 @@ typedef uint8_t v8b __attribute__((vector_size(8)));
     (out) = (r_ & 0xffu) | sign_;                                                                         \
   } while (0)
 
-/* FP8 codes at p (W of them) to floats on lanes, bit for bit the table's values (fp8_decode). */
-#define FP8_DECODE(VF, VU, VI, BYTES_TO_U32, x, p, e4m3)                                                \
+/* FP8 codes at p (W of them) to floats on lanes, bit for bit the table's values (fp8_decode), through
+ * FP16, which holds every FP8 value exactly: an e5m2 code is the top byte of its FP16, an e4m3 code's
+ * magnitude shifted to FP16's mantissa is its value times 2^-8 (exponent bias 15 against 7, FP16's
+ * subnormals matching e4m3's), so F16C's widening and one exact scaling give the value. NaN codes
+ * become FP16's quiet NaN 0x7e00, which widens to the table's NaN (0x7fc00000). */
+#define FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x, p, e4m3)                                   \
+  do {                                                                                              \
+    VH v_, h_, nan_;                                                                                \
+    BYTES_TO_U16(v_, (p));                                                                          \
+    if (e4m3) {                                                                                     \
+      h_ = ((v_ & 0x80u) << 8) | ((v_ & 0x7fu) << 7);                                               \
+      nan_ = (VH)((v_ & 0x7fu) == 0x7fu);                                                           \
+    } else {                                                                                        \
+      h_ = v_ << 8;                                                                                 \
+      nan_ = (VH)((VS)(v_ & 0x7fu) > 0x7c);                                                         \
+    }                                                                                               \
+    h_ = (h_ & ~nan_) | (nan_ & 0x7e00u);                                                           \
+    H_TO_F32(x, h_);                                                                                \
+    if (e4m3) (x) = (x) * 256.0f;                                                                   \
+  } while (0)
+
+/* FP8 max and min on the codes themselves, 4W a block: what op_f32 picks is always one of its
+ * operands, so the result is the chosen source's code, compared by a signed key (the magnitude, negated
+ * when the sign is set: -0 and +0 tie, as in float) and never chosen over a NaN's neighbour the way
+ * a > b never holds for a NaN. A NaN result is the code fp8_encode gives the table's NaN. */
+#define FP8_KEY(c) ((((c) & 0x7f) ^ ((c) < 0)) - ((c) < 0))
+#define FP8_ISNAN(c, e4m3) ((e4m3) ? ((c) & 0x7f) == 0x7f : ((c) & 0x7f) > 0x7c)
+#define FP8_MINMAX_BLOCK(VC, op, e4m3, dst, src, nsrc, i)                                               \
   do {                                                                                                  \
-    VU v_, e_, m_, r_, k_;                                                                              \
-    BYTES_TO_U32(v_, (p));                                                                              \
-    VU s_ = (v_ & 0x80u) << 24;                                                                         \
-    VF sub_;                                                                                            \
-    if (e4m3) {                                                                                         \
-      e_ = (v_ >> 3) & 0xfu;                                                                            \
-      m_ = v_ & 7u;                                                                                     \
-      r_ = s_ | ((e_ + 120u) << 23) | (m_ << 20);                                                       \
-      sub_ = __builtin_convertvector((VI)m_, VF) * 0x1p-9f;                                             \
-      k_ = (VU)(e_ == 0u); r_ = (r_ & ~k_) | (((VU)sub_ | s_) & k_);                                    \
-      k_ = (VU)((v_ & 0x7fu) == 0x7fu); r_ = (r_ & ~k_) | (0x7fc00000u & k_);                           \
-    } else {                                                                                            \
-      e_ = (v_ >> 2) & 0x1fu;                                                                           \
-      m_ = v_ & 3u;                                                                                     \
-      r_ = s_ | ((e_ + 112u) << 23) | (m_ << 21);                                                       \
-      sub_ = __builtin_convertvector((VI)m_, VF) * 0x1p-16f;                                            \
-      k_ = (VU)(e_ == 0u); r_ = (r_ & ~k_) | (((VU)sub_ | s_) & k_);                                    \
-      k_ = (VU)(e_ == 31u); r_ = (r_ & ~k_) | ((s_ | 0x7f800000u) & k_);                                \
-      k_ = (VU)((e_ == 31u) & (m_ != 0u)); r_ = (r_ & ~k_) | (0x7fc00000u & k_);                        \
+    VC a_, x_, keep_;                                                                                   \
+    memcpy(&a_, (const uint8_t *)(src)[0] + (i), sizeof(VC));                                           \
+    for (int k_ = 1; k_ < (nsrc); k_++) {                                                               \
+      memcpy(&x_, (const uint8_t *)(src)[k_] + (i), sizeof(VC));                                        \
+      keep_ = (op) == MPLANE_HFREDUCE_MAX ? FP8_KEY(a_) > FP8_KEY(x_) : FP8_KEY(a_) < FP8_KEY(x_);       \
+      keep_ &= ~(FP8_ISNAN(a_, e4m3) | FP8_ISNAN(x_, e4m3));                                            \
+      a_ = (a_ & keep_) | (x_ & ~keep_);                                                                \
     }                                                                                                   \
-    (x) = (VF)r_;                                                                                       \
+    VC nan_ = FP8_ISNAN(a_, e4m3);                                                                      \
+    a_ = (a_ & ~nan_) | (nan_ & ((VC){0} + (int8_t)((e4m3) ? 0x7f : 0x7e)));                                    \
+    memcpy((uint8_t *)(dst) + (i), &a_, sizeof(VC));                                                    \
   } while (0)
 
 /* One ISA's kernel. The body is inlined once per (dtype, op) with both constant, so the block loop
  * carries no branch on them; the tail (n % block) goes the scalar way. */
-#define DEFINE_SIMD(NAME, TARGET, VF, VU, VI, VB, W, F16_LOAD, F16_STORE, BYTES_TO_U32)                      \
+#define DEFINE_SIMD(NAME, TARGET, VF, VU, VI, VB, VH, VS, VC, W, F16_LOAD, F16_STORE, BYTES_TO_U16, H_TO_F32)                      \
   __attribute__((target(TARGET), always_inline)) static inline void NAME##_body(                          \
       const int dtype, const int op, void *dst, const void *const *src, int nsrc, size_t n) {              \
-    const size_t per = dtype == MPLANE_HFREDUCE_BFLOAT16 ? 2 * (W) : (W);                                  \
-    const size_t blocks = n / per;                                                                         \
     const int e4m3 = dtype == MPLANE_HFREDUCE_FP8_E4M3;                                                    \
+    const int fp8_codes = (e4m3 || dtype == MPLANE_HFREDUCE_FP8_E5M2) && op != MPLANE_HFREDUCE_SUM;          \
+    const size_t per = fp8_codes ? sizeof(VC) : dtype == MPLANE_HFREDUCE_BFLOAT16 ? 2 * (W) : (W);           \
+    const size_t blocks = n / per;                                                                         \
     for (size_t b = 0; b < blocks; b++) {                                                                  \
       const size_t i = b * per;                                                                            \
+      if (fp8_codes) {                                                                                     \
+        FP8_MINMAX_BLOCK(VC, op, e4m3, dst, src, nsrc, i);                                                 \
+        continue;                                                                                          \
+      }                                                                                                    \
       if (dtype == MPLANE_HFREDUCE_BFLOAT16) {                                                             \
         VU w;                                                                                              \
         memcpy(&w, (const uint16_t *)src[0] + i, (W) * 4);                                                 \
@@ -305,7 +332,7 @@ typedef uint8_t v8b __attribute__((vector_size(8)));
       for (int k = 0; k < nsrc; k++) {                                                                     \
         if (dtype == MPLANE_HFREDUCE_FLOAT32) memcpy(&x, (const float *)src[k] + i, (W) * 4);              \
         else if (dtype == MPLANE_HFREDUCE_FLOAT16) F16_LOAD(x, (const uint16_t *)src[k] + i);              \
-        else FP8_DECODE(VF, VU, VI, BYTES_TO_U32, x, (const uint8_t *)src[k] + i, e4m3);                      \
+        else FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x, (const uint8_t *)src[k] + i, e4m3);            \
         acc = k == 0 ? x : OP_V(VF, VU, op, acc, x);                                                       \
       }                                                                                                    \
       if (dtype == MPLANE_HFREDUCE_FLOAT32) {                                                              \
@@ -364,22 +391,37 @@ typedef uint8_t v8b __attribute__((vector_size(8)));
     memcpy(&v_, &(v), 64);                                                                            \
     _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v_, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); \
   } while (0)
-/* W bytes at p zero-extended to W 32-bit lanes (vpmovzxbd: gcc's __builtin_convertvector does it
- * byte by byte) */
-#define BYTES_TO_U32_AVX2(v, p)                                                        \
+/* W bytes at p zero-extended to W 16-bit lanes (vpmovzxbw: gcc's __builtin_convertvector does it
+ * byte by byte), and W FP16 lanes widened to floats (F16C) */
+#define BYTES_TO_U16_AVX2(v, p)                                                        \
   do {                                                                                 \
-    __m256i w_ = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)));         \
+    __m128i w_ = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p)));            \
+    memcpy(&(v), &w_, 16);                                                             \
+  } while (0)
+#define BYTES_TO_U16_AVX512(v, p)                                                      \
+  do {                                                                                 \
+    __m256i w_ = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p)));         \
     memcpy(&(v), &w_, 32);                                                             \
   } while (0)
-#define BYTES_TO_U32_AVX512(v, p)                                                      \
+#define H_TO_F32_AVX2(x, h)                                                            \
   do {                                                                                 \
-    __m512i w_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)));         \
-    memcpy(&(v), &w_, 64);                                                             \
+    __m128i hh_;                                                                       \
+    memcpy(&hh_, &(h), 16);                                                            \
+    __m256 f_ = _mm256_cvtph_ps(hh_);                                                  \
+    memcpy(&(x), &f_, 32);                                                             \
+  } while (0)
+#define H_TO_F32_AVX512(x, h)                                                          \
+  do {                                                                                 \
+    __m256i hh_;                                                                       \
+    memcpy(&hh_, &(h), 32);                                                            \
+    __m512 f_ = _mm512_cvtph_ps(hh_);                                                  \
+    memcpy(&(x), &f_, 64);                                                             \
   } while (0)
 
-DEFINE_SIMD(reduce_avx2, "avx2,f16c", v8f, v8u, v8i, v8b, 8, F16_LOAD_AVX2, F16_STORE_AVX2, BYTES_TO_U32_AVX2)
-DEFINE_SIMD(reduce_avx512, "avx512f,avx512bw,avx2,f16c", v16f, v16u, v16i, v16b, 16, F16_LOAD_AVX512,
-            F16_STORE_AVX512, BYTES_TO_U32_AVX512)
+DEFINE_SIMD(reduce_avx2, "avx2,f16c", v8f, v8u, v8i, v8b, v8h, v8s, v32c, 8, F16_LOAD_AVX2, F16_STORE_AVX2,
+            BYTES_TO_U16_AVX2, H_TO_F32_AVX2)
+DEFINE_SIMD(reduce_avx512, "avx512f,avx512bw,avx2,f16c", v16f, v16u, v16i, v16b, v16h, v16s, v64c, 16, F16_LOAD_AVX512,
+            F16_STORE_AVX512, BYTES_TO_U16_AVX512, H_TO_F32_AVX512)
 
 void mp_hfr_reduce_isa(int isa, int dtype, int op, void *dst, const void *const *src, int nsrc, size_t n) {
   if (nsrc <= 0 || n == 0) return;
