@@ -233,32 +233,42 @@ typedef int8_t v32c __attribute__((vector_size(32)));
     (out) = (r_ & ~nan_) | (((u_ >> 16) | 0x40u) & nan_ & 0xffffu);                    \
   } while (0)
 
-/* The twin of fp8_encode on lanes: the code in the low 8 bits. */
-#define FP8_ENCODE(VF, VU, VI, out, f, e4m3)                                                              \
-  do {                                                                                                    \
-    VU u_ = (VU)(f), a_ = u_ & 0x7fffffffu, sign_ = (u_ >> 24) & 0x80u, r_, m_;                          \
-    VF af_ = (VF)a_;                                                                                      \
-    if (e4m3) {                                                                                           \
-      r_ = (a_ + 0x7ffffu + ((a_ >> 20) & 1u) - (120u << 23)) >> 20;                                      \
-      VU sub_ = (VU)__builtin_convertvector((af_ * 512.0f + 12582912.0f) - 12582912.0f, VI);              \
-      m_ = (VU)(a_ < 0x3c800000u); r_ = (r_ & ~m_) | (sub_ & m_);                                         \
-      m_ = (VU)(a_ > 0x43e00000u); r_ = (r_ & ~m_) | (0x7eu & m_);                                        \
-      m_ = (VU)(a_ > 0x7f800000u); r_ = (r_ & ~m_) | (0x7fu & m_);                                        \
-    } else {                                                                                              \
-      r_ = (a_ + 0xfffffu + ((a_ >> 21) & 1u) - (112u << 23)) >> 21;                                      \
-      VU sub_ = (VU)__builtin_convertvector((af_ * 65536.0f + 12582912.0f) - 12582912.0f, VI);            \
-      m_ = (VU)(a_ < 0x38800000u); r_ = (r_ & ~m_) | (sub_ & m_);                                         \
-      m_ = (VU)(a_ >= 0x47700000u); r_ = (r_ & ~m_) | (0x7cu & m_);                                       \
-      m_ = (VU)(a_ > 0x7f800000u); r_ = (r_ & ~m_) | (0x7eu & m_);                                        \
-    }                                                                                                     \
-    (out) = (r_ & 0xffu) | sign_;                                                                         \
+/* The twin of fp8_encode on lanes, W codes to out (VB), from f: the float sum, for e4m3 scaled by 2^-8
+ * as FP8_DECODE leaves it (exact: the scaled sums are the sums scaled, being multiples of 2^-17, never
+ * float subnormals). Round to nearest even to the FP8 grid by adding and taking away c, a power of two
+ * 23 - mantissa bits above the value's exponent (clamped below at FP16's least normal exponent, where
+ * the FP8 subnormals' fixed step starts, scaled): the add rounds at that grid's step, ties to even. The
+ * magnitude is first clamped at 448 (e4m3, scaled: saturation) or 2^16 (e5m2: past the largest finite
+ * value, widening gives infinity), so c stays finite. The rounded value is an FP8 value, so FP16 holds
+ * it exactly and vcvtps2ph makes its code: e5m2 is the FP16's top byte, e4m3 the magnitude's bits 13-7
+ * beside the sign. A NaN, clamped like a large value, ends as the saturated code, which differs from
+ * the NaN code in one bit. */
+#define FP8_ENCODE(VF, VU, VH, VB, F32_TO_H, out, f, e4m3)                                               \
+  do {                                                                                                  \
+    const uint32_t cap_ = (e4m3) ? 0x3fe00000u : 0x47800000u;     /* 1.75 (448 scaled), 65536 */         \
+    const uint32_t step_ = (e4m3) ? 20u << 23 : 21u << 23;        /* 2^(23 - mantissa bits) */          \
+    VU u_ = (VU)(f), a_ = u_ & 0x7fffffffu;                                                             \
+    VU nan_ = (VU)(a_ > 0x7f800000u);                                                                   \
+    VU m_ = (VU)(a_ < cap_);                                                                            \
+    a_ = (a_ & m_) | (cap_ & ~m_);                                                                      \
+    VU e_ = a_ & 0x7f800000u;                                                                           \
+    m_ = (VU)(e_ > 0x38800000u);                                                                        \
+    VU c_ = ((e_ & m_) | (0x38800000u & ~m_)) + step_;                                                  \
+    VF y_ = ((VF)a_ + (VF)c_) - (VF)c_;                                                                 \
+    VH h_;                                                                                              \
+    F32_TO_H(h_, (VF)((VU)y_ | (u_ & 0x80000000u)));                                                    \
+    VH nanh_ = __builtin_convertvector(nan_, VH);                                                        \
+    if (e4m3) h_ = ((h_ >> 8) & 0x80u) | ((h_ >> 7) & 0x7fu) | (nanh_ & 1u);                            \
+    else h_ = (h_ >> 8) | (nanh_ & 2u);                                                                 \
+    (out) = __builtin_convertvector(h_, VB);                                                            \
   } while (0)
 
 /* FP8 codes at p (W of them) to floats on lanes, bit for bit the table's values (fp8_decode), through
  * FP16, which holds every FP8 value exactly: an e5m2 code is the top byte of its FP16, an e4m3 code's
  * magnitude shifted to FP16's mantissa is its value times 2^-8 (exponent bias 15 against 7, FP16's
- * subnormals matching e4m3's), so F16C's widening and one exact scaling give the value. NaN codes
- * become FP16's quiet NaN 0x7e00, which widens to the table's NaN (0x7fc00000). */
+ * subnormals matching e4m3's), so F16C's widening gives the value, for e4m3 scaled by 2^-8 (the sum
+ * is kept scaled, FP8_ENCODE takes it so). NaN codes become FP16's quiet NaN 0x7e00, which widens
+ * to the table's NaN (0x7fc00000). */
 #define FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x, p, e4m3)                                   \
   do {                                                                                              \
     VH v_, h_, nan_;                                                                                \
@@ -272,7 +282,6 @@ typedef int8_t v32c __attribute__((vector_size(32)));
     }                                                                                               \
     h_ = (h_ & ~nan_) | (nan_ & 0x7e00u);                                                           \
     H_TO_F32(x, h_);                                                                                \
-    if (e4m3) (x) = (x) * 256.0f;                                                                   \
   } while (0)
 
 /* FP8 max and min on the codes themselves, 4W a block: what op_f32 picks is always one of its
@@ -298,7 +307,7 @@ typedef int8_t v32c __attribute__((vector_size(32)));
 
 /* One ISA's kernel. The body is inlined once per (dtype, op) with both constant, so the block loop
  * carries no branch on them; the tail (n % block) goes the scalar way. */
-#define DEFINE_SIMD(NAME, TARGET, VF, VU, VI, VB, VH, VS, VC, W, F16_LOAD, F16_STORE, BYTES_TO_U16, H_TO_F32)                      \
+#define DEFINE_SIMD(NAME, TARGET, VF, VU, VI, VB, VH, VS, VC, W, F16_LOAD, F16_STORE, BYTES_TO_U16, H_TO_F32, F32_TO_H)                      \
   __attribute__((target(TARGET), always_inline)) static inline void NAME##_body(                          \
       const int dtype, const int op, void *dst, const void *const *src, int nsrc, size_t n) {              \
     const int e4m3 = dtype == MPLANE_HFREDUCE_FP8_E4M3;                                                    \
@@ -340,9 +349,8 @@ typedef int8_t v32c __attribute__((vector_size(32)));
       } else if (dtype == MPLANE_HFREDUCE_FLOAT16) {                                                       \
         F16_STORE((uint16_t *)dst + i, acc);                                                               \
       } else {                                                                                             \
-        VU code;                                                                                           \
-        FP8_ENCODE(VF, VU, VI, code, acc, e4m3);                                                           \
-        VB bytes = __builtin_convertvector(code, VB);                                                      \
+        VB bytes;                                                                                          \
+        FP8_ENCODE(VF, VU, VH, VB, F32_TO_H, bytes, acc, e4m3);                                            \
         memcpy((uint8_t *)dst + i, &bytes, (W));                                                           \
       }                                                                                                    \
     }                                                                                                      \
@@ -417,11 +425,30 @@ typedef int8_t v32c __attribute__((vector_size(32)));
     __m512 f_ = _mm512_cvtph_ps(hh_);                                                  \
     memcpy(&(x), &f_, 64);                                                             \
   } while (0)
+#define F32_TO_H_AVX2(h, x)                                                            \
+  do {                                                                                 \
+    __m256 f_;                                                                         \
+    VF_COPY(f_, x);                                                                    \
+    __m128i hh_ = _mm256_cvtps_ph(f_, _MM_FROUND_TO_NEAREST_INT);                      \
+    memcpy(&(h), &hh_, 16);                                                            \
+  } while (0)
+#define F32_TO_H_AVX512(h, x)                                                          \
+  do {                                                                                 \
+    __m512 f_;                                                                         \
+    VF_COPY(f_, x);                                                                    \
+    __m256i hh_ = _mm512_cvtps_ph(f_, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  \
+    memcpy(&(h), &hh_, 32);                                                            \
+  } while (0)
+#define VF_COPY(dst, x)                                                                \
+  do {                                                                                 \
+    __typeof__(x) x_ = (x);                                                            \
+    memcpy(&(dst), &x_, sizeof(dst));                                                  \
+  } while (0)
 
 DEFINE_SIMD(reduce_avx2, "avx2,f16c", v8f, v8u, v8i, v8b, v8h, v8s, v32c, 8, F16_LOAD_AVX2, F16_STORE_AVX2,
-            BYTES_TO_U16_AVX2, H_TO_F32_AVX2)
+            BYTES_TO_U16_AVX2, H_TO_F32_AVX2, F32_TO_H_AVX2)
 DEFINE_SIMD(reduce_avx512, "avx512f,avx512bw,avx2,f16c", v16f, v16u, v16i, v16b, v16h, v16s, v64c, 16, F16_LOAD_AVX512,
-            F16_STORE_AVX512, BYTES_TO_U16_AVX512, H_TO_F32_AVX512)
+            F16_STORE_AVX512, BYTES_TO_U16_AVX512, H_TO_F32_AVX512, F32_TO_H_AVX512)
 
 void mp_hfr_reduce_isa(int isa, int dtype, int op, void *dst, const void *const *src, int nsrc, size_t n) {
   if (nsrc <= 0 || n == 0) return;
