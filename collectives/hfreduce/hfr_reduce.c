@@ -284,6 +284,17 @@ typedef int8_t v32c __attribute__((vector_size(32)));
     H_TO_F32(x, h_);                                                                                \
   } while (0)
 
+/* a + b with a the instruction's first source: when both are NaNs, x86 returns the first source's,
+ * as the scalar fold's addss keeps the running sum's (an e5m2 inf - inf's negative default NaN before
+ * a NaN code's positive one: the sign is the code's). Written out because the compiler may swap the
+ * operands of a + b, which changes nothing but that NaN. */
+#define ADD_ACC_FIRST(a, b)                                                                             \
+  ({                                                                                                    \
+    __typeof__(a) r_;                                                                                   \
+    __asm__("vaddps %2, %1, %0" : "=v"(r_) : "v"(a), "vm"(b));                                          \
+    r_;                                                                                                 \
+  })
+
 /* FP8 max and min on the codes themselves, 4W a block: what op_f32 picks is always one of its
  * operands, so the result is the chosen source's code, compared by a signed key (the magnitude, negated
  * when the sign is set: -0 and +0 tie, as in float) and never chosen over a NaN's neighbour the way
@@ -311,13 +322,31 @@ typedef int8_t v32c __attribute__((vector_size(32)));
   __attribute__((target(TARGET), always_inline)) static inline void NAME##_body(                          \
       const int dtype, const int op, void *dst, const void *const *src, int nsrc, size_t n) {              \
     const int e4m3 = dtype == MPLANE_HFREDUCE_FP8_E4M3;                                                    \
-    const int fp8_codes = (e4m3 || dtype == MPLANE_HFREDUCE_FP8_E5M2) && op != MPLANE_HFREDUCE_SUM;          \
-    const size_t per = fp8_codes ? sizeof(VC) : dtype == MPLANE_HFREDUCE_BFLOAT16 ? 2 * (W) : (W);           \
+    const int fp8 = e4m3 || dtype == MPLANE_HFREDUCE_FP8_E5M2;                                              \
+    const size_t per = fp8 ? sizeof(VC) : dtype == MPLANE_HFREDUCE_BFLOAT16 ? 2 * (W) : (W);                 \
     const size_t blocks = n / per;                                                                         \
     for (size_t b = 0; b < blocks; b++) {                                                                  \
       const size_t i = b * per;                                                                            \
-      if (fp8_codes) {                                                                                     \
+      if (fp8 && op != MPLANE_HFREDUCE_SUM) {                                                              \
         FP8_MINMAX_BLOCK(VC, op, e4m3, dst, src, nsrc, i);                                                 \
+        continue;                                                                                          \
+      }                                                                                                    \
+      if (fp8) { /* 4W a block, four sums side by side: a source's pointer read once per 4W */             \
+        VF s4[4], x4;                                                                                      \
+        for (int j = 0; j < 4; j++)                                                                        \
+          FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, s4[j], (const uint8_t *)src[0] + i + j * (W), e4m3); \
+        for (int k = 1; k < nsrc; k++) {                                                                   \
+          const uint8_t *p_ = (const uint8_t *)src[k] + i;                                                 \
+          for (int j = 0; j < 4; j++) {                                                                    \
+            FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x4, p_ + j * (W), e4m3);                        \
+            s4[j] = ADD_ACC_FIRST(s4[j], x4);                                                              \
+          }                                                                                                \
+        }                                                                                                  \
+        for (int j = 0; j < 4; j++) {                                                                      \
+          VB bytes;                                                                                        \
+          FP8_ENCODE(VF, VU, VH, VB, F32_TO_H, bytes, s4[j], e4m3);                                        \
+          memcpy((uint8_t *)dst + i + j * (W), &bytes, (W));                                               \
+        }                                                                                                  \
         continue;                                                                                          \
       }                                                                                                    \
       if (dtype == MPLANE_HFREDUCE_BFLOAT16) {                                                             \
@@ -340,18 +369,13 @@ typedef int8_t v32c __attribute__((vector_size(32)));
       VF acc = {0}, x; /* nsrc >= 1: the first source sets it */                                         \
       for (int k = 0; k < nsrc; k++) {                                                                     \
         if (dtype == MPLANE_HFREDUCE_FLOAT32) memcpy(&x, (const float *)src[k] + i, (W) * 4);              \
-        else if (dtype == MPLANE_HFREDUCE_FLOAT16) F16_LOAD(x, (const uint16_t *)src[k] + i);              \
-        else FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x, (const uint8_t *)src[k] + i, e4m3);            \
+        else F16_LOAD(x, (const uint16_t *)src[k] + i);                                                    \
         acc = k == 0 ? x : OP_V(VF, VU, op, acc, x);                                                       \
       }                                                                                                    \
       if (dtype == MPLANE_HFREDUCE_FLOAT32) {                                                              \
         memcpy((float *)dst + i, &acc, (W) * 4);                                                           \
-      } else if (dtype == MPLANE_HFREDUCE_FLOAT16) {                                                       \
-        F16_STORE((uint16_t *)dst + i, acc);                                                               \
       } else {                                                                                             \
-        VB bytes;                                                                                          \
-        FP8_ENCODE(VF, VU, VH, VB, F32_TO_H, bytes, acc, e4m3);                                            \
-        memcpy((uint8_t *)dst + i, &bytes, (W));                                                           \
+        F16_STORE((uint16_t *)dst + i, acc);                                                               \
       }                                                                                                    \
     }                                                                                                      \
     reduce_scalar_range(dtype, op, dst, src, nsrc, blocks * per, n);                                      \
