@@ -2,8 +2,8 @@
  *
  * The SIMD versions are one body, written with gcc's vector extensions (16 floats at a time), compiled
  * once per target (AVX2 + F16C, AVX-512) with target attributes and picked at run time by
- * __builtin_cpu_supports. The tail of a block (n % 16) and FP8 go through the scalar code, whose
- * arithmetic is the same expression element by element, so every version gives the same bits.
+ * __builtin_cpu_supports. The tail of a block goes through the scalar code, whose arithmetic is the
+ * same expression element by element, so every version gives the same bits.
  * Build with -ffp-contract=off: a fused multiply-add would change the bits of nothing here, but a
  * contracted sum in one version and not another would. */
 #include "hfr_reduce.h"
@@ -199,8 +199,9 @@ static void reduce_scalar_range(int dtype, int op, void *dst, const void *const 
  *
  * FP32 and FP16 take W elements a block (FP16 through F16C), BF16 2W: a W-lane load of 32-bit words
  * holds 2W bf16 values, the even ones become floats by a shift and the odd ones by a mask, and the
- * results go back the same way; FP8 W, decoded and encoded by the scalar code's bit arithmetic on
- * lanes (a gather from the table is microcode on AMD's cores). Every lane computes what the scalar code computes. */
+ * results go back the same way; FP8 sums 4W, widened through FP16 by F16C and rounded back on the
+ * FP8 grid (FP8_DECODE, FP8_ENCODE: no gather, which is microcode on AMD's cores), FP8 max and min
+ * 4W on the codes themselves. Every lane computes what the scalar code computes. */
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
