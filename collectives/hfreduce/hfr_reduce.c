@@ -242,25 +242,39 @@ typedef int8_t v32c __attribute__((vector_size(32)));
  * magnitude is first clamped at 448 (e4m3, scaled: saturation) or 2^16 (e5m2: past the largest finite
  * value, widening gives infinity), so c stays finite. The rounded value is an FP8 value, so FP16 holds
  * it exactly and vcvtps2ph makes its code: e5m2 is the FP16's top byte, e4m3 the magnitude's bits 13-7
- * beside the sign. A NaN, clamped like a large value, ends as the saturated code, which differs from
- * the NaN code in one bit. */
+ * beside the sign. A NaN becomes, before the sign goes back on, the float that widens to the NaN code:
+ * FP16's quiet NaN (e5m2) or 480 scaled (e4m3: 0x7f). */
+/* Unsigned 32-bit lane min and max (vpminud, vpmaxud: gcc's vector extensions have no ?: in C). */
+__attribute__((target("avx2"), always_inline)) static inline v8u minu_v8(v8u a, v8u b) {
+  return (v8u)_mm256_min_epu32((__m256i)a, (__m256i)b);
+}
+__attribute__((target("avx2"), always_inline)) static inline v8u maxu_v8(v8u a, v8u b) {
+  return (v8u)_mm256_max_epu32((__m256i)a, (__m256i)b);
+}
+__attribute__((target("avx512f"), always_inline)) static inline v16u minu_v16(v16u a, v16u b) {
+  return (v16u)_mm512_min_epu32((__m512i)a, (__m512i)b);
+}
+__attribute__((target("avx512f"), always_inline)) static inline v16u maxu_v16(v16u a, v16u b) {
+  return (v16u)_mm512_max_epu32((__m512i)a, (__m512i)b);
+}
+#define MINU_V(a, b) _Generic((a), v8u: minu_v8, v16u: minu_v16)((a), (b))
+#define MAXU_V(a, b) _Generic((a), v8u: maxu_v8, v16u: maxu_v16)((a), (b))
+
 #define FP8_ENCODE(VF, VU, VH, VB, F32_TO_H, out, f, e4m3)                                               \
   do {                                                                                                  \
     const uint32_t cap_ = (e4m3) ? 0x3fe00000u : 0x47800000u;     /* 1.75 (448 scaled), 65536 */         \
     const uint32_t step_ = (e4m3) ? 20u << 23 : 21u << 23;        /* 2^(23 - mantissa bits) */          \
+    const uint32_t nanval_ = (e4m3) ? 0x3ff00000u : 0x7fc00000u;  /* widens to code 0x7f, 0x7e */       \
     VU u_ = (VU)(f), a_ = u_ & 0x7fffffffu;                                                             \
     VU nan_ = (VU)(a_ > 0x7f800000u);                                                                   \
-    VU m_ = (VU)(a_ < cap_);                                                                            \
-    a_ = (a_ & m_) | (cap_ & ~m_);                                                                      \
-    VU e_ = a_ & 0x7f800000u;                                                                           \
-    m_ = (VU)(e_ > 0x38800000u);                                                                        \
-    VU c_ = ((e_ & m_) | (0x38800000u & ~m_)) + step_;                                                  \
-    VF y_ = ((VF)a_ + (VF)c_) - (VF)c_;                                                                 \
+    a_ = MINU_V(a_, (VU){0} + cap_);                                                                    \
+    VU c_ = MAXU_V(a_ & 0x7f800000u, (VU){0} + 0x38800000u) + step_;                                    \
+    VU y_ = (VU)(((VF)a_ + (VF)c_) - (VF)c_);                                                           \
+    y_ = ((y_ & ~nan_) | (nan_ & nanval_)) | (u_ & 0x80000000u);                                        \
     VH h_;                                                                                              \
-    F32_TO_H(h_, (VF)((VU)y_ | (u_ & 0x80000000u)));                                                    \
-    VH nanh_ = __builtin_convertvector(nan_, VH);                                                        \
-    if (e4m3) h_ = ((h_ >> 8) & 0x80u) | ((h_ >> 7) & 0x7fu) | (nanh_ & 1u);                            \
-    else h_ = (h_ >> 8) | (nanh_ & 2u);                                                                 \
+    F32_TO_H(h_, (VF)y_);                                                                               \
+    if (e4m3) h_ = ((h_ >> 8) & 0x80u) | ((h_ >> 7) & 0x7fu);                                           \
+    else h_ = h_ >> 8;                                                                                  \
     (out) = __builtin_convertvector(h_, VB);                                                            \
   } while (0)
 
@@ -334,16 +348,16 @@ typedef int8_t v32c __attribute__((vector_size(32)));
       }                                                                                                    \
       if (fp8) { /* 4W a block, four sums side by side: a source's pointer read once per 4W */             \
         VF s4[4], x4;                                                                                      \
-        for (int j = 0; j < 4; j++)                                                                        \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                                \
           FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, s4[j], (const uint8_t *)src[0] + i + j * (W), e4m3); \
         for (int k = 1; k < nsrc; k++) {                                                                   \
           const uint8_t *p_ = (const uint8_t *)src[k] + i;                                                 \
-          for (int j = 0; j < 4; j++) {                                                                    \
+          _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                            \
             FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x4, p_ + j * (W), e4m3);                        \
             s4[j] = ADD_ACC_FIRST(s4[j], x4);                                                              \
           }                                                                                                \
         }                                                                                                  \
-        for (int j = 0; j < 4; j++) {                                                                      \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                              \
           VB bytes;                                                                                        \
           FP8_ENCODE(VF, VU, VH, VB, F32_TO_H, bytes, s4[j], e4m3);                                        \
           memcpy((uint8_t *)dst + i + j * (W), &bytes, (W));                                               \
