@@ -201,7 +201,7 @@ static void reduce_scalar_range(int dtype, int op, void *dst, const void *const 
  * holds 2W bf16 values, the even ones become floats by a shift and the odd ones by a mask, and the
  * results go back the same way; FP8 sums 4W, widened through FP16 by F16C and rounded back on the
  * FP8 grid (FP8_DECODE, FP8_ENCODE: no gather, which is microcode on AMD's cores), FP8 max and min
- * 4W on the codes themselves. Every lane computes what the scalar code computes. */
+ * 16W on the codes themselves. Every lane computes what the scalar code computes. */
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
@@ -318,17 +318,23 @@ __attribute__((target("avx512f"), always_inline)) static inline v16u maxu_v16(v1
 #define FP8_ISNAN(c, e4m3) ((e4m3) ? ((c) & 0x7f) == 0x7f : ((c) & 0x7f) > 0x7c)
 #define FP8_MINMAX_BLOCK(VC, op, e4m3, dst, src, nsrc, i)                                               \
   do {                                                                                                  \
-    VC a_, x_, keep_;                                                                                   \
-    memcpy(&a_, (const uint8_t *)(src)[0] + (i), sizeof(VC));                                           \
+    VC a_[4], x_, keep_; /* four vectors side by side: each source's fold is a chain of compares */     \
+    _Pragma("GCC unroll 4") for (int j_ = 0; j_ < 4; j_++)                                              \
+      memcpy(&a_[j_], (const uint8_t *)(src)[0] + (i) + j_ * sizeof(VC), sizeof(VC));                   \
     for (int k_ = 1; k_ < (nsrc); k_++) {                                                               \
-      memcpy(&x_, (const uint8_t *)(src)[k_] + (i), sizeof(VC));                                        \
-      keep_ = (op) == MPLANE_HFREDUCE_MAX ? FP8_KEY(a_) > FP8_KEY(x_) : FP8_KEY(a_) < FP8_KEY(x_);       \
-      keep_ &= ~(FP8_ISNAN(a_, e4m3) | FP8_ISNAN(x_, e4m3));                                            \
-      a_ = (a_ & keep_) | (x_ & ~keep_);                                                                \
+      const uint8_t *p_ = (const uint8_t *)(src)[k_] + (i);                                             \
+      _Pragma("GCC unroll 4") for (int j_ = 0; j_ < 4; j_++) {                                          \
+        memcpy(&x_, p_ + j_ * sizeof(VC), sizeof(VC));                                                  \
+        keep_ = (op) == MPLANE_HFREDUCE_MAX ? FP8_KEY(a_[j_]) > FP8_KEY(x_) : FP8_KEY(a_[j_]) < FP8_KEY(x_); \
+        keep_ &= ~(FP8_ISNAN(a_[j_], e4m3) | FP8_ISNAN(x_, e4m3));                                      \
+        a_[j_] = (a_[j_] & keep_) | (x_ & ~keep_);                                                      \
+      }                                                                                                 \
     }                                                                                                   \
-    VC nan_ = FP8_ISNAN(a_, e4m3);                                                                      \
-    a_ = (a_ & ~nan_) | (nan_ & ((VC){0} + (int8_t)((e4m3) ? 0x7f : 0x7e)));                                    \
-    memcpy((uint8_t *)(dst) + (i), &a_, sizeof(VC));                                                    \
+    _Pragma("GCC unroll 4") for (int j_ = 0; j_ < 4; j_++) {                                            \
+      VC nan_ = FP8_ISNAN(a_[j_], e4m3);                                                                \
+      a_[j_] = (a_[j_] & ~nan_) | (nan_ & ((VC){0} + (int8_t)((e4m3) ? 0x7f : 0x7e)));                  \
+      memcpy((uint8_t *)(dst) + (i) + j_ * sizeof(VC), &a_[j_], sizeof(VC));                            \
+    }                                                                                                   \
   } while (0)
 
 /* One ISA's kernel. The body is inlined once per (dtype, op) with both constant, so the block loop
@@ -338,7 +344,8 @@ __attribute__((target("avx512f"), always_inline)) static inline v16u maxu_v16(v1
       const int dtype, const int op, void *dst, const void *const *src, int nsrc, size_t n) {              \
     const int e4m3 = dtype == MPLANE_HFREDUCE_FP8_E4M3;                                                    \
     const int fp8 = e4m3 || dtype == MPLANE_HFREDUCE_FP8_E5M2;                                              \
-    const size_t per = fp8 ? sizeof(VC) : dtype == MPLANE_HFREDUCE_BFLOAT16 ? 2 * (W) : (W);                 \
+    const size_t per = !fp8 ? (dtype == MPLANE_HFREDUCE_BFLOAT16 ? 2 * (W) : (W))                            \
+                       : op == MPLANE_HFREDUCE_SUM ? sizeof(VC) : 4 * sizeof(VC);                          \
     const size_t blocks = n / per;                                                                         \
     for (size_t b = 0; b < blocks; b++) {                                                                  \
       const size_t i = b * per;                                                                            \
