@@ -242,8 +242,9 @@ typedef int8_t v32c __attribute__((vector_size(32)));
  * magnitude is first clamped at 448 (e4m3, scaled: saturation) or 2^16 (e5m2: past the largest finite
  * value, widening gives infinity), so c stays finite. The rounded value is an FP8 value, so FP16 holds
  * it exactly and vcvtps2ph makes its code: e5m2 is the FP16's top byte, e4m3 the magnitude's bits 13-7
- * beside the sign. A NaN becomes, before the sign goes back on, the float that widens to the NaN code:
- * FP16's quiet NaN (e5m2) or 480 scaled (e4m3: 0x7f). */
+ * beside the sign. An e5m2 NaN becomes, before the sign goes back on, the float that widens to FP16's
+ * quiet NaN, whose top byte is the NaN code; e4m3 sums are never NaNs here (FP8_DECODE leaves e4m3
+ * NaN codes finite, the sum block writes their code over the result). */
 /* Unsigned 32-bit lane min and max (vpminud, vpmaxud: gcc's vector extensions have no ?: in C). */
 __attribute__((target("avx2"), always_inline)) static inline v8u minu_v8(v8u a, v8u b) {
   return (v8u)_mm256_min_epu32((__m256i)a, (__m256i)b);
@@ -264,13 +265,13 @@ __attribute__((target("avx512f"), always_inline)) static inline v16u maxu_v16(v1
   do {                                                                                                  \
     const uint32_t cap_ = (e4m3) ? 0x3fe00000u : 0x47800000u;     /* 1.75 (448 scaled), 65536 */         \
     const uint32_t step_ = (e4m3) ? 20u << 23 : 21u << 23;        /* 2^(23 - mantissa bits) */          \
-    const uint32_t nanval_ = (e4m3) ? 0x3ff00000u : 0x7fc00000u;  /* widens to code 0x7f, 0x7e */       \
     VU u_ = (VU)(f), a_ = u_ & 0x7fffffffu;                                                             \
     VU nan_ = (VU)(a_ > 0x7f800000u);                                                                   \
     a_ = MINU_V(a_, (VU){0} + cap_);                                                                    \
     VU c_ = MAXU_V(a_ & 0x7f800000u, (VU){0} + 0x38800000u) + step_;                                    \
     VU y_ = (VU)(((VF)a_ + (VF)c_) - (VF)c_);                                                           \
-    y_ = ((y_ & ~nan_) | (nan_ & nanval_)) | (u_ & 0x80000000u);                                        \
+    if (!(e4m3)) y_ = (y_ & ~nan_) | (nan_ & 0x7fc00000u);                                              \
+    y_ |= u_ & 0x80000000u;                                                                             \
     VH h_;                                                                                              \
     F32_TO_H(h_, (VF)y_);                                                                               \
     if (e4m3) h_ = ((h_ >> 8) & 0x80u) | ((h_ >> 7) & 0x7fu);                                           \
@@ -282,20 +283,20 @@ __attribute__((target("avx512f"), always_inline)) static inline v16u maxu_v16(v1
  * FP16, which holds every FP8 value exactly: an e5m2 code is the top byte of its FP16, an e4m3 code's
  * magnitude shifted to FP16's mantissa is its value times 2^-8 (exponent bias 15 against 7, FP16's
  * subnormals matching e4m3's), so F16C's widening gives the value, for e4m3 scaled by 2^-8 (the sum
- * is kept scaled, FP8_ENCODE takes it so). NaN codes become FP16's quiet NaN 0x7e00, which widens
- * to the table's NaN (0x7fc00000). */
+ * is kept scaled, FP8_ENCODE takes it so). e5m2 NaN codes become FP16's quiet NaN 0x7e00, which
+ * widens to the table's NaN (0x7fc00000); e4m3 ones are found on the bytes, a block at a time: e4m3
+ * has no infinity, so a sum is a NaN, the table's, exactly when one of its inputs is. */
 #define FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x, p, e4m3)                                   \
   do {                                                                                              \
     VH v_, h_, nan_;                                                                                \
     BYTES_TO_U16(v_, (p));                                                                          \
-    if (e4m3) {                                                                                     \
+    if (e4m3) { /* NaN codes left as 480 scaled: the sum block marks them on the bytes */         \
       h_ = ((v_ & 0x80u) << 8) | ((v_ & 0x7fu) << 7);                                               \
-      nan_ = (VH)((v_ & 0x7fu) == 0x7fu);                                                           \
     } else {                                                                                        \
       h_ = v_ << 8;                                                                                 \
       nan_ = (VH)((VS)(v_ & 0x7fu) > 0x7c);                                                         \
+      h_ = (h_ & ~nan_) | (nan_ & 0x7e00u);                                                         \
     }                                                                                               \
-    h_ = (h_ & ~nan_) | (nan_ & 0x7e00u);                                                           \
     H_TO_F32(x, h_);                                                                                \
   } while (0)
 
@@ -355,20 +356,32 @@ __attribute__((target("avx512f"), always_inline)) static inline v16u maxu_v16(v1
       }                                                                                                    \
       if (fp8) { /* 4W a block, four sums side by side: a source's pointer read once per 4W */             \
         VF s4[4], x4;                                                                                      \
+        VC nanb = {0}, xb; /* e4m3: the lanes with a NaN input */                                          \
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                                \
           FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, s4[j], (const uint8_t *)src[0] + i + j * (W), e4m3); \
+        if (e4m3) {                                                                                        \
+          memcpy(&xb, (const uint8_t *)src[0] + i, sizeof(VC));                                            \
+          nanb |= (xb | (int8_t)0x80) == (int8_t)-1;                                                       \
+        }                                                                                                  \
         for (int k = 1; k < nsrc; k++) {                                                                   \
           const uint8_t *p_ = (const uint8_t *)src[k] + i;                                                 \
+          if (e4m3) {                                                                                      \
+            memcpy(&xb, p_, sizeof(VC));                                                                   \
+            nanb |= (xb | (int8_t)0x80) == (int8_t)-1;                                                     \
+          }                                                                                                \
           _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                            \
             FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x4, p_ + j * (W), e4m3);                        \
             s4[j] = ADD_ACC_FIRST(s4[j], x4);                                                              \
           }                                                                                                \
         }                                                                                                  \
+        VC out;                                                                                            \
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                              \
           VB bytes;                                                                                        \
           FP8_ENCODE(VF, VU, VH, VB, F32_TO_H, bytes, s4[j], e4m3);                                        \
-          memcpy((uint8_t *)dst + i + j * (W), &bytes, (W));                                               \
+          memcpy((uint8_t *)&out + j * (W), &bytes, (W));                                                  \
         }                                                                                                  \
+        if (e4m3) out = (out & ~nanb) | (nanb & (int8_t)0x7f);                                             \
+        memcpy((uint8_t *)dst + i, &out, sizeof(VC));                                                      \
         continue;                                                                                          \
       }                                                                                                    \
       if (dtype == MPLANE_HFREDUCE_BFLOAT16) {                                                             \
