@@ -2,8 +2,8 @@
  *
  * The SIMD versions are one body, written with gcc's vector extensions (16 floats at a time), compiled
  * once per target (AVX2 + F16C, AVX-512) with target attributes and picked at run time by
- * __builtin_cpu_supports. The tail of a block (n % 16) and FP8 go through the scalar code, whose
- * arithmetic is the same expression element by element, so every version gives the same bits.
+ * __builtin_cpu_supports. The tail of a block goes through the scalar code, whose arithmetic is the
+ * same expression element by element, so every version gives the same bits.
  * Build with -ffp-contract=off: a fused multiply-add would change the bits of nothing here, but a
  * contracted sum in one version and not another would. */
 #include "hfr_reduce.h"
@@ -199,8 +199,9 @@ static void reduce_scalar_range(int dtype, int op, void *dst, const void *const 
  *
  * FP32 and FP16 take W elements a block (FP16 through F16C), BF16 2W: a W-lane load of 32-bit words
  * holds 2W bf16 values, the even ones become floats by a shift and the odd ones by a mask, and the
- * results go back the same way; FP8 W, decoded and encoded by the scalar code's bit arithmetic on
- * lanes (a gather from the table is microcode on AMD's cores). Every lane computes what the scalar code computes. */
+ * results go back the same way; FP8 sums 4W, widened through FP16 by F16C and rounded back on the
+ * FP8 grid (FP8_DECODE, FP8_ENCODE: no gather, which is microcode on AMD's cores), FP8 max and min
+ * 16W on the codes themselves. Every lane computes what the scalar code computes. */
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
@@ -210,6 +211,12 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint8_t v8b __attribute__((vector_size(8)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef int16_t v16s __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef int16_t v8s __attribute__((vector_size(16)));
+typedef int8_t v64c __attribute__((vector_size(64)));
+typedef int8_t v32c __attribute__((vector_size(32)));
 
 /* Lane-wise m ? a : b, m all ones or all zeros per lane: the twin of op_f32's ?: */
 #define SEL_V(VF, VU, m, a, b) ((VF)((((VU)(a)) & (m)) | (((VU)(b)) & ~(m))))
@@ -227,63 +234,156 @@ typedef uint8_t v8b __attribute__((vector_size(8)));
     (out) = (r_ & ~nan_) | (((u_ >> 16) | 0x40u) & nan_ & 0xffffu);                    \
   } while (0)
 
-/* The twin of fp8_encode on lanes: the code in the low 8 bits. */
-#define FP8_ENCODE(VF, VU, VI, out, f, e4m3)                                                              \
-  do {                                                                                                    \
-    VU u_ = (VU)(f), a_ = u_ & 0x7fffffffu, sign_ = (u_ >> 24) & 0x80u, r_, m_;                          \
-    VF af_ = (VF)a_;                                                                                      \
-    if (e4m3) {                                                                                           \
-      r_ = (a_ + 0x7ffffu + ((a_ >> 20) & 1u) - (120u << 23)) >> 20;                                      \
-      VU sub_ = (VU)__builtin_convertvector((af_ * 512.0f + 12582912.0f) - 12582912.0f, VI);              \
-      m_ = (VU)(a_ < 0x3c800000u); r_ = (r_ & ~m_) | (sub_ & m_);                                         \
-      m_ = (VU)(a_ > 0x43e00000u); r_ = (r_ & ~m_) | (0x7eu & m_);                                        \
-      m_ = (VU)(a_ > 0x7f800000u); r_ = (r_ & ~m_) | (0x7fu & m_);                                        \
-    } else {                                                                                              \
-      r_ = (a_ + 0xfffffu + ((a_ >> 21) & 1u) - (112u << 23)) >> 21;                                      \
-      VU sub_ = (VU)__builtin_convertvector((af_ * 65536.0f + 12582912.0f) - 12582912.0f, VI);            \
-      m_ = (VU)(a_ < 0x38800000u); r_ = (r_ & ~m_) | (sub_ & m_);                                         \
-      m_ = (VU)(a_ >= 0x47700000u); r_ = (r_ & ~m_) | (0x7cu & m_);                                       \
-      m_ = (VU)(a_ > 0x7f800000u); r_ = (r_ & ~m_) | (0x7eu & m_);                                        \
-    }                                                                                                     \
-    (out) = (r_ & 0xffu) | sign_;                                                                         \
+/* The twin of fp8_encode on lanes, W codes to out (VB), from f: the float sum, for e4m3 scaled by 2^-8
+ * as FP8_DECODE leaves it (exact: the scaled sums are the sums scaled, being multiples of 2^-17, never
+ * float subnormals). Round to nearest even to the FP8 grid by adding and taking away c, a power of two
+ * 23 - mantissa bits above the value's exponent (clamped below at FP16's least normal exponent, where
+ * the FP8 subnormals' fixed step starts, scaled): the add rounds at that grid's step, ties to even. The
+ * magnitude is first clamped at 448 (e4m3, scaled: saturation) or 2^16 (e5m2: past the largest finite
+ * value, widening gives infinity), so c stays finite. The rounded value is an FP8 value, so FP16 holds
+ * it exactly and vcvtps2ph makes its code: e5m2 is the FP16's top byte, e4m3 the magnitude's bits 13-7
+ * beside the sign. An e5m2 NaN becomes, before the sign goes back on, the float that widens to FP16's
+ * quiet NaN, whose top byte is the NaN code; e4m3 sums are never NaNs here (FP8_DECODE leaves e4m3
+ * NaN codes finite, the sum block writes their code over the result). */
+/* Unsigned 32-bit lane min and max (vpminud, vpmaxud: gcc's vector extensions have no ?: in C). */
+__attribute__((target("avx2"), always_inline)) static inline v8u minu_v8(v8u a, v8u b) {
+  return (v8u)_mm256_min_epu32((__m256i)a, (__m256i)b);
+}
+__attribute__((target("avx2"), always_inline)) static inline v8u maxu_v8(v8u a, v8u b) {
+  return (v8u)_mm256_max_epu32((__m256i)a, (__m256i)b);
+}
+__attribute__((target("avx512f"), always_inline)) static inline v16u minu_v16(v16u a, v16u b) {
+  return (v16u)_mm512_min_epu32((__m512i)a, (__m512i)b);
+}
+__attribute__((target("avx512f"), always_inline)) static inline v16u maxu_v16(v16u a, v16u b) {
+  return (v16u)_mm512_max_epu32((__m512i)a, (__m512i)b);
+}
+#define MINU_V(a, b) _Generic((a), v8u: minu_v8, v16u: minu_v16)((a), (b))
+#define MAXU_V(a, b) _Generic((a), v8u: maxu_v8, v16u: maxu_v16)((a), (b))
+
+#define FP8_ENCODE(VF, VU, VH, VB, F32_TO_H, out, f, e4m3)                                               \
+  do {                                                                                                  \
+    const uint32_t cap_ = (e4m3) ? 0x3fe00000u : 0x47800000u;     /* 1.75 (448 scaled), 65536 */         \
+    const uint32_t step_ = (e4m3) ? 20u << 23 : 21u << 23;        /* 2^(23 - mantissa bits) */          \
+    VU u_ = (VU)(f), a_ = u_ & 0x7fffffffu;                                                             \
+    VU nan_ = (VU)(a_ > 0x7f800000u);                                                                   \
+    a_ = MINU_V(a_, (VU){0} + cap_);                                                                    \
+    VU c_ = MAXU_V(a_ & 0x7f800000u, (VU){0} + 0x38800000u) + step_;                                    \
+    VU y_ = (VU)(((VF)a_ + (VF)c_) - (VF)c_);                                                           \
+    if (!(e4m3)) y_ = (y_ & ~nan_) | (nan_ & 0x7fc00000u);                                              \
+    y_ |= u_ & 0x80000000u;                                                                             \
+    VH h_;                                                                                              \
+    F32_TO_H(h_, (VF)y_);                                                                               \
+    if (e4m3) h_ = ((h_ >> 8) & 0x80u) | ((h_ >> 7) & 0x7fu);                                           \
+    else h_ = h_ >> 8;                                                                                  \
+    (out) = __builtin_convertvector(h_, VB);                                                            \
   } while (0)
 
-/* FP8 codes at p (W of them) to floats on lanes, bit for bit the table's values (fp8_decode). */
-#define FP8_DECODE(VF, VU, VI, BYTES_TO_U32, x, p, e4m3)                                                \
+/* FP8 codes at p (W of them) to floats on lanes, bit for bit the table's values (fp8_decode), through
+ * FP16, which holds every FP8 value exactly: an e5m2 code is the top byte of its FP16, an e4m3 code's
+ * magnitude shifted to FP16's mantissa is its value times 2^-8 (exponent bias 15 against 7, FP16's
+ * subnormals matching e4m3's), so F16C's widening gives the value, for e4m3 scaled by 2^-8 (the sum
+ * is kept scaled, FP8_ENCODE takes it so). e5m2 NaN codes become FP16's quiet NaN 0x7e00, which
+ * widens to the table's NaN (0x7fc00000); e4m3 ones are found on the bytes, a block at a time: e4m3
+ * has no infinity, so a sum is a NaN, the table's, exactly when one of its inputs is. */
+#define FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x, p, e4m3)                                   \
+  do {                                                                                              \
+    VH v_, h_, nan_;                                                                                \
+    BYTES_TO_U16(v_, (p));                                                                          \
+    if (e4m3) { /* NaN codes left as 480 scaled: the sum block marks them on the bytes */         \
+      h_ = ((v_ & 0x80u) << 8) | ((v_ & 0x7fu) << 7);                                               \
+    } else {                                                                                        \
+      h_ = v_ << 8;                                                                                 \
+      nan_ = (VH)((VS)(v_ & 0x7fu) > 0x7c);                                                         \
+      h_ = (h_ & ~nan_) | (nan_ & 0x7e00u);                                                         \
+    }                                                                                               \
+    H_TO_F32(x, h_);                                                                                \
+  } while (0)
+
+/* a + b with a the instruction's first source: when both are NaNs, x86 returns the first source's,
+ * as the scalar fold's addss keeps the running sum's (an e5m2 inf - inf's negative default NaN before
+ * a NaN code's positive one: the sign is the code's). Written out because the compiler may swap the
+ * operands of a + b, which changes nothing but that NaN. */
+#define ADD_ACC_FIRST(a, b)                                                                             \
+  ({                                                                                                    \
+    __typeof__(a) r_;                                                                                   \
+    __asm__("vaddps %2, %1, %0" : "=v"(r_) : "v"(a), "vm"(b));                                          \
+    r_;                                                                                                 \
+  })
+
+/* FP8 max and min on the codes themselves, 4W a block: what op_f32 picks is always one of its
+ * operands, so the result is the chosen source's code, compared by a signed key (the magnitude, negated
+ * when the sign is set: -0 and +0 tie, as in float) and never chosen over a NaN's neighbour the way
+ * a > b never holds for a NaN. A NaN result is the code fp8_encode gives the table's NaN. */
+#define FP8_KEY(c) ((((c) & 0x7f) ^ ((c) < 0)) - ((c) < 0))
+#define FP8_ISNAN(c, e4m3) ((e4m3) ? ((c) & 0x7f) == 0x7f : ((c) & 0x7f) > 0x7c)
+#define FP8_MINMAX_BLOCK(VC, op, e4m3, dst, src, nsrc, i)                                               \
   do {                                                                                                  \
-    VU v_, e_, m_, r_, k_;                                                                              \
-    BYTES_TO_U32(v_, (p));                                                                              \
-    VU s_ = (v_ & 0x80u) << 24;                                                                         \
-    VF sub_;                                                                                            \
-    if (e4m3) {                                                                                         \
-      e_ = (v_ >> 3) & 0xfu;                                                                            \
-      m_ = v_ & 7u;                                                                                     \
-      r_ = s_ | ((e_ + 120u) << 23) | (m_ << 20);                                                       \
-      sub_ = __builtin_convertvector((VI)m_, VF) * 0x1p-9f;                                             \
-      k_ = (VU)(e_ == 0u); r_ = (r_ & ~k_) | (((VU)sub_ | s_) & k_);                                    \
-      k_ = (VU)((v_ & 0x7fu) == 0x7fu); r_ = (r_ & ~k_) | (0x7fc00000u & k_);                           \
-    } else {                                                                                            \
-      e_ = (v_ >> 2) & 0x1fu;                                                                           \
-      m_ = v_ & 3u;                                                                                     \
-      r_ = s_ | ((e_ + 112u) << 23) | (m_ << 21);                                                       \
-      sub_ = __builtin_convertvector((VI)m_, VF) * 0x1p-16f;                                            \
-      k_ = (VU)(e_ == 0u); r_ = (r_ & ~k_) | (((VU)sub_ | s_) & k_);                                    \
-      k_ = (VU)(e_ == 31u); r_ = (r_ & ~k_) | ((s_ | 0x7f800000u) & k_);                                \
-      k_ = (VU)((e_ == 31u) & (m_ != 0u)); r_ = (r_ & ~k_) | (0x7fc00000u & k_);                        \
+    VC a_[4], x_, keep_; /* four vectors side by side: each source's fold is a chain of compares */     \
+    _Pragma("GCC unroll 4") for (int j_ = 0; j_ < 4; j_++)                                              \
+      memcpy(&a_[j_], (const uint8_t *)(src)[0] + (i) + j_ * sizeof(VC), sizeof(VC));                   \
+    for (int k_ = 1; k_ < (nsrc); k_++) {                                                               \
+      const uint8_t *p_ = (const uint8_t *)(src)[k_] + (i);                                             \
+      _Pragma("GCC unroll 4") for (int j_ = 0; j_ < 4; j_++) {                                          \
+        memcpy(&x_, p_ + j_ * sizeof(VC), sizeof(VC));                                                  \
+        keep_ = (op) == MPLANE_HFREDUCE_MAX ? FP8_KEY(a_[j_]) > FP8_KEY(x_) : FP8_KEY(a_[j_]) < FP8_KEY(x_); \
+        keep_ &= ~(FP8_ISNAN(a_[j_], e4m3) | FP8_ISNAN(x_, e4m3));                                      \
+        a_[j_] = (a_[j_] & keep_) | (x_ & ~keep_);                                                      \
+      }                                                                                                 \
     }                                                                                                   \
-    (x) = (VF)r_;                                                                                       \
+    _Pragma("GCC unroll 4") for (int j_ = 0; j_ < 4; j_++) {                                            \
+      VC nan_ = FP8_ISNAN(a_[j_], e4m3);                                                                \
+      a_[j_] = (a_[j_] & ~nan_) | (nan_ & ((VC){0} + (int8_t)((e4m3) ? 0x7f : 0x7e)));                  \
+      memcpy((uint8_t *)(dst) + (i) + j_ * sizeof(VC), &a_[j_], sizeof(VC));                            \
+    }                                                                                                   \
   } while (0)
 
 /* One ISA's kernel. The body is inlined once per (dtype, op) with both constant, so the block loop
  * carries no branch on them; the tail (n % block) goes the scalar way. */
-#define DEFINE_SIMD(NAME, TARGET, VF, VU, VI, VB, W, F16_LOAD, F16_STORE, BYTES_TO_U32)                      \
+#define DEFINE_SIMD(NAME, TARGET, VF, VU, VI, VB, VH, VS, VC, W, F16_LOAD, F16_STORE, BYTES_TO_U16, H_TO_F32, F32_TO_H)                      \
   __attribute__((target(TARGET), always_inline)) static inline void NAME##_body(                          \
       const int dtype, const int op, void *dst, const void *const *src, int nsrc, size_t n) {              \
-    const size_t per = dtype == MPLANE_HFREDUCE_BFLOAT16 ? 2 * (W) : (W);                                  \
-    const size_t blocks = n / per;                                                                         \
     const int e4m3 = dtype == MPLANE_HFREDUCE_FP8_E4M3;                                                    \
+    const int fp8 = e4m3 || dtype == MPLANE_HFREDUCE_FP8_E5M2;                                              \
+    const size_t per = !fp8 ? (dtype == MPLANE_HFREDUCE_BFLOAT16 ? 2 * (W) : (W))                            \
+                       : op == MPLANE_HFREDUCE_SUM ? sizeof(VC) : 4 * sizeof(VC);                          \
+    const size_t blocks = n / per;                                                                         \
     for (size_t b = 0; b < blocks; b++) {                                                                  \
       const size_t i = b * per;                                                                            \
+      if (fp8 && op != MPLANE_HFREDUCE_SUM) {                                                              \
+        FP8_MINMAX_BLOCK(VC, op, e4m3, dst, src, nsrc, i);                                                 \
+        continue;                                                                                          \
+      }                                                                                                    \
+      if (fp8) { /* 4W a block, four sums side by side: a source's pointer read once per 4W */             \
+        VF s4[4], x4;                                                                                      \
+        VC nanb = {0}, xb; /* e4m3: the lanes with a NaN input */                                          \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                                \
+          FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, s4[j], (const uint8_t *)src[0] + i + j * (W), e4m3); \
+        if (e4m3) {                                                                                        \
+          memcpy(&xb, (const uint8_t *)src[0] + i, sizeof(VC));                                            \
+          nanb |= (xb | (int8_t)0x80) == (int8_t)-1;                                                       \
+        }                                                                                                  \
+        for (int k = 1; k < nsrc; k++) {                                                                   \
+          const uint8_t *p_ = (const uint8_t *)src[k] + i;                                                 \
+          if (e4m3) {                                                                                      \
+            memcpy(&xb, p_, sizeof(VC));                                                                   \
+            nanb |= (xb | (int8_t)0x80) == (int8_t)-1;                                                     \
+          }                                                                                                \
+          _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                            \
+            FP8_DECODE(VF, VH, VS, BYTES_TO_U16, H_TO_F32, x4, p_ + j * (W), e4m3);                        \
+            s4[j] = ADD_ACC_FIRST(s4[j], x4);                                                              \
+          }                                                                                                \
+        }                                                                                                  \
+        VC out;                                                                                            \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                              \
+          VB bytes;                                                                                        \
+          FP8_ENCODE(VF, VU, VH, VB, F32_TO_H, bytes, s4[j], e4m3);                                        \
+          memcpy((uint8_t *)&out + j * (W), &bytes, (W));                                                  \
+        }                                                                                                  \
+        if (e4m3) out = (out & ~nanb) | (nanb & (int8_t)0x7f);                                             \
+        memcpy((uint8_t *)dst + i, &out, sizeof(VC));                                                      \
+        continue;                                                                                          \
+      }                                                                                                    \
       if (dtype == MPLANE_HFREDUCE_BFLOAT16) {                                                             \
         VU w;                                                                                              \
         memcpy(&w, (const uint16_t *)src[0] + i, (W) * 4);                                                 \
@@ -304,19 +404,13 @@ typedef uint8_t v8b __attribute__((vector_size(8)));
       VF acc = {0}, x; /* nsrc >= 1: the first source sets it */                                         \
       for (int k = 0; k < nsrc; k++) {                                                                     \
         if (dtype == MPLANE_HFREDUCE_FLOAT32) memcpy(&x, (const float *)src[k] + i, (W) * 4);              \
-        else if (dtype == MPLANE_HFREDUCE_FLOAT16) F16_LOAD(x, (const uint16_t *)src[k] + i);              \
-        else FP8_DECODE(VF, VU, VI, BYTES_TO_U32, x, (const uint8_t *)src[k] + i, e4m3);                      \
+        else F16_LOAD(x, (const uint16_t *)src[k] + i);                                                    \
         acc = k == 0 ? x : OP_V(VF, VU, op, acc, x);                                                       \
       }                                                                                                    \
       if (dtype == MPLANE_HFREDUCE_FLOAT32) {                                                              \
         memcpy((float *)dst + i, &acc, (W) * 4);                                                           \
-      } else if (dtype == MPLANE_HFREDUCE_FLOAT16) {                                                       \
-        F16_STORE((uint16_t *)dst + i, acc);                                                               \
       } else {                                                                                             \
-        VU code;                                                                                           \
-        FP8_ENCODE(VF, VU, VI, code, acc, e4m3);                                                           \
-        VB bytes = __builtin_convertvector(code, VB);                                                      \
-        memcpy((uint8_t *)dst + i, &bytes, (W));                                                           \
+        F16_STORE((uint16_t *)dst + i, acc);                                                               \
       }                                                                                                    \
     }                                                                                                      \
     reduce_scalar_range(dtype, op, dst, src, nsrc, blocks * per, n);                                      \
@@ -364,22 +458,56 @@ typedef uint8_t v8b __attribute__((vector_size(8)));
     memcpy(&v_, &(v), 64);                                                                            \
     _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v_, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); \
   } while (0)
-/* W bytes at p zero-extended to W 32-bit lanes (vpmovzxbd: gcc's __builtin_convertvector does it
- * byte by byte) */
-#define BYTES_TO_U32_AVX2(v, p)                                                        \
+/* W bytes at p zero-extended to W 16-bit lanes (vpmovzxbw: gcc's __builtin_convertvector does it
+ * byte by byte), and W FP16 lanes widened to floats (F16C) */
+#define BYTES_TO_U16_AVX2(v, p)                                                        \
   do {                                                                                 \
-    __m256i w_ = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)));         \
+    __m128i w_ = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p)));            \
+    memcpy(&(v), &w_, 16);                                                             \
+  } while (0)
+#define BYTES_TO_U16_AVX512(v, p)                                                      \
+  do {                                                                                 \
+    __m256i w_ = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p)));         \
     memcpy(&(v), &w_, 32);                                                             \
   } while (0)
-#define BYTES_TO_U32_AVX512(v, p)                                                      \
+#define H_TO_F32_AVX2(x, h)                                                            \
   do {                                                                                 \
-    __m512i w_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)));         \
-    memcpy(&(v), &w_, 64);                                                             \
+    __m128i hh_;                                                                       \
+    memcpy(&hh_, &(h), 16);                                                            \
+    __m256 f_ = _mm256_cvtph_ps(hh_);                                                  \
+    memcpy(&(x), &f_, 32);                                                             \
+  } while (0)
+#define H_TO_F32_AVX512(x, h)                                                          \
+  do {                                                                                 \
+    __m256i hh_;                                                                       \
+    memcpy(&hh_, &(h), 32);                                                            \
+    __m512 f_ = _mm512_cvtph_ps(hh_);                                                  \
+    memcpy(&(x), &f_, 64);                                                             \
+  } while (0)
+#define F32_TO_H_AVX2(h, x)                                                            \
+  do {                                                                                 \
+    __m256 f_;                                                                         \
+    VF_COPY(f_, x);                                                                    \
+    __m128i hh_ = _mm256_cvtps_ph(f_, _MM_FROUND_TO_NEAREST_INT);                      \
+    memcpy(&(h), &hh_, 16);                                                            \
+  } while (0)
+#define F32_TO_H_AVX512(h, x)                                                          \
+  do {                                                                                 \
+    __m512 f_;                                                                         \
+    VF_COPY(f_, x);                                                                    \
+    __m256i hh_ = _mm512_cvtps_ph(f_, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  \
+    memcpy(&(h), &hh_, 32);                                                            \
+  } while (0)
+#define VF_COPY(dst, x)                                                                \
+  do {                                                                                 \
+    __typeof__(x) x_ = (x);                                                            \
+    memcpy(&(dst), &x_, sizeof(dst));                                                  \
   } while (0)
 
-DEFINE_SIMD(reduce_avx2, "avx2,f16c", v8f, v8u, v8i, v8b, 8, F16_LOAD_AVX2, F16_STORE_AVX2, BYTES_TO_U32_AVX2)
-DEFINE_SIMD(reduce_avx512, "avx512f,avx512bw,avx2,f16c", v16f, v16u, v16i, v16b, 16, F16_LOAD_AVX512,
-            F16_STORE_AVX512, BYTES_TO_U32_AVX512)
+DEFINE_SIMD(reduce_avx2, "avx2,f16c", v8f, v8u, v8i, v8b, v8h, v8s, v32c, 8, F16_LOAD_AVX2, F16_STORE_AVX2,
+            BYTES_TO_U16_AVX2, H_TO_F32_AVX2, F32_TO_H_AVX2)
+DEFINE_SIMD(reduce_avx512, "avx512f,avx512bw,avx2,f16c", v16f, v16u, v16i, v16b, v16h, v16s, v64c, 16, F16_LOAD_AVX512,
+            F16_STORE_AVX512, BYTES_TO_U16_AVX512, H_TO_F32_AVX512, F32_TO_H_AVX512)
 
 void mp_hfr_reduce_isa(int isa, int dtype, int op, void *dst, const void *const *src, int nsrc, size_t n) {
   if (nsrc <= 0 || n == 0) return;

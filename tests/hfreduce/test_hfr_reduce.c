@@ -78,6 +78,43 @@ static void simd_matches_scalar(void **state) {
   assert_true(checked > 0);
 }
 
+/* FP8 byte for byte, NaN codes included (simd_matches_scalar lets any NaN match any): every pair of
+ * codes, then every pair after a third source of each code that rounds, saturates or makes a NaN
+ * (infinities of both signs, the largest values, NaN codes, zeros, the least subnormal), for every
+ * op, on every ISA; as many elements as pairs, so the blocks and their tails see every code. */
+static void fp8_every_code_exact(void **state) {
+  (void)state;
+  const size_t n = 65536 + 7; /* and a tail */
+  const uint8_t thirds[] = {0x00, 0x80, 0x01, 0x81, 0x7b, 0xfb, 0x7c, 0xfc, 0x7d, 0xfd, 0x7e, 0xfe, 0x7f, 0xff};
+  uint8_t *a = malloc(n), *b = malloc(n), *c = malloc(n), *want = malloc(n), *got = malloc(n);
+  assert_non_null(a && b && c && want && got);
+  for (size_t i = 0; i < n; i++) a[i] = (uint8_t)i, b[i] = (uint8_t)(i >> 8);
+  int checked = 0;
+  for (int isa = 1; isa < MP_HFR_NISA; isa++) {
+    if (!mp_hfr_isa_supported(isa)) continue;
+    for (int dtype = MPLANE_HFREDUCE_FP8_E4M3; dtype <= MPLANE_HFREDUCE_FP8_E5M2; dtype++)
+      for (int op = 0; op < MPLANE_HFREDUCE_NOPS; op++)
+        for (int t = -1; t < (int)sizeof(thirds); t++) {
+          if (t >= 0) memset(c, thirds[t], n);
+          const void *src[3] = {t >= 0 ? c : a, t >= 0 ? a : b, b};
+          int nsrc = t >= 0 ? 3 : 2;
+          for (int k = 1; k <= nsrc; k++) { /* the first k sources: one source is the codes alone */
+            mp_hfr_reduce_isa(MP_HFR_ISA_SCALAR, dtype, op, want, src, k, n);
+            mp_hfr_reduce_isa(isa, dtype, op, got, src, k, n);
+            for (size_t i = 0; i < n; i++)
+              if (want[i] != got[i])
+                fail_msg("%s %s %s, %d sources (third 0x%02x), element %zu: 0x%02x, the scalar code 0x%02x",
+                         mp_hfr_isa_name(isa), mp_hfr_dtype_name(dtype), mp_hfr_op_name(op), k,
+                         t >= 0 ? thirds[t] : 0, i, got[i], want[i]);
+            checked++;
+          }
+        }
+  }
+  free(a), free(b), free(c), free(want), free(got);
+  if (!mp_hfr_isa_supported(MP_HFR_ISA_AVX2)) skip();
+  assert_true(checked > 0);
+}
+
 static void conversions(void **state) {
   (void)state;
   /* bf16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even is 1.0 (0x3f80); 1 + 3*2^-8 rounds up */
@@ -145,6 +182,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(conversions),
       cmocka_unit_test(simd_matches_scalar),
+      cmocka_unit_test(fp8_every_code_exact),
       cmocka_unit_test(double_tree),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

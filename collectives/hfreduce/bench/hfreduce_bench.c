@@ -1,10 +1,12 @@
 /* mplane-hfreduce-bench: HFReduce's numbers on one host (docs/hfreduce.md, scripts/hfreduce-bench.sh).
  *
- *   mplane-hfreduce-bench reduce [--mib M] [--rounds R] [--sources S]
+ *   mplane-hfreduce-bench reduce [--mib M] [--rounds R] [--sources S] [--dtype NAME|all] [--op sum|max|min|all]
  *       the CPU reduce rate of every dtype (S inputs folded into one output, the node's reduce-scatter
  *       step on one core) beside a STREAM triad (a = b + s * c, doubles) on arrays of the same size,
  *       alternated round by round (this host is shared: a paired baseline); GB/s of memory traffic
- *       (reduce: (S + 1) x bytes; triad: 3 x bytes), the median of the rounds
+ *       (reduce: (S + 1) x bytes; triad: 3 x bytes), the median of the rounds; and the kernel's time
+ *       per element in cache (4096 elements a source, 10 ms of the thread's CPU time, the median of the rounds).
+ *       By default every dtype, sum.
  *   mplane-hfreduce-bench allreduce [--nodes N] [--per-node L] [--min 1M] [--max 512M] [--iters I]
  *                                   [--dtype bfloat16]
  *       forks N x L ranks (nodes told apart by NCCL_HOSTID, over the transport MPLANE_TRANSPORT and
@@ -55,7 +57,27 @@ static double triad(double *a, const double *b, const double *c, size_t n) {
   return now_s() - t0;
 }
 
-static int bench_reduce(size_t mib, int rounds, int nsrc) {
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ns per element of one reduce call on n elements (in cache after the first), repeated for 10 ms of
+ * this thread's CPU time (a shared host's other work does not count) */
+static double in_cache_ns(int isa, int dtype, int op, void *dst, void *const *src, int nsrc, size_t n) {
+  long reps = 0;
+  double t0 = thread_cpu_s(), t;
+  do {
+    for (int k = 0; k < 64; k++, reps++)
+      mp_hfr_reduce_isa(isa, dtype, op, dst, (const void *const *)src, nsrc, n);
+    t = thread_cpu_s() - t0;
+  } while (t < 0.01);
+  return t / (double)reps / (double)n * 1e9;
+}
+
+/* only_dtype -1: every dtype; only_op -1: sum, -2: every op */
+static int bench_reduce(size_t mib, int rounds, int nsrc, int only_dtype, int only_op) {
   size_t bytes = mib << 20;
   double *ta = malloc(bytes), *tb = malloc(bytes), *tc = malloc(bytes);
   void *src[16], *dst = malloc(bytes);
@@ -70,23 +92,27 @@ static int bench_reduce(size_t mib, int rounds, int nsrc) {
   int isa = mp_hfr_isa_best();
   printf("# reduce vs triad: %zu MiB arrays, %d sources, one core, %s kernels, median of %d alternated rounds\n",
          mib, nsrc, mp_hfr_isa_name(isa), rounds);
-  printf("%-10s %-6s %10s %10s %8s\n", "dtype", "op", "reduce", "triad", "ratio");
-  for (int dtype = 0; dtype < MPLANE_HFREDUCE_NDTYPES; dtype++) {
-    size_t n = bytes / mp_hfr_dtype_size(dtype);
-    double r[64], t[64], ratio[64];
-    for (int k = 0; k < rounds && k < 64; k++) {
-      double tt = triad(ta, tb, tc, bytes / 8);
-      double t0 = now_s();
-      mp_hfr_reduce_isa(isa, dtype, MPLANE_HFREDUCE_SUM, dst, (const void *const *)src, nsrc, n);
-      double tr = now_s() - t0;
-      t[k] = 3.0 * (double)bytes / tt / 1e9;
-      r[k] = (double)(nsrc + 1) * (double)bytes / tr / 1e9;
-      ratio[k] = r[k] / t[k];
+  printf("%-10s %-6s %10s %10s %8s %12s\n", "dtype", "op", "reduce", "triad", "ratio", "in cache");
+  for (int dtype = 0; dtype < MPLANE_HFREDUCE_NDTYPES; dtype++)
+    for (int op = 0; op < MPLANE_HFREDUCE_NOPS; op++) {
+      if ((only_dtype >= 0 && dtype != only_dtype) || (only_op != -2 && op != (only_op >= 0 ? only_op : MPLANE_HFREDUCE_SUM)))
+        continue;
+      size_t n = bytes / mp_hfr_dtype_size(dtype);
+      double r[64], t[64], ratio[64], c[64];
+      for (int k = 0; k < rounds && k < 64; k++) {
+        double tt = triad(ta, tb, tc, bytes / 8);
+        double t0 = now_s();
+        mp_hfr_reduce_isa(isa, dtype, op, dst, (const void *const *)src, nsrc, n);
+        double tr = now_s() - t0;
+        t[k] = 3.0 * (double)bytes / tt / 1e9;
+        r[k] = (double)(nsrc + 1) * (double)bytes / tr / 1e9;
+        ratio[k] = r[k] / t[k];
+        c[k] = in_cache_ns(isa, dtype, op, dst, src, nsrc, 4096);
+      }
+      int m = rounds < 64 ? rounds : 64;
+      printf("%-10s %-6s %8.2f GB/s %6.2f GB/s %7.0f%% %7.3f ns/el\n", mp_hfr_dtype_name(dtype), mp_hfr_op_name(op),
+             median(r, m), median(t, m), 100.0 * median(ratio, m), median(c, m));
     }
-    int m = rounds < 64 ? rounds : 64;
-    printf("%-10s %-6s %8.2f GB/s %6.2f GB/s %7.0f%%\n", mp_hfr_dtype_name(dtype), "sum", median(r, m), median(t, m),
-           100.0 * median(ratio, m));
-  }
   fflush(stdout);
   return 0;
 }
@@ -184,14 +210,14 @@ static int bench_allreduce(const struct ar_opts *o) {
 
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "reduce") && strcmp(argv[1], "allreduce"))) {
-    fprintf(stderr, "usage: %s reduce [--mib M] [--rounds R] [--sources S]\n"
+    fprintf(stderr, "usage: %s reduce [--mib M] [--rounds R] [--sources S] [--dtype NAME|all] [--op sum|max|min|all]\n"
                     "       %s allreduce [--nodes N] [--per-node L] [--min SIZE] [--max SIZE] [--iters I] [--dtype NAME] "
                     "[--gpu 0|1]\n",
             argv[0], argv[0]);
     return 2;
   }
   size_t mib = 64;
-  int rounds = 7, nsrc = 4;
+  int rounds = 7, nsrc = 4, reduce_dtype = -1, reduce_op = -1;
   struct ar_opts o = {.nodes = 2, .per_node = 4, .iters = 3, .dtype = MPLANE_HFREDUCE_BFLOAT16, .min = 1 << 20,
                       .max = 512L << 20};
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -205,7 +231,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(k, "--max")) o.max = parse_size(v);
     else if (!strcmp(k, "--iters")) o.iters = atoi(v);
     else if (!strcmp(k, "--gpu")) o.gpu = atoi(v);
-    else if (!strcmp(k, "--dtype")) {
+    else if (!strcmp(k, "--op")) {
+      reduce_op = -2; /* all */
+      for (int op = 0; op < MPLANE_HFREDUCE_NOPS; op++)
+        if (!strcmp(v, mp_hfr_op_name(op))) reduce_op = op;
+      if (reduce_op == -2 && strcmp(v, "all")) {
+        fprintf(stderr, "--op %s: expected sum, max, min or all\n", v);
+        return 2;
+      }
+    } else if (!strcmp(k, "--dtype") && !strcmp(v, "all")) {
+      reduce_dtype = -1;
+    } else if (!strcmp(k, "--dtype")) {
       o.dtype = -1;
       for (int d = 0; d < MPLANE_HFREDUCE_NDTYPES; d++)
         if (!strcmp(v, mp_hfr_dtype_name(d))) o.dtype = d;
@@ -213,12 +249,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--dtype %s: expected float32, float16, bfloat16, fp8_e4m3 or fp8_e5m2\n", v);
         return 2;
       }
+      reduce_dtype = o.dtype;
     } else {
       fprintf(stderr, "unknown option %s\n", k);
       return 2;
     }
   }
-  if (!strcmp(argv[1], "reduce")) return bench_reduce(mib, rounds, nsrc);
+  if (!strcmp(argv[1], "reduce")) return bench_reduce(mib, rounds, nsrc, reduce_dtype, reduce_op);
   if (o.nodes < 1 || o.per_node < 1 || o.nodes * o.per_node > 256 || o.min <= 0 || o.max < o.min) {
     fprintf(stderr, "allreduce: bad shape or sizes\n");
     return 2;
