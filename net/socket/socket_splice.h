@@ -17,7 +17,7 @@ int mps_splice_step(struct mps_stream *st);
 /* The chunk just spliced waits for its ack. 0, or -1 with no memory for the record. */
 int mps_splice_wait_ack(struct mps_stream *st, struct mps_send_req *req, uint32_t slot);
 /* Complete the spliced chunks whose acks have arrived, without blocking. 0 ok (the socket is empty
- * or nothing is awaited), 1 the peer closed it with nothing awaited, -1 the peer failed or broke
+ * or nothing is awaited), 1 the peer closed (or reset) it with nothing awaited, -1 the peer failed or broke
  * the protocol (why). */
 int mps_splice_reap(struct mps_stream *st, char *why, size_t wlen);
 /* 0 until a chunk's pages could not be spliced: then every stream copies (the memory is not one
