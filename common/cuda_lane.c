@@ -65,7 +65,7 @@ struct cu_signal_lane {
   struct mplane_lane_ctl *ctl;
   CUstream kstream;  /* the kernel's own: work queued behind it would wait for it to exit */
   CUfunction fn;
-  uint64_t launched; /* epochs launched; ctl->exited == launched: none live */
+  uint64_t launched; /* epochs launched (stores atomic: klanes_kick reads it unlocked); ctl->exited == launched: none live */
   uint64_t ce_seq;
   size_t kmax; /* bigger copies go to the copy engine */
   /* The fallback (klane_fallback): where the kernel makes no progress for stall_ns with ops waiting,
@@ -244,7 +244,7 @@ static int klane_kick(struct cu_signal_lane *l, int watch) {
     snprintf(why, sizeof(why), "could not be launched: %s (CUDA error %d)", mplane_cu_err(r), r);
     return klane_fallback(l, why);
   }
-  l->launched++;
+  __atomic_store_n(&l->launched, l->launched + 1, __ATOMIC_RELAXED); /* klanes_kick reads it without the lock */
   return 0;
 }
 
