@@ -56,7 +56,7 @@ struct cu_signal_lane {
   /* Asynchronous copies (mplane_cuda_copy_async): each is followed on the stream by a write of
    * ++seq into *done, pinned host memory the GPU writes and the CPU polls. */
   volatile uint64_t *done;
-  uint64_t seq;
+  uint64_t seq; /* under lock; stores atomic: klanes_kick reads it without the lock */
   /* MPLANE_GIN_LANE=kernel: ops go to the lane kernel's ring (cuda_lane_ring.h) instead, seq counts
    * them and done points at the ring's done word. Big copies still go to the stream (the copy
    * engine), bracketed by a wait for the ring and a write of ce_done that a WAIT op in the ring
@@ -65,7 +65,7 @@ struct cu_signal_lane {
   struct mplane_lane_ctl *ctl;
   CUstream kstream;  /* the kernel's own: work queued behind it would wait for it to exit */
   CUfunction fn;
-  uint64_t launched; /* epochs launched; ctl->exited == launched: none live */
+  uint64_t launched; /* epochs launched (stores atomic: klanes_kick reads it unlocked); ctl->exited == launched: none live */
   uint64_t ce_seq;
   size_t kmax; /* bigger copies go to the copy engine */
   /* The fallback (klane_fallback): where the kernel makes no progress for stall_ns with ops waiting,
@@ -244,7 +244,7 @@ static int klane_kick(struct cu_signal_lane *l, int watch) {
     snprintf(why, sizeof(why), "could not be launched: %s (CUDA error %d)", mplane_cu_err(r), r);
     return klane_fallback(l, why);
   }
-  l->launched++;
+  __atomic_store_n(&l->launched, l->launched + 1, __ATOMIC_RELAXED); /* klanes_kick reads it without the lock */
   return 0;
 }
 
@@ -265,7 +265,7 @@ static uint64_t klane_push(struct cu_signal_lane *l, uint32_t op, uint64_t dst, 
   struct mplane_lane_cmd *c = &l->ctl->ring[seq % MPLANE_LANE_SLOTS];
   c->op = op, c->to_gpu = (uint32_t)to_gpu, c->dst = dst, c->src = src, c->bytes = bytes, c->value = value;
   __atomic_store_n(&c->seq, seq, __ATOMIC_RELEASE);
-  l->seq = seq;
+  __atomic_store_n(&l->seq, seq, __ATOMIC_RELAXED); /* klanes_kick reads it without the lock */
   return klane_kick(l, 0) == 0 ? seq : 0;
 }
 
@@ -301,7 +301,8 @@ static uint64_t klane_copy_engine(struct cu_signal_lane *l, void *dst, const voi
   w = (struct cu_write_op){.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64,
                            .address = (CUdeviceptr)(uintptr_t)&l->ctl->ce_done, .value = l->ce_seq};
   if (mplane_cu.cuStreamBatchMemOp(l->stream, 1, &w, 0) != CUDA_SUCCESS || lane_mark(l, l->seq + 1) != 0) return 0;
-  return ++l->seq;
+  __atomic_store_n(&l->seq, l->seq + 1, __ATOMIC_RELAXED); /* klanes_kick reads it without the lock */
+  return l->seq;
 }
 
 static struct cu_signal_lane *signal_lane(int gpu) {
@@ -562,7 +563,10 @@ uint64_t mplane_cuda_copy_async(int gpu, void *dst, const void *src, size_t byte
                       : mplane_cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, l->stream);
   driver_took(t0, to_gpu ? "cuMemcpyHtoDAsync, bytes" : "cuMemcpyDtoHAsync, bytes", bytes);
   uint64_t seq = 0;
-  if (r == CUDA_SUCCESS && lane_mark(l, l->seq + 1) == 0) seq = ++l->seq;
+  if (r == CUDA_SUCCESS && lane_mark(l, l->seq + 1) == 0) {
+    seq = l->seq + 1;
+    __atomic_store_n(&l->seq, seq, __ATOMIC_RELAXED); /* klanes_kick reads it without the lock */
+  }
   pthread_mutex_unlock(&l->lock);
   return seq;
 }

@@ -764,7 +764,7 @@ int main(int argc, char **argv) {
   void *ctx = NULL;
   ncclNet_v11_t *net = open_plugin(o.plugin, &ctx);
   print_devices(net);
-  if (o.devices_only) return 0;
+  if (o.devices_only) return net->finalize(ctx) == ncclSuccess ? 0 : 1;
 
   ncclNetProperties_v11_t p0;
   NCHECK(net->getProperties(0, &p0));
@@ -849,6 +849,7 @@ int main(int argc, char **argv) {
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) die("sender process failed");
   NCHECK(net->closeRecv(recv_comm));
   NCHECK(net->closeListen(listen_comm));
+  NCHECK(net->finalize(ctx)); /* frees init's context: LeakSanitizer runs this tool (tests/abi/sanitize.sh) */
   for (int i = 0; i < o.raw_streams; i++) close(raw.fds[i]);
   if (raw.lfd >= 0) close(raw.lfd);
   if (o.repeat > 1) {

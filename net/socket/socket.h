@@ -447,7 +447,7 @@ struct mps_slot {
   uint64_t total;    /* atomic, from the first chunk */
   int state;         /* atomic, enum mps_slot_state */
   int lock;          /* atomic spin lock over nranges/ranges (chunks of one message only) */
-  int nranges;
+  int nranges;       /* under lock; atomic stores: recv_test reads it without the lock */
   struct { uint64_t off, len; } ranges[MPS_MAX_STREAMS]; /* claimed by the chunks so far */
   void *phandle;     /* NCCL's profiler handle of this buffer's receive (net/profiler.h) */
 };

@@ -663,16 +663,29 @@ int mps_stream_listener_port(int dev, int sl) {
   return port;
 }
 
+/* Dropped streams whose memory waits for the next sweep (pool thread 0 only). listener_io drops the
+ * oldest stream to make room while thread 0 may still hold an event of it from the same epoll_wait:
+ * that event then finds it off g_hellos (hello_io), not freed memory. The sweep runs before the next
+ * wait, once every event of the last one was handled. */
+static struct mps_stream *g_dropped;
+
 static void hello_drop(int i, const char *why) {
   struct mps_stream *st = g_hellos[i];
   if (why) MP_WARN("socket: data stream from %s %s; dropped", st->peer, why);
   mps_engine_forget(st);
   close(st->fd);
-  free(st);
+  st->fd = -1;
+  st->next = g_dropped;
+  g_dropped = st;
   g_hellos[i] = g_hellos[--g_nhellos];
 }
 
 int mps_stream_hellos_sweep(void) {
+  while (g_dropped) {
+    struct mps_stream *st = g_dropped;
+    g_dropped = st->next;
+    free(st);
+  }
   if (!g_nhellos) return -1;
   double now = mplane_now_s();
   for (int i = 0; i < g_nhellos;) {

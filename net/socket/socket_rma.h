@@ -166,7 +166,7 @@ struct mpr_conn {
   int wbusy;                           /* a thread is writing: MPR_W_WRITER, or MPR_W_NOW (sent at once) */
   /* Records NCCL's progress thread queued without waking the writer: rmaProgress sends them in one
    * sendmsg once a pass added no op to them (a burst is over) or the oldest has waited long enough. */
-  int deferred;                        /* queued records wait for rmaProgress */
+  int deferred;                        /* queued records wait for rmaProgress (under lock; stores atomic: read unlocked) */
   uint64_t deferred_ns;                /* when the oldest of them was queued */
   uint64_t ops_added, ops_seen;        /* ops deferred so far; as of the previous rmaProgress */
   int held;                            /* NCCL's aggregation hint: a run of ops is being posted */

@@ -238,7 +238,7 @@ const char *mpr_kind_name(int kind) {
 void mpr_conn_fail(struct mpr_conn *c, const char *why) {
   pthread_mutex_lock(&c->lock);
   int first = !c->failed && !c->stop && !c->peer_closed, cut = !c->failed;
-  c->failed = 1;
+  __atomic_store_n(&c->failed, 1, __ATOMIC_RELEASE); /* reader_idle reads it without the lock */
   struct mpr_req *lists[2] = {c->p_head, c->q_head};
   c->p_head = c->p_tail = c->q_head = c->q_tail = NULL;
   __atomic_store_n(&c->answers, 0, __ATOMIC_RELAXED);
@@ -578,7 +578,7 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
   number_locked(c, r);
   if (!small || c->wbusy || (c->q_head && !c->deferred)) { /* the writer's: big, or it is at work */
     queue_locked(c, r);
-    c->deferred = 0;
+    __atomic_store_n(&c->deferred, 0, __ATOMIC_RELAXED); /* mpr_conn_kick and flush_deferred read it without the lock */
     pthread_cond_signal(&c->cond);
     pthread_mutex_unlock(&c->lock);
     return ncclSuccess;
@@ -588,7 +588,7 @@ ncclResult_t mpr_conn_send(struct mpr_conn *c, struct mpr_req *r) {
    * where that cannot be, the record is copied out and sent at once, NCCL's thread waiting. */
   if (mpr_progress_thread && (!gpu_data(r->kind, &r->m, &r->src) || stage_out_locked(c, r))) { /* rmaProgress sends it */
     if (!c->deferred) c->deferred_ns = mplane_now_ns();
-    c->deferred = 1;
+    __atomic_store_n(&c->deferred, 1, __ATOMIC_RELAXED); /* mpr_conn_kick and flush_deferred read it without the lock */
     c->ops_added++; /* answers too: an answer waits a pass for the op its poster may add next */
     queue_locked(c, r);
     pthread_mutex_unlock(&c->lock);
@@ -606,7 +606,7 @@ static void send_queued_locked(struct mpr_conn *c) {
   int n = take_batch(c, o, 1);
   /* What is left behind a copy out of GPU memory stays rmaProgress's to send, no writer wake-up
    * (whether the copy has completed by now or not: it may have, since take_batch looked). */
-  c->deferred = c->q_head && c->q_head->staged;
+  __atomic_store_n(&c->deferred, c->q_head && c->q_head->staged, __ATOMIC_RELAXED); /* mpr_conn_kick and flush_deferred read it without the lock */
   if (n == 0) {
     pthread_mutex_unlock(&c->lock);
     return;
@@ -797,15 +797,14 @@ static int take_response(struct mpr_conn *c, const struct mpr_msg *m, char *why,
     return -1;
   }
   if (m->status != MPR_OK) {
+    /* the whole message before the finish: once r is done, test() may log it and free r */
+    char limit[48] = "";
+    if (m->limit) snprintf(limit, sizeof(limit), " of that size (%llu bytes)", (unsigned long long)m->limit);
     mpr_req_finish(r, ncclInvalidUsage,
                "RMA %s to %s refused by the target (context %d, window %u, offset %llu, size %llu%s): %s%s",
                mpr_kind_name(r->kind), c->peer_str, c->context, r->m.win, (unsigned long long)r->m.off,
                (unsigned long long)r->m.size, r->m.sig_win != MPR_NO_WIN ? ", with a signal" : "",
-               status_str(m->status), m->limit ? " of that size" : "");
-    if (m->limit) {
-      size_t l = strlen(r->why);
-      snprintf(r->why + l, sizeof(r->why) - l, " (%llu bytes)", (unsigned long long)m->limit);
-    }
+               status_str(m->status), limit);
     return 0;
   }
   if (m->type == MPR_GET_RESP && m->size != r->m.size) {
@@ -1292,7 +1291,7 @@ void mpr_conn_kick(struct mpr_conn *c) {
   if (!__atomic_load_n(&c->deferred, __ATOMIC_RELAXED) || mplane_now_ns() - last < 1000000) return;
   pthread_mutex_lock(&c->lock);
   if (c->deferred) {
-    c->deferred = 0;
+    __atomic_store_n(&c->deferred, 0, __ATOMIC_RELAXED); /* mpr_conn_kick and flush_deferred read it without the lock */
     pthread_cond_signal(&c->cond);
   }
   pthread_mutex_unlock(&c->lock);

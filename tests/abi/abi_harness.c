@@ -51,6 +51,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -317,13 +318,17 @@ void node_down(struct node *nd) {
 /* ------------------------------------------------------------------ connections, as the proxy makes them */
 
 
+static double call_limit;
+static void call_limit_init(void) {
+  const char *e = getenv("MPLANE_ABI_CALL_LIMIT");
+  call_limit = e && atof(e) > 0 ? atof(e) : CALL_LIMIT_S;
+}
+
 void timed(double t0, const char *what) {
-  /* closes may drain what is in flight: they get more time, but still a bound */
-  static double call_limit;
-  if (call_limit == 0) {
-    const char *e = getenv("MPLANE_ABI_CALL_LIMIT");
-    call_limit = e && atof(e) > 0 ? atof(e) : CALL_LIMIT_S;
-  }
+  /* closes may drain what is in flight: they get more time, but still a bound. Once: the `threads`
+   * scenario times calls from several threads (a lazy static was a data race under TSan) */
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, call_limit_init);
   double limit = strncmp(what, "close", 5) == 0 ? (call_limit > CLOSE_LIMIT_S ? call_limit : CLOSE_LIMIT_S) : call_limit;
   double dt = abi_now() - t0;
   if (dt > limit) abi_fail("%s took %.2f s (limit %.0f s): it blocks the proxy thread", what, dt, limit);

@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 prefix=${1:-build-sanitize}
 fail=0
+# our suppressions (tests/abi/tsan.supp says why each is there); TSan's exit code tells its reports apart
+tsan_opts="suppressions=$PWD/tests/abi/tsan.supp:exitcode=66"
+export TSAN_OPTIONS=$tsan_opts
 for kind in asan tsan; do
   dir="$prefix-$kind"
   if [ "$kind" = asan ]; then opt="address,undefined"; else opt="thread"; fi
@@ -19,7 +22,7 @@ for kind in asan tsan; do
   meson test -C "$dir" --suite unit --print-errorlogs >/dev/null || { echo "FAIL: unit tests under $kind"; fail=1; }
   echo "== $kind: ABI harness, every scenario"
   export MPLANE_SOCKET_IFNAME=${MPLANE_SOCKET_IFNAME:-lo} MPLANE_ABI_TIMEOUT=300
-  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 TSAN_OPTIONS=halt_on_error=1:exitcode=66
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 TSAN_OPTIONS="$tsan_opts:halt_on_error=1"
   if ! "$dir/tests/abi/abi-harness" --plugin "$PWD/$dir/libnccl-net-mplane.so" all 2>&1 |
        tee "$dir/abi-sanitize.log" | grep -E '\]: (PASS|FAIL)|SUMMARY:'; then :; fi
   if grep -qE '\]: FAIL|SUMMARY: (Address|Thread|Leak|UndefinedBehavior)Sanitizer' "$dir/abi-sanitize.log"; then

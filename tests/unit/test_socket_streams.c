@@ -4,15 +4,20 @@
  * stream index already taken, a control hello) is dropped with a WARN and costs the connection
  * nothing. A raw TCP peer plays the sender over loopback. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -156,10 +161,90 @@ static void test_strangers_dropped_streams_land(void **state) {
   close(s2);
 }
 
+/* ---- a full hello table (1024 streams that have not said hello) ---- */
+
+static void pause_handler(int sig) {
+  (void)sig;
+  struct timespec t = {0, 100 * 1000 * 1000};
+  nanosleep(&t, NULL);
+}
+
+/* The kernel id of the pool's thread 0 (the stream listener's, named mplane-io0), or -1. */
+static pid_t io0_tid(void) {
+  DIR *d = opendir("/proc/self/task");
+  pid_t tid = -1;
+  for (struct dirent *e; d && (e = readdir(d)) && tid < 0;) {
+    char path[300], name[32] = "";
+    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    if (fgets(name, sizeof(name), f) && strncmp(name, "mplane-io0\n", 11) == 0) tid = (pid_t)atoi(e->d_name);
+    fclose(f);
+  }
+  if (d) closedir(d);
+  return tid;
+}
+
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  while (d && readdir(d)) n++;
+  if (d) closedir(d);
+  return n;
+}
+
+#define HELLOS_MAX 1024 /* MPS_HELLOS_MAX in socket_conn.c */
+
+/* The table full, one more stream comes and the oldest silent one is dropped, while thread 0 holds
+ * an event of that oldest one from the same wait: thread 0 is held in a signal handler while the new
+ * stream connects and then the oldest sends a byte, so that one epoll_wait returns the listener's
+ * event first and the dropped stream's after it. Its memory must still be there then (it was freed
+ * at once: AddressSanitizer's heap-use-after-free in hello_io); and the listener goes on. */
+static void test_full_hello_table_drops_oldest(void **state) {
+  (void)state;
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_max < 2 * HELLOS_MAX + 200) skip();
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+  struct rig g;
+  rig_up(&g);
+  pid_t io0 = io0_tid();
+  assert_true(io0 > 0);
+  static int silent[HELLOS_MAX];
+  int fds0 = open_fds();
+  for (int i = 0; i < HELLOS_MAX; i++) silent[i] = tcp_to(&g.addr, g.stream_port);
+  double deadline = now() + 20;
+  while (open_fds() < fds0 + 2 * HELLOS_MAX) { /* every one accepted: the table is full */
+    assert_true(now() < deadline);
+    usleep(1000);
+  }
+  struct sigaction sa = {.sa_handler = pause_handler}, old;
+  sigaction(SIGUSR1, &sa, &old);
+  assert_int_equal(syscall(SYS_tgkill, getpid(), io0, SIGUSR1), 0);
+  usleep(20 * 1000); /* it is in the handler now */
+  int extra = tcp_to(&g.addr, g.stream_port);     /* the listener's event first ... */
+  const unsigned char first = (unsigned char)(MPLANE_HANDLE_MAGIC & 0xff);
+  write_all(silent[0], &first, 1);                  /* ... then the oldest one's */
+  assert_true(dropped_within(silent[0], 5));        /* made room for `extra` */
+  /* and the stream listener still serves the connection */
+  int s1 = stream_open(&g, 1, g.hello.nonce), s2 = stream_open(&g, 2, g.hello.nonce);
+  send_chunk(&g, s1, 0, 4096);
+  send_chunk(&g, s2, 4096, 4096);
+  assert_int_equal(test_done_within(&g, 10), 1);
+  sigaction(SIGUSR1, &old, NULL);
+  rig_down(&g);
+  for (int i = 0; i < HELLOS_MAX; i++) close(silent[i]);
+  close(extra);
+  close(s1);
+  close(s2);
+}
+
 int main(void) {
   setenv("MPLANE_TRANSPORT", "socket", 1);
   setenv("MPLANE_SOCKET_IFNAME", "lo", 1);
   if (mplane_net_global_init(NULL) != ncclSuccess) return 1;
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_strangers_dropped_streams_land)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_strangers_dropped_streams_land),
+                                     cmocka_unit_test(test_full_hello_table_drops_oldest)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
