@@ -80,6 +80,7 @@
 #ifndef MPLANE_NET_SOCKET_H
 #define MPLANE_NET_SOCKET_H
 
+#include <errno.h>
 #include <sys/uio.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -345,8 +346,16 @@ int *mps_engine_pipe(struct mps_stream *st);
 /* Pool thread: that pipe holds bytes of st's chunk (bytes > 0; no other stream takes it), or is empty. */
 void mps_engine_pipe_hold(struct mps_stream *st, const int *pipe, size_t bytes);
 size_t mps_engine_pipe_bytes(struct mps_stream *st, const int *pipe);
+/* Grow a ring of elsize-byte entries [*head, *tail) that is full (or has none yet) to twice its
+ * capacity (16 at first), entries kept in order from index 0. 0, or -1 with no memory (unchanged). */
+int mps_ring_grow(void **ring, size_t elsize, unsigned *cap, unsigned *head, unsigned *tail);
 /* socket_data.c: what the pool thread runs for a stream: epoll events (0: chunks were queued). */
 void mps_stream_io(struct mps_stream *st, uint32_t events);
+/* socket_data.c: copy more of st's current chunk (header, then payload, from st->cur.done) into its
+ * socket without blocking. 1 all out, 0 the socket is full, -1 error (errno). */
+int mps_send_copy_step(struct mps_stream *st);
+/* A non-blocking call that did nothing for now (call again), not a failure. */
+static inline int mps_would_block(void) { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
 
 struct mps_send_comm;
 struct mps_recv_comm;

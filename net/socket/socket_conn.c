@@ -777,7 +777,7 @@ static void hello_io(struct mps_stream *st) {
   while (i < g_nhellos && g_hellos[i] != st) i++;
   if (i == g_nhellos) return; /* not one of ours (cannot happen: dropped ones are off the epoll) */
   ssize_t r = recv(st->fd, (char *)&st->hello + st->hhave, sizeof(st->hello) - st->hhave, MSG_DONTWAIT);
-  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (r < 0 && mps_would_block()) return;
   if (r <= 0) return hello_drop(i, NULL); /* closed before its hello: an aborted connect */
   st->hhave += (size_t)r;
   if (st->hhave >= sizeof(st->hello.magic) && st->hello.magic != MPLANE_HANDLE_MAGIC)

@@ -683,8 +683,6 @@ ncclResult_t mps_recv_comm_start(struct mps_recv_comm *c, const int *fds) {
  * Each side has one place where a chunk's transfer on a stream starts and one where it ends:
  * send_chunk_start / send_chunk_end, recv_chunk_start / recv_chunk_end. */
 
-static int would_block(void) { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
-
 /* The stream is done for: no more events. Its fd stays open until its comm closes. */
 static void stream_finish(struct mps_stream *st) {
   st->finished = 1;
@@ -719,8 +717,7 @@ static void send_chunk_end(struct mps_send_comm *c, struct mps_stream *st, int f
   ADD(&st->cur.t.req->chunks_done, 1);
 }
 
-/* Copy the current chunk's header and payload into the socket. 1 all out, 0 full, -1 error. */
-static int send_copy_step(struct mps_stream *st) {
+int mps_send_copy_step(struct mps_stream *st) {
   size_t hlen = sizeof(st->cur.hdr), total = hlen + st->cur.hdr.len;
   while (st->cur.done < total) {
     struct iovec iov[2];
@@ -730,7 +727,7 @@ static int send_copy_step(struct mps_stream *st) {
     if (off < st->cur.hdr.len) iov[n++] = (struct iovec){(char *)st->cur.t.data + off, st->cur.hdr.len - off};
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t w = sendmsg(st->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0) return would_block() ? 0 : -1;
+    if (w < 0) return mps_would_block() ? 0 : -1;
     st->cur.done += (size_t)w;
   }
   return 1;
@@ -749,7 +746,7 @@ static int send_stream_hello(struct mps_send_comm *c, struct mps_stream *st) {
   while (st->hello_sent < sizeof(st->hello)) {
     ssize_t w = send(st->fd, (char *)&st->hello + st->hello_sent, sizeof(st->hello) - st->hello_sent,
                      MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0 && (would_block() || errno == ENOTCONN)) return 0;
+    if (w < 0 && (mps_would_block() || errno == ENOTCONN)) return 0;
     if (w < 0) {
       mps_error_set(&c->err, ncclRemoteError, "data stream to peer %s failed in its handshake: %s", c->peer,
                     strerror(errno));
@@ -787,8 +784,8 @@ static void send_stream_io(struct mps_stream *st, uint32_t events) {
       send_chunk_end(c, st, 1);
       continue;
     }
-    int r = st->cur.spliced ? mps_splice_step(st) : send_copy_step(st);
-    if (r == 2) r = send_copy_step(st);
+    int r = st->cur.spliced ? mps_splice_step(st) : mps_send_copy_step(st);
+    if (r == 2) r = mps_send_copy_step(st);
     if (r == 0) break;
     if (r < 0) {
       mps_error_set(&c->err, ncclRemoteError, "send to peer %s failed: %s (peer closed or died?)", c->peer,
@@ -832,7 +829,7 @@ static int recv_flush_acks(struct mps_stream *st) {
   while (st->nackq) {
     struct mps_ack_out *o = &st->ackq[0];
     ssize_t w = send(st->fd, (char *)&o->a + st->ackq_done, sizeof(o->a) - st->ackq_done, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0 && would_block()) return 0;
+    if (w < 0 && mps_would_block()) return 0;
     int gone = w < 0;
     if (!gone) st->ackq_done += (size_t)w;
     if (gone || st->ackq_done == sizeof(o->a)) {
@@ -893,7 +890,7 @@ static void recv_stream_io(struct mps_stream *st, uint32_t events) {
     }
     if (!st->in_payload) {
       ssize_t r = recv(st->fd, (char *)&st->h + st->hhave, sizeof(st->h) - st->hhave, MSG_DONTWAIT);
-      if (r < 0 && would_block()) break;
+      if (r < 0 && mps_would_block()) break;
       if (r <= 0) {
         if (r == 0) errno = 0;
         return recv_stream_closed(c, st, r == 0 && st->hhave == 0);
@@ -907,7 +904,7 @@ static void recv_stream_io(struct mps_stream *st, uint32_t events) {
       continue;
     }
     ssize_t r = recv(st->fd, st->dst, st->rem, MSG_DONTWAIT);
-    if (r < 0 && would_block()) break;
+    if (r < 0 && mps_would_block()) break;
     if (r <= 0) {
       if (r == 0) errno = 0;
       return recv_stream_closed(c, st, 0);

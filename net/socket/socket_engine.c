@@ -1,7 +1,7 @@
 /* mplane: the socket transport's I/O engine (socket.h, "the I/O engine"). A process holds one pool
  * of I/O threads, whatever its number of peers: each thread waits in epoll on the data streams
  * given to it, round robin as connections attach them, on an eventfd that wakes it for new work,
- * and keeps one splice pipe, made at its first spliced chunk. The threads start as streams come
+ * and keeps a few splice pipes, made when it starts. The threads start as streams come
  * (a process that only ever sends small messages starts none).
  *
  * Locking: a thread's lock covers its streams' send queues, its ready list (send streams with new
@@ -341,24 +341,29 @@ void mps_engine_detach(struct mps_stream *st) {
   st->pool = NULL;
 }
 
+int mps_ring_grow(void **ring, size_t elsize, unsigned *cap, unsigned *head, unsigned *tail) {
+  unsigned ncap = *cap ? *cap * 2 : 16;
+  char *grown = malloc(elsize * ncap), *old = *ring;
+  if (!grown) return -1;
+  for (unsigned i = 0; i < *cap; i++) memcpy(grown + i * elsize, old + ((*head + i) & (*cap - 1)) * elsize, elsize);
+  free(old);
+  *ring = grown;
+  *tail -= *head;
+  *head = 0;
+  *cap = ncap;
+  return 0;
+}
+
 int mps_engine_push(struct mps_stream *st, const struct mps_task *t) {
   struct mps_pool *p = st->pool;
   pthread_mutex_lock(&p->lock);
-  if (st->tail - st->head == st->cap) { /* grow: the thread reads the ring under this lock only */
-    unsigned cap = st->cap ? st->cap * 2 : 16;
-    struct mps_task *tasks = malloc(sizeof(*tasks) * cap);
-    if (!tasks) {
-      pthread_mutex_unlock(&p->lock);
-      MP_WARN("socket: out of memory queueing a chunk (%u chunks queued on one stream, %zu bytes more)", st->cap,
-              sizeof(*tasks) * cap);
-      return -1;
-    }
-    for (unsigned i = 0; i < st->cap; i++) tasks[i] = st->tasks[(st->head + i) & (st->cap - 1)];
-    free(st->tasks);
-    st->tasks = tasks;
-    st->tail = st->tail - st->head;
-    st->head = 0;
-    st->cap = cap;
+  /* grow when full: the thread reads the ring under this lock only */
+  if (st->tail - st->head == st->cap &&
+      mps_ring_grow((void **)&st->tasks, sizeof(*st->tasks), &st->cap, &st->head, &st->tail) != 0) {
+    pthread_mutex_unlock(&p->lock);
+    MP_WARN("socket: out of memory queueing a chunk (%u chunks queued on one stream, %zu bytes more)", st->cap,
+            sizeof(*st->tasks) * (st->cap ? st->cap * 2 : 16));
+    return -1;
   }
   st->tasks[st->tail++ & (st->cap - 1)] = *t;
   if (!st->listed) {

@@ -24,19 +24,6 @@ static int g_splice_off; /* atomic: memory the kernel cannot map was seen */
 
 int mps_splice_off(void) { return __atomic_load_n(&g_splice_off, __ATOMIC_RELAXED); }
 
-static int would_block(void) { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
-
-/* Copy bytes [from, len) of the payload (after a failed vmsplice). 1 all out, 0 full, -1 error. */
-static int copy_rest(struct mps_stream *st, size_t hlen, size_t len) {
-  while (st->cur.done < hlen + len) {
-    size_t off = st->cur.done - hlen;
-    ssize_t w = send(st->fd, st->cur.t.data + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0) return would_block() ? 0 : -1;
-    st->cur.done += (size_t)w;
-  }
-  return 1;
-}
-
 /* The first pages of the chunk into the pipe, before its header says it is spliced. 1 in the pipe;
  * 0 the kernel cannot map them: the chunk goes by copy, unflagged (and so do all later ones). */
 static int splice_first(struct mps_stream *st, int *pipe) {
@@ -65,13 +52,13 @@ int mps_splice_step(struct mps_stream *st) {
   while (st->cur.done < hlen) { /* the header with MSG_MORE: it leaves with the spliced pages after it */
     ssize_t w = send(st->fd, (char *)&st->cur.hdr + st->cur.done, hlen - st->cur.done,
                      MSG_NOSIGNAL | MSG_DONTWAIT | MSG_MORE);
-    if (w < 0) return would_block() ? 0 : -1;
+    if (w < 0) return mps_would_block() ? 0 : -1;
     st->cur.done += (size_t)w;
   }
-  if (st->cur.spliced == 2) return copy_rest(st, hlen, len);
+  if (st->cur.spliced == 2) return mps_send_copy_step(st);
   if (!pipe) { /* no pipe free between two pieces: the rest by copy (the ack still comes) */
     st->cur.spliced = 2;
-    return copy_rest(st, hlen, len);
+    return mps_send_copy_step(st);
   }
   for (;;) {
     size_t inpipe = mps_engine_pipe_bytes(st, pipe);
@@ -82,7 +69,7 @@ int mps_splice_step(struct mps_stream *st) {
       ssize_t v = vmsplice(pipe[1], &iov, 1, SPLICE_F_NONBLOCK);
       if (v <= 0) { /* mapped a moment ago: unlikely; the rest by copy, the ack still comes */
         st->cur.spliced = 2;
-        return copy_rest(st, hlen, len);
+        return mps_send_copy_step(st);
       }
       inpipe = (size_t)v;
       mps_engine_pipe_hold(st, pipe, inpipe);
@@ -90,7 +77,7 @@ int mps_splice_step(struct mps_stream *st) {
     int more = off + inpipe < len;
     ssize_t s = splice(pipe[0], NULL, st->fd, NULL, inpipe,
                        SPLICE_F_MOVE | SPLICE_F_NONBLOCK | (more ? SPLICE_F_MORE : 0));
-    if (s < 0) return would_block() ? 0 : -1;
+    if (s < 0) return mps_would_block() ? 0 : -1;
     if (s == 0) return -1;
     st->cur.done += (size_t)s;
     mps_engine_pipe_hold(st, pipe, inpipe - (size_t)s);
@@ -98,17 +85,9 @@ int mps_splice_step(struct mps_stream *st) {
 }
 
 int mps_splice_wait_ack(struct mps_stream *st, struct mps_send_req *req, uint32_t slot) {
-  if (st->atail - st->ahead == st->acap) {
-    unsigned cap = st->acap ? st->acap * 2 : 16;
-    struct mps_spliced *ring = malloc(sizeof(*ring) * cap);
-    if (!ring) return -1;
-    for (unsigned i = 0; i < st->acap; i++) ring[i] = st->acks[(st->ahead + i) & (st->acap - 1)];
-    free(st->acks);
-    st->acks = ring;
-    st->atail -= st->ahead;
-    st->ahead = 0;
-    st->acap = cap;
-  }
+  if (st->atail - st->ahead == st->acap &&
+      mps_ring_grow((void **)&st->acks, sizeof(*st->acks), &st->acap, &st->ahead, &st->atail) != 0)
+    return -1;
   st->acks[st->atail++ & (st->acap - 1)] = (struct mps_spliced){req, slot};
   return 0;
 }
@@ -120,7 +99,7 @@ int mps_splice_reap(struct mps_stream *st, char *why, size_t wlen) {
     size_t room = want ? (want < 64 ? want : 64) * sizeof(struct mps_ack) - st->ncarry : 1;
     memcpy(acks, st->carry, st->ncarry);
     ssize_t r = recv(st->fd, (char *)acks + st->ncarry, room, MSG_DONTWAIT);
-    if (r < 0 && would_block()) return 0;
+    if (r < 0 && mps_would_block()) return 0;
     /* Closed (or reset: a peer process that exits with bytes of ours unread resets instead of closing)
      * with nothing left to confirm: not an error by itself; a chunk written to it later fails the comm. */
     if (want == 0 && (r == 0 || (r < 0 && (errno == ECONNRESET || errno == EPIPE)))) return 1;
