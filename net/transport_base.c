@@ -1,6 +1,7 @@
 /* mplane: what both transports share below their ops tables (see transport_base.h). */
 #include "transport_base.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -59,4 +60,11 @@ int mplane_connect_stage_keep(struct mplane_stage_set *stages, void *handle, siz
 void mplane_connect_stage_drop(struct mplane_stage_set *stages, void *handle, size_t offset, void *stage) {
   mplane_stage_remove(stages, stage);
   memset((char *)handle + offset, 0, sizeof(stage));
+}
+
+/* ---------------------------------------------------------------- listeners */
+
+int mplane_listen_backlog_waiting(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
 }

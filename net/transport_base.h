@@ -33,6 +33,12 @@ ncclResult_t mplane_error_check(struct mplane_error *e, const char *who);
  * for callers that look again on their next call. */
 ncclResult_t mplane_error_peek(struct mplane_error *e, const char *who);
 
+/* ---------------------------------------------------------------- listeners */
+
+/* 1 if a connection waits in the backlog of listening socket fd (a full table of pending connections
+ * then gives up a stranger's slot). */
+int mplane_listen_backlog_waiting(int fd);
+
 /* ---------------------------------------------------------------- the connect stage in the handle */
 
 /* The connect state whose pointer handle holds at offset, when stages holds it; NULL otherwise

@@ -415,12 +415,6 @@ static ncclResult_t accept_build(struct mpib_listen_comm *lc, struct mpib_pendin
   return ncclSuccess;
 }
 
-/* 1 if a connection waits in the listen socket's backlog. */
-static int backlog_waiting(int fd) {
-  struct pollfd p = {.fd = fd, .events = POLLIN};
-  return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
-}
-
 /* The table is full and another connection waits: drop the oldest side channel whose connection
  * record is not whole after MPIB_EVICT_AFTER_S, whatever part of it it sent, so that strangers -
  * silent, or one byte each - cannot keep real peers out. One whose record was whole and valid has
@@ -443,7 +437,7 @@ static int pending_evict_unfinished(struct mpib_listen_comm *lc) {
 ncclResult_t mpib_accept(void *listen_comm, void **recv_comm) {
   struct mpib_listen_comm *lc = listen_comm;
   *recv_comm = NULL;
-  while (lc->npending < MPIB_PENDING_MAX || (backlog_waiting(lc->fd) && pending_evict_unfinished(lc))) {
+  while (lc->npending < MPIB_PENDING_MAX || (mplane_listen_backlog_waiting(lc->fd) && pending_evict_unfinished(lc))) {
     struct sockaddr_storage from;
     socklen_t len = sizeof(from);
     int fd = accept4(lc->fd, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);

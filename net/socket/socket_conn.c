@@ -506,12 +506,6 @@ static ncclResult_t pending_assemble(struct mps_listen_comm *lc, struct mps_recv
   return ncclSuccess;
 }
 
-/* 1 if a connection waits in the listen socket's backlog. */
-static int backlog_waiting(int fd) {
-  struct pollfd p = {.fd = fd, .events = POLLIN};
-  return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
-}
-
 /* The table is full and another connection waits: drop the oldest socket whose hello is not whole
  * after MPS_EVICT_AFTER_S, whatever part of it it sent (a real connector writes all of it at once),
  * so that strangers - silent, or one byte each - cannot keep real peers out. A socket whose hello
@@ -534,7 +528,7 @@ static int pending_evict_unfinished(struct mps_listen_comm *lc) {
 ncclResult_t mps_accept(void *listen_comm, void **recv_comm) {
   struct mps_listen_comm *lc = listen_comm;
   *recv_comm = NULL;
-  while (lc->npending < MPS_PENDING_MAX || (backlog_waiting(lc->fd) && pending_evict_unfinished(lc))) {
+  while (lc->npending < MPS_PENDING_MAX || (mplane_listen_backlog_waiting(lc->fd) && pending_evict_unfinished(lc))) {
     union { struct sockaddr sa; struct sockaddr_in6 sin6; } from;
     socklen_t len = sizeof(from);
     int fd = accept4(lc->fd, &from.sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
